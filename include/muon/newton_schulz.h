@@ -1,0 +1,180 @@
+#pragma once
+
+/// Newton–Schulz orthogonalization: the numerical core of Muon.
+///
+/// `newton_schulz(G)` approximates the polar factor U·Vᵀ of G = U·S·Vᵀ by a
+/// fixed odd-polynomial iteration on the Frobenius-normalized input:
+///
+///     X₀ = G / (‖G‖_F · safety + eps)
+///     A  = X Xᵀ,   X ← a·X + (b·A + c·A²)·X          (one step, coefficients (a, b, c))
+///
+/// The coefficient schedule is a named set (Jordan's "simple", You's
+/// "quintic", Polar Express (Amsel et al. 2025), CANS, AOL, DeepSeek-V4's
+/// schedule, the classical cubic) or a custom list. Every method below
+/// evaluates the same polynomial schedule and differs from the plain
+/// formula only by floating-point rounding:
+///
+///  - standard: the iteration above on the short side (a tall matrix runs on
+///    XᵀX with right multiplication, without a transposed copy); the two
+///    symmetric products X·Xᵀ and A·A use SYRK (CBLAS, CPU fp32/fp64) or a
+///    blocked symmetric product (any device and dtype), and the step is one
+///    GEMM with the s×s polynomial P = aI + bA + cA² folded in.
+///  - gram: Gram Newton–Schulz (Zhang, Amsel, Chen, Dao 2026) iterates on the
+///    s×s Gram matrix R = XXᵀ and a polynomial accumulator Q and applies Q·X
+///    once per phase; phases restart from X (X ← Q·X, R = XXᵀ) so that the
+///    final phase is at most two steps long, which keeps fp32 error at the
+///    level of the standard iteration.
+///  - auto: gram for wide fp32/fp64 matrices whose aspect ratio is at least
+///    `kGramMinAspect`, standard otherwise (see docs/benchmarks.md).
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace muon {
+
+/// Coefficients of one Newton–Schulz step: X ← a·X + (b·A + c·A²)·X.
+struct NsCoefficients {
+  double a;
+  double b;
+  double c;
+};
+
+/// How a schedule shorter than the requested number of steps continues.
+enum class StepSchedule {
+  kCycle,       ///< step k uses entry k mod len
+  kRepeatLast,  ///< step k uses entry min(k, len - 1)
+};
+
+/// A named (or custom) coefficient schedule.
+struct CoefficientSet {
+  std::string name;
+  std::vector<NsCoefficients> coefficients;
+  StepSchedule schedule = StepSchedule::kRepeatLast;
+  /// Normalization safety factor s in X₀ = G / (‖G‖_F · s + eps).
+  double safety_factor = 1.0;
+  /// Steps used when the options do not set `steps`.
+  int64_t default_steps = 5;
+  /// One line: origin and behaviour.
+  std::string description;
+
+  /// The coefficients of step `k` (0-based) under this set's schedule.
+  NsCoefficients at_step(int64_t k) const;
+};
+
+/// The built-in set called `name` (simple, quintic, polar_express,
+/// polar_express_8, cans, aol, deepseekv4, cubic). Unknown names raise a
+/// c10::ValueError that lists the valid ones.
+const CoefficientSet& coefficient_set(const std::string& name);
+
+/// Names of the built-in coefficient sets, in documentation order.
+std::vector<std::string> coefficient_set_names();
+
+/// A custom set from (a, b, c) tuples. Each tuple must have length 3 and
+/// finite values; the list must not be empty; safety_factor must be > 0.
+CoefficientSet custom_coefficient_set(const std::vector<std::vector<double>>& tuples,
+                                      StepSchedule schedule = StepSchedule::kCycle,
+                                      double safety_factor = 1.0);
+
+/// Which evaluation of the schedule `newton_schulz` runs.
+enum class NewtonSchulzMethod { kAuto, kStandard, kGram };
+
+/// "auto" | "standard" | "gram".
+std::string to_string(NewtonSchulzMethod method);
+/// Inverse of `to_string`; unknown names raise c10::ValueError listing the valid ones.
+NewtonSchulzMethod parse_newton_schulz_method(const std::string& name);
+
+/// `auto` chooses Gram Newton–Schulz for fp32/fp64 compute when
+/// long side / short side >= kGramMinAspect (and the schedule has at least
+/// kGramMinSteps steps). Measured break-even: docs/benchmarks.md.
+constexpr double kGramMinAspect = 2.5;
+constexpr int64_t kGramMinSteps = 3;
+/// Default normalization epsilon.
+constexpr double kDefaultNsEps = 1e-7;
+/// Valid step counts: [kMinNsSteps, kMaxNsSteps).
+constexpr int64_t kMinNsSteps = 1;
+constexpr int64_t kMaxNsSteps = 100;
+
+/// Options of `newton_schulz`, as chained setters. Setters validate their
+/// argument and raise c10::ValueError naming it and its value.
+class NewtonSchulzOptions {
+ public:
+  /// quintic ×5, eps 1e-7, fp32 compute, method auto, symmetric kernels on.
+  NewtonSchulzOptions();
+
+  /// A built-in coefficient set by name.
+  NewtonSchulzOptions& coefficients(const std::string& name);
+  /// A custom coefficient list (see custom_coefficient_set).
+  NewtonSchulzOptions& coefficients(const std::vector<std::vector<double>>& tuples,
+                                    StepSchedule schedule = StepSchedule::kCycle,
+                                    double safety_factor = 1.0);
+  /// An already-built set (e.g. from custom_coefficient_set).
+  NewtonSchulzOptions& coefficient_set(CoefficientSet set);
+  const CoefficientSet& coefficients() const { return set_; }
+
+  /// Number of steps, in [1, 100). When unset, the set's default_steps.
+  NewtonSchulzOptions& steps(int64_t steps);
+  int64_t steps() const;
+  bool steps_is_set() const { return steps_ > 0; }
+
+  /// Normalization epsilon, > 0.
+  NewtonSchulzOptions& eps(double eps);
+  double eps() const { return eps_; }
+
+  /// Compute dtype: kFloat (default), kBFloat16, kDouble, or kHalf (non-CPU
+  /// devices). bf16 matrix products accumulate in fp32 inside the backend;
+  /// the normalization is computed in fp32.
+  NewtonSchulzOptions& compute_dtype(at::ScalarType dtype);
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+
+  NewtonSchulzOptions& method(NewtonSchulzMethod method);
+  NewtonSchulzOptions& method(const std::string& name);
+  NewtonSchulzMethod method() const { return method_; }
+
+  /// Use symmetric products (SYRK / blocked) for X·Xᵀ and A·A. Off gives
+  /// plain GEMMs (same result up to rounding); kept for benchmarks.
+  NewtonSchulzOptions& symmetric(bool on) {
+    symmetric_ = on;
+    return *this;
+  }
+  bool symmetric() const { return symmetric_; }
+
+  /// The coefficients of every step, resolved from the set and `steps()`.
+  std::vector<NsCoefficients> schedule() const;
+
+  /// Re-checks every field (newton_schulz calls it).
+  void validate() const;
+
+  bool operator==(const NewtonSchulzOptions& other) const;
+  bool operator!=(const NewtonSchulzOptions& other) const { return !(*this == other); }
+
+ private:
+  CoefficientSet set_;
+  int64_t steps_ = 0;  // 0: the set's default
+  double eps_ = kDefaultNsEps;
+  at::ScalarType compute_dtype_ = at::kFloat;
+  NewtonSchulzMethod method_ = NewtonSchulzMethod::kAuto;
+  bool symmetric_ = true;
+};
+
+/// Orthogonalizes `x` (m×n, or a batch b×m×n of independent matrices) with
+/// the Newton–Schulz schedule in `options`. Any floating dtype, contiguous or
+/// not, any device; the result has x's shape, dtype and device and never
+/// aliases x. An all-zero matrix gives zeros. Rejects other ranks, integer
+/// dtypes and non-finite options with c10::ValueError.
+at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options = {});
+
+/// The method `auto` resolves to for a (batch of) m×n matrices.
+NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
+
+/// Floating-point operations one call performs on a single m×n matrix with
+/// `options` (method resolved), counting a SYRK as half a GEMM. Used by the
+/// distributed layouts to balance work and by the benchmarks for GFLOP/s.
+double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
+
+/// FLOPs of the plain formula (three GEMMs per step) on one m×n matrix; the
+/// denominator benchmarks use for "achieved GFLOP/s" of any method.
+double newton_schulz_plain_flops(int64_t rows, int64_t cols, int64_t steps);
+
+}  // namespace muon

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build, tests, benchmarks and demo need.
+# Idempotent: a second run only checks (no apt call when all are present).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev            # LibTorch 1.13 (C++ API, c10d, serialization)
+  libgloo-dev             # Gloo collectives for c10d on CPU
+  libopenblas-dev         # fast BLAS + CBLAS (SYRK)
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev
+  python3-torch           # plain PyTorch baselines, torchrun
+  python3-numpy
+  python3-matplotlib      # demo plots
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The system BLAS must be OpenBLAS: the reference BLAS is ~10x slower and
+# every matmul in LibTorch goes through it.
+blas=$(readlink -f /etc/alternatives/libblas.so.3-"$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)" 2>/dev/null || true)
+if [[ "$blas" != *openblas* ]]; then
+  echo "setup: error: the system BLAS is '${blas:-unknown}', not OpenBLAS." >&2
+  echo "setup: run: update-alternatives --config libblas.so.3-\$(dpkg-architecture -qDEB_HOST_MULTIARCH)" >&2
+  exit 1
+fi
+echo "setup: ok (BLAS: $blas)"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The command that passes the tests: installs what is missing, configures,
+# builds every target (library, tests, benchmarks, examples) and runs the
+# whole test suite. Exits non-zero on any failure.
+#
+#   scripts/test.sh            # build dir: ./build
+#   BUILD_DIR=/tmp/b scripts/test.sh -R NewtonSchulz   # extra args go to ctest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+BUILD_DIR=${BUILD_DIR:-build}
+# ccache and precompiled headers work together only with these settings.
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+export CCACHE_NOHASHDIR=true
+
+start=$(date +%s)
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUON_WARNINGS_AS_ERRORS=ON
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+echo "test.sh: build finished in $(( $(date +%s) - start )) s"
+
+# Tests run one at a time: each uses every core through BLAS and OpenMP.
+ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 "$@"

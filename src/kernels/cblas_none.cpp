@@ -1,0 +1,9 @@
+// Built when no CBLAS is found: the generic blocked path serves every input.
+#include "kernels/symmetric.h"
+
+namespace muon::detail {
+
+bool cblas_syrk(at::Tensor&, const at::Tensor&, bool, double, double) { return false; }
+bool have_cblas() { return false; }
+
+}  // namespace muon::detail

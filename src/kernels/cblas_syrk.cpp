@@ -1,0 +1,36 @@
+// SYRK through CBLAS for contiguous CPU float/double matrices.
+#include <cblas.h>
+
+#include "kernels/symmetric.h"
+
+namespace muon::detail {
+
+bool have_cblas() { return true; }
+
+bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {
+  const auto dtype = x.scalar_type();
+  if (!x.device().is_cpu() || (dtype != at::kFloat && dtype != at::kDouble) ||
+      !x.is_contiguous() || !out.is_contiguous() || out.scalar_type() != dtype) {
+    return false;
+  }
+  const int64_t batch = x.size(0);
+  const int64_t s = out.size(1);
+  const int64_t l = trans ? x.size(1) : x.size(2);
+  const auto op = trans ? CblasTrans : CblasNoTrans;
+  const int64_t lda = x.size(2);  // row-major leading dimension of X as stored
+  for (int64_t i = 0; i < batch; ++i) {
+    if (dtype == at::kFloat) {
+      cblas_ssyrk(CblasRowMajor, CblasUpper, op, static_cast<int>(s), static_cast<int>(l),
+                  static_cast<float>(alpha), x[i].data_ptr<float>(), static_cast<int>(lda),
+                  static_cast<float>(beta), out[i].data_ptr<float>(), static_cast<int>(s));
+    } else {
+      cblas_dsyrk(CblasRowMajor, CblasUpper, op, static_cast<int>(s), static_cast<int>(l), alpha,
+                  x[i].data_ptr<double>(), static_cast<int>(lda), beta,
+                  out[i].data_ptr<double>(), static_cast<int>(s));
+    }
+  }
+  mirror_upper_to_lower(out);
+  return true;
+}
+
+}  // namespace muon::detail

@@ -1,0 +1,30 @@
+#pragma once
+// Symmetric products for Newton–Schulz. Internal.
+#include <ATen/ATen.h>
+
+namespace muon::detail {
+
+/// out = beta·out + alpha·op(X)·op(X)ᵀ for every matrix of a batch, with the
+/// full symmetric result written (both triangles).
+///   x:   (b, s, l) when !trans (op(X) = X), (b, l, s) when trans (op(X) = Xᵀ)
+///   out: (b, s, s), contiguous, same dtype/device as x
+/// `symmetric_kernels` selects SYRK (CBLAS) or blocked GEMMs over the upper
+/// block triangle; false runs one full GEMM (the plain formula).
+void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta,
+          bool symmetric_kernels);
+
+/// out = a·b for batches of matrices (one GEMM when the batch is 1).
+void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+
+/// CBLAS backend (src/kernels/cblas_syrk.cpp or cblas_none.cpp): handles
+/// contiguous CPU float/double inputs and returns true, or returns false.
+bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta);
+
+/// Whether the CBLAS backend was compiled in.
+bool have_cblas();
+
+/// Copies the upper triangle of every (contiguous, square) matrix of a
+/// (b, s, s) tensor onto its lower triangle.
+void mirror_upper_to_lower(at::Tensor& out);
+
+}  // namespace muon::detail

@@ -1,0 +1,502 @@
+// Tests of muon::newton_schulz against independent references:
+//  - the same coefficient schedule evaluated plainly in fp64 (written here),
+//  - the exact polar factor from an fp64 SVD, and the scalar polynomial map
+//    that the iteration applies to each singular value,
+//  - the bands of REFERENCE.md, as literals.
+#include <gtest/gtest.h>
+
+#include <muon/newton_schulz.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using muon::NewtonSchulzMethod;
+using muon::NewtonSchulzOptions;
+
+// The plain formula, written independently of the library: transpose if
+// tall, X /= ‖X‖_F·safety + eps, then per step A = XXᵀ, B = bA + cA²,
+// X = aX + BX. Runs in `dtype` (every op rounds to it), per matrix.
+at::Tensor plain_ns(const at::Tensor& g, const NewtonSchulzOptions& o, at::ScalarType dtype) {
+  if (g.dim() == 3) {
+    std::vector<at::Tensor> outs;
+    for (int64_t i = 0; i < g.size(0); ++i) outs.push_back(plain_ns(g[i], o, dtype));
+    return at::stack(outs);
+  }
+  auto x = g.to(dtype);
+  const bool tall = x.size(0) > x.size(1);
+  if (tall) x = x.t();
+  x = x / (x.norm() * o.coefficients().safety_factor + o.eps());
+  for (const auto& k : o.schedule()) {
+    auto a = at::mm(x, x.t());
+    auto b = k.b * a + k.c * at::mm(a, a);
+    x = k.a * x + at::mm(b, x);
+  }
+  return tall ? x.t() : x;
+}
+
+double rel_err(const at::Tensor& y, const at::Tensor& ref) {
+  const auto d = y.to(at::kDouble) - ref.to(at::kDouble);
+  const double n = ref.to(at::kDouble).norm().item<double>();
+  return d.norm().item<double>() / std::max(n, 1e-300);
+}
+
+// Random matrix with singular values log-spaced in [lo, 1] (fp64), built
+// from random orthogonal factors.
+at::Tensor with_spectrum(int64_t m, int64_t n, double lo, int64_t seed) {
+  at::manual_seed(seed);
+  const int64_t k = std::min(m, n);
+  auto u = std::get<0>(at::linalg_qr(at::randn({m, k}, at::kDouble)));
+  auto v = std::get<0>(at::linalg_qr(at::randn({n, k}, at::kDouble)));
+  auto s = at::logspace(std::log10(lo), 0.0, k, 10.0, at::kDouble);
+  return at::mm(u * s, v.t());
+}
+
+struct Shape {
+  std::vector<int64_t> dims;
+};
+
+const std::vector<std::vector<int64_t>>& test_shapes() {
+  static const std::vector<std::vector<int64_t>> shapes = {
+      {48, 48}, {32, 112}, {112, 32}, {1, 40}, {40, 1}, {3, 24, 72}, {2, 72, 24}};
+  return shapes;
+}
+
+// ---------------------------------------------------------------------------
+// Against the fp64 schedule. Tolerance: the library evaluates the same
+// polynomial schedule as the textbook formula, differing only by rounding,
+// so its error against fp64 must be of the order of the textbook formula's
+// own error in the same dtype. The standard method may be at most 2× that
+// error (different but equally valid summation orders). Gram accumulates
+// the s×s polynomial Q over up to three steps before applying it, so one
+// rounding of Q is amplified by up to three step polynomials instead of one
+// (measured up to 2.3× the plain error on square inputs, which auto never
+// sends to Gram): it may be at most 4×. Both get a floor of 8 units of
+// roundoff (fp32: 8·2⁻²⁴, bf16: 8·2⁻⁸) for inputs where the plain error is
+// tiny.
+// ---------------------------------------------------------------------------
+class AgainstFp64
+    : public ::testing::TestWithParam<std::tuple<std::string, NewtonSchulzMethod, at::ScalarType>> {
+};
+
+TEST_P(AgainstFp64, MatchesSchedule) {
+  const auto& [set, method, dtype] = GetParam();
+  int64_t seed = 0;
+  for (const auto& shape : test_shapes()) {
+    at::manual_seed(++seed);
+    // A vector's single normalized singular value is 1/safety, where some
+    // 5-step maps are very ill-conditioned (polar_express: 1.19 → 1.27 →
+    // 0.95 → 1.45 → 0.90), so any 16-bit rounding moves the magnitude by
+    // tens of percent in every evaluation. bf16 vectors are tested by
+    // direction in VectorsKeepDirectionInBf16.
+    if (dtype != at::kFloat && std::min(shape[shape.size() - 2], shape.back()) == 1) continue;
+    const auto g = at::randn(shape, at::kDouble);
+    auto o = NewtonSchulzOptions().coefficients(set).method(method).compute_dtype(dtype);
+    const auto ref = plain_ns(g, o, at::kDouble);
+    const auto plain = plain_ns(g, o, dtype);
+    const auto ours = muon::newton_schulz(g.to(at::kFloat), o);
+    ASSERT_EQ(ours.sizes(), g.sizes());
+    ASSERT_EQ(ours.scalar_type(), at::kFloat);
+    const bool gram = muon::resolve_method(g.size(-2), g.size(-1), o) == NewtonSchulzMethod::kGram;
+    const double unit = dtype == at::kFloat ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+    const double tol = (gram ? 4.0 : 2.0) * rel_err(plain, ref) + 8 * unit;
+    EXPECT_LE(rel_err(ours, ref), tol)
+        << set << " " << muon::to_string(method) << " " << dtype << " shape " << at::IntArrayRef(shape)
+        << " plain err " << rel_err(plain, ref);
+  }
+}
+
+// Gram is for fp32/fp64 (auto never picks it in 16-bit); test it there.
+INSTANTIATE_TEST_SUITE_P(
+    Sets, AgainstFp64,
+    ::testing::Combine(::testing::Values("simple", "quintic", "polar_express", "polar_express_8",
+                                         "cans", "aol", "deepseekv4", "cubic"),
+                       ::testing::Values(NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kGram,
+                                         NewtonSchulzMethod::kAuto),
+                       ::testing::Values(at::kFloat)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + muon::to_string(std::get<1>(info.param));
+    });
+
+INSTANTIATE_TEST_SUITE_P(
+    Bf16, AgainstFp64,
+    ::testing::Combine(::testing::Values("simple", "quintic", "polar_express"),
+                       ::testing::Values(NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kAuto),
+                       ::testing::Values(at::kBFloat16)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + muon::to_string(std::get<1>(info.param)) + "_bf16";
+    });
+
+TEST(NewtonSchulz, Fp64ComputeMatchesScheduleToRoundoff) {
+  // fp64 compute: the only difference from the fp64 reference is summation
+  // order, ~1e-13 relative after a few amplifying steps.
+  at::manual_seed(3);
+  const auto g = at::randn({40, 90}, at::kDouble);
+  for (auto method : {NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kGram}) {
+    auto o = NewtonSchulzOptions().compute_dtype(at::kDouble).method(method);
+    const auto ours = muon::newton_schulz(g, o);
+    EXPECT_EQ(ours.scalar_type(), at::kDouble);
+    EXPECT_LE(rel_err(ours, plain_ns(g, o, at::kDouble)), 1e-11) << muon::to_string(method);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Against the exact polar factor (fp64 SVD). NS maps every singular value σ
+// of the normalized input through the same scalar odd polynomial, keeping
+// the singular vectors: X = U·p(Σ/‖G‖)·Vᵀ.
+// ---------------------------------------------------------------------------
+
+// The REFERENCE.md bands of the scalar map over [1e-3, 1], as literals,
+// with half a unit of their last quoted digit.
+struct Band {
+  const char* set;
+  int64_t steps;
+  double lo;
+  double hi;
+  double quoted;  // half a unit of the last digit REFERENCE.md quotes
+};
+const Band kBands[] = {
+    {"simple", 5, 0.47, 1.20, 5e-3},         {"quintic", 5, 0.475, 1.145, 5e-4},
+    {"polar_express", 5, 0.847, 1.141, 5e-4}, {"polar_express_8", 8, 1.0, 1.0, 5e-5},
+    {"cubic", 10, 0.058, 1.0, 5e-4},
+};
+
+double scalar_map(double sigma, const NewtonSchulzOptions& o) {
+  double x = sigma / o.coefficients().safety_factor;
+  for (const auto& k : o.schedule()) x = k.a * x + k.b * x * x * x + k.c * x * x * x * x * x;
+  return x;
+}
+
+// [min, max] of the scalar map over a fine log grid of [1e-3, 1].
+std::pair<double, double> scalar_band(const NewtonSchulzOptions& o) {
+  double lo = 1e9, hi = -1e9;
+  for (int i = 0; i <= 20000; ++i) {
+    const double v = scalar_map(std::pow(10.0, -3.0 + 3.0 * i / 20000), o);
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  return {lo, hi};
+}
+
+TEST(NewtonSchulzPolar, CoefficientTablesReproduceReferenceBands) {
+  // Checks the coefficient values themselves: their scalar map spans the
+  // bands REFERENCE.md quotes, to the digits it quotes.
+  for (const auto& band : kBands) {
+    const auto [lo, hi] = scalar_band(NewtonSchulzOptions().coefficients(band.set).steps(band.steps));
+    EXPECT_NEAR(lo, band.lo, band.quoted) << band.set;
+    EXPECT_NEAR(hi, band.hi, band.quoted) << band.set;
+  }
+}
+
+TEST(NewtonSchulzPolar, SingularValuesFollowScalarMapAndBands) {
+  // Input spectrum log-spaced so that the normalized singular values span
+  // [~1e-3, ~0.5]. The fp32 output's singular values must equal the fp64
+  // scalar map of the normalized input values (both sorted: the map is not
+  // monotone) to 2e-3 absolute — fp32 roundoff amplified by the
+  // polynomial's slope (≤ ~10 per step at small σ) stays far below this —
+  // and lie in the set's band.
+  const int64_t m = 48, n = 96;
+  const auto g = with_spectrum(m, n, 4e-3, 11);
+  const auto s_in = at::linalg_svdvals(g);
+  const double fro = g.norm().item<double>();
+  for (const auto& band : kBands) {
+    for (auto method : {NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kGram}) {
+      auto o = NewtonSchulzOptions().coefficients(band.set).steps(band.steps).method(method);
+      const auto [lo, hi] = scalar_band(o);
+      const double safety = o.coefficients().safety_factor;
+      std::vector<double> expected;
+      for (int64_t i = 0; i < m; ++i) {
+        // σ of the normalized input, expressed before the safety factor
+        // (scalar_map divides by it, as in REFERENCE.md's bands).
+        const double sig = s_in[i].item<double>() / (fro * safety + o.eps()) * safety;
+        ASSERT_GE(sig, 1e-3) << "test precondition: normalized σ in [1e-3, 1]";
+        expected.push_back(scalar_map(sig, o));
+      }
+      std::sort(expected.rbegin(), expected.rend());
+      const auto x = muon::newton_schulz(g.to(at::kFloat), o).to(at::kDouble);
+      const auto s_out = at::linalg_svdvals(x);
+      for (int64_t i = 0; i < m; ++i) {
+        const double got = s_out[i].item<double>();
+        EXPECT_NEAR(got, expected[static_cast<size_t>(i)], 2e-3) << band.set << " i=" << i;
+        EXPECT_GE(got, lo - 2e-3) << band.set;
+        EXPECT_LE(got, hi + 2e-3) << band.set;
+      }
+    }
+  }
+}
+
+TEST(NewtonSchulzPolar, PolarExpress8ReachesPolarFactor) {
+  // polar_express_8 converges: within 1e-2 of U·Vᵀ in spectral norm, for
+  // wide, tall and square inputs with singular values spanning 1e-3 (after
+  // normalization).
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{48, 96}, {96, 48}, {64, 64}}) {
+    const auto g = with_spectrum(m, n, 4e-3, m + n);
+    auto svd = at::linalg_svd(g, /*full_matrices=*/false);
+    const auto polar = at::mm(std::get<0>(svd), std::get<2>(svd));
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      const auto x = muon::newton_schulz(
+          g.to(dtype), NewtonSchulzOptions().coefficients("polar_express_8").compute_dtype(dtype));
+      const double err = at::linalg_matrix_norm(x.to(at::kDouble) - polar, 2).item<double>();
+      EXPECT_LE(err, 1e-2) << m << "x" << n << " " << dtype;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Paths agree: Gram, SYRK and plain GEMMs, batched and per-matrix. All are
+// evaluations of one schedule; in fp32 they agree to a few times the fp32
+// error of the textbook formula (measured here on the same input).
+// ---------------------------------------------------------------------------
+TEST(NewtonSchulzPaths, AllMethodsAgree) {
+  for (const auto& shape : test_shapes()) {
+    at::manual_seed(7);
+    const auto g = at::randn(shape);
+    auto base = NewtonSchulzOptions().coefficients("polar_express");
+    const auto ref = plain_ns(g.to(at::kDouble), base, at::kDouble);
+    const double tol = 4 * rel_err(plain_ns(g, base, at::kFloat), ref) + 1e-6;
+    const auto standard = muon::newton_schulz(g, NewtonSchulzOptions(base).method("standard"));
+    const auto no_syrk =
+        muon::newton_schulz(g, NewtonSchulzOptions(base).method("standard").symmetric(false));
+    const auto gram = muon::newton_schulz(g, NewtonSchulzOptions(base).method("gram"));
+    const auto gram_gemm =
+        muon::newton_schulz(g, NewtonSchulzOptions(base).method("gram").symmetric(false));
+    EXPECT_LE(rel_err(standard, no_syrk), tol) << at::IntArrayRef(shape);
+    EXPECT_LE(rel_err(standard, gram), tol) << at::IntArrayRef(shape);
+    EXPECT_LE(rel_err(gram, gram_gemm), tol) << at::IntArrayRef(shape);
+  }
+}
+
+TEST(NewtonSchulzPaths, BatchEqualsPerMatrix) {
+  at::manual_seed(8);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (auto method : {NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kGram}) {
+      const auto g = at::randn({4, 40, 100});
+      auto o = NewtonSchulzOptions().compute_dtype(dtype).method(method);
+      const auto batched = muon::newton_schulz(g, o);
+      for (int64_t i = 0; i < 4; ++i) {
+        // The same kernels run per matrix either way: equal to the bit in
+        // fp32 on CPU; bf16 allows one rounding difference per element.
+        const auto single = muon::newton_schulz(g[i], o);
+        EXPECT_LE(rel_err(batched[i], single), dtype == at::kFloat ? 1e-6 : 1e-2);
+      }
+    }
+  }
+}
+
+TEST(NewtonSchulzPaths, AutoPicksGramForWideFp32Only) {
+  NewtonSchulzOptions o;
+  EXPECT_EQ(muon::resolve_method(768, 3072, o), NewtonSchulzMethod::kGram);
+  EXPECT_EQ(muon::resolve_method(3072, 768, o), NewtonSchulzMethod::kGram);
+  EXPECT_EQ(muon::resolve_method(2048, 2048, o), NewtonSchulzMethod::kStandard);
+  EXPECT_EQ(muon::resolve_method(768, 3072, NewtonSchulzOptions(o).compute_dtype(at::kBFloat16)),
+            NewtonSchulzMethod::kStandard);
+  EXPECT_EQ(muon::resolve_method(768, 3072, NewtonSchulzOptions(o).method("standard")),
+            NewtonSchulzMethod::kStandard);
+  EXPECT_EQ(muon::resolve_method(64, 64, NewtonSchulzOptions(o).method("gram")),
+            NewtonSchulzMethod::kGram);
+}
+
+TEST(NewtonSchulzPaths, FlopCounts) {
+  // Plain formula: 4s²l + 2s³ per step.
+  EXPECT_DOUBLE_EQ(muon::newton_schulz_plain_flops(100, 300, 5), 5 * (4.0 * 1e4 * 300 + 2e6));
+  EXPECT_DOUBLE_EQ(muon::newton_schulz_plain_flops(300, 100, 5), 5 * (4.0 * 1e4 * 300 + 2e6));
+  // Standard with SYRK: 3s²l + s³ per step; without: the plain count.
+  auto o = NewtonSchulzOptions().method("standard");
+  EXPECT_DOUBLE_EQ(muon::newton_schulz_flops(100, 300, o), 5 * (3.0 * 1e4 * 300 + 1e6));
+  EXPECT_DOUBLE_EQ(muon::newton_schulz_flops(100, 300, NewtonSchulzOptions(o).symmetric(false)),
+                   muon::newton_schulz_plain_flops(100, 300, 5));
+  // Gram, 5 steps, one restart before step 4: s²l terms 2 SYRK + 2 GEMM
+  // = 6s²l; s³ terms 5 SYRK + 2·(Q·Z) + 3·2·(R updates)... = 23s³ (see
+  // REFERENCE.md's cost model).
+  const double s = 100, l = 400;
+  EXPECT_DOUBLE_EQ(muon::newton_schulz_flops(100, 400, NewtonSchulzOptions().method("gram")),
+                   6 * s * s * l + 23 * s * s * s);
+}
+
+// ---------------------------------------------------------------------------
+// Shapes, dtypes, views.
+// ---------------------------------------------------------------------------
+TEST(NewtonSchulzShapes, ZeroMatrixGivesZeros) {
+  for (const auto& shape : test_shapes()) {
+    for (auto method : {NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kGram}) {
+      const auto out = muon::newton_schulz(at::zeros(shape), NewtonSchulzOptions().method(method));
+      EXPECT_TRUE(out.isfinite().all().item<bool>());
+      EXPECT_EQ(out.abs().max().item<float>(), 0.0f);
+    }
+  }
+  // One zero matrix inside a batch does not disturb the others.
+  auto g = at::randn({3, 20, 30});
+  g[1].zero_();
+  const auto out = muon::newton_schulz(g);
+  EXPECT_EQ(out[1].abs().max().item<float>(), 0.0f);
+  EXPECT_LE(rel_err(out[2], muon::newton_schulz(g[2])), 1e-6);
+}
+
+TEST(NewtonSchulzShapes, EmptyDimensions) {
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{0, 5}, {5, 0}, {0, 4, 4}, {2, 0, 3}}) {
+    const auto out = muon::newton_schulz(at::randn(shape));
+    EXPECT_EQ(out.sizes(), at::IntArrayRef(shape));
+  }
+}
+
+TEST(NewtonSchulzShapes, VectorsNormalizeToUnitLength) {
+  // 1×n and n×1: A is 1×1 and the map acts on the single σ = 1/(1·s + eps)
+  // ≈ 1; the output is the unit vector times p(σ).
+  const auto v = at::randn({1, 37});
+  auto o = NewtonSchulzOptions().coefficients("polar_express_8");
+  const auto expected = v / v.norm() * scalar_map(1.0 / (1.0 + 1e-7), o);
+  EXPECT_LE(rel_err(muon::newton_schulz(v, o), expected), 1e-5);
+  EXPECT_LE(rel_err(muon::newton_schulz(v.t(), o), expected.t()), 1e-5);
+}
+
+TEST(NewtonSchulzShapes, VectorsKeepDirectionInBf16) {
+  // Rank one: the output is p(σ₀)·u·vᵀ, so its direction equals the
+  // input's, times the sign of p(σ₀) (aol maps σ = 1 to -0.585), to bf16
+  // rounding (2⁻⁸ per element, ~1e-2 relative in norm).
+  const auto v = at::randn({1, 64});
+  for (const auto& set : muon::coefficient_set_names()) {
+    auto o = NewtonSchulzOptions().coefficients(set).compute_dtype(at::kBFloat16);
+    const double sign = scalar_map(1.0 / (1.0 + 1e-7), o) < 0 ? -1.0 : 1.0;
+    for (const auto& x : {v, v.t().contiguous()}) {
+      const auto out = muon::newton_schulz(x, o);
+      EXPECT_LE(rel_err(out / out.norm(), sign * x / x.norm()), 1e-2) << set;
+    }
+  }
+}
+
+TEST(NewtonSchulzShapes, NonContiguousViewsAndDtypes) {
+  at::manual_seed(5);
+  const auto base = at::randn({80, 120});
+  const std::vector<at::Tensor> views = {
+      base.t(),                               // transposed view
+      base.slice(0, 0, 80, 2),                // strided rows
+      base.slice(1, 10, 110).slice(0, 5, 60),  // offset window
+      base.unsqueeze(0).expand({2, 80, 120}),  // zero batch stride
+  };
+  for (const auto& v : views) {
+    ASSERT_FALSE(v.is_contiguous());
+    const auto out = muon::newton_schulz(v);
+    EXPECT_LE(rel_err(out, muon::newton_schulz(v.contiguous())), 1e-6);
+  }
+  for (auto dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+    const auto x = base.to(dtype);
+    const auto out = muon::newton_schulz(x);
+    EXPECT_EQ(out.scalar_type(), dtype);
+    EXPECT_TRUE(out.to(at::kFloat).isfinite().all().item<bool>());
+  }
+}
+
+TEST(NewtonSchulzShapes, NeverAliasesOrMutatesInput) {
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    auto x = at::randn({30, 50}, dtype);
+    const auto copy = x.clone();
+    auto out = muon::newton_schulz(x, NewtonSchulzOptions().compute_dtype(dtype));
+    EXPECT_TRUE(at::equal(x, copy));
+    EXPECT_NE(out.data_ptr(), x.data_ptr());
+    out.add_(1.0);
+    EXPECT_TRUE(at::equal(x, copy));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Options, schedules, validation.
+// ---------------------------------------------------------------------------
+TEST(NewtonSchulzOptions, ScheduleSemantics) {
+  auto q = NewtonSchulzOptions().coefficients("quintic").steps(7);
+  auto s = q.schedule();
+  ASSERT_EQ(s.size(), 7u);
+  EXPECT_DOUBLE_EQ(s[5].a, 4.0848);  // cycles back to the first tuple
+  EXPECT_DOUBLE_EQ(s[6].a, 3.9505);
+  auto pe = NewtonSchulzOptions().coefficients("polar_express").steps(7).schedule();
+  EXPECT_DOUBLE_EQ(pe[6].a, 2.3465413258596377);  // last repeats
+  auto d = NewtonSchulzOptions().coefficients("deepseekv4");
+  EXPECT_EQ(d.steps(), 10);
+  EXPECT_DOUBLE_EQ(d.schedule()[7].a, 3.4445);
+  EXPECT_DOUBLE_EQ(d.schedule()[8].a, 2.0);
+  EXPECT_DOUBLE_EQ(d.schedule()[9].b, -1.5);
+  EXPECT_EQ(NewtonSchulzOptions().coefficients("polar_express_8").steps(), 8);
+  EXPECT_EQ(NewtonSchulzOptions().coefficients("aol").steps(), 4);
+  EXPECT_DOUBLE_EQ(muon::coefficient_set("polar_express").safety_factor, 1.02);
+  EXPECT_EQ(muon::coefficient_set_names().size(), 8u);
+}
+
+TEST(NewtonSchulzOptions, CustomCoefficients) {
+  auto o = NewtonSchulzOptions().coefficients({{3.0, -3.2, 1.2}, {2.0, -1.5, 0.5}},
+                                              muon::StepSchedule::kRepeatLast);
+  EXPECT_EQ(o.steps(), 2);
+  o.steps(4);
+  EXPECT_DOUBLE_EQ(o.schedule()[3].a, 2.0);
+  const auto g = at::randn({20, 30});
+  EXPECT_LE(rel_err(muon::newton_schulz(g, o), plain_ns(g.to(at::kDouble), o, at::kDouble)), 1e-4);
+}
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(NewtonSchulzOptions, ValidationErrorsNameArgumentAndValue) {
+  auto unknown = error_of([] { NewtonSchulzOptions().coefficients("quintik"); });
+  EXPECT_NE(unknown.find("quintik"), std::string::npos);
+  for (const auto& name : muon::coefficient_set_names()) {
+    EXPECT_NE(unknown.find(name), std::string::npos) << "error lists " << name;
+  }
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().steps(0); }).find("steps must be in [1, 100), got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().steps(100); }).find("got 100"), std::string::npos);
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().eps(0.0); }).find("eps must be > 0, got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().eps(-1e-7); }).find("got -1e-07"), std::string::npos);
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().eps(NAN); }).find("eps"), std::string::npos);
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().coefficients({{1.0, 2.0}}, muon::StepSchedule::kCycle); })
+                .find("coefficients[0] must be an (a, b, c) tuple of length 3, got length 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              NewtonSchulzOptions().coefficients({{1.0, 2.0, 3.0}, {1.0, 2.0, 3.0, 4.0}});
+            }).find("coefficients[1]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().coefficients(std::vector<std::vector<double>>{}); })
+                .find("must not be empty"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().compute_dtype(at::kInt); }).find("Int"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { NewtonSchulzOptions().method("fast"); }).find("'fast'"), std::string::npos);
+  EXPECT_THROW(NewtonSchulzOptions().steps(-3), c10::ValueError);
+}
+
+TEST(NewtonSchulzOptions, InputErrors) {
+  EXPECT_NE(error_of([] { muon::newton_schulz(at::randn({5})); }).find("got shape [5]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { muon::newton_schulz(at::randn({2, 3, 4, 5})); }).find("[2, 3, 4, 5]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { muon::newton_schulz(at::ones({3, 3}, at::kInt)); }).find("Int"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              muon::newton_schulz(at::randn({3, 3}), NewtonSchulzOptions().compute_dtype(at::kHalf));
+            }).find("Half"),
+            std::string::npos);
+  EXPECT_THROW(muon::newton_schulz(at::Tensor()), c10::ValueError);
+}
+
+TEST(NewtonSchulzDevices, CudaPathsMatchCpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device in this build";
+  at::manual_seed(9);
+  const auto g = at::randn({3, 64, 160});
+  for (auto method : {NewtonSchulzMethod::kStandard, NewtonSchulzMethod::kGram}) {
+    auto o = NewtonSchulzOptions().method(method);
+    const auto cpu = muon::newton_schulz(g, o);
+    const auto gpu = muon::newton_schulz(g.cuda(), o).cpu();
+    EXPECT_LE(rel_err(gpu, cpu), 1e-3);  // TF32 may be on for CUDA matmuls
+  }
+}
+
+}  // namespace
