@@ -139,16 +139,10 @@ void check_input(const at::Tensor& x, const NewtonSchulzOptions& options) {
 
 NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulzOptions& options) {
   if (options.method() != NewtonSchulzMethod::kAuto) return options.method();
-  const auto dtype = options.compute_dtype();
   const double s = static_cast<double>(std::min(rows, cols));
   const double l = static_cast<double>(std::max(rows, cols));
-  // Gram squares the condition number of the iterate: in 16-bit compute it
-  // loses accuracy against the standard iteration (docs/benchmarks.md), so
-  // auto keeps it to fp32/fp64.
-  const bool precise = dtype == at::kFloat || dtype == at::kDouble;
-  if (precise && s >= 1 && l / s >= kGramMinAspect && options.steps() >= kGramMinSteps) {
-    return NewtonSchulzMethod::kGram;
-  }
+  const bool wide = s >= 1 && l / s >= kGramMinAspect;
+  if (wide && options.steps() >= kGramMinSteps) return NewtonSchulzMethod::kGram;
   return NewtonSchulzMethod::kStandard;
 }
 

@@ -24,8 +24,12 @@
 ///    once per phase; phases restart from X (X ← Q·X, R = XXᵀ) so that the
 ///    final phase is at most two steps long, which keeps fp32 error at the
 ///    level of the standard iteration.
-///  - auto: gram for wide fp32/fp64 matrices whose aspect ratio is at least
-///    `kGramMinAspect`, standard otherwise (see docs/benchmarks.md).
+///  - auto: gram for matrices whose aspect ratio (long side / short side) is
+///    at least `kGramMinAspect`, standard otherwise (see docs/benchmarks.md).
+///
+/// In 16-bit compute the s×s step polynomial is formed in fp32 and rounded
+/// once (its terms cancel heavily), and the input is normalized in fp32, so
+/// both methods come out more accurate than the textbook bf16 formula.
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -85,9 +89,9 @@ std::string to_string(NewtonSchulzMethod method);
 /// Inverse of `to_string`; unknown names raise c10::ValueError listing the valid ones.
 NewtonSchulzMethod parse_newton_schulz_method(const std::string& name);
 
-/// `auto` chooses Gram Newton–Schulz for fp32/fp64 compute when
-/// long side / short side >= kGramMinAspect (and the schedule has at least
-/// kGramMinSteps steps). Measured break-even: docs/benchmarks.md.
+/// `auto` chooses Gram Newton–Schulz when long side / short side >=
+/// kGramMinAspect and the schedule has at least kGramMinSteps steps.
+/// Measured break-even: docs/benchmarks.md.
 constexpr double kGramMinAspect = 2.5;
 constexpr int64_t kGramMinSteps = 3;
 /// Default normalization epsilon.
