@@ -13,6 +13,7 @@
 namespace muon {
 namespace {
 
+using detail::batched_addmm;
 using detail::batched_mm_out;
 using detail::syrk;
 
@@ -110,13 +111,13 @@ at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& sched
       q = z.clone();
       q.diagonal(0, 1, 2).add_(c.a);
     } else {
-      q = at::baddbmm(q, q, z, c.a, 1.0);
+      q = batched_addmm(q, q, z, c.a, 1.0);
     }
     const bool phase_ends =
         k + 1 == n || std::find(restarts.begin(), restarts.end(), k + 1) != restarts.end();
     if (!phase_ends) {
-      auto rz = at::baddbmm(r, r, z, c.a, 1.0);
-      r = at::baddbmm(rz, z, rz, c.a, 1.0);
+      auto rz = batched_addmm(r, r, z, c.a, 1.0);
+      r = batched_addmm(rz, z, rz, c.a, 1.0);
     }
   }
   apply_q(next, x);

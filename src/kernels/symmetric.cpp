@@ -71,9 +71,28 @@ void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   }
 }
 
+at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
+                         double beta, double alpha) {
+  if (!c.device().is_cpu()) return at::baddbmm(c, a, b, beta, alpha);
+  auto out = at::empty_like(c, at::MemoryFormat::Contiguous);
+  for (int64_t i = 0; i < c.size(0); ++i) {
+    auto o = out.select(0, i);
+    at::addmm_out(o, c.select(0, i), a.select(0, i), b.select(0, i), beta, alpha);
+  }
+  return out;
+}
+
 void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta,
           bool symmetric_kernels) {
   const int64_t s = out.size(1);
+  if (out.device().is_cpu() && out.size(0) > 1) {
+    // One matrix at a time on CPU (each GEMM/SYRK is threaded; CPU bmm is slower).
+    for (int64_t i = 0; i < out.size(0); ++i) {
+      auto o = out.narrow(0, i, 1);
+      syrk(o, x.narrow(0, i, 1), trans, alpha, beta, symmetric_kernels);
+    }
+    return;
+  }
   if (!symmetric_kernels) {
     auto xt = op_rows(x, trans, 0, s);
     if (beta == 0.0) {

@@ -13,8 +13,13 @@ namespace muon::detail {
 void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta,
           bool symmetric_kernels);
 
-/// out = a·b for batches of matrices (one GEMM when the batch is 1).
+/// out = a·b for batches of matrices (one GEMM per matrix on CPU).
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+
+/// beta·c + alpha·a·b for batches of matrices, as a new tensor (one GEMM
+/// per matrix on CPU, baddbmm elsewhere).
+at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
+                         double beta, double alpha);
 
 /// CBLAS backend (src/kernels/cblas_syrk.cpp or cblas_none.cpp): handles
 /// contiguous CPU float/double inputs and returns true, or returns false.
