@@ -14,21 +14,40 @@ namespace muon {
 namespace {
 
 using detail::batched_addmm;
+using detail::batched_addmm_out;
 using detail::batched_mm_out;
 using detail::syrk;
 
-// The s×s polynomial of one step, with the identity term folded in:
-// P = a·I + b·A + c·A² (A symmetric), so that X ← P·X is a single GEMM.
+bool is_16bit_dtype(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 || dtype == at::kHalf;
+}
+
+bool is_16bit(const at::Tensor& t) { return is_16bit_dtype(t.scalar_type()); }
+
+// The s×s part of one step's polynomial, B = b·A + c·A² (A symmetric).
+// The identity term a·I is never folded in: X ← a·X + B·X keeps a·X with
+// its own rounding, which carries the directions of small singular values
+// (where p(σ) ≈ a·σ); folded into one GEMM they would take the GEMM's error,
+// relative to whole rows (3× the plain formula's error on decaying spectra).
+// fp32 scratch for forming 16-bit step polynomials, allocated once per call.
+struct PolyScratch {
+  at::Tensor a32;
+  at::Tensor p32;
+};
+
 void step_polynomial(at::Tensor& p, const at::Tensor& a_mat, const NsCoefficients& k,
-                     double identity, bool symmetric) {
-  if (a_mat.scalar_type() == at::kBFloat16 || a_mat.scalar_type() == at::kHalf) {
-    // a + b·A + c·A² cancels heavily (polar_express step 1 near σ = 1:
-    // 8.2 − 21.6 + 14.6 ≈ 1.2); formed in 16-bit it loses most digits.
-    // P is s×s, so form it in fp32 and round once.
-    const auto a32 = a_mat.to(at::kFloat);
-    auto p32 = at::empty_like(a32);
-    step_polynomial(p32, a32, k, identity, symmetric);
-    p.copy_(p32);
+                     bool symmetric, PolyScratch& scratch) {
+  if (is_16bit(a_mat)) {
+    // b·A + c·A² cancels heavily (polar_express step 1 near σ = 1:
+    // −21.6 + 14.6); in 16-bit it loses most digits. B is s×s: form it in
+    // fp32 and round once.
+    if (!scratch.a32.defined()) {
+      scratch.a32 = at::empty(a_mat.sizes(), a_mat.options().dtype(at::kFloat));
+      scratch.p32 = at::empty_like(scratch.a32);
+    }
+    scratch.a32.copy_(a_mat);
+    step_polynomial(scratch.p32, scratch.a32, k, symmetric, scratch);
+    p.copy_(scratch.p32);
     return;
   }
   if (k.c != 0.0) {
@@ -37,15 +56,15 @@ void step_polynomial(at::Tensor& p, const at::Tensor& a_mat, const NsCoefficient
   } else {
     at::mul_out(p, a_mat, k.b);
   }
-  if (identity != 0.0) p.diagonal(0, 1, 2).add_(identity);
 }
 
-// X ← P·X (wide) or X·P (tall); P symmetric.
-void apply_left_or_right(at::Tensor& out, const at::Tensor& p, const at::Tensor& x, bool tall) {
+// out = alpha·x + B·x (wide) or alpha·x + x·B (tall); B symmetric.
+void axpy_apply(at::Tensor& out, double alpha, const at::Tensor& b, const at::Tensor& x,
+                bool tall) {
   if (tall) {
-    batched_mm_out(out, x, p);
+    batched_addmm_out(out, x, x, b, alpha, 1.0);
   } else {
-    batched_mm_out(out, p, x);
+    batched_addmm_out(out, x, b, x, alpha, 1.0);
   }
 }
 
@@ -55,73 +74,145 @@ at::Tensor standard_iteration(at::Tensor x, const std::vector<NsCoefficients>& s
   auto gram = at::empty({x.size(0), s, s}, x.options());
   auto poly = at::empty_like(gram);
   auto next = at::empty_like(x);
+  PolyScratch scratch;
+  const bool fold = is_16bit(x);
   for (const auto& k : schedule) {
     syrk(gram, x, tall, 1.0, 0.0, symmetric);
-    step_polynomial(poly, gram, k, k.a, symmetric);
-    apply_left_or_right(next, poly, x, tall);
+    step_polynomial(poly, gram, k, symmetric, scratch);
+    if (fold) {
+      // 16-bit: the output's own rounding (2⁻⁸) dominates, so a·I goes into
+      // the s×s polynomial and the step is one GEMM (16-bit GEMMs with
+      // β ≠ 0 run ~15% slower in oneDNN).
+      poly.diagonal(0, 1, 2).add_(k.a);
+      batched_mm_out(next, tall ? x : poly, tall ? poly : x);
+    } else {
+      axpy_apply(next, k.a, poly, x, tall);
+    }
     std::swap(x, next);
   }
   return x;
 }
 
-// Phase lengths for Gram Newton–Schulz: the final phase has at most two
-// steps (its accumulated error is what reaches the output), earlier phases
-// at most three, balanced. Returns the 0-based steps that start a new phase.
+// Gram Newton–Schulz phases: at most three steps each, balanced, with a
+// final phase of at most two (its rounding is what reaches the output).
+// Returns the 0-based steps that start a phase after the first.
 std::vector<int64_t> gram_restarts(int64_t steps) {
   std::vector<int64_t> starts;
-  if (steps <= 2) return starts;
-  const int64_t head = steps - 2;            // steps before the final phase
-  const int64_t phases = (head + 2) / 3;     // ceil(head / 3)
+  const int64_t last = std::min<int64_t>(2, steps);
+  const int64_t head = steps - last;
+  const int64_t phases = (head + 2) / 3;  // ceil(head / 3)
   int64_t at = 0;
   for (int64_t p = 0; p < phases; ++p) {
     at += head / phases + (p < head % phases ? 1 : 0);
     starts.push_back(at);
   }
-  return starts;  // the last entry is steps - 2, the start of the final phase
+  return starts;
 }
 
-// Gram Newton–Schulz (Zhang, Amsel, Chen, Dao 2026). With X_k = M_k⋯M_1·X₀
-// and M = a·I + b·R + c·R², R = X Xᵀ: Z = bR + cR², Q ← Q·Z + a·Q,
-// R ← (Z + aI)·(R·Z + a·R). All s×s matrices are polynomials in R₀, so the
-// output is Qᵀ·X₀ (wide) or X₀·Q (tall).
+bool starts_phase(const std::vector<int64_t>& restarts, int64_t k) {
+  return std::find(restarts.begin(), restarts.end(), k) != restarts.end();
+}
+
+// Gram Newton–Schulz (Zhang, Amsel, Chen, Dao 2026). With R = X·Xᵀ and the
+// step matrix M = a·I + Z, Z = b·R + c·R², a phase accumulates
+// Q = M₁·M₂⋯ (Q ← Q·Z + a·Q) and R ← M·R·M (as R·Z + a·R, then
+// Z·RZ + a·RZ), and applies X ← Qᵀ·X (wide) or X·Q (tall) once; all s×s
+// matrices are polynomials in R₀ and commute. R squares the condition
+// number of the iterate, so in fp32 small singular directions see more
+// rounding than in the standard iteration (docs/benchmarks.md); in 16-bit
+// the iterate's own rounding dominates and Gram is the more accurate.
 at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& schedule, bool tall,
                           bool symmetric) {
   const int64_t s = tall ? x.size(2) : x.size(1);
   const auto n = static_cast<int64_t>(schedule.size());
   const auto restarts = gram_restarts(n);
-  auto r = at::empty({x.size(0), s, s}, x.options());
+  // 16-bit compute keeps the s×s state (R, Z, Q) in fp32: rounded to 16
+  // bits, R's small eigenvalues are lost and the polynomial recurrence can
+  // diverge on ill-conditioned inputs. Only Q·X runs in 16 bits. R comes
+  // from fp32 SYRK of the iterate, about as fast here as a 16-bit GEMM.
+  const bool half = is_16bit(x);
+  const auto state = half ? x.options().dtype(at::kFloat) : x.options();
+  auto r = at::empty({x.size(0), s, s}, state);
   auto z = at::empty_like(r);
   auto next = at::empty_like(x);
+  PolyScratch scratch;
   at::Tensor q;  // undefined at the start of a phase: Q = I
 
-  auto apply_q = [&](at::Tensor& out, const at::Tensor& in) {
-    apply_left_or_right(out, tall ? q : q.transpose(1, 2), in, tall);
-  };
-  syrk(r, x, tall, 1.0, 0.0, symmetric);
-  for (int64_t k = 0; k < n; ++k) {
-    if (std::find(restarts.begin(), restarts.end(), k) != restarts.end()) {
-      apply_q(next, x);
-      std::swap(x, next);
+  auto gram_of_x = [&] {
+    if (half) {
+      syrk(r, x.to(at::kFloat), tall, 1.0, 0.0, symmetric);
+    } else {
       syrk(r, x, tall, 1.0, 0.0, symmetric);
+    }
+  };
+  auto apply_q = [&] {
+    const auto qx = half ? q.to(x.scalar_type()) : q;
+    batched_mm_out(next, tall ? x : qx.transpose(1, 2), tall ? qx : x);
+    std::swap(x, next);
+  };
+  gram_of_x();
+  for (int64_t k = 0; k < n; ++k) {
+    if (starts_phase(restarts, k)) {
+      apply_q();
+      gram_of_x();
       q = at::Tensor();
     }
     const auto& c = schedule[static_cast<size_t>(k)];
-    step_polynomial(z, r, c, 0.0, symmetric);
+    step_polynomial(z, r, c, symmetric, scratch);
     if (!q.defined()) {
       q = z.clone();
       q.diagonal(0, 1, 2).add_(c.a);
     } else {
       q = batched_addmm(q, q, z, c.a, 1.0);
     }
-    const bool phase_ends =
-        k + 1 == n || std::find(restarts.begin(), restarts.end(), k + 1) != restarts.end();
-    if (!phase_ends) {
+    if (k + 1 < n && !starts_phase(restarts, k + 1)) {
       auto rz = batched_addmm(r, r, z, c.a, 1.0);
       r = batched_addmm(rz, z, rz, c.a, 1.0);
     }
   }
-  apply_q(next, x);
-  return next;
+  apply_q();
+  return x;
+}
+
+// X₀ = G / (‖G‖_F·safety + eps) per matrix, in the compute dtype, as a new
+// contiguous tensor. The scaling runs in fp32 (fp64 for fp64 compute) and
+// rounds once. ‖G‖ accumulates in fp64: LibTorch 1.13's fp32 norm is off by
+// up to ~1e-4 relative on large matrices, a scale error the iteration
+// amplifies, and its mixed-dtype reductions are ~40× slower than BLAS dsdot.
+at::Tensor normalized(const at::Tensor& x3, const NewtonSchulzOptions& options) {
+  const auto compute = options.compute_dtype();
+  const auto norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
+  const double safety = options.coefficients().safety_factor;
+  const double eps = options.eps();
+  auto out = at::empty(x3.sizes(), x3.options().dtype(compute));
+  if (!x3.device().is_cpu()) {
+    auto denom = at::linalg_vector_norm(x3, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true, at::kDouble);
+    denom.mul_(safety).add_(eps);
+    out.copy_(x3.to(norm_dtype).div(denom.to(norm_dtype)));
+    return out;
+  }
+  // CPU: one matrix at a time through a reused buffer (fresh 32 MB buffers
+  // cost more in page faults than the arithmetic).
+  at::Tensor buffer;
+  for (int64_t i = 0; i < x3.size(0); ++i) {
+    auto dst = out.select(0, i);
+    at::Tensor m;
+    if (compute == norm_dtype) {
+      m = dst;  // scale in place in the output
+    } else {
+      if (!buffer.defined()) buffer = at::empty(dst.sizes(), dst.options().dtype(norm_dtype));
+      m = buffer;
+    }
+    m.copy_(x3.select(0, i));
+    double sumsq = 0.0;
+    if (!detail::cblas_sum_of_squares(m, &sumsq)) {
+      sumsq = at::linalg_vector_norm(m, 2, c10::nullopt, false, at::kDouble).item<double>();
+      sumsq *= sumsq;
+    }
+    m.div_(std::sqrt(sumsq) * safety + eps);
+    if (!m.is_same(dst)) dst.copy_(m);
+  }
+  return out;
 }
 
 void check_input(const at::Tensor& x, const NewtonSchulzOptions& options) {
@@ -143,7 +234,9 @@ NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulz
   const double s = static_cast<double>(std::min(rows, cols));
   const double l = static_cast<double>(std::max(rows, cols));
   const bool wide = s >= 1 && l / s >= kGramMinAspect;
-  if (wide && options.steps() >= kGramMinSteps) return NewtonSchulzMethod::kGram;
+  if (is_16bit_dtype(options.compute_dtype()) && wide && options.steps() >= kGramMinSteps) {
+    return NewtonSchulzMethod::kGram;
+  }
   return NewtonSchulzMethod::kStandard;
 }
 
@@ -170,16 +263,14 @@ double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions
   double f = sym * s * s * l;  // R₀
   bool fresh = true;
   for (int64_t k = 0; k < n; ++k) {
-    if (std::find(restarts.begin(), restarts.end(), k) != restarts.end()) {
-      f += 2.0 * s * s * l + sym * s * s * l;
+    if (starts_phase(restarts, k)) {
+      f += 2.0 * s * s * l + sym * s * s * l;  // Q·X, new R
       fresh = true;
     }
     if (schedule[static_cast<size_t>(k)].c != 0.0) f += sym * s * s * s;
     if (!fresh) f += 2.0 * s * s * s;  // Q·Z
     fresh = false;
-    const bool phase_ends =
-        k + 1 == n || std::find(restarts.begin(), restarts.end(), k + 1) != restarts.end();
-    if (!phase_ends) f += 4.0 * s * s * s;  // R·Z and Z·RZ
+    if (k + 1 < n && !starts_phase(restarts, k + 1)) f += 4.0 * s * s * s;  // R·Z, Z·RZ
   }
   return f + 2.0 * s * s * l;  // final Q·X
 }
@@ -194,17 +285,8 @@ at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options
   const int64_t rows = x3.size(1);
   const int64_t cols = x3.size(2);
   const bool tall = rows > cols;
-  const auto compute = options.compute_dtype();
 
-  // Normalize each matrix in fp32 (fp64 for fp64 compute), then round once
-  // to the compute dtype. `copy=true`: the result never aliases x.
-  const auto norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
-  auto work = x3.to(norm_dtype, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
-  auto norms = at::linalg_vector_norm(work, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true);
-  norms.mul_(options.coefficients().safety_factor).add_(options.eps());
-  work.div_(norms);
-  if (compute != norm_dtype) work = work.to(compute);
-
+  auto work = normalized(x3, options);
   const auto schedule = options.schedule();
   const auto method = resolve_method(rows, cols, options);
   auto out = method == NewtonSchulzMethod::kGram

@@ -11,25 +11,27 @@
 /// The coefficient schedule is a named set (Jordan's "simple", You's
 /// "quintic", Polar Express (Amsel et al. 2025), CANS, AOL, DeepSeek-V4's
 /// schedule, the classical cubic) or a custom list. Every method below
-/// evaluates the same polynomial schedule and differs from the plain
-/// formula only by floating-point rounding:
+/// evaluates the same polynomial schedule:
 ///
 ///  - standard: the iteration above on the short side (a tall matrix runs on
-///    XᵀX with right multiplication, without a transposed copy); the two
-///    symmetric products X·Xᵀ and A·A use SYRK (CBLAS, CPU fp32/fp64) or a
-///    blocked symmetric product (any device and dtype), and the step is one
-///    GEMM with the s×s polynomial P = aI + bA + cA² folded in.
+///    XᵀX with right multiplication, without a transposed copy). X·Xᵀ and
+///    A·A use SYRK (CBLAS, CPU fp32/fp64; a blocked symmetric product on
+///    other devices); B = b·A + c·A² is one fused SYRK; the step is one
+///    GEMM X ← a·X + B·X with a·X kept out of the GEMM's sum. Its error
+///    against an fp64 evaluation equals the plain formula's (within the
+///    spread of equally valid summation orders).
 ///  - gram: Gram Newton–Schulz (Zhang, Amsel, Chen, Dao 2026) iterates on the
 ///    s×s Gram matrix R = XXᵀ and a polynomial accumulator Q and applies Q·X
-///    once per phase; phases restart from X (X ← Q·X, R = XXᵀ) so that the
-///    final phase is at most two steps long, which keeps fp32 error at the
-///    level of the standard iteration.
-///  - auto: gram for matrices whose aspect ratio (long side / short side) is
-///    at least `kGramMinAspect`, standard otherwise (see docs/benchmarks.md).
+///    once per phase (phases of at most three steps, the last of at most
+///    two). Fewer FLOPs on wide matrices, but R squares the condition number:
+///    in fp32 its error is up to ~9× the standard iteration's on
+///    ill-conditioned inputs. For 16-bit compute its s×s state is kept in
+///    fp32 and it is more accurate than the plain 16-bit formula.
+///  - auto: gram for 16-bit compute when long side / short side >=
+///    kGramMinAspect; standard otherwise (docs/benchmarks.md).
 ///
-/// In 16-bit compute the s×s step polynomial is formed in fp32 and rounded
-/// once (its terms cancel heavily), and the input is normalized in fp32, so
-/// both methods come out more accurate than the textbook bf16 formula.
+/// In 16-bit compute the normalization and the s×s polynomial are formed in
+/// fp32 and rounded once (the polynomial's terms cancel heavily).
 #include <ATen/ATen.h>
 
 #include <cstdint>
@@ -89,9 +91,9 @@ std::string to_string(NewtonSchulzMethod method);
 /// Inverse of `to_string`; unknown names raise c10::ValueError listing the valid ones.
 NewtonSchulzMethod parse_newton_schulz_method(const std::string& name);
 
-/// `auto` chooses Gram Newton–Schulz when long side / short side >=
-/// kGramMinAspect and the schedule has at least kGramMinSteps steps.
-/// Measured break-even: docs/benchmarks.md.
+/// `auto` chooses Gram Newton–Schulz for 16-bit compute when long side /
+/// short side >= kGramMinAspect and the schedule has at least kGramMinSteps
+/// steps. Measured break-even: docs/benchmarks.md.
 constexpr double kGramMinAspect = 2.5;
 constexpr int64_t kGramMinSteps = 3;
 /// Default normalization epsilon.

@@ -7,6 +7,23 @@ namespace muon::detail {
 
 bool have_cblas() { return true; }
 
+bool cblas_sum_of_squares(const at::Tensor& x, double* out) {
+  if (!x.device().is_cpu() || !x.is_contiguous()) return false;
+  const int n = static_cast<int>(x.numel());
+  if (static_cast<int64_t>(n) != x.numel()) return false;
+  if (x.scalar_type() == at::kFloat) {
+    const float* p = x.data_ptr<float>();
+    *out = cblas_dsdot(n, p, 1, p, 1);
+    return true;
+  }
+  if (x.scalar_type() == at::kDouble) {
+    const double* p = x.data_ptr<double>();
+    *out = cblas_ddot(n, p, 1, p, 1);
+    return true;
+  }
+  return false;
+}
+
 bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {
   const auto dtype = x.scalar_type();
   if (!x.device().is_cpu() || (dtype != at::kFloat && dtype != at::kDouble) ||

@@ -71,14 +71,22 @@ void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   }
 }
 
-at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
-                         double beta, double alpha) {
-  if (!c.device().is_cpu()) return at::baddbmm(c, a, b, beta, alpha);
-  auto out = at::empty_like(c, at::MemoryFormat::Contiguous);
-  for (int64_t i = 0; i < c.size(0); ++i) {
+void batched_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
+                       const at::Tensor& b, double beta, double alpha) {
+  if (!out.device().is_cpu()) {
+    at::baddbmm_out(out, c, a, b, beta, alpha);
+    return;
+  }
+  for (int64_t i = 0; i < out.size(0); ++i) {
     auto o = out.select(0, i);
     at::addmm_out(o, c.select(0, i), a.select(0, i), b.select(0, i), beta, alpha);
   }
+}
+
+at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
+                         double beta, double alpha) {
+  auto out = at::empty_like(c, at::MemoryFormat::Contiguous);
+  batched_addmm_out(out, c, a, b, beta, alpha);
   return out;
 }
 
@@ -93,7 +101,11 @@ void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double
     }
     return;
   }
-  if (!symmetric_kernels) {
+  // 16-bit on CPU: oneDNN's single GEMM beats the blocked product at every
+  // size measured (2048²: 39.8 against 44.9 ms for the 2×2 blocks).
+  const bool cpu_16bit = out.device().is_cpu() && (out.scalar_type() == at::kBFloat16 ||
+                                                   out.scalar_type() == at::kHalf);
+  if (!symmetric_kernels || cpu_16bit) {
     auto xt = op_rows(x, trans, 0, s);
     if (beta == 0.0) {
       batched_mm_out(out, xt, xt.transpose(1, 2));

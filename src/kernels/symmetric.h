@@ -16,6 +16,11 @@ void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double
 /// out = a·b for batches of matrices (one GEMM per matrix on CPU).
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
+/// out = beta·c + alpha·a·b for batches of matrices (out must not alias a
+/// or b; one GEMM per matrix on CPU).
+void batched_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
+                       const at::Tensor& b, double beta, double alpha);
+
 /// beta·c + alpha·a·b for batches of matrices, as a new tensor (one GEMM
 /// per matrix on CPU, baddbmm elsewhere).
 at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
@@ -27,6 +32,10 @@ bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, 
 
 /// Whether the CBLAS backend was compiled in.
 bool have_cblas();
+
+/// Σ x² of a contiguous CPU float/double tensor, accumulated in fp64
+/// (cblas_dsdot / cblas_ddot); false when the backend cannot take it.
+bool cblas_sum_of_squares(const at::Tensor& x, double* out);
 
 /// Copies the upper triangle of every (contiguous, square) matrix of a
 /// (b, s, s) tensor onto its lower triangle.
