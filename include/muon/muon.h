@@ -3,6 +3,10 @@
 /// muon-cpp: the Muon optimizer engine on LibTorch.
 ///
 /// Umbrella header: includes every public header of the library.
+#include "muon/compat.h"
 #include "muon/newton_schulz.h"
+#include "muon/optim/hybrid.h"
+#include "muon/optim/muon.h"
+#include "muon/optim/routing.h"
 #include "muon/scaling.h"
 #include "muon/version.h"

@@ -1,0 +1,222 @@
+#pragma once
+
+/// The Muon optimizer on `torch::optim` (Jordan et al. 2024, "Muon: An
+/// optimizer for hidden layers in neural networks"; Liu et al. 2025,
+/// "Muon is Scalable for LLM Training").
+///
+/// Muon is SGD with momentum whose update is replaced by its orthogonalized
+/// version (the polar factor U·Vᵀ, approximated by `muon::newton_schulz`) and
+/// rescaled by a shape-dependent factor. One step for a parameter p with
+/// gradient g, in this order (Megatron-Core / TransformerEngine order):
+///
+///   1. weight decay   decoupled: p ← p·(1 − lr·wd); independent: p ← p·(1 − wd);
+///                     l2: g ← g + wd·p (before momentum)
+///   2. momentum       ema: buf ← buf + (1 − μ)·(g − buf);  classic: buf ← μ·buf + g
+///   3. nesterov       ema: u = g + μ·(buf − g);  classic: u = g + μ·buf;  else u = buf
+///   4. orthogonalize  o = newton_schulz(u as matrices, ns)
+///   5. scale          o ← o · scale_factor(rows, cols, scale_mode) · extra_scale_factor
+///   6. update         p ← p − lr·o      (in the parameter's dtype)
+///
+/// Neither `p.grad()` nor the momentum buffer is ever modified by steps 3–5.
+///
+/// Shapes: a 2-D parameter is one matrix (rows = dim 0). A parameter with
+/// ndim >= 3 is a convolution weight viewed as (dim 0, product of the other
+/// dims), scaled from that 2-D shape; in a group with `stacked_experts(true)`
+/// it is instead a stack of E = dim 0 expert matrices (dim 1, product of the
+/// rest), orthogonalized as one batch. A group with `split_sizes` (fused QKV)
+/// splits every matrix along dim 0, per query group, and orthogonalizes and
+/// scales each block on its own. Parameters with fewer than two dimensions are
+/// rejected: give them to AdamW, e.g. through `muon::MuonWithAdamW`
+/// (muon/optim/hybrid.h).
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "muon/newton_schulz.h"
+#include "muon/scaling.h"
+
+namespace muon {
+
+/// How the momentum buffer accumulates gradients.
+enum class MomentumStyle {
+  /// buf ← μ·buf + (1 − μ)·g (Megatron-Core, TransformerEngine, torch.optim.Muon);
+  /// nesterov update g + μ·(buf − g).
+  kEma,
+  /// buf ← μ·buf + g (Moonlight, Dion, SGD); nesterov update g + μ·buf.
+  kClassic,
+};
+
+/// "ema" | "classic".
+std::string to_string(MomentumStyle style);
+/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
+MomentumStyle parse_momentum_style(const std::string& name);
+
+/// How weight decay enters the step.
+enum class WeightDecayMode {
+  /// p ← p·(1 − lr·wd) (AdamW-style, scales with the learning rate).
+  kDecoupled,
+  /// p ← p·(1 − wd) (independent of the learning rate).
+  kIndependent,
+  /// g ← g + wd·p before momentum (classic L2 regularization).
+  kL2,
+};
+
+/// "decoupled" | "independent" | "l2".
+std::string to_string(WeightDecayMode mode);
+/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
+WeightDecayMode parse_weight_decay_mode(const std::string& name);
+
+/// Default learning rate: Keller Jordan's 0.02, tuned for `kShapeScaling`.
+constexpr double kDefaultMuonLr = 0.02;
+/// Default momentum μ: 0.95, used by every public Muon implementation.
+constexpr double kDefaultMuonMomentum = 0.95;
+
+/// Options of `muon::Muon` (per parameter group), as chained setters.
+///
+/// Defaults and why:
+///  - lr 0.02 with scale_mode shape_scaling: Keller Jordan's pairing, the
+///    most widely tuned one (modded-nanogpt). An m×n orthogonalized update
+///    has RMS 1/√max(m, n), times √max(1, m/n): lr lives on SGD's scale, not
+///    AdamW's (with spectral scaling the RMS is 1 and lr ~3e-4 is typical).
+///  - momentum 0.95, nesterov on, ema style: the setting of torch.optim.Muon,
+///    Megatron-Core and TransformerEngine (EMA keeps the buffer on the
+///    gradient's scale, so the step size does not depend on μ).
+///  - weight_decay 0 (mode decoupled): the optimizer does exactly the Muon
+///    update unless asked; a good decay depends on lr and model (0.01–0.1
+///    decoupled in the field).
+///  - ns: quintic ×5, fp32 compute, eps 1e-7 (NewtonSchulzOptions' defaults,
+///    Megatron-Core's schedule): full precision by default. bf16
+///    (`ns_compute_dtype(at::kBFloat16)`), what Keller's and torch.optim's
+///    Muon use, is ~1.5× faster where bf16 matrix units exist
+///    (docs/optimizer.md).
+///  - extra_scale_factor 1; stacked_experts off; no QKV split.
+struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
+  /// Options with learning rate `lr` and every other field at its default.
+  MuonOptions(double lr = kDefaultMuonLr);  // NOLINT(google-explicit-constructor): torch pattern
+
+  /// Learning rate, >= 0.
+  TORCH_ARG(double, lr) = kDefaultMuonLr;
+  /// Momentum μ in [0, 1).
+  TORCH_ARG(double, momentum) = kDefaultMuonMomentum;
+  /// Use the Nesterov look-ahead update instead of the buffer itself.
+  TORCH_ARG(bool, nesterov) = true;
+  /// EMA (default) or classic momentum accumulation.
+  TORCH_ARG(MomentumStyle, momentum_style) = MomentumStyle::kEma;
+  /// Weight decay coefficient, >= 0.
+  TORCH_ARG(double, weight_decay) = 0.0;
+  /// How weight decay is applied (decoupled by default).
+  TORCH_ARG(WeightDecayMode, weight_decay_mode) = WeightDecayMode::kDecoupled;
+  /// Newton–Schulz options: coefficient set, steps, eps, compute dtype, method.
+  TORCH_ARG(NewtonSchulzOptions, ns);
+  /// Shape-dependent scale of the orthogonalized update.
+  TORCH_ARG(ScaleMode, scale_mode) = ScaleMode::kShapeScaling;
+  /// Extra multiplier of the scale, finite and > 0 (0.2 with spectral = Moonlight).
+  TORCH_ARG(double, extra_scale_factor) = 1.0;
+  /// Treat parameters with ndim >= 3 as stacks of expert matrices
+  /// (E, out, in...) and orthogonalize each expert, as one batch.
+  TORCH_ARG(bool, stacked_experts) = false;
+  /// Fused QKV: split every matrix of the group along dim 0 into blocks of
+  /// these sizes (per query group), one Newton–Schulz and one scale per block
+  /// ([q, k, v], or [q, q, k, v] with an output gate). Empty: no split.
+  TORCH_ARG(std::vector<int64_t>, split_sizes) = {};
+  /// Query groups G of a split matrix: its dim 0 is viewed as
+  /// (G, sum(split_sizes)) and block i gathers rows of size split_sizes[i]
+  /// from every query group (a (G·split_sizes[i]) × cols matrix).
+  TORCH_ARG(int64_t, num_query_groups) = 1;
+
+ public:
+  /// momentum_style by name: "ema" | "classic".
+  MuonOptions& momentum_style(const std::string& name);
+  /// weight_decay_mode by name: "decoupled" | "independent" | "l2".
+  MuonOptions& weight_decay_mode(const std::string& name);
+  /// scale_mode by name: "shape_scaling" | "spectral" | "unit_rms_norm" | "match_rms_adamw".
+  MuonOptions& scale_mode(const std::string& name);
+
+  /// Shorthands for fields of `ns`, validated with messages that name them.
+  /// Built-in coefficient set by name (see muon::coefficient_set_names()).
+  MuonOptions& ns_coefficients(const std::string& name);
+  /// Newton–Schulz steps, in [1, 100).
+  MuonOptions& ns_steps(int64_t steps);
+  /// Newton–Schulz normalization epsilon, > 0.
+  MuonOptions& ns_eps(double eps);
+  /// Newton–Schulz compute dtype (kFloat, kBFloat16, kDouble; kHalf off CPU).
+  MuonOptions& ns_compute_dtype(at::ScalarType dtype);
+
+  /// Checks every field; raises c10::ValueError "[muon::Muon] <arg> must be ..., got <value>".
+  void validate() const;
+
+  /// Reads every field written by the other overload (modes by name, the
+  /// full coefficient set, so custom sets round-trip).
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes every field.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Field-wise equality (ns compared with NewtonSchulzOptions::operator==).
+  friend bool operator==(const MuonOptions& lhs, const MuonOptions& rhs);
+  ~MuonOptions() override = default;
+  /// `lr()`, for LR schedulers.
+  double get_lr() const override;
+  /// `lr(lr)`, for LR schedulers.
+  void set_lr(double lr) override;
+};
+
+/// Per-parameter state of `muon::Muon`.
+struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {
+  /// Steps taken on this parameter.
+  TORCH_ARG(int64_t, step) = 0;
+  /// Momentum buffer: parameter's shape, dtype and device; zeros at first use.
+  TORCH_ARG(at::Tensor, momentum_buffer);
+
+ public:
+  /// Reads `step` and, when present, `momentum_buffer`.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes `step` and, when defined, `momentum_buffer`.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Equal step and bit-equal buffers (both undefined counts as equal).
+  friend bool operator==(const MuonParamState& lhs, const MuonParamState& rhs);
+  ~MuonParamState() override = default;
+};
+
+/// The Muon optimizer: a drop-in `torch::optim::Optimizer` for matrix-shaped
+/// parameters (see the top of this header for the step and the shapes).
+///
+///     muon::Muon opt(model->parameters(), muon::MuonOptions(0.02).weight_decay(0.01));
+///     loss.backward(); opt.step(); opt.zero_grad();
+///
+/// Per-group options, `get_lr`/`set_lr` (so torch::optim::StepLR and any
+/// LRScheduler drive it), `save`/`load` through torch::serialize archives
+/// (a run saved, loaded into a fresh optimizer and continued is bit-identical
+/// to one that never stopped). Validation happens at construction and again
+/// at each step for groups changed or added since.
+class Muon : public torch::optim::Optimizer {
+ public:
+  /// Muon over `param_groups`; groups without options get `defaults`.
+  explicit Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                MuonOptions defaults = {});
+  /// Muon over one group of `params`.
+  explicit Muon(std::vector<at::Tensor> params, MuonOptions defaults = {});
+
+  /// One step on every parameter that has a gradient (others are skipped and
+  /// get no state). `closure`, if given, runs first with grad mode enabled
+  /// and its loss is returned.
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+  /// Writes every group's options and every parameter's state, by position.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores options and state saved by `save` into an optimizer with the
+  /// same groups (same count, parameter counts and shapes); raises
+  /// c10::ValueError otherwise.
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// Bytes held in optimizer state tensors (momentum buffers).
+  int64_t state_bytes() const;
+
+ private:
+  // Validates group `index`: options type and values, parameter shapes.
+  void check_group(size_t index) const;
+};
+
+}  // namespace muon
