@@ -1,5 +1,7 @@
 // Tests of routing and muon::MuonWithAdamW (Muon + torch::optim::AdamW).
 #include <gtest/gtest.h>
+
+#include "archive_util.h"
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
@@ -262,20 +264,8 @@ TEST(Hybrid, ZeroGradAndClosure) {
   for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
-std::string save_to_string(const torch::optim::Optimizer& opt) {
-  torch::serialize::OutputArchive archive;
-  opt.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load_from_string(torch::optim::Optimizer& opt, const std::string& bytes) {
-  std::istringstream in(bytes);
-  torch::serialize::InputArchive archive;
-  archive.load_from(in);
-  opt.load(archive);
-}
+using muon::test::load_from_string;
+using muon::test::save_to_string;
 
 TEST(Hybrid, ResumedRunIsBitIdentical) {
   auto straight = make_model(6);

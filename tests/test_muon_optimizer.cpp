@@ -1,6 +1,8 @@
 // Tests of muon::Muon: exact values against a plain reference step, shapes,
 // options, schedulers, save/load, errors and convergence.
 #include <gtest/gtest.h>
+
+#include "archive_util.h"
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/serialize/archive.h>
@@ -563,20 +565,8 @@ TEST(MuonSchedulers, CustomSchedulerSetsLr) {
 
 // ---- save / load --------------------------------------------------------------
 
-std::string save_to_string(const torch::optim::Optimizer& opt) {
-  torch::serialize::OutputArchive archive;
-  opt.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load_from_string(torch::optim::Optimizer& opt, const std::string& bytes) {
-  std::istringstream in(bytes);
-  torch::serialize::InputArchive archive;
-  archive.load_from(in);
-  opt.load(archive);
-}
+using muon::test::load_from_string;
+using muon::test::save_to_string;
 
 std::vector<torch::optim::OptimizerParamGroup> two_groups(const std::vector<at::Tensor>& p) {
   std::vector<torch::optim::OptimizerParamGroup> groups;

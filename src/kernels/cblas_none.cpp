@@ -4,7 +4,6 @@
 namespace muon::detail {
 
 bool cblas_syrk(at::Tensor&, const at::Tensor&, bool, double, double) { return false; }
-bool have_cblas() { return false; }
 bool cblas_sum_of_squares(const at::Tensor&, double*) { return false; }
 
 }  // namespace muon::detail

@@ -5,8 +5,6 @@
 
 namespace muon::detail {
 
-bool have_cblas() { return true; }
-
 bool cblas_sum_of_squares(const at::Tensor& x, double* out) {
   if (!x.device().is_cpu() || !x.is_contiguous()) return false;
   const int n = static_cast<int>(x.numel());

@@ -30,9 +30,6 @@ at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Ten
 /// contiguous CPU float/double inputs and returns true, or returns false.
 bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta);
 
-/// Whether the CBLAS backend was compiled in.
-bool have_cblas();
-
 /// Σ x² of a contiguous CPU float/double tensor, accumulated in fp64
 /// (cblas_dsdot / cblas_ddot); false when the backend cannot take it.
 bool cblas_sum_of_squares(const at::Tensor& x, double* out);

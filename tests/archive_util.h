@@ -1,0 +1,27 @@
+#pragma once
+// Round-trips an optimizer through a torch::serialize archive in memory.
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <sstream>
+#include <string>
+
+namespace muon::test {
+
+inline std::string save_to_string(const torch::optim::Optimizer& opt) {
+  torch::serialize::OutputArchive archive;
+  opt.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+inline void load_from_string(torch::optim::Optimizer& opt, const std::string& bytes) {
+  std::istringstream in(bytes);
+  torch::serialize::InputArchive archive;
+  archive.load_from(in);
+  opt.load(archive);
+}
+
+}  // namespace muon::test
