@@ -677,6 +677,45 @@ TEST(MuonSaveLoad, MismatchedOptimizerIsRejected) {
   EXPECT_THROW(load_from_string(other_shape, bytes), c10::ValueError);
 }
 
+// A variant through the extension points: the update is the plain sign of
+// the momentum (no Newton–Schulz), with its own archive kind.
+class SignMuon : public Muon {
+ public:
+  using Muon::Muon;
+  int calls = 0;
+
+ protected:
+  at::Tensor orthogonal_update(const at::Tensor& /*param*/, const at::Tensor& update,
+                               const MuonOptions& /*options*/, MuonParamState& state,
+                               double& alpha) override {
+    ++calls;
+    EXPECT_GE(state.step(), 1);  // counted before the hook runs
+    alpha = 0.5;
+    return update.sign();
+  }
+  std::string archive_kind() const override { return "test::SignMuon"; }
+};
+
+TEST(MuonExtension, SubclassReplacesTheOrthogonalUpdate) {
+  auto p = leaf(at::randn({4, 6}, at::kDouble));
+  const auto p0 = p.detach().clone();
+  const auto g = at::randn({4, 6}, at::kDouble);
+  SignMuon opt({p}, MuonOptions(0.1).nesterov(false).momentum(0.5));
+  p.mutable_grad() = g.clone();
+  opt.step();
+  EXPECT_EQ(opt.calls, 1);
+  // ema momentum from zero: buf = 0.5·g; update = sign(buf) scaled by alpha 0.5.
+  EXPECT_TRUE(at::equal(p.detach(), p0 - 0.1 * 0.5 * g.sign()));
+  // Archives of different kinds do not load into each other.
+  const auto bytes = save_to_string(opt);
+  auto q = leaf(at::randn({4, 6}, at::kDouble));
+  Muon plain({q});
+  EXPECT_THROW(load_from_string(plain, bytes), c10::ValueError);
+  SignMuon same({q});
+  load_from_string(same, bytes);
+  EXPECT_EQ(same.state_bytes(), 4 * 6 * 8);
+}
+
 TEST(MuonSaveLoad, StateBytesCountMomentumBuffers) {
   auto p = leaf(at::randn({16, 8}));
   auto q = leaf(at::randn({8, 8}).to(at::kBFloat16));

@@ -401,12 +401,11 @@ at::Tensor Muon::step(LossClosure closure) {
       at::Tensor grad = p.grad();
 
       auto& slot = state_[compat::state_key(p)];
-      if (!slot) {
-        auto fresh = std::make_unique<MuonParamState>();
-        fresh->momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(fresh);
-      }
+      if (!slot) slot = new_state(p);
       auto& st = static_cast<MuonParamState&>(*slot);
+      if (!st.momentum_buffer().defined()) {
+        st.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+      }
       st.step(st.step() + 1);
       auto& buf = st.momentum_buffer();
 
@@ -437,13 +436,25 @@ at::Tensor Muon::step(LossClosure closure) {
 
       // 4–6. orthogonalize, scale, apply in the parameter's dtype.
       double alpha = 1.0;
-      auto orth = scaled_orthogonal(update, matrix_view(p, o), o, alpha);
+      auto orth = orthogonal_update(p, update, o, st, alpha);
       if (orth.scalar_type() != p.scalar_type()) orth = orth.to(p.scalar_type());
       p.add_(orth.view(p.sizes()), -lr * alpha);
     }
   }
   return loss;
 }
+
+at::Tensor Muon::orthogonal_update(const at::Tensor& param, const at::Tensor& update,
+                                   const MuonOptions& options, MuonParamState& /*state*/,
+                                   double& alpha) {
+  return scaled_orthogonal(update, matrix_view(param, options), options, alpha);
+}
+
+std::unique_ptr<MuonParamState> Muon::new_state(const at::Tensor& /*param*/) const {
+  return std::make_unique<MuonParamState>();
+}
+
+std::string Muon::archive_kind() const { return "muon::Muon"; }
 
 int64_t Muon::state_bytes() const {
   int64_t bytes = 0;
@@ -456,6 +467,7 @@ int64_t Muon::state_bytes() const {
 
 void Muon::save(OutputArchive& archive) const {
   archive.write("muon_format", c10::IValue(int64_t{1}));
+  archive.write("muon_kind", c10::IValue(archive_kind()));
   archive.write("param_groups/size", c10::IValue(static_cast<int64_t>(param_groups_.size())));
   for (const auto i : c10::irange(param_groups_.size())) {
     const auto& group = param_groups_[i];
@@ -479,13 +491,18 @@ void Muon::load(InputArchive& archive) {
   c10::IValue format;
   TORCH_CHECK_VALUE(archive.try_read("muon_format", format) && format.toInt() == 1, kWho,
                     "the archive was not written by muon::Muon::save");
+  c10::IValue kind;
+  const std::string expected = archive_kind();
+  const std::string found = archive.try_read("muon_kind", kind) ? kind.toStringRef() : "muon::Muon";
+  TORCH_CHECK_VALUE(found == expected, kWho, "the archive holds the state of ", found,
+                    ", this optimizer is ", expected);
   const auto groups = read_value<int64_t>(archive, "param_groups/size");
   TORCH_CHECK_VALUE(groups == static_cast<int64_t>(param_groups_.size()), kWho,
                     "the archive has ", groups, " param groups, this optimizer has ",
                     param_groups_.size());
   // Read everything first: a mismatch leaves this optimizer unchanged.
   std::vector<MuonOptions> options(param_groups_.size());
-  std::vector<std::pair<at::Tensor, MuonParamState>> states;
+  std::vector<std::pair<at::Tensor, std::unique_ptr<MuonParamState>>> states;
   for (const auto i : c10::irange(param_groups_.size())) {
     const auto& params = param_groups_[i].params();
     InputArchive group_archive;
@@ -500,10 +517,10 @@ void Muon::load(InputArchive& archive) {
     for (const auto j : c10::irange(params.size())) {
       InputArchive state_archive;
       if (!group_archive.try_read("state/" + std::to_string(j), state_archive)) continue;
-      MuonParamState st;
-      st.serialize(state_archive);
       const auto& p = params[j];
-      auto& buf = st.momentum_buffer();
+      auto st = new_state(p);
+      st->serialize(state_archive);
+      auto& buf = st->momentum_buffer();
       if (buf.defined()) {
         TORCH_CHECK_VALUE(buf.sizes() == p.sizes(), kWho, "the archive's momentum buffer of "
                           "parameter ", j, " of group ", i, " has shape ", buf.sizes(),
@@ -517,7 +534,7 @@ void Muon::load(InputArchive& archive) {
     param_groups_[i].set_options(std::make_unique<MuonOptions>(options[i]));
   }
   state_.clear();  // the archive holds the whole state, as Python's load_state_dict
-  for (auto& [p, st] : states) state_[compat::state_key(p)] = std::make_unique<MuonParamState>(st);
+  for (auto& [p, st] : states) state_[compat::state_key(p)] = std::move(st);
 }
 
 }  // namespace muon

@@ -33,6 +33,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -211,8 +212,27 @@ class Muon : public torch::optim::Optimizer {
   /// c10::ValueError otherwise.
   void load(torch::serialize::InputArchive& archive) override;
 
-  /// Bytes held in optimizer state tensors (momentum buffers).
-  int64_t state_bytes() const;
+  /// Bytes held in optimizer state tensors (momentum buffers, plus what a
+  /// subclass keeps).
+  virtual int64_t state_bytes() const;
+
+ protected:
+  /// Extension point for variants of the step (adaptive second moments,
+  /// distributed layouts): the orthogonalized, scaled update of `param` from
+  /// its Nesterov/momentum `update` (param's shape, never aliased with the
+  /// momentum buffer or the gradient), not yet multiplied by -lr. `alpha`
+  /// receives a scale still to apply (1 when the result is fully scaled).
+  /// The default runs `muon::newton_schulz` on the matrices of `param` and
+  /// scales them from their shape.
+  virtual at::Tensor orthogonal_update(const at::Tensor& param, const at::Tensor& update,
+                                       const MuonOptions& options, MuonParamState& state,
+                                       double& alpha);
+  /// A fresh, empty state for `param` (its momentum buffer is created at
+  /// first use). Subclasses with more state return their own derived type;
+  /// `load` deserializes into it.
+  virtual std::unique_ptr<MuonParamState> new_state(const at::Tensor& param) const;
+  /// The identifier `save` writes and `load` requires ("muon::Muon").
+  virtual std::string archive_kind() const;
 
  private:
   // Validates group `index`: options type and values, parameter shapes.
