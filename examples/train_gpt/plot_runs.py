@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Plots validation loss against steps and against wall time for the CSV logs
+written by muon-train-gpt (one file per run), into one PNG.
+
+    /usr/bin/python3 plot_runs.py OUT.png RUN1.csv RUN2.csv ...
+"""
+import csv
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read(path):
+    steps, seconds, loss = [], [], []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            steps.append(int(row["step"]))
+            seconds.append(float(row["seconds"]))
+            loss.append(float(row["valid_loss"]))
+    return steps, seconds, loss
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.exit(__doc__)
+    out, paths = argv[1], argv[2:]
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for path in paths:
+        name = os.path.splitext(os.path.basename(path))[0]
+        steps, seconds, loss = read(path)
+        by_step.plot(steps, loss, label=name)
+        by_time.plot(seconds, loss, label=name)
+    by_step.set_xlabel("optimizer step")
+    by_time.set_xlabel("training wall time (s)")
+    for ax in (by_step, by_time):
+        ax.set_ylabel("validation loss (nats/char)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("small GPT: validation loss")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(out)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,67 @@
+#pragma once
+
+/// One training run of the small GPT: data-parallel over the ranks of a
+/// communicator (gradients averaged across ranks), evaluation, progress,
+/// checkpoints, and the run's log.
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data.h"
+#include "gpt.h"
+#include "progress.h"
+#include "report.h"
+
+namespace train_gpt {
+
+/// What a run needs from the processes it runs on. A single process is
+/// {rank 0, world 1} with no-op collectives.
+struct DataParallel {
+  /// This rank.
+  int64_t rank = 0;
+  /// Number of ranks.
+  int64_t world = 1;
+  /// Sums each tensor over the ranks, in place (every rank gets the sum).
+  std::function<void(std::vector<at::Tensor>&)> all_reduce_sum = [](std::vector<at::Tensor>&) {};
+};
+
+/// How a run trains.
+struct TrainOptions {
+  /// Run name: the CSV is `<out_dir>/<name>.csv`.
+  std::string name = "run";
+  /// Model shape (vocab_size is set from the data).
+  GptConfig model;
+  /// Optimizer steps.
+  int64_t steps = 400;
+  /// Sequences per step over all ranks (a multiple of the world size).
+  int64_t global_batch = 32;
+  /// Evaluate every this many steps (and at the first and last step).
+  int64_t eval_every = 25;
+  /// Validation windows of context + 1 tokens.
+  int64_t eval_windows = 128;
+  /// Seed of the model initialization and of the batches.
+  uint64_t seed = 1;
+  /// Where the CSV log goes (written by rank 0; empty: no CSV).
+  std::string out_dir;
+  /// Checkpoint written at the end (empty: none); rank r writes `<path>.rank<r>`.
+  std::string save_checkpoint;
+  /// Checkpoint to resume from (as written by save_checkpoint, same world size).
+  std::string resume;
+  /// Show a progress bar (rank 0).
+  bool progress = true;
+};
+
+/// Builds the optimizer of a run from the model's named parameters.
+using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(Gpt&)>;
+
+/// Trains a fresh model (initialized from `options.seed`, identical on every
+/// rank) for `options.steps` steps; returns the log (identical on every rank).
+/// A learning-rate schedule, if any, is applied by `before_step(step)`.
+RunLog train(const Dataset& data, const TrainOptions& options, const OptimizerFactory& make_optimizer,
+             const DataParallel& dp, const std::function<void(int64_t)>& before_step = nullptr);
+
+}  // namespace train_gpt

@@ -1,0 +1,191 @@
+// The train_gpt example's pieces: corpus, vocabulary, batches, model,
+// logs and table, checkpoint resume.
+#include <gtest/gtest.h>
+
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "data.h"
+#include "gpt.h"
+#include "muon/optim/hybrid.h"
+#include "report.h"
+#include "trainer.h"
+
+namespace {
+
+using train_gpt::EvalPoint;
+using train_gpt::RunLog;
+
+TEST(TrainGptData, CorpusIsDeterministicAndSeeded) {
+  const auto a = train_gpt::generate_corpus(20000, 5);
+  const auto b = train_gpt::generate_corpus(20000, 5);
+  const auto c = train_gpt::generate_corpus(20000, 6);
+  EXPECT_EQ(a.size(), 20000u);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  // Documents (blank-line separated), sentences and numbered lists are there.
+  EXPECT_NE(a.find("\n\n"), std::string::npos);
+  EXPECT_NE(a.find(". "), std::string::npos);
+  EXPECT_NE(a.find("\n1. "), std::string::npos);
+  EXPECT_THROW(train_gpt::generate_corpus(0), c10::ValueError);
+}
+
+TEST(TrainGptData, VocabularyRoundTrips) {
+  const std::string text = "hello, world\n";
+  const auto vocab = train_gpt::CharVocab::from_text(text);
+  EXPECT_EQ(vocab.size(), 10);  // h e l o , space w r d \n
+  const auto tokens = vocab.encode(text);
+  EXPECT_EQ(tokens.numel(), static_cast<int64_t>(text.size()));
+  EXPECT_EQ(vocab.decode(tokens), text);
+  EXPECT_THROW(vocab.encode("hex"), c10::ValueError);
+  EXPECT_EQ(train_gpt::CharVocab::from_text(text, /*byte_level=*/true).size(), 256);
+}
+
+TEST(TrainGptData, GlobalBatchIsTheSameForEveryWorldSize) {
+  const auto tokens = at::arange(1000, at::kLong);
+  const auto whole = train_gpt::train_batch(tokens, 7, 12, 16, 0, 1, 3);
+  ASSERT_EQ(whole.sizes(), (std::vector<int64_t>{12, 17}));
+  for (const int64_t world : {2, 3, 4}) {
+    std::vector<at::Tensor> parts;
+    for (int64_t r = 0; r < world; ++r) {
+      parts.push_back(train_gpt::train_batch(tokens, 7, 12, 16, r, world, 3));
+    }
+    EXPECT_TRUE(at::equal(at::cat(parts), whole)) << "world " << world;
+  }
+  // Windows are consecutive tokens; another step draws other windows.
+  EXPECT_TRUE(at::equal(whole.select(1, 16) - whole.select(1, 0), at::full({12}, 16, at::kLong)));
+  EXPECT_FALSE(at::equal(train_gpt::train_batch(tokens, 8, 12, 16, 0, 1, 3), whole));
+  EXPECT_THROW(train_gpt::train_batch(tokens, 0, 10, 16, 0, 3, 3), c10::ValueError);
+}
+
+TEST(TrainGptModel, ShapesNamesAndCausality) {
+  train_gpt::GptConfig c;
+  c.vocab_size = 11;
+  c.context = 8;
+  c.layers = 2;
+  c.width = 16;
+  c.heads = 2;
+  at::manual_seed(0);
+  train_gpt::Gpt model(c);
+  const auto tokens = at::randint(0, 11, {3, 8}, at::kLong);
+  const auto logits = model->forward(tokens);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 8, 11}));
+  // Changing the last token leaves the logits of every earlier position unchanged.
+  auto changed = tokens.clone();
+  changed.select(1, 7).fill_(0);
+  changed.select(1, 7).add_(tokens.select(1, 7).add(1).remainder(11));
+  const auto logits2 = model->forward(changed);
+  EXPECT_TRUE(at::allclose(logits.narrow(1, 0, 7), logits2.narrow(1, 0, 7), 1e-6, 1e-6));
+  EXPECT_FALSE(at::allclose(logits.narrow(1, 7, 1), logits2.narrow(1, 7, 1), 1e-6, 1e-6));
+  // GPT-2 names: the default routing sends embeddings and the head to AdamW.
+  const auto named = model->named_parameters();
+  EXPECT_NE(named.find("wte.weight"), nullptr);
+  EXPECT_NE(named.find("lm_head.weight"), nullptr);
+  EXPECT_NE(named.find("blocks.1.attn.qkv.weight"), nullptr);
+  muon::MuonWithAdamW opt(named);
+  for (const auto& d : opt.routing()) {
+    const bool matrix = d.shape.size() == 2 && d.name.find("wte") == std::string::npos &&
+                        d.name.find("wpe") == std::string::npos &&
+                        d.name.find("lm_head") == std::string::npos;
+    EXPECT_EQ(d.route == muon::Route::kMuon, matrix) << d.name;
+  }
+  // A fresh model predicts roughly uniformly: loss ≈ ln(vocab).
+  EXPECT_NEAR(model->loss(at::randint(0, 11, {4, 9}, at::kLong)).item<double>(), std::log(11.0), 0.3);
+  c.heads = 3;
+  EXPECT_THROW(train_gpt::Gpt{c}, c10::ValueError);
+}
+
+RunLog make_log(std::vector<std::pair<int64_t, double>> points) {
+  RunLog log{"x", {}};
+  for (const auto& [step, loss] : points) {
+    log.points.push_back({step, step * 10, loss, loss, 0.5 * static_cast<double>(step), 0.1 * static_cast<double>(step)});
+  }
+  return log;
+}
+
+TEST(TrainGptReport, StepsToReachInterpolates) {
+  const auto log = make_log({{0, 4.0}, {10, 3.0}, {20, 2.0}, {30, 1.5}});
+  EXPECT_DOUBLE_EQ(log.steps_to_reach(2.5), 15.0);
+  EXPECT_DOUBLE_EQ(log.steps_to_reach(3.0), 10.0);
+  EXPECT_DOUBLE_EQ(log.steps_to_reach(5.0), 0.0);
+  EXPECT_DOUBLE_EQ(log.steps_to_reach(1.0), -1.0);
+  EXPECT_DOUBLE_EQ(log.seconds_per_step(), 0.5);
+  EXPECT_DOUBLE_EQ(log.optimizer_share(), 0.2);
+}
+
+TEST(TrainGptReport, CsvRoundTripAndTable) {
+  auto a = make_log({{0, 4.0}, {10, 3.0}, {20, 2.0}});
+  a.name = "fast";
+  a.points[0].train_loss = std::numeric_limits<double>::quiet_NaN();
+  auto b = make_log({{0, 4.0}, {10, 3.5}, {20, 3.0}});
+  b.name = "slow";
+  const auto dir = std::filesystem::temp_directory_path() / "muon_train_gpt_csv";
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "fast.csv").string();
+  train_gpt::write_csv(a, path);
+  const auto back = train_gpt::read_csv(path);
+  EXPECT_EQ(back.name, "fast");
+  ASSERT_EQ(back.points.size(), 3u);
+  EXPECT_TRUE(std::isnan(back.points[0].train_loss));
+  EXPECT_DOUBLE_EQ(back.points[2].valid_loss, 2.0);
+  EXPECT_EQ(back.points[2].tokens, 200);
+  // fast reaches slow's final loss (3.0) at step 10, slow at 20: 0.50x.
+  const auto table = train_gpt::comparison_table({a, b}, 1);
+  EXPECT_NE(table.find("10 (0.50x)"), std::string::npos) << table;
+  EXPECT_NE(table.find("20 (1.00x)"), std::string::npos) << table;
+  std::filesystem::remove_all(dir);
+}
+
+train_gpt::TrainOptions tiny_run() {
+  train_gpt::TrainOptions o;
+  o.model.context = 16;
+  o.model.layers = 1;
+  o.model.width = 16;
+  o.model.heads = 2;
+  o.global_batch = 4;
+  o.eval_every = 2;
+  o.eval_windows = 8;
+  o.progress = false;
+  return o;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_hybrid(train_gpt::Gpt& model) {
+  muon::MuonWithAdamWOptions o;
+  o.adamw(torch::optim::AdamWOptions(1e-2));
+  return std::make_unique<muon::MuonWithAdamW>(model->named_parameters(), o);
+}
+
+TEST(TrainGptTrainer, LossDecreasesAndResumeContinuesTheCurve) {
+  const auto data = train_gpt::make_dataset(train_gpt::generate_corpus(20000));
+  const auto dir = std::filesystem::temp_directory_path() / "muon_train_gpt_resume";
+  std::filesystem::create_directories(dir);
+  auto o = tiny_run();
+  o.steps = 12;
+  const auto straight = train_gpt::train(data, o, make_hybrid, {});
+  ASSERT_EQ(straight.points.size(), 7u);  // steps 0, 2, ..., 12
+  // From ln(vocab) ≈ 3.7 down by well over the noise of 8 validation windows.
+  EXPECT_LT(straight.final_point().valid_loss, straight.points[0].valid_loss - 0.3);
+
+  auto first = o;
+  first.steps = 6;
+  first.save_checkpoint = (dir / "ckpt").string();
+  train_gpt::train(data, first, make_hybrid, {});
+  auto second = o;
+  second.resume = first.save_checkpoint;
+  const auto resumed = train_gpt::train(data, second, make_hybrid, {});
+  ASSERT_EQ(resumed.points.size(), straight.points.size());
+  for (size_t i = 0; i < straight.points.size(); ++i) {
+    EXPECT_EQ(resumed.points[i].step, straight.points[i].step);
+    // Same batches, same state: bit-identical losses.
+    EXPECT_EQ(resumed.points[i].valid_loss, straight.points[i].valid_loss) << i;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
