@@ -167,6 +167,74 @@ std::vector<at::Tensor> Group::all_gather(const at::Tensor& tensor) const {
   return result;
 }
 
+PendingGather& PendingGather::operator=(PendingGather&& other) noexcept {
+  if (this != &other) {
+    if (finish_) {
+      try {
+        finish_();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): replaced unwaited; the error is dropped
+      }
+    }
+    finish_ = std::move(other.finish_);
+    other.finish_ = nullptr;
+  }
+  return *this;
+}
+
+PendingGather::~PendingGather() {
+  if (!finish_) return;
+  try {
+    finish_();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): never waited for; a destructor must not throw
+  }
+}
+
+std::vector<at::Tensor> PendingGather::wait() {
+  TORCH_CHECK(finish_, kWho, "PendingGather::wait: nothing in flight (already waited for?)");
+  auto finish = std::move(finish_);
+  finish_ = nullptr;
+  return finish();
+}
+
+PendingGather Group::all_gather_async(const at::Tensor& tensor) const {
+  const auto& g = impl("all_gather_async");
+  TORCH_CHECK_VALUE(tensor.defined(), kWho, "all_gather_async: tensor is undefined");
+  PendingGather pending;
+  if (g.size == 1) {
+    auto copy = tensor.clone();
+    pending.finish_ = [copy] { return std::vector<at::Tensor>{copy}; };
+    return pending;
+  }
+  auto input = wire_view(tensor.contiguous());
+  auto outputs = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
+  for (int r = 0; r < g.size; ++r) (*outputs)[0].push_back(at::empty_like(input));
+  auto inputs = std::make_shared<std::vector<at::Tensor>>(std::vector<at::Tensor>{input});
+  decltype(g.backend->allgather(*outputs, *inputs)) work;
+  try {
+    work = g.backend->allgather(*outputs, *inputs);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, kWho, "all_gather_async on group '", g.name, "' (rank ", g.rank, " of ",
+                g.size, ") failed to start: ", e.what());
+  }
+  g.bytes += static_cast<int64_t>(g.size - 1) * static_cast<int64_t>(input.nbytes());
+  const auto impl_ref = impl_;  // the group outlives the collective
+  const auto dtype = tensor.scalar_type();
+  pending.finish_ = [impl_ref, work, outputs, inputs, dtype] {
+    const auto& group = *impl_ref;
+    try {
+      work->wait(group.options.timeout());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, kWho, "all_gather_async on group '", group.name, "' (rank ",
+                  group.rank, " of ", group.size, ", timeout ", group.options.timeout().count(),
+                  " ms) failed: ", e.what());
+    }
+    std::vector<at::Tensor> result;
+    for (auto& t : (*outputs)[0]) result.push_back(t.view(dtype));
+    return result;
+  };
+  return pending;
+}
+
 std::vector<std::vector<int64_t>> Group::all_gather_ints(const std::vector<int64_t>& values) const {
   const auto& g = impl("all_gather_ints");
   if (g.size == 1) return {values};
