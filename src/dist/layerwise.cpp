@@ -146,7 +146,7 @@ void LayerwiseOptimizer::sync_options() {
   }
 }
 
-PendingGather LayerwiseOptimizer::start_gather(size_t k) const {
+PendingCollective LayerwiseOptimizer::start_gather(size_t k) const {
   auto buffer = at::zeros({bucket_bytes_[k]}, at::kByte);
   const auto& mine = buckets_[static_cast<size_t>(group_.rank())];
   if (k < mine.size()) {
@@ -192,7 +192,7 @@ at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
       params_[static_cast<size_t>(owned_[j])].mutable_grad() = grads[j];
     }
   };
-  std::deque<std::pair<size_t, PendingGather>> in_flight;
+  std::deque<std::pair<size_t, PendingCollective>> in_flight;
   try {
     for (const auto k : c10::irange(bucket_bytes_.size())) {
       if (overlap && k < mine.size()) {

@@ -101,7 +101,7 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   void sync_options();
   void mirror_groups();
   // Starts the all-gather of bucket k of every rank (this rank's part packed).
-  PendingGather start_gather(size_t k) const;
+  PendingCollective start_gather(size_t k) const;
   // Copies the other ranks' parameters of bucket k out of the gathered bytes.
   void unpack(size_t k, const std::vector<at::Tensor>& gathered);
 

@@ -247,6 +247,13 @@ class Muon : public torch::optim::Optimizer {
   static void apply_update(at::Tensor& param, at::Tensor orth, double lr, double alpha);
   /// Validates group `index`: options type and values, parameter shapes.
   void check_group(size_t index) const;
+  /// For subclasses whose parameters are shards: `allow_empty` accepts
+  /// zero-size parameters (a rank's empty shard).
+  Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
+       bool allow_empty);
+
+ private:
+  bool allow_empty_ = false;
 };
 
 }  // namespace muon
