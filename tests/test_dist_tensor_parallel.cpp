@@ -16,7 +16,10 @@
 #include <gtest/gtest.h>
 #include <torch/ordered_dict.h>
 
+#include <chrono>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -347,6 +350,46 @@ TEST(TensorParallelValidation, LocalArgumentErrors) {
   bad_dim.shard(p, TensorParallelShard({4, 4}, 2, single));
   EXPECT_THROW(TensorParallelMuon(std::vector<at::Tensor>{p}, MuonOptions(), bad_dim),
                c10::ValueError);
+}
+
+TEST(TensorParallelTimeout, RankThatNeverStepsMakesTheOtherRaiseWithinTheTimeout) {
+  // Rank 1 builds its optimizer (a collective) and returns without stepping;
+  // its optimizer and group stay alive, so rank 0 notices only by timeout.
+  constexpr auto kTimeout = std::chrono::milliseconds(2000);
+  std::mutex mu;
+  std::vector<std::unique_ptr<TensorParallelMuon>> keep_alive;
+  std::vector<at::Tensor> keep_params;
+  double elapsed_s = -1;
+  const auto errors = run_ranks_collect(
+      2,
+      [&](Group& g) {
+        auto p = at::zeros({12, 40});
+        p.set_requires_grad(true);
+        TensorParallelOptions tpo;
+        tpo.mode("distributed").shard(p, TensorParallelShard({24, 40}, 0, g));
+        auto opt = std::make_unique<TensorParallelMuon>(std::vector<at::Tensor>{p}, MuonOptions(), tpo);
+        if (g.rank() == 1) {
+          std::lock_guard<std::mutex> lock(mu);
+          keep_alive.push_back(std::move(opt));
+          keep_params.push_back(p);
+          return;
+        }
+        p.mutable_grad() = at::ones({12, 40});
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          opt->step();
+        } catch (...) {
+          elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          throw;
+        }
+      },
+      muon::dist::GroupOptions().timeout(kTimeout));
+  EXPECT_TRUE(errors[1].empty()) << errors[1];
+  EXPECT_NE(errors[0].find("all_reduce on group 'world' (rank 0 of 2, timeout 2000 ms) failed"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_GE(elapsed_s, 1.5);
+  EXPECT_LT(elapsed_s, 5.0);
 }
 
 // ---- save / load, per rank ------------------------------------------------------------
