@@ -86,6 +86,31 @@ ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> s
     Layout l;
     l.global_shape = global;
     std::tie(l.rows, l.cols) = matrix_dims(c10::IntArrayRef(global));
+    l.scale_rows = l.rows;
+    l.scale_cols = l.cols;
+    if (shard.has_tensor_parallel()) {
+      const auto& tp = shard.tp();
+      TORCH_CHECK_VALUE(global.size() == 2 && tp.global_shape().size() == 2, kWho, "parameter ", i,
+                        ": a tensor-parallel block must be 2-D, got block ", c10::IntArrayRef(global),
+                        " of matrix ", c10::IntArrayRef(tp.global_shape()));
+      TORCH_CHECK_VALUE(tp.partition_dim() == 0 || tp.partition_dim() == 1, kWho, "parameter ", i,
+                        ": partition_dim must be 0 or 1, got ", tp.partition_dim());
+      TORCH_CHECK_VALUE(tp.group().valid(), kWho, "parameter ", i,
+                        ": its tensor-parallel group is invalid (default-constructed)");
+      const int64_t other = 1 - tp.partition_dim();
+      TORCH_CHECK_VALUE(global[static_cast<size_t>(other)] == tp.global_shape()[static_cast<size_t>(other)],
+                        kWho, "parameter ", i, ": block ", c10::IntArrayRef(global),
+                        " does not match matrix ", c10::IntArrayRef(tp.global_shape()),
+                        " outside partition dim ", tp.partition_dim());
+      l.tp = true;
+      l.tp_mode = shard.tp_mode();
+      l.tp_dim = tp.partition_dim();
+      l.tp_group = tp.group();
+      if (l.tp_mode != TensorParallelMode::kBlockwise) {
+        l.scale_rows = tp.global_shape()[0];
+        l.scale_cols = tp.global_shape()[1];
+      }
+    }
     size_t g = 0;
     while (g < groups_.size() && !same_group(groups_[g], shard.group())) ++g;
     if (g == groups_.size()) {
@@ -127,11 +152,71 @@ ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> s
       TORCH_CHECK_VALUE(offset >= l.global_shape[0], kWho, "parameter ", members[g][k],
                         ": the ranks of group '", group.name(), "' hold ", offset,
                         " rows in all, fewer than the global ", l.global_shape[0]);
-      costs.push_back(newton_schulz_cost(l.rows, l.cols));
+      // TP blocks: the whole matrix's cost, the same on every TP rank, so
+      // that the blocks of one matrix get the same data-parallel owner.
+      costs.push_back(l.tp ? newton_schulz_cost(l.scale_rows, l.scale_cols) + static_cast<double>(l.tp_mode)
+                           : newton_schulz_cost(l.rows, l.cols));
     }
     const auto owners = assign_owners(costs, group.size());
     for (const auto k : c10::irange(members[g].size())) owners_[members[g][k]] = owners[k];
   }
+  // 2-D layouts: the TP ranks exchange block sizes and agree on the matrix.
+  for (const auto i : c10::irange(layout_.size())) {
+    auto& l = layout_[i];
+    if (!l.tp) continue;
+    const auto& tp = shards[i].tp();
+    const std::vector<int64_t> mine{l.global_shape[static_cast<size_t>(l.tp_dim)], tp.global_shape()[0],
+                                    tp.global_shape()[1], l.tp_dim, static_cast<int64_t>(l.tp_mode),
+                                    owners_[i]};
+    const auto all = l.tp_group.all_gather_ints(mine);
+    int64_t total = 0;
+    for (const auto r : c10::irange(all.size())) {
+      TORCH_CHECK_VALUE(std::equal(all[r].begin() + 1, all[r].end(), mine.begin() + 1), kWho,
+                        "parameter ", i, ": tensor-parallel rank ", r, " describes matrix (",
+                        all[r][1], ", ", all[r][2], ") split on dim ", all[r][3], " mode ",
+                        all[r][4], " owner ", all[r][5], ", rank ", l.tp_group.rank(), " (",
+                        mine[1], ", ", mine[2], ") dim ", mine[3], " mode ", mine[4], " owner ",
+                        mine[5], "; every TP rank must describe the same matrix and layout");
+      l.tp_sizes.push_back(all[r][0]);
+      total += all[r][0];
+    }
+    TORCH_CHECK_VALUE(total == tp.global_shape()[static_cast<size_t>(l.tp_dim)], kWho, "parameter ",
+                      i, ": the tensor-parallel blocks add up to ", total, " along dim ", l.tp_dim,
+                      ", the matrix has ", tp.global_shape()[static_cast<size_t>(l.tp_dim)]);
+  }
+}
+
+std::vector<at::Tensor> ShardedMuon::orthogonalize(const std::vector<size_t>& members,
+                                                   const std::vector<at::Tensor>& matrices) const {
+  const auto& o = static_cast<const MuonOptions&>(param_groups_[0].options());
+  const auto& first = layout_[members[0]];
+  bool same_shape = true;
+  for (const auto& m : matrices) same_shape = same_shape && m.sizes() == matrices[0].sizes();
+  if ((!first.tp || first.tp_mode == TensorParallelMode::kBlockwise) && same_shape) {
+    return newton_schulz(at::stack(matrices), o.ns()).unbind(0);  // one batched call
+  }
+  std::vector<at::Tensor> out;
+  for (const auto k : c10::irange(members.size())) {
+    const auto& l = layout_[members[k]];
+    const auto& block = matrices[k];
+    if (!l.tp || l.tp_mode == TensorParallelMode::kBlockwise) {
+      out.push_back(newton_schulz(block, o.ns()));
+      continue;
+    }
+    if (l.tp_mode == TensorParallelMode::kDistributed) {
+      out.push_back(distributed_newton_schulz(block, l.tp_dim, l.tp_group, o.ns()));
+      continue;
+    }
+    // Duplicated: gather the whole matrix over TP, orthogonalize, keep the block.
+    const auto rows_first = l.tp_dim == 0 ? block : block.t().contiguous();
+    auto whole = at::cat(l.tp_group.all_gather_uneven(rows_first));
+    if (l.tp_dim == 1) whole = whole.t();
+    const auto orth = newton_schulz(whole, o.ns());
+    const auto rank = static_cast<size_t>(l.tp_group.rank());
+    const int64_t offset = std::accumulate(l.tp_sizes.begin(), l.tp_sizes.begin() + static_cast<int64_t>(rank), int64_t{0});
+    out.push_back(orth.narrow(l.tp_dim, offset, l.tp_sizes[rank]));
+  }
+  return out;
 }
 
 std::string ShardedMuon::archive_kind() const { return "muon::dist::ShardedMuon"; }
@@ -189,10 +274,11 @@ void ShardedMuon::step_replicated(const std::vector<size_t>& active,
     const auto& group = groups_[static_cast<size_t>(l.group_index)];
     const auto parts = group.all_gather_uneven(updates[i].reshape({updates[i].size(0), l.cols}));
     const auto full = at::cat(parts).narrow(0, 0, l.rows);
-    const auto orth = newton_schulz(full.unsqueeze(0), o.ns()).squeeze(0);
+    const auto orth = orthogonalize({i}, {full})[0];
     const auto rank = static_cast<size_t>(group.rank());
     const auto mine = rows_padded(orth, l.offsets[rank], l.rows_per_rank[rank]);
-    apply_update(params[i], mine, o.lr(), scale_factor(l.rows, l.cols, o.scale_mode(), o.extra_scale_factor()));
+    apply_update(params[i], mine, o.lr(),
+                 scale_factor(l.scale_rows, l.scale_cols, o.scale_mode(), o.extra_scale_factor()));
   }
 }
 
@@ -206,11 +292,17 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
     const auto me = static_cast<size_t>(group.rank());
     // Batches: same (rows, cols, dtype), in order of first appearance.
     std::vector<std::vector<size_t>> batches;
-    std::map<std::tuple<int64_t, int64_t, int>, size_t> batch_of;
+    // TP blocks batch by their whole matrix and layout, so that every TP rank
+    // forms the same batches in the same order (their blocks may differ).
+    std::map<std::tuple<int64_t, int64_t, int, int64_t, int64_t, int64_t>, size_t> batch_of;
     for (const auto i : active) {
-      if (layout_[i].group_index != static_cast<int64_t>(g)) continue;
-      const auto key = std::make_tuple(layout_[i].rows, layout_[i].cols,
-                                       static_cast<int>(updates[i].scalar_type()));
+      const auto& l = layout_[i];
+      if (l.group_index != static_cast<int64_t>(g)) continue;
+      const auto key = l.tp ? std::make_tuple(l.scale_rows, l.scale_cols,
+                                              static_cast<int>(updates[i].scalar_type()), int64_t{1},
+                                              static_cast<int64_t>(l.tp_mode), l.tp_dim)
+                            : std::make_tuple(l.rows, l.cols, static_cast<int>(updates[i].scalar_type()),
+                                              int64_t{0}, int64_t{0}, int64_t{0});
       const auto [it, fresh] = batch_of.emplace(key, batches.size());
       if (fresh) batches.emplace_back();
       batches[it->second].push_back(i);
@@ -262,13 +354,15 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
       std::vector<at::Tensor> out_pieces;
       if (!mine.empty()) {
         std::vector<at::Tensor> full;
-        for (auto& bl : blocks) full.push_back(at::cat(bl).narrow(0, 0, layout_[mine[0]].rows));
-        const auto orth = newton_schulz(at::stack(full), o.ns());
+        for (const auto k : c10::irange(mine.size())) {
+          full.push_back(at::cat(blocks[k]).narrow(0, 0, layout_[mine[k]].rows));
+        }
+        const auto orth = orthogonalize(mine, full);
         for (int s = 0; s < world; ++s) {
           for (const auto k : c10::irange(mine.size())) {
             const auto& l = layout_[mine[k]];
             const auto rs = static_cast<size_t>(s);
-            out_pieces.push_back(rows_padded(orth[static_cast<int64_t>(k)], l.offsets[rs], l.rows_per_rank[rs]).reshape({-1}));
+            out_pieces.push_back(rows_padded(orth[k], l.offsets[rs], l.rows_per_rank[rs]).reshape({-1}));
             send[rs] += l.rows_per_rank[rs] * l.cols;
           }
         }
@@ -289,7 +383,7 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
           const auto& l = layout_[i];
           const int64_t n = params[i].size(0) * l.cols;
           apply_update(params[i], returned.narrow(0, offset, n), o.lr(),
-                       scale_factor(l.rows, l.cols, o.scale_mode(), o.extra_scale_factor()));
+                       scale_factor(l.scale_rows, l.scale_cols, o.scale_mode(), o.extra_scale_factor()));
           offset += n;
         }
       }

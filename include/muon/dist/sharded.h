@@ -32,6 +32,8 @@
 #include <vector>
 
 #include "muon/dist/group.h"
+#include "muon/dist/shard.h"
+#include "muon/dist/tensor_parallel.h"
 #include "muon/optim/muon.h"
 
 namespace muon::dist {
@@ -47,6 +49,30 @@ struct RowShard {
   TORCH_ARG(std::vector<int64_t>, global_shape);
   /// The group its rows are split over.
   TORCH_ARG(Group, group);
+
+ public:
+  /// A 2-D layout (tensor parallel inside, sharded outside): the row-sharded
+  /// `global_shape` matrix is this rank's tensor-parallel block of the larger
+  /// matrix `tp` describes (block sizes may be uneven), orthogonalized by its
+  /// owner in `mode` over `tp.group()` together with the owners of the other
+  /// blocks (the same data-parallel index on every TP rank). Scaled from the
+  /// whole matrix, except in blockwise mode (from the block).
+  RowShard& tensor_parallel(TensorParallelShard tp, TensorParallelMode mode) {
+    tp_.clear();
+    tp_.push_back(std::move(tp));
+    tp_mode_ = mode;
+    return *this;
+  }
+  /// Whether the shard is a tensor-parallel block.
+  bool has_tensor_parallel() const { return !tp_.empty(); }
+  /// Its tensor-parallel description (has_tensor_parallel() must hold).
+  const TensorParallelShard& tp() const { return tp_.front(); }
+  /// Its tensor-parallel mode.
+  TensorParallelMode tp_mode() const { return tp_mode_; }
+
+ private:
+  std::vector<TensorParallelShard> tp_;  // zero or one
+  TensorParallelMode tp_mode_ = TensorParallelMode::kDuplicated;
 };
 
 /// Who orthogonalizes the sharded matrices.
@@ -100,10 +126,20 @@ class ShardedMuon : public Muon {
     std::vector<int64_t> global_shape;
     int64_t rows = 0;  // M: matrix rows (dim 0)
     int64_t cols = 0;  // N: product of the other dims
+    int64_t scale_rows = 0;  // the shape the scale is taken from
+    int64_t scale_cols = 0;
+    bool tp = false;  // a tensor-parallel block (2-D layout)
+    TensorParallelMode tp_mode = TensorParallelMode::kDuplicated;
+    int64_t tp_dim = 0;
+    Group tp_group;
+    std::vector<int64_t> tp_sizes;  // every TP rank's block size along tp_dim
     int64_t group_index = 0;  // into groups_
     std::vector<int64_t> rows_per_rank;  // local rows of every rank of the group
     std::vector<int64_t> offsets;  // first row of every rank
   };
+  // The owner's orthogonalization of whole (TP block) matrices of one batch.
+  std::vector<at::Tensor> orthogonalize(const std::vector<size_t>& members,
+                                        const std::vector<at::Tensor>& matrices) const;
   void step_owner_compute(const std::vector<size_t>& active, const std::vector<at::Tensor>& updates);
   void step_replicated(const std::vector<size_t>& active, const std::vector<at::Tensor>& updates);
 
