@@ -17,6 +17,7 @@
 #include "muon/dist/shard.h"
 #include "muon/dist/sharded.h"
 #include "muon/newton_schulz.h"
+#include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 
 namespace {
@@ -351,6 +352,72 @@ INSTANTIATE_TEST_SUITE_P(Modes, TwoDimensional,
                          ::testing::Values(muon::dist::TensorParallelMode::kDuplicated,
                                            muon::dist::TensorParallelMode::kDistributed,
                                            muon::dist::TensorParallelMode::kBlockwise));
+
+TEST(Sharded, HybridWithAdamWOnShardsAndTwoMuonGroups) {
+  // Every parameter row-sharded (ZeRO-3): matrices to sharded Muon (two
+  // groups with different lr), embedding, head, gains and biases to AdamW,
+  // which is element-wise and runs on the shards as they are.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> specs{
+      {"wte.weight", {40, 16}},       {"blocks.0.qkv.weight", {48, 16}}, {"blocks.0.norm.weight", {16}},
+      {"blocks.0.fc1.weight", {64, 16}}, {"blocks.0.fc1.bias", {64}},    {"blocks.0.fc2.weight", {16, 64}},
+      {"lm_head.weight", {40, 16}}};
+  auto hybrid_options = [] {
+    muon::MuonWithAdamWOptions o;
+    o.muon(options());
+    o.muon_group("*.qkv.*", muon::MuonOptions(0.01).weight_decay(0.1));
+    o.adamw(torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    return o;
+  };
+  constexpr int64_t kSteps = 3;
+  torch::OrderedDict<std::string, at::Tensor> whole;
+  for (size_t k = 0; k < specs.size(); ++k) whole.insert(specs[k].first, sample(specs[k].second, 300 + k).requires_grad_(true));
+  {
+    muon::MuonWithAdamW single(whole, hybrid_options());
+    for (int64_t s = 0; s < kSteps; ++s) {
+      size_t k = 0;
+      for (auto& item : whole) {
+        item.value().mutable_grad() = sample(specs[k].second, 900 + 31 * s + k);
+        ++k;
+      }
+      single.step();
+    }
+  }
+  for (const int world : {2, 3}) {
+    muon::test::run_ranks(world, [&](Group& group) {
+      torch::OrderedDict<std::string, at::Tensor> local;
+      std::vector<std::vector<int64_t>> rows;
+      ShardedOptions so;
+      for (size_t k = 0; k < specs.size(); ++k) {
+        rows.push_back(split_rows(specs[k].second[0], world, k % 2 ? Split::kPadded : Split::kBalanced));
+        auto p = muon::dist::local_rows(sample(specs[k].second, 300 + k), rows.back(), group.rank()).requires_grad_(true);
+        if (specs[k].second.size() >= 2) so.shard(p, RowShard(specs[k].second, group));
+        local.insert(specs[k].first, p);
+      }
+      auto o = hybrid_options();
+      o.muon_factory(muon::dist::sharded_muon_factory(so));
+      muon::MuonWithAdamW opt(local, o);
+      ASSERT_NE(dynamic_cast<ShardedMuon*>(opt.muon()), nullptr);
+      for (int64_t s = 0; s < kSteps; ++s) {
+        size_t k = 0;
+        for (auto& item : local) {
+          item.value().mutable_grad() =
+              muon::dist::local_rows(sample(specs[k].second, 900 + 31 * s + k), rows[k], group.rank());
+          ++k;
+        }
+        opt.step();
+      }
+      size_t k = 0;
+      for (const auto& item : local) {
+        const auto expected = muon::dist::local_rows(whole[item.key()].detach(), rows[k++], group.rank());
+        if (expected.numel() == 0) continue;
+        EXPECT_LE((item.value().detach() - expected).abs().max().item<double>() /
+                      whole[item.key()].abs().max().item<double>(),
+                  1e-5)
+            << "world " << world << " rank " << group.rank() << " " << item.key();
+      }
+    });
+  }
+}
 
 TEST(Sharded, SaveLoadResumesBitIdentically) {
   const auto model = mixed_model();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <unordered_map>
 #include <numeric>
 #include <tuple>
 #include <utility>
@@ -58,16 +59,58 @@ ShardedMode parse_sharded_mode(const std::string& name) {
                     "'; valid: owner_compute, replicated");
 }
 
+ShardedOptions& ShardedOptions::mode(const std::string& name) {
+  mode_ = parse_sharded_mode(name);
+  return *this;
+}
+
+ShardedOptions& ShardedOptions::shard(const at::Tensor& param, RowShard shard) {
+  TORCH_CHECK_VALUE(param.defined(), kWho, "shard: param is undefined");
+  shards_.emplace_back(param, std::move(shard));
+  return *this;
+}
+
+namespace {
+ShardedOptions with_shards(ShardedOptions options, const std::vector<at::Tensor>& params,
+                           std::vector<RowShard> shards) {
+  TORCH_CHECK_VALUE(shards.size() == params.size(), kWho, "got ", shards.size(),
+                    " shard descriptions for ", params.size(), " parameters");
+  for (const auto i : c10::irange(params.size())) options.shard(params[i], std::move(shards[i]));
+  return options;
+}
+}  // namespace
+
 ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,
                          MuonOptions defaults, ShardedOptions options)
-    : Muon(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
-           std::move(defaults), /*allow_empty=*/true),
-      options_(options) {
+    : ShardedMuon(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
+                  with_shards(std::move(options), params, std::move(shards))) {}
+
+ShardedMuon::ShardedMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
+                         ShardedOptions options)
+    : Muon(std::move(param_groups), std::move(defaults), /*allow_empty=*/true),
+      options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_.max_in_flight() >= 0, kWho, "max_in_flight must be >= 0, got ",
                     options_.max_in_flight());
-  const auto& group_params = param_groups_[0].params();
-  TORCH_CHECK_VALUE(shards.size() == group_params.size(), kWho, "got ", shards.size(),
-                    " shard descriptions for ", group_params.size(), " parameters");
+  std::unordered_map<const void*, size_t> shard_of;
+  for (const auto k : c10::irange(options_.shards().size())) {
+    shard_of.emplace(options_.shards()[k].first.unsafeGetTensorImpl(), k);
+  }
+  std::vector<at::Tensor> group_params;
+  std::vector<RowShard> shards;
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    const auto& o = static_cast<const MuonOptions&>(param_groups_[gi].options());
+    TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ", gi,
+                      ": split_sizes and stacked_experts are not supported on row shards");
+    for (const auto j : c10::irange(param_groups_[gi].params().size())) {
+      const auto& p = param_groups_[gi].params()[j];
+      const auto it = shard_of.find(p.unsafeGetTensorImpl());
+      TORCH_CHECK_VALUE(it != shard_of.end(), kWho, "parameter ", j, " of group ", gi, " (shape ",
+                        p.sizes(), ") has no RowShard; declare it with ShardedOptions::shard");
+      group_params.push_back(p);
+      shards.push_back(options_.shards()[it->second].second);
+      index_.emplace_back(gi, j);
+    }
+  }
   // Per parameter: its place, its group; per group: the exchange below.
   std::vector<std::vector<size_t>> members;
   for (const auto i : c10::irange(group_params.size())) {
@@ -120,7 +163,6 @@ ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> s
     l.group_index = static_cast<int64_t>(g);
     members[g].push_back(i);
     layout_.push_back(std::move(l));
-    index_.emplace_back(0, i);
   }
   owners_.assign(layout_.size(), 0);
   // Per group: agree on the parameters (count and global shapes), then
@@ -188,7 +230,7 @@ ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> s
 
 std::vector<at::Tensor> ShardedMuon::orthogonalize(const std::vector<size_t>& members,
                                                    const std::vector<at::Tensor>& matrices) const {
-  const auto& o = static_cast<const MuonOptions&>(param_groups_[0].options());
+  const auto& o = options_of(members[0]);  // a batch never mixes param groups
   const auto& first = layout_[members[0]];
   bool same_shape = true;
   for (const auto& m : matrices) same_shape = same_shape && m.sizes() == matrices[0].sizes();
@@ -228,20 +270,23 @@ at::Tensor ShardedMuon::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  TORCH_CHECK_VALUE(param_groups_.size() == 1, kWho, "param groups cannot be added");
-  check_group(0);
-  const auto& o = static_cast<const MuonOptions&>(param_groups_[0].options());
-  TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho,
-                    "split_sizes and stacked_experts are not supported on row shards");
-  auto& params = param_groups_[0].params();
-  TORCH_CHECK_VALUE(params.size() == layout_.size(), kWho, "parameters cannot be added");
+  size_t count = 0;
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    check_group(gi);
+    const auto& o = static_cast<const MuonOptions&>(param_groups_[gi].options());
+    TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ", gi,
+                      ": split_sizes and stacked_experts are not supported on row shards");
+    count += param_groups_[gi].params().size();
+  }
+  TORCH_CHECK_VALUE(count == layout_.size(), kWho, "has ", count, " parameters, was built with ",
+                    layout_.size(), "; parameters and groups cannot be added");
 
   // Which parameters step: those with a gradient, the same on every rank.
   std::vector<size_t> active;
   for (const auto g : c10::irange(groups_.size())) {
     std::vector<int64_t> mask;
-    for (const auto i : c10::irange(params.size())) {
-      if (layout_[i].group_index == static_cast<int64_t>(g)) mask.push_back(params[i].grad().defined());
+    for (const auto i : c10::irange(layout_.size())) {
+      if (layout_[i].group_index == static_cast<int64_t>(g)) mask.push_back(param(i).grad().defined());
     }
     const auto all = groups_[g].all_gather_ints(mask);
     for (const auto r : c10::irange(all.size())) {
@@ -251,11 +296,11 @@ at::Tensor ShardedMuon::step(LossClosure closure) {
                         "every rank of its group or on none");
     }
   }
-  for (const auto i : c10::irange(params.size())) {
-    if (params[i].grad().defined()) active.push_back(i);
+  for (const auto i : c10::irange(layout_.size())) {
+    if (param(i).grad().defined()) active.push_back(i);
   }
-  std::vector<at::Tensor> updates(params.size());
-  for (const auto i : active) updates[i] = momentum_update(params[i], o).first;
+  std::vector<at::Tensor> updates(layout_.size());
+  for (const auto i : active) updates[i] = momentum_update(param(i), options_of(i)).first;
 
   if (options_.mode() == ShardedMode::kReplicated) {
     step_replicated(active, updates);
@@ -267,9 +312,8 @@ at::Tensor ShardedMuon::step(LossClosure closure) {
 
 void ShardedMuon::step_replicated(const std::vector<size_t>& active,
                                   const std::vector<at::Tensor>& updates) {
-  auto& params = param_groups_[0].params();
-  const auto& o = static_cast<const MuonOptions&>(param_groups_[0].options());
   for (const auto i : active) {
+    const auto& o = options_of(i);
     const auto& l = layout_[i];
     const auto& group = groups_[static_cast<size_t>(l.group_index)];
     const auto parts = group.all_gather_uneven(updates[i].reshape({updates[i].size(0), l.cols}));
@@ -277,15 +321,13 @@ void ShardedMuon::step_replicated(const std::vector<size_t>& active,
     const auto orth = orthogonalize({i}, {full})[0];
     const auto rank = static_cast<size_t>(group.rank());
     const auto mine = rows_padded(orth, l.offsets[rank], l.rows_per_rank[rank]);
-    apply_update(params[i], mine, o.lr(),
+    apply_update(param(i), mine, o.lr(),
                  scale_factor(l.scale_rows, l.scale_cols, o.scale_mode(), o.extra_scale_factor()));
   }
 }
 
 void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
                                      const std::vector<at::Tensor>& updates) {
-  auto& params = param_groups_[0].params();
-  const auto& o = static_cast<const MuonOptions&>(param_groups_[0].options());
   for (const auto g : c10::irange(groups_.size())) {
     const auto& group = groups_[g];
     const int world = group.size();
@@ -294,14 +336,15 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
     std::vector<std::vector<size_t>> batches;
     // TP blocks batch by their whole matrix and layout, so that every TP rank
     // forms the same batches in the same order (their blocks may differ).
-    std::map<std::tuple<int64_t, int64_t, int, int64_t, int64_t, int64_t>, size_t> batch_of;
+    std::map<std::tuple<size_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, size_t> batch_of;
     for (const auto i : active) {
       const auto& l = layout_[i];
       if (l.group_index != static_cast<int64_t>(g)) continue;
-      const auto key = l.tp ? std::make_tuple(l.scale_rows, l.scale_cols,
+      const size_t pg = index_[i].first;
+      const auto key = l.tp ? std::make_tuple(pg, l.scale_rows, l.scale_cols,
                                               static_cast<int>(updates[i].scalar_type()), int64_t{1},
                                               static_cast<int64_t>(l.tp_mode), l.tp_dim)
-                            : std::make_tuple(l.rows, l.cols, static_cast<int>(updates[i].scalar_type()),
+                            : std::make_tuple(pg, l.rows, l.cols, static_cast<int>(updates[i].scalar_type()),
                                               int64_t{0}, int64_t{0}, int64_t{0});
       const auto [it, fresh] = batch_of.emplace(key, batches.size());
       if (fresh) batches.emplace_back();
@@ -368,7 +411,7 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
         }
       }
       for (const auto i : batch) {
-        recv[static_cast<size_t>(owners_[i])] += params[i].size(0) * layout_[i].cols;
+        recv[static_cast<size_t>(owners_[i])] += param(i).size(0) * layout_[i].cols;
       }
       auto input = out_pieces.empty() ? at::empty({0}, received.options()) : at::cat(out_pieces);
       return group.all_to_all_async(input, send, recv);
@@ -381,8 +424,9 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
         for (const auto i : batch) {
           if (owners_[i] != d) continue;
           const auto& l = layout_[i];
-          const int64_t n = params[i].size(0) * l.cols;
-          apply_update(params[i], returned.narrow(0, offset, n), o.lr(),
+          const auto& o = options_of(i);
+          const int64_t n = param(i).size(0) * l.cols;
+          apply_update(param(i), returned.narrow(0, offset, n), o.lr(),
                        scale_factor(l.scale_rows, l.scale_cols, o.scale_mode(), o.extra_scale_factor()));
           offset += n;
         }
@@ -439,6 +483,13 @@ at::Tensor reduce_scatter_rows(const at::Tensor& full, const std::vector<int64_t
   group.all_reduce_(sum);
   sum.div_(group.size());
   return local_rows(sum, rows_per_rank, group.rank());
+}
+
+MuonFactory sharded_muon_factory(ShardedOptions options) {
+  return [options](std::vector<OptimizerParamGroup> param_groups,
+                   const MuonOptions& defaults) -> std::unique_ptr<Muon> {
+    return std::make_unique<ShardedMuon>(std::move(param_groups), defaults, options);
+  };
 }
 
 }  // namespace muon::dist

@@ -34,6 +34,7 @@
 #include "muon/dist/group.h"
 #include "muon/dist/shard.h"
 #include "muon/dist/tensor_parallel.h"
+#include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 
 namespace muon::dist {
@@ -88,24 +89,42 @@ std::string to_string(ShardedMode mode);
 /// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
 ShardedMode parse_sharded_mode(const std::string& name);
 
-/// Options of `ShardedMuon` beyond MuonOptions.
+/// Options of `ShardedMuon` beyond MuonOptions: the mode, the overlap and
+/// the shard of every parameter.
 struct ShardedOptions {
   /// Owner-compute (default) or replicated.
   TORCH_ARG(ShardedMode, mode) = ShardedMode::kOwnerCompute;
   /// Batches whose shards travel while the current one is orthogonalized (>= 0).
   TORCH_ARG(int64_t, max_in_flight) = 2;
+
+ public:
+  /// mode by name: "owner_compute" | "replicated".
+  ShardedOptions& mode(const std::string& name);
+  /// Declares `param` (this rank's rows) a shard described by `shard`.
+  ShardedOptions& shard(const at::Tensor& param, RowShard shard);
+  /// The declared shards, in the order given.
+  const std::vector<std::pair<at::Tensor, RowShard>>& shards() const { return shards_; }
+
+ private:
+  std::vector<std::pair<at::Tensor, RowShard>> shards_;
 };
 
-/// Muon over row-sharded parameters. `params[i]` is the local shard of a
-/// parameter described by `shards[i]`. Construction is collective over every
+/// Muon over row-sharded parameters: each parameter is the local shard of
+/// a matrix described by its RowShard. Construction is collective over every
 /// shard's group: the ranks exchange their row counts and check that they
 /// agree on each global shape (a mismatch raises c10::ValueError on every
 /// rank). `step()` is collective too; a parameter must have a gradient on
 /// every rank of its group or on none. Options per group work as in
-/// muon::Muon, except `split_sizes` and `stacked_experts` (not supported on
-/// row shards: give experts as separate matrices over their expert group).
+/// muon::Muon (batches never mix groups), except `split_sizes` and
+/// `stacked_experts` (not supported on row shards: give experts as separate
+/// matrices over their expert group).
 class ShardedMuon : public Muon {
  public:
+  /// Over `param_groups` (groups without options get `defaults`); every
+  /// parameter must have a shard in `options`.
+  ShardedMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
+              ShardedOptions options);
+  /// Over one group: `params[i]` is described by `shards[i]`.
   ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,
               MuonOptions defaults = {}, ShardedOptions options = {});
 
@@ -148,7 +167,18 @@ class ShardedMuon : public Muon {
   std::vector<Layout> layout_;           // per parameter (flat order over param groups)
   std::vector<int64_t> owners_;          // per parameter
   std::vector<std::pair<size_t, size_t>> index_;  // per parameter: (param group, index in it)
+
+  at::Tensor& param(size_t i) { return param_groups_[index_[i].first].params()[index_[i].second]; }
+  const MuonOptions& options_of(size_t i) const {
+    return static_cast<const MuonOptions&>(param_groups_[index_[i].first].options());
+  }
 };
+
+/// A `muon::MuonFactory` that builds a `ShardedMuon` with `options`, for
+/// `muon::MuonWithAdamWOptions::muon_factory`: sharded Muon for the matrices
+/// and AdamW (element-wise, so it runs on the local shards as they are) for
+/// the rest, one optimizer.
+MuonFactory sharded_muon_factory(ShardedOptions options);
 
 /// The rows of `full` (a whole gradient or parameter, global shape) that rank
 /// `group.rank()` holds when each rank of `group` holds `rows_per_rank[r]`
