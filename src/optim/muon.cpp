@@ -338,7 +338,10 @@ bool operator==(const MuonParamState& a, const MuonParamState& b) {
 // ---- Muon --------------------------------------------------------------------
 
 Muon::Muon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults)
-    : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)) {
+    : Muon(std::move(param_groups), std::move(defaults), /*allow_empty=*/false) {}
+
+Muon::Muon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults, bool allow_empty)
+    : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)), allow_empty_(allow_empty) {
   defaults.validate();
   compat::reapply_group_options(*this, param_groups);
   for (const auto i : c10::irange(param_groups_.size())) check_group(i);
@@ -365,7 +368,7 @@ void Muon::check_group(size_t index) const {
                       "); Muon orthogonalizes matrices (ndim >= 2). Give vectors and scalars "
                       "(biases, norm gains) to AdamW, e.g. with muon::MuonWithAdamW "
                       "(muon/optim/hybrid.h), which routes them by shape and name");
-    TORCH_CHECK_VALUE(p.numel() > 0, kWho, "parameter ", j, " of group ", index,
+    TORCH_CHECK_VALUE(p.numel() > 0 || allow_empty_, kWho, "parameter ", j, " of group ", index,
                       " has zero size (shape ", p.sizes(), ")");
     TORCH_CHECK_VALUE(at::isFloatingType(p.scalar_type()), kWho, "parameter ", j, " of group ",
                       index, " must have a floating dtype, got ", p.scalar_type());
@@ -390,58 +393,65 @@ at::Tensor Muon::step(LossClosure closure) {
     check_group(gi);  // a few comparisons: catches options changed or groups added since
     auto& group = param_groups_[gi];
     const auto& o = static_cast<const MuonOptions&>(group.options());
-    const double lr = o.lr();
-    const double mu = o.momentum();
-    const double wd = o.weight_decay();
-    const bool ema = o.momentum_style() == MomentumStyle::kEma;
-
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      TORCH_CHECK_VALUE(!p.grad().is_sparse(), kWho, "sparse gradients are not supported");
-      at::Tensor grad = p.grad();
-
-      auto& slot = state_[compat::state_key(p)];
-      if (!slot) slot = new_state(p);
-      auto& st = static_cast<MuonParamState&>(*slot);
-      if (!st.momentum_buffer().defined()) {
-        st.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
-      }
-      st.step(st.step() + 1);
-      auto& buf = st.momentum_buffer();
-
-      // 1. weight decay. l2 makes a new gradient tensor: p.grad() is never written.
-      if (wd != 0) {
-        switch (o.weight_decay_mode()) {
-          case WeightDecayMode::kDecoupled:
-            p.mul_(1 - lr * wd);
-            break;
-          case WeightDecayMode::kIndependent:
-            p.mul_(1 - wd);
-            break;
-          case WeightDecayMode::kL2:
-            grad = grad.add(p, wd);
-            break;
-        }
-      }
-      // 2. momentum, in place on the buffer.
-      if (ema) {
-        buf.lerp_(grad, 1 - mu);
-      } else {
-        buf.mul_(mu).add_(grad);
-      }
-      // 3. nesterov: a new tensor. Without it the buffer itself is passed on:
-      // newton_schulz reads its input and returns a tensor that never aliases it.
-      at::Tensor update = buf;
-      if (o.nesterov()) update = ema ? grad.lerp(buf, mu) : grad.add(buf, mu);
-
+      auto [update, st] = momentum_update(p, o);
       // 4–6. orthogonalize, scale, apply in the parameter's dtype.
       double alpha = 1.0;
-      auto orth = orthogonal_update(p, update, o, st, alpha);
-      if (orth.scalar_type() != p.scalar_type()) orth = orth.to(p.scalar_type());
-      p.add_(orth.view(p.sizes()), -lr * alpha);
+      auto orth = orthogonal_update(p, update, o, *st, alpha);
+      apply_update(p, orth, o.lr(), alpha);
     }
   }
   return loss;
+}
+
+std::pair<at::Tensor, MuonParamState*> Muon::momentum_update(at::Tensor& p, const MuonOptions& o) {
+  TORCH_CHECK_VALUE(!p.grad().is_sparse(), kWho, "sparse gradients are not supported");
+  at::Tensor grad = p.grad();
+  const double lr = o.lr();
+  const double mu = o.momentum();
+  const double wd = o.weight_decay();
+  const bool ema = o.momentum_style() == MomentumStyle::kEma;
+
+  auto& slot = state_[compat::state_key(p)];
+  if (!slot) slot = new_state(p);
+  auto& st = static_cast<MuonParamState&>(*slot);
+  if (!st.momentum_buffer().defined()) {
+    st.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+  }
+  st.step(st.step() + 1);
+  auto& buf = st.momentum_buffer();
+
+  // 1. weight decay. l2 makes a new gradient tensor: p.grad() is never written.
+  if (wd != 0) {
+    switch (o.weight_decay_mode()) {
+      case WeightDecayMode::kDecoupled:
+        p.mul_(1 - lr * wd);
+        break;
+      case WeightDecayMode::kIndependent:
+        p.mul_(1 - wd);
+        break;
+      case WeightDecayMode::kL2:
+        grad = grad.add(p, wd);
+        break;
+    }
+  }
+  // 2. momentum, in place on the buffer.
+  if (ema) {
+    buf.lerp_(grad, 1 - mu);
+  } else {
+    buf.mul_(mu).add_(grad);
+  }
+  // 3. nesterov: a new tensor. Without it the buffer itself is passed on:
+  // newton_schulz reads its input and returns a tensor that never aliases it.
+  at::Tensor update = buf;
+  if (o.nesterov()) update = ema ? grad.lerp(buf, mu) : grad.add(buf, mu);
+  return {update, &st};
+}
+
+void Muon::apply_update(at::Tensor& p, at::Tensor orth, double lr, double alpha) {
+  if (orth.scalar_type() != p.scalar_type()) orth = orth.to(p.scalar_type());
+  p.add_(orth.view(p.sizes()), -lr * alpha);
 }
 
 at::Tensor Muon::orthogonal_update(const at::Tensor& param, const at::Tensor& update,
