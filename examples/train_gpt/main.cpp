@@ -49,6 +49,7 @@ struct Flags {
   std::string save;
   std::string resume;
   bool plot = true;
+  std::string layout = "layerwise";
   // Optimizer settings.
   double lr = 3e-3;
   double muon_lr = 0.02;
@@ -148,7 +149,7 @@ int run_rank(const Flags& f) {
     if (!f.resume.empty()) o.resume = (fs::path(f.resume) / (run + ".ckpt")).string();
     auto factory = [&](train_gpt::Gpt& model) -> std::unique_ptr<torch::optim::Optimizer> {
       const auto named = model->named_parameters();
-      if (world == 1) return make_local_optimizer(run, named, f);
+      if (world == 1 || f.layout == "replicated") return make_local_optimizer(run, named, f);
       return std::make_unique<muon::dist::LayerwiseOptimizer>(
           named, group, [&](const torch::OrderedDict<std::string, at::Tensor>& owned) {
             return make_local_optimizer(run, owned, f);
@@ -202,6 +203,10 @@ int main(int argc, char** argv) {
   app.add_option("--resume", f.resume, "directory of checkpoints to resume from (same ranks)");
   app.add_flag("!--no-plot", f.plot, "skip the PNG plot");
   app.add_flag("!--no-progress", t.progress, "no progress bar");
+  app.add_option("--optimizer-layout", f.layout,
+                 "with several ranks: layerwise (each rank updates its share) or replicated "
+                 "(every rank runs the whole optimizer)")
+      ->check(CLI::IsMember({"layerwise", "replicated"}));
   app.add_option("--lr", f.lr, "AdamW learning rate (the baseline and Muon's AdamW half)");
   app.add_option("--muon-lr", f.muon_lr, "Muon learning rate");
   app.add_option("--weight-decay", f.weight_decay, "decoupled weight decay");
