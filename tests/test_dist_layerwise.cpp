@@ -126,7 +126,8 @@ TEST(Layerwise, FewerParametersThanRanks) {
     auto named = make_params(specs);
     LayerwiseOptimizer opt(named, group, make_hybrid);
     EXPECT_EQ(opt.inner() == nullptr, group.rank() >= 2);  // two owners, two idle ranks
-    EXPECT_EQ(opt.param_groups().empty(), group.rank() >= 2);
+    // Idle ranks hold only the group of other ranks' parameters.
+    EXPECT_EQ(opt.param_groups().size(), group.rank() >= 2 ? 1u : 2u);
     for (int64_t s = 0; s < 3; ++s) {
       set_grads(named, s);
       opt.step();
@@ -270,14 +271,54 @@ TEST(Layerwise, SchedulersSeeTheInnerGroups) {
     auto named = make_params(hybrid_model());
     LayerwiseOptimizer opt(named, group, make_hybrid);
     ASSERT_NE(opt.inner(), nullptr);
-    ASSERT_EQ(opt.param_groups().size(), opt.inner()->param_groups().size());
+    // The inner groups, then the other ranks' parameters.
+    ASSERT_EQ(opt.param_groups().size(), opt.inner()->param_groups().size() + 1);
     for (auto& g : opt.param_groups()) g.options().set_lr(g.options().get_lr() * 0.5);
     set_grads(named, 0);
     opt.step();
-    for (size_t i = 0; i < opt.param_groups().size(); ++i) {
+    for (size_t i = 0; i < opt.inner()->param_groups().size(); ++i) {
       EXPECT_EQ(opt.inner()->param_groups()[i].options().get_lr(),
                 opt.param_groups()[i].options().get_lr());
     }
+  });
+}
+
+TEST(Layerwise, ZeroGradClearsEveryGradientAndBackwardAccumulationWorks) {
+  // Gradients come from backward (which accumulates): after zero_grad every
+  // parameter's gradient, owned or not, must be cleared, or the next
+  // all-reduce would mix in old gradients.
+  const auto specs = hybrid_model();
+  auto loss_of = [](const Named& named, int64_t step) {
+    at::Tensor loss = at::zeros({}, at::kFloat);
+    size_t i = 0;
+    for (const auto& item : named) {
+      loss = loss + (item.value() * sample(item.value().sizes().vec(), 31 * (step + 1) + i++)).sum();
+    }
+    return loss;
+  };
+  auto reference = make_params(specs);
+  {
+    auto opt = make_hybrid(reference);
+    for (int64_t s = 0; s < 3; ++s) {
+      opt->zero_grad();
+      loss_of(reference, s).backward();
+      opt->step();
+    }
+  }
+  muon::test::run_ranks(2, [&](Group& group) {
+    auto named = make_params(specs);
+    LayerwiseOptimizer opt(named, group, make_hybrid);
+    for (int64_t s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      for (const auto& item : named) {
+        if (item.value().grad().defined()) {
+          EXPECT_EQ(item.value().grad().abs().max().item<double>(), 0.0) << item.key();
+        }
+      }
+      loss_of(named, s).backward();
+      opt.step();
+    }
+    EXPECT_LE(max_relative_difference(named, reference), 1e-5);
   });
 }
 

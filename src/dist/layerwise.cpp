@@ -129,19 +129,31 @@ LayerwiseOptimizer::LayerwiseOptimizer(
 
 void LayerwiseOptimizer::mirror_groups() {
   param_groups_.clear();
-  if (!inner_) return;
-  for (const auto& g : inner_->param_groups()) {
-    param_groups_.emplace_back(g.params(), g.options().clone());
+  if (inner_) {
+    for (const auto& g : inner_->param_groups()) {
+      param_groups_.emplace_back(g.params(), g.options().clone());
+    }
+  }
+  // The parameters other ranks own, last: zero_grad() must reach every
+  // gradient (backward accumulates into all of them on every rank).
+  std::vector<at::Tensor> others;
+  for (const auto i : c10::irange(params_.size())) {
+    if (owners_[i] != group_.rank()) others.push_back(params_[i]);
+  }
+  if (!others.empty()) {
+    param_groups_.emplace_back(others, std::make_unique<torch::optim::SGDOptions>(0.0));
   }
 }
 
 void LayerwiseOptimizer::sync_options() {
   if (!inner_) return;
   auto& inner_groups = inner_->param_groups();
-  TORCH_CHECK_VALUE(param_groups_.size() == inner_groups.size(), kWho, "has ",
+  const bool others = owned_.size() < params_.size();
+  TORCH_CHECK_VALUE(param_groups_.size() == inner_groups.size() + (others ? 1 : 0), kWho, "has ",
                     param_groups_.size(), " param groups, its inner optimizer ",
-                    inner_groups.size(), "; groups cannot be added after construction");
-  for (const auto i : c10::irange(param_groups_.size())) {
+                    inner_groups.size(), (others ? " plus the group of other ranks' parameters" : ""),
+                    "; groups cannot be added after construction");
+  for (const auto i : c10::irange(inner_groups.size())) {
     inner_groups[i].set_options(param_groups_[i].options().clone());
   }
 }

@@ -64,6 +64,10 @@ double default_parameter_cost(const std::string& name, const at::Tensor& param);
 /// parameters (names, shapes, dtypes, order); a difference raises
 /// c10::ValueError on every rank. `step`, `save` and `load` are collective
 /// too (save/load write and read this rank's own state: one archive per rank).
+///
+/// `param_groups()` are the inner optimizer's groups (LR schedulers act on
+/// them), followed by one group of the parameters other ranks own, so that
+/// `zero_grad()` clears every gradient; that last group's options are unused.
 class LayerwiseOptimizer : public torch::optim::Optimizer {
  public:
   LayerwiseOptimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
