@@ -663,17 +663,42 @@ bool parse_config_flags(OptimizerConfig& config, const std::vector<std::string>&
   std::vector<std::string> storage(config.fields().size());
   std::vector<CLI::Option*> options;
   std::vector<std::string> flag_names;
+  std::vector<std::string> bool_flags;
   for (size_t i = 0; i < config.fields().size(); ++i) {
-    const auto& name = config.fields()[i].name;
-    std::string names = "--" + name;
-    flag_names.push_back("--" + name);
-    std::string dashed = name;
+    const auto& field = config.fields()[i];
+    std::string names = "--" + field.name;
+    flag_names.push_back("--" + field.name);
+    std::string dashed = field.name;
     std::replace(dashed.begin(), dashed.end(), '_', '-');
-    if (dashed != name) names += ",--" + dashed;
-    options.push_back(app.add_option(names, storage[i], config.fields()[i].doc));
+    if (dashed != field.name) names += ",--" + dashed;
+    if (field.type == FieldType::kBool) {
+      // A bare bool flag means true; --flag=false and --flag false set it.
+      options.push_back(app.add_flag(names + "{true}", storage[i], field.doc));
+      bool_flags.push_back("--" + field.name);
+      bool_flags.push_back("--" + dashed);
+    } else {
+      options.push_back(app.add_option(names, storage[i], field.doc));
+    }
+  }
+  // "--flag false" → "--flag=false" for bool flags (CLI11 flags take values only after '=').
+  std::vector<std::string> joined;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const bool is_bool_flag =
+        std::find(bool_flags.begin(), bool_flags.end(), args[i]) != bool_flags.end();
+    if (is_bool_flag && i + 1 < args.size()) {
+      std::string next = args[i + 1];
+      std::transform(next.begin(), next.end(), next.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (next == "true" || next == "false" || next == "1" || next == "0" || next == "yes" ||
+          next == "no" || next == "on" || next == "off") {
+        joined.push_back(args[i] + "=" + args[i + 1]);
+        ++i;
+        continue;
+      }
+    }
+    joined.push_back(args[i]);
   }
   std::vector<const char*> argv{"muon"};
-  for (const auto& a : args) argv.push_back(a.c_str());
+  for (const auto& a : joined) argv.push_back(a.c_str());
   try {
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::ParseError& e) {

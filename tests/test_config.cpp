@@ -210,6 +210,14 @@ TEST(Config, Flags) {
   ASSERT_EQ(c.overrides().size(), 1u);
   EXPECT_EQ(*c.overrides()[0].match.name, "*.bias");
 
+  // Bool flags: bare, "=value" and "value".
+  ASSERT_TRUE(muon::parse_config_flags(c, {"--muon_nesterov", "--sgd-nesterov", "yes", "--muon_split_qkv", "false"}));
+  EXPECT_TRUE(c.get_bool("muon_nesterov"));
+  EXPECT_TRUE(c.get_bool("sgd_nesterov"));
+  EXPECT_FALSE(c.get_bool("muon_split_qkv"));
+  ASSERT_TRUE(muon::parse_config_flags(c, {"--muon_nesterov=off"}));
+  EXPECT_FALSE(c.get_bool("muon_nesterov"));
+
   // argc/argv form, and a config file that flags override.
   const auto path = temp_file("muon_flags_test.json", R"({"lr": 0.5, "muon_momentum": 0.5})");
   OptimizerConfig d;
@@ -232,6 +240,8 @@ TEST(Config, FlagErrorsNameFlagAndValueAndChangeNothing) {
   expect_value_error(parse({"--muon_scale_mode", "rms"}), {"muon_scale_mode must be one of", "\"rms\""});
   expect_value_error(parse({"--override", "{not json"}), {"--override", "not valid JSON"});
   expect_value_error(parse({"stray"}), {"unexpected argument 'stray'"});
+  expect_value_error(parse({"--muon_nesterov=maybe"}), {"muon_nesterov must be a bool", "'maybe'"});
+  expect_value_error(parse({"--lr", "0.1", "--lr", "0.2"}), {"bad flags", "lr"});
   EXPECT_DOUBLE_EQ(c.get_double("lr"), 3e-4);
 }
 

@@ -280,7 +280,7 @@ void load_config_file(OptimizerConfig& config, const std::string& path);
 /// underscores: `--muon-momentum`); `--config <file.json>` is applied first
 /// and flags override it; `--override '<json rule>'` (repeatable) appends a
 /// rule. Lists are comma-separated ("1,2,3") or JSON ("[1, 2, 3]"); bools
-/// take true/false/1/0/yes/no. An unknown flag raises c10::ValueError
+/// take true/false/1/0/yes/no/on/off, and a bare bool flag means true. An unknown flag raises c10::ValueError
 /// suggesting the nearest valid one. `args` excludes the program name.
 /// Returns false (having printed help to stdout) when --help was given.
 bool parse_config_flags(OptimizerConfig& config, const std::vector<std::string>& args);

@@ -104,12 +104,14 @@ at::Tensor AdaptiveMuon::orthogonal_update(const at::Tensor& param, const at::Te
   const auto sq = o.square();
   v.lerp_(per_row ? sq.mean(1, /*keepdim=*/true) : sq, 1 - beta2);
   auto normalized = o / (v.sqrt() + eps);
-  const double out_norm = std::max(normalized.norm().item<double>(), eps);
+  // The norm ratios stay on the device (no host sync); the shape scale goes to alpha.
+  const auto out_norm = normalized.norm().clamp_min(eps);
   if (per_row) {
-    alpha = o.norm().item<double>() / out_norm *
-            scale_factor(rows, cols, options.scale_mode(), options.extra_scale_factor());
+    normalized.mul_(o.norm() / out_norm);
+    alpha = scale_factor(rows, cols, options.scale_mode(), options.extra_scale_factor());
   } else {
-    alpha = 0.2 * std::sqrt(static_cast<double>(rows) * static_cast<double>(cols)) / out_norm *
+    normalized.mul_(out_norm.reciprocal());
+    alpha = 0.2 * std::sqrt(static_cast<double>(rows) * static_cast<double>(cols)) *
             options.extra_scale_factor();
   }
   return normalized;
