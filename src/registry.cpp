@@ -432,9 +432,36 @@ void OptimizerRegistry::add(OptimizerEntry entry) {
     f.check(f.default_value);  // the default must satisfy its own check
     mine.push_back(full);
   }
+  // Default rules: every field they set must exist (common, an entry's, or
+  // this one's), be per-parameter, and hold a valid value or a reference.
+  std::map<std::string, FieldSpec> schema;
+  for (const auto& f : common_fields()) schema[f.name] = f;
+  auto prefixed = [](const std::string& prefix, FieldSpec f) {
+    f.name = prefix + "_" + f.name;
+    return f;
+  };
+  for (const auto& e : entries_) {
+    for (const auto& f : e->fields) schema[e->name + "_" + f.name] = prefixed(e->name, f);
+  }
+  for (const auto& f : entry.fields) schema[name + "_" + f.name] = prefixed(name, f);
   for (const auto& rule : entry.default_overrides) {
     TORCH_CHECK_VALUE(!rule.set_fields.empty(), kRegistry, "optimizer '", name,
                       "' has a default override that sets nothing");
+    for (const auto& [key, value] : rule.set_fields) {
+      const auto it = schema.find(key);
+      TORCH_CHECK_VALUE(it != schema.end(), kRegistry, "optimizer '", name, "' default override '",
+                        rule.label, "' sets unknown field '", key, "'");
+      TORCH_CHECK_VALUE(it->second.per_parameter, kRegistry, "optimizer '", name,
+                        "' default override '", rule.label, "' sets whole-run field '", key, "'");
+      const auto ref = reference_of(value);
+      if (ref.empty()) {
+        it->second.check(value);
+      } else {
+        TORCH_CHECK_VALUE(schema.count(ref) != 0 && schema.at(ref).type == it->second.type,
+                          kRegistry, "optimizer '", name, "' default override '", rule.label,
+                          "' sets ", key, " to ${", ref, "}, which is not a field of the same type");
+      }
+    }
   }
   entries_.push_back(std::make_shared<const OptimizerEntry>(std::move(entry)));
 }

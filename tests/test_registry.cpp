@@ -121,6 +121,13 @@ TEST(Registry, AddErrors) {
   auto bad_default = entry("y");
   bad_default.fields = {muon::FieldSpec::real("f", -1.0, "bad default", 0.0)};
   expect_value_error([&] { r.add(bad_default); }, {"f must be a double in [0, inf)", "-1"});
+  auto bad_rule = entry("w");
+  bad_rule.default_overrides = {OverrideRule().set("lrr", 0.1).named("typo")};
+  expect_value_error([&] { r.add(bad_rule); }, {"default override 'typo' sets unknown field 'lrr'"});
+  bad_rule.default_overrides = {OverrideRule().set("lr", "${optimizer}").named("ref")};
+  expect_value_error([&] { r.add(bad_rule); }, {"sets lr to ${optimizer}"});
+  bad_rule.default_overrides = {OverrideRule().set("muon_momentum", 2.0).named("range")};
+  expect_value_error([&] { r.add(bad_rule); }, {"muon_momentum", "2"});
   auto uses_unknown = entry("z");
   uses_unknown.uses_fields_of = {"soap"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'soap', which is not registered"});
@@ -199,6 +206,10 @@ TEST(Registry, MuonDefaultsSendScalarsEmbeddingsAndHeadToTheScalarOptimizer) {
   EXPECT_EQ(by_name.at("fc_out.weight"), "muon");
 
   config.set("scalar_optimizer", "lion");
+  // A user rule may use the same reference.
+  config.add_override(OverrideRule().match_name("fc_out.weight").set("optimizer", "${scalar_optimizer}"));
+  EXPECT_EQ(optimizer_by_name(muon::resolve_parameters(model->named_parameters(), config)).at("fc_out.weight"),
+            "lion");
   auto opt = muon::make_optimizer(model->named_parameters(), config);
   ASSERT_EQ(opt->num_parts(), 2u);
   EXPECT_NE(dynamic_cast<muon::Muon*>(opt->find_part("muon")), nullptr);
