@@ -165,6 +165,35 @@ TEST(Composite, LoadRejectsOtherStructureAndChangesNothing) {
   expect_value_error([&] { load_from_string(renamed_opt, bytes); }, {"'w'", "'w2'"});
 }
 
+TEST(Composite, PartFailingToLoadLeavesEveryPartAsItWas) {
+  // AdamW first, Muon second: the Muon archive has another shape, which only
+  // Muon's own load detects, after AdamW's state was already replaced.
+  auto make = [](const at::Tensor& b, const at::Tensor& w) {
+    std::vector<CompositePart> parts;
+    parts.push_back({"adamw", std::make_unique<AdamW>(std::vector<at::Tensor>{b}, AdamWOptions(1e-2)), {{"b"}}, nullptr});
+    parts.push_back({"muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {{"w"}}, nullptr});
+    return std::make_unique<CompositeOptimizer>(std::move(parts));
+  };
+  auto b1 = leaf(at::randn({4}));
+  auto w1 = leaf(at::randn({6, 4}));
+  auto saved = make(b1, w1);
+  b1.mutable_grad() = at::randn({4});
+  w1.mutable_grad() = at::randn({6, 4});
+  saved->step();
+  const auto bytes = save_to_string(*saved);
+
+  auto b2 = leaf(at::randn({4}));
+  auto w2 = leaf(at::randn({4, 6}));
+  auto target = make(b2, w2);
+  b2.mutable_grad() = at::ones({4});
+  w2.mutable_grad() = at::ones({4, 6});
+  target->step();
+  const auto before = save_to_string(target->part(0));
+  EXPECT_THROW(load_from_string(*target, bytes), c10::ValueError);
+  EXPECT_EQ(save_to_string(target->part(0)), before);  // AdamW's state is back
+  EXPECT_EQ(target->state_bytes(), 2 * 4 * 4 + 4 * 6 * 4);
+}
+
 TEST(Composite, ConstructionErrors) {
   expect_value_error([] { CompositeOptimizer c({}); }, {"[muon::CompositeOptimizer]", "at least one part"});
   auto w = leaf(at::randn({4, 4}));

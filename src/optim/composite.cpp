@@ -11,6 +11,7 @@
 #include <torch/serialize/archive.h>
 
 #include <set>
+#include <sstream>
 #include <typeinfo>
 #include <unordered_set>
 #include <utility>
@@ -257,10 +258,31 @@ void CompositeOptimizer::load(InputArchive& archive) {
     o->serialize(options_archive);
     options.push_back(std::move(o));
   }
-  for (const auto pi : c10::irange(parts_.size())) {
-    InputArchive inner;
-    archive.read("parts/" + std::to_string(pi) + "/optimizer", inner);
-    parts_[pi].optimizer->load(inner);
+  // A part can still reject its archive (e.g. a shape differs): keep a copy
+  // of every part's state and put it back if any part fails.
+  std::vector<std::string> backups;
+  for (const auto& part : parts_) {
+    OutputArchive copy;
+    part.optimizer->save(copy);
+    std::ostringstream out;
+    copy.save_to(out);
+    backups.push_back(out.str());
+  }
+  size_t loading = 0;
+  try {
+    for (; loading < parts_.size(); ++loading) {
+      InputArchive inner;
+      archive.read("parts/" + std::to_string(loading) + "/optimizer", inner);
+      parts_[loading].optimizer->load(inner);
+    }
+  } catch (...) {
+    for (size_t pi = 0; pi <= loading && pi < parts_.size(); ++pi) {
+      std::istringstream in(backups[pi]);
+      InputArchive copy;
+      copy.load_from(in);
+      parts_[pi].optimizer->load(copy);
+    }
+    throw;
   }
   for (const auto i : c10::irange(param_groups_.size())) {
     param_groups_[i].set_options(std::move(options[i]));

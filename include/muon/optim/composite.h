@@ -62,7 +62,9 @@ class CompositeOptimizer : public torch::optim::Optimizer {
   /// Restores what `save` wrote into a composite with the same parts, groups
   /// and parameter names. The structure is checked before any part is
   /// loaded: a mismatch raises c10::ValueError naming the first difference
-  /// and changes nothing.
+  /// and changes nothing. If a part rejects its own archive (e.g. a shape
+  /// differs), the parts already loaded get their previous state back (a
+  /// copy is kept during the load) and the error propagates.
   void load(torch::serialize::InputArchive& archive) override;
 
   /// Number of parts.
