@@ -392,6 +392,65 @@ TEST(TensorParallelTimeout, RankThatNeverStepsMakesTheOtherRaiseWithinTheTimeout
   EXPECT_LT(elapsed_s, 5.0);
 }
 
+// ---- empty blocks ---------------------------------------------------------------------
+
+TEST(TensorParallelEmptyBlocks, RankWithoutRowsStillMatchesSingleProcess) {
+  // 3 rows (columns) over 4 ranks: blocks 1, 1, 1, 0. The empty rank joins
+  // every collective and keeps an empty parameter.
+  const std::vector<std::vector<int64_t>> shapes = {{3, 8}, {8, 3}};
+  const std::vector<int64_t> dims = {0, 1};
+  const auto options = MuonOptions(0.05).scale_mode(ScaleMode::kSpectral);
+  std::vector<at::Tensor> whole;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    whole.push_back(initial(static_cast<int>(i), shapes[i]).set_requires_grad(true));
+  }
+  Muon ref(whole, options);
+  for (int s = 0; s < kSteps; ++s) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      whole[i].mutable_grad() = gradient(s, static_cast<int>(i), shapes[i]);
+    }
+    ref.step();
+  }
+  for (const auto mode : {TensorParallelMode::kDuplicated, TensorParallelMode::kDistributed,
+                          TensorParallelMode::kBlockwise}) {
+    run_ranks(4, [&](Group& g) {
+      std::vector<at::Tensor> blocks;
+      std::vector<std::vector<int64_t>> sizes;
+      TensorParallelOptions tpo;
+      tpo.mode(mode);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        sizes.push_back(muon::dist::balanced_split_sizes(3, 4));
+        blocks.push_back(block_of(initial(static_cast<int>(i), shapes[i]), dims[i], sizes[i],
+                                  g.rank())
+                             .set_requires_grad(true));
+        tpo.shard(blocks.back(), TensorParallelShard(shapes[i], dims[i], g));
+      }
+      TensorParallelMuon opt(blocks, options, tpo);
+      for (int s = 0; s < kSteps; ++s) {
+        for (size_t i = 0; i < shapes.size(); ++i) {
+          blocks[i].mutable_grad() =
+              block_of(gradient(s, static_cast<int>(i), shapes[i]), dims[i], sizes[i], g.rank());
+        }
+        opt.step();
+      }
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        EXPECT_EQ(blocks[i].numel(), g.rank() == 3 ? 0 : 8);
+        if (mode == TensorParallelMode::kBlockwise || g.rank() == 3) continue;
+        const auto r = block_of(whole[i].detach(), dims[i], sizes[i], g.rank());
+        const auto p0 = block_of(initial(static_cast<int>(i), shapes[i]), dims[i], sizes[i], g.rank());
+        const double change = (whole[i].detach() - initial(static_cast<int>(i), shapes[i])).abs().max().item<double>();
+        EXPECT_LE((blocks[i].detach() - r).abs().max().item<double>() / change, kFp32Tolerance)
+            << muon::dist::to_string(mode) << " matrix " << i << " rank " << g.rank();
+        EXPECT_GT((blocks[i].detach() - p0).abs().max().item<double>(), 1e-3);
+      }
+    });
+  }
+  // Outside TP blocks, empty parameters are still rejected.
+  auto empty = at::zeros({0, 4});
+  EXPECT_THROW(TensorParallelMuon(std::vector<at::Tensor>{empty}, MuonOptions(), TensorParallelOptions()),
+               c10::ValueError);
+}
+
 // ---- save / load, per rank ------------------------------------------------------------
 
 TEST(TensorParallelMuonArchive, RoundTripContinuesBitIdenticallyOnTwoRanks) {

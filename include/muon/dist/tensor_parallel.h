@@ -79,8 +79,11 @@ struct TensorParallelOptions {
 /// fp32/fp64 compute runs as `newton_schulz`; 16-bit compute keeps the Gram
 /// matrix, its all-reduce and the step polynomial in fp32 and applies it in
 /// 16 bits (one product per step). On a one-rank group it is newton_schulz
-/// with the standard method. Raises c10::ValueError for a block that is not
-/// a non-empty 2-D floating tensor or a partition_dim other than 0 or 1.
+/// with the standard method. A block may be empty along `partition_dim`
+/// (a rank without rows): it still joins every all-reduce and returns an
+/// empty result. Raises c10::ValueError for a block that is not a 2-D
+/// floating tensor, is empty in the other dim, or a partition_dim other
+/// than 0 or 1.
 at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_dim,
                                      const Group& group, const NewtonSchulzOptions& options = {});
 
@@ -97,6 +100,8 @@ at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_
 /// their block shapes, and every rank raises the same c10::ValueError when
 /// they disagree on the global shape, the partition dim or the mode, or
 /// when the blocks do not tile the matrix (never a hang or a wrong result).
+/// A block may be empty (zero rows or columns: a matrix with fewer rows than
+/// ranks); parameters that are not shards must not be.
 /// `step` is collective too: every rank of a TP group must step the same
 /// sharded parameters (all with gradients or all without), in the same
 /// order. State (momentum of the local block) is per rank: `save` writes this
