@@ -136,7 +136,7 @@ at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_
   // X₀ = G / (‖G‖_F·safety + eps): the norm's fp64 partial sums are all-reduced.
   auto m = at::empty(block.sizes(), block.options().dtype(norm_dtype));
   m.copy_(block);
-  auto sumsq = at::full({1}, empty ? 0.0 : sum_of_squares(m), at::kDouble);
+  auto sumsq = at::full({1}, empty ? 0.0 : sum_of_squares(m), block.options().dtype(at::kDouble));
   group.all_reduce_(sumsq);
   m.div_(std::sqrt(sumsq.item<double>()) * options.coefficients().safety_factor + options.eps());
   auto x = (compute == norm_dtype ? m : m.to(compute)).unsqueeze(0);
