@@ -521,9 +521,17 @@ TEST(TensorParallelHybrid, MatchesSingleProcessHybridOnTheWholeModel) {
       }
       p.set_requires_grad(true);
       named.insert(spec[i].first, p);
+    }
+    for (size_t i = 0; i < spec.size(); ++i) {
+      // By name, as a hybrid user would.
       if (g && split_dim[i] >= 0 && spec[i].second.size() == 2) {
-        tpo.shard(p, TensorParallelShard(spec[i].second, split_dim[i], *g));
+        tpo.shard(named, spec[i].first, TensorParallelShard(spec[i].second, split_dim[i], *g));
       }
+    }
+    if (g) {
+      EXPECT_THROW(TensorParallelOptions().shard(named, "layer.fc3.weight",
+                                                 TensorParallelShard({1, 1}, 0, *g)),
+                   c10::ValueError);
     }
     auto o = options;
     if (g) o.muon_factory(muon::dist::tensor_parallel_muon_factory(tpo));

@@ -109,6 +109,15 @@ TensorParallelOptions& TensorParallelOptions::shard(const at::Tensor& param,
   return *this;
 }
 
+TensorParallelOptions& TensorParallelOptions::shard(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters, const std::string& name,
+    TensorParallelShard shard) {
+  const auto* p = named_parameters.find(name);
+  TORCH_CHECK_VALUE(p != nullptr, kWho, "shard: no parameter named '", name, "' among ",
+                    named_parameters.size(), " named parameters");
+  return this->shard(*p, std::move(shard));
+}
+
 // ---- distributed Newton–Schulz -----------------------------------------------------
 
 at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_dim,

@@ -28,6 +28,7 @@
 /// Duplicated and distributed scale from the GLOBAL shape, so they give the
 /// same parameters as `muon::Muon` on the whole matrix.
 #include <torch/arg.h>
+#include <torch/ordered_dict.h>
 
 #include <cstdint>
 #include <memory>
@@ -64,6 +65,11 @@ struct TensorParallelOptions {
   TensorParallelOptions& mode(const std::string& name);
   /// Declares `param` (this rank's block) a shard described by `shard`.
   TensorParallelOptions& shard(const at::Tensor& param, TensorParallelShard shard);
+  /// Declares the parameter called `name` in `named_parameters` (e.g. a
+  /// module's `named_parameters()`, as given to MuonWithAdamW) a shard.
+  /// Raises c10::ValueError naming `name` when there is no such parameter.
+  TensorParallelOptions& shard(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                               const std::string& name, TensorParallelShard shard);
   /// The declared shards, in the order given.
   const std::vector<std::pair<at::Tensor, TensorParallelShard>>& shards() const { return shards_; }
 
