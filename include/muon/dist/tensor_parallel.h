@@ -46,7 +46,14 @@
 namespace muon::dist {
 
 /// How a TP-sharded matrix is orthogonalized (see the top of this header).
-enum class TensorParallelMode { kDuplicated, kDistributed, kBlockwise };
+enum class TensorParallelMode {
+  /// All-gather the blocks, newton_schulz on the whole matrix, keep the block.
+  kDuplicated,
+  /// Newton–Schulz together: all-reduced norm and Gram matrix per step.
+  kDistributed,
+  /// newton_schulz on each block alone, scaled from the block's shape.
+  kBlockwise,
+};
 
 /// "duplicated" | "distributed" | "blockwise".
 std::string to_string(TensorParallelMode mode);
