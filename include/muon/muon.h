@@ -5,6 +5,9 @@
 /// Umbrella header: includes every public header of the library.
 #include "muon/compat.h"
 #include "muon/config.h"
+#include "muon/dist/group.h"
+#include "muon/dist/shard.h"
+#include "muon/dist/tensor_parallel.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/composite.h"

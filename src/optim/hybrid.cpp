@@ -135,7 +135,14 @@ MuonWithAdamW::MuonWithAdamW(const torch::OrderedDict<std::string, at::Tensor>& 
   for (const auto& [alias, first] : aliases) routing_[alias].group = routing_[first].group;
 
   // The inner optimizers validate their options and parameters.
-  if (!muon_groups.empty()) muon_ = std::make_unique<Muon>(muon_groups, options.muon());
+  if (!muon_groups.empty()) {
+    if (options.muon_factory()) {
+      muon_ = options.muon_factory()(muon_groups, options.muon());
+      TORCH_CHECK_VALUE(muon_ != nullptr, kWho, "muon_factory returned a null optimizer");
+    } else {
+      muon_ = std::make_unique<Muon>(muon_groups, options.muon());
+    }
+  }
   if (!adamw_groups.empty()) {
     adamw_ = std::make_unique<AdamW>(adamw_groups, options.adamw());
     compat::reapply_group_options(*adamw_, adamw_groups);

@@ -338,7 +338,10 @@ bool operator==(const MuonParamState& a, const MuonParamState& b) {
 // ---- Muon --------------------------------------------------------------------
 
 Muon::Muon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults)
-    : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)) {
+    : Muon(std::move(param_groups), std::move(defaults), /*allow_empty=*/false) {}
+
+Muon::Muon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults, bool allow_empty)
+    : Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)), allow_empty_(allow_empty) {
   defaults.validate();
   compat::reapply_group_options(*this, param_groups);
   for (const auto i : c10::irange(param_groups_.size())) check_group(i);
@@ -365,7 +368,7 @@ void Muon::check_group(size_t index) const {
                       "); Muon orthogonalizes matrices (ndim >= 2). Give vectors and scalars "
                       "(biases, norm gains) to AdamW, e.g. with muon::MuonWithAdamW "
                       "(muon/optim/hybrid.h), which routes them by shape and name");
-    TORCH_CHECK_VALUE(p.numel() > 0, kWho, "parameter ", j, " of group ", index,
+    TORCH_CHECK_VALUE(allow_empty_ || p.numel() > 0, kWho, "parameter ", j, " of group ", index,
                       " has zero size (shape ", p.sizes(), ")");
     TORCH_CHECK_VALUE(at::isFloatingType(p.scalar_type()), kWho, "parameter ", j, " of group ",
                       index, " must have a floating dtype, got ", p.scalar_type());

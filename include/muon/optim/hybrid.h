@@ -14,6 +14,7 @@
 #include <torch/ordered_dict.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,6 +30,12 @@ namespace muon {
 /// Muon runs (embeddings, head, norms and biases are usually not decayed).
 torch::optim::AdamWOptions default_aux_adamw_options();
 
+/// Builds the Muon half of `MuonWithAdamW` from its param groups and default
+/// options; lets the hybrid run a Muon subclass (e.g.
+/// `muon::dist::tensor_parallel_muon_factory` for tensor-parallel shards).
+using MuonFactory = std::function<std::unique_ptr<Muon>(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, const MuonOptions& defaults)>;
+
 /// Options of `MuonWithAdamW`, as chained setters.
 struct MuonWithAdamWOptions {
   /// Options of the default Muon group (every matrix without a pattern group)
@@ -38,6 +45,8 @@ struct MuonWithAdamWOptions {
   TORCH_ARG(torch::optim::AdamWOptions, adamw) = default_aux_adamw_options();
   /// Which parameter goes where.
   TORCH_ARG(RoutingRules, routing);
+  /// Builds the inner Muon; empty: plain `muon::Muon`.
+  TORCH_ARG(MuonFactory, muon_factory);
 
  public:
   /// Parameters routed to Muon whose name matches glob `pattern` form their

@@ -234,7 +234,16 @@ class Muon : public torch::optim::Optimizer {
   /// The identifier `save` writes and `load` requires ("muon::Muon").
   virtual std::string archive_kind() const;
 
+  /// For subclasses whose parameters may be empty on some process (a
+  /// tensor-parallel block of zero rows when a matrix has fewer rows than
+  /// ranks): `allow_empty` lifts the zero-size check, and the subclass must
+  /// handle such parameters in `orthogonal_update`.
+  Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
+       bool allow_empty);
+
  private:
+  bool allow_empty_ = false;
+
   // Validates group `index`: options type and values, parameter shapes.
   void check_group(size_t index) const;
 };

@@ -1,0 +1,30 @@
+#pragma once
+
+/// c10d differences between LibTorch 1.13 and 2.x, in one place.
+///
+///  - 1.13: ProcessGroupGloo / ProcessGroupNCCL derive from
+///    `c10d::ProcessGroup`, which carries the collectives.
+///  - 2.x: they derive from `c10d::Backend` (a `c10d::ProcessGroup` wraps
+///    one backend per device type); the backend carries the same
+///    collectives with the same signatures.
+///
+/// `CollectiveBackend` is whichever base the Gloo process group has, found
+/// with a type trait rather than version macros, so muon::dist talks to the
+/// backend object directly on both.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <type_traits>
+
+namespace muon::dist::compat {
+
+/// The base class of c10d's concrete process groups in this LibTorch.
+using CollectiveBackend =
+    std::conditional_t<std::is_base_of_v<c10d::Backend, c10d::ProcessGroupGloo>, c10d::Backend,
+                       c10d::ProcessGroup>;
+
+/// Owning pointer to a backend.
+using BackendPtr = c10::intrusive_ptr<CollectiveBackend>;
+
+}  // namespace muon::dist::compat

@@ -1,0 +1,20 @@
+// Gloo backend: collectives over TCP between CPU tensors.
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "dist/backend.h"
+
+namespace muon::dist::detail {
+
+compat::BackendPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                             const GroupOptions& options) {
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout());
+  gloo_options->devices.push_back(
+      options.hostname().empty()
+          ? c10d::ProcessGroupGloo::createDefaultDevice()
+          : c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname()));
+  // One worker thread: the optimizers issue one blocking collective at a time.
+  gloo_options->threads = 1;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
+}
+
+}  // namespace muon::dist::detail

@@ -1,0 +1,344 @@
+// Tensor-parallel Muon: duplicated, distributed and blockwise orthogonalization.
+#include "muon/dist/tensor_parallel.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <cmath>
+#include <numeric>
+#include <sstream>
+#include <tuple>
+
+#include "kernels/symmetric.h"
+#include "muon/compat.h"
+#include "muon/scaling.h"
+
+namespace muon::dist {
+namespace {
+
+constexpr const char* kWho = "[muon::dist::TensorParallelMuon] ";
+
+constexpr TensorParallelMode kModes[] = {TensorParallelMode::kDuplicated,
+                                         TensorParallelMode::kDistributed,
+                                         TensorParallelMode::kBlockwise};
+
+bool is_16bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+const void* impl_key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
+
+// Σ x² of a contiguous tensor, accumulated in fp64 (as newton_schulz does).
+double sum_of_squares(const at::Tensor& x) {
+  double s = 0.0;
+  if (muon::detail::cblas_sum_of_squares(x, &s)) return s;
+  const double n = at::linalg_vector_norm(x, 2, c10::nullopt, false, at::kDouble).item<double>();
+  return n * n;
+}
+
+// Gathers the blocks of a matrix split along `dim` into the whole matrix.
+at::Tensor gather_matrix(const at::Tensor& block, int64_t dim, const Group& group) {
+  const auto parts = group.all_gather_uneven(block.contiguous().view({-1}));
+  std::vector<at::Tensor> mats;
+  mats.reserve(parts.size());
+  const int64_t other = block.size(1 - dim);
+  for (const auto& p : parts) {
+    mats.push_back(dim == 0 ? p.view({-1, other}) : p.view({other, -1}));
+  }
+  return at::cat(mats, dim);
+}
+
+}  // namespace
+
+// ---- shard helpers ---------------------------------------------------------------
+
+std::vector<int64_t> balanced_split_sizes(int64_t total, int64_t parts) {
+  TORCH_CHECK_VALUE(total >= 0, "[muon::dist::balanced_split_sizes] total must be >= 0, got ",
+                    total);
+  TORCH_CHECK_VALUE(parts >= 1, "[muon::dist::balanced_split_sizes] parts must be >= 1, got ",
+                    parts);
+  std::vector<int64_t> sizes(static_cast<size_t>(parts), total / parts);
+  for (int64_t i = 0; i < total % parts; ++i) ++sizes[static_cast<size_t>(i)];
+  return sizes;
+}
+
+int64_t split_offset(const std::vector<int64_t>& sizes, int64_t index) {
+  TORCH_CHECK_VALUE(index >= 0 && index <= static_cast<int64_t>(sizes.size()),
+                    "[muon::dist::split_offset] index must be in [0, ", sizes.size(), "], got ",
+                    index);
+  return std::accumulate(sizes.begin(), sizes.begin() + index, int64_t{0});
+}
+
+// ---- modes -------------------------------------------------------------------------
+
+std::string to_string(TensorParallelMode mode) {
+  switch (mode) {
+    case TensorParallelMode::kDuplicated:
+      return "duplicated";
+    case TensorParallelMode::kDistributed:
+      return "distributed";
+    case TensorParallelMode::kBlockwise:
+      return "blockwise";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
+}
+
+TensorParallelMode parse_tensor_parallel_mode(const std::string& name) {
+  std::string valid;
+  for (const auto m : kModes) {
+    if (to_string(m) == name) return m;
+    valid += (valid.empty() ? "" : ", ") + to_string(m);
+  }
+  TORCH_CHECK_VALUE(false, kWho, "unknown mode '", name, "'; valid names: ", valid);
+}
+
+TensorParallelOptions& TensorParallelOptions::mode(const std::string& name) {
+  mode_ = parse_tensor_parallel_mode(name);
+  return *this;
+}
+
+TensorParallelOptions& TensorParallelOptions::shard(const at::Tensor& param,
+                                                    TensorParallelShard shard) {
+  TORCH_CHECK_VALUE(param.defined(), kWho, "shard: param is undefined");
+  TORCH_CHECK_VALUE(shard.group().valid(), kWho,
+                    "shard: the group is invalid (default-constructed); give the TP group "
+                    "explicitly, there is no default");
+  for (const auto& [p, s] : shards_) {
+    TORCH_CHECK_VALUE(!p.is_same(param), kWho, "shard: a parameter of shape ", param.sizes(),
+                      " is declared twice");
+  }
+  shards_.emplace_back(param, std::move(shard));
+  return *this;
+}
+
+TensorParallelOptions& TensorParallelOptions::shard(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters, const std::string& name,
+    TensorParallelShard shard) {
+  const auto* p = named_parameters.find(name);
+  TORCH_CHECK_VALUE(p != nullptr, kWho, "shard: no parameter named '", name, "' among ",
+                    named_parameters.size(), " named parameters");
+  return this->shard(*p, std::move(shard));
+}
+
+// ---- distributed Newton–Schulz -----------------------------------------------------
+
+at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_dim,
+                                     const Group& group, const NewtonSchulzOptions& options) {
+  constexpr const char* who = "[muon::dist::distributed_newton_schulz] ";
+  options.validate();
+  TORCH_CHECK_VALUE(block.defined() && block.dim() == 2, who,
+                    "block must be a 2-D tensor, got shape ",
+                    block.defined() ? block.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK_VALUE(at::isFloatingType(block.scalar_type()), who,
+                    "block must have a floating dtype, got ", block.scalar_type());
+  TORCH_CHECK_VALUE(partition_dim == 0 || partition_dim == 1, who,
+                    "partition_dim must be 0 or 1, got ", partition_dim);
+  TORCH_CHECK_VALUE(block.size(1 - partition_dim) > 0, who, "block of shape ", block.sizes(),
+                    " is empty in dim ", 1 - partition_dim,
+                    ", which is not split; only the partition dim may be 0");
+  const bool empty = block.numel() == 0;  // this rank holds no rows (columns)
+  const auto compute = options.compute_dtype();
+  TORCH_CHECK_VALUE(!(compute == at::kHalf && block.device().is_cpu()), who,
+                    "compute_dtype Half is not supported on CPU; use BFloat16 or Float");
+  const bool half = is_16bit(compute);
+  const auto norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
+  const bool symmetric = options.symmetric();
+
+  // X₀ = G / (‖G‖_F·safety + eps): the norm's fp64 partial sums are all-reduced.
+  auto m = at::empty(block.sizes(), block.options().dtype(norm_dtype));
+  m.copy_(block);
+  auto sumsq = at::full({1}, empty ? 0.0 : sum_of_squares(m), block.options().dtype(at::kDouble));
+  group.all_reduce_(sumsq);
+  m.div_(std::sqrt(sumsq.item<double>()) * options.coefficients().safety_factor + options.eps());
+  auto x = (compute == norm_dtype ? m : m.to(compute)).unsqueeze(0);
+
+  // Rows split: Gram of the columns (XᵀX, n×n), applied on the right.
+  // Columns split: Gram of the rows (XXᵀ, m×m), applied on the left.
+  const bool right = partition_dim == 0;
+  const int64_t s = right ? block.size(1) : block.size(0);
+  const auto state = half ? x.options().dtype(at::kFloat) : x.options();
+  auto gram = at::empty({1, s, s}, state);
+  auto poly = at::empty_like(gram);
+  auto next = at::empty_like(x);
+  for (const auto& k : options.schedule()) {
+    if (empty) {
+      gram.zero_();  // contributes nothing, still joins every all-reduce
+    } else if (half) {
+      muon::detail::syrk(gram, x.to(at::kFloat), right, 1.0, 0.0, symmetric);
+    } else {
+      muon::detail::syrk(gram, x, right, 1.0, 0.0, symmetric);
+    }
+    group.all_reduce_(gram);
+    if (k.c != 0.0) {
+      poly.copy_(gram);
+      muon::detail::syrk(poly, gram, /*trans=*/false, k.c, k.b, symmetric);
+    } else {
+      at::mul_out(poly, gram, k.b);
+    }
+    if (empty) continue;
+    if (half) {
+      // As newton_schulz in 16 bits: a·I folded into the (fp32) polynomial,
+      // rounded once, one product.
+      poly.diagonal(0, 1, 2).add_(k.a);
+      const auto p16 = poly.to(compute);
+      muon::detail::batched_mm_out(next, right ? x : p16, right ? p16 : x);
+    } else if (right) {
+      muon::detail::batched_addmm_out(next, x, x, poly, k.a, 1.0);
+    } else {
+      muon::detail::batched_addmm_out(next, x, poly, x, k.a, 1.0);
+    }
+    std::swap(x, next);
+  }
+  auto out = x.squeeze(0);
+  return out.scalar_type() == block.scalar_type() ? out : out.to(block.scalar_type());
+}
+
+// ---- TensorParallelMuon ------------------------------------------------------------
+
+// Empty blocks are allowed (a matrix with fewer rows than ranks); empty
+// parameters that are not shards are rejected in build_layouts.
+TensorParallelMuon::TensorParallelMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                                       MuonOptions defaults, TensorParallelOptions tp)
+    : Muon(std::move(param_groups), std::move(defaults), /*allow_empty=*/true),
+      tp_(std::move(tp)) {
+  build_layouts();
+}
+
+TensorParallelMuon::TensorParallelMuon(std::vector<at::Tensor> params, MuonOptions defaults,
+                                       TensorParallelOptions tp)
+    : TensorParallelMuon(std::vector<torch::optim::OptimizerParamGroup>{
+                             torch::optim::OptimizerParamGroup(std::move(params))},
+                         std::move(defaults), std::move(tp)) {}
+
+void TensorParallelMuon::build_layouts() {
+  // Which declared shards are parameters of this optimizer, in group order.
+  std::unordered_map<const void*, size_t> declared;
+  for (size_t i = 0; i < tp_.shards().size(); ++i) declared[impl_key(tp_.shards()[i].first)] = i;
+  std::vector<std::tuple<at::Tensor, const MuonOptions*, size_t>> sharded;
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    const auto& group = param_groups_[gi];
+    for (const auto j : c10::irange(group.params().size())) {
+      const auto& p = group.params()[j];
+      auto it = declared.find(impl_key(p));
+      if (it == declared.end()) {
+        TORCH_CHECK_VALUE(p.numel() > 0, kWho, "parameter ", j, " of group ", gi,
+                          " has zero size (shape ", p.sizes(),
+                          ") and is not a shard; only tensor-parallel blocks may be empty");
+        continue;
+      }
+      sharded.emplace_back(p, static_cast<const MuonOptions*>(&group.options()), it->second);
+      declared.erase(it);
+    }
+  }
+  TORCH_CHECK_VALUE(declared.empty(), kWho, declared.size(),
+                    " parameter(s) declared as shards are not parameters of this optimizer "
+                    "(first: shape ",
+                    tp_.shards()[declared.begin()->second].first.sizes(), ")");
+
+  // One exchange per sharded parameter over its group. Local problems travel
+  // as a flag, so every rank of the group raises together instead of some
+  // raising and the rest waiting in the next collective.
+  const auto mode = static_cast<int64_t>(tp_.mode());
+  for (size_t i = 0; i < sharded.size(); ++i) {
+    const auto& p = std::get<0>(sharded[i]);
+    const auto& o = *std::get<1>(sharded[i]);
+    const auto& shard = tp_.shards()[std::get<2>(sharded[i])].second;
+    const auto& g = shard.group();
+    std::ostringstream local_error;
+    const auto& gs = shard.global_shape();
+    const int64_t dim = shard.partition_dim();
+    if (gs.size() != 2 || gs[0] < 1 || gs[1] < 1) {
+      local_error << "global_shape must be 2-D with positive sizes, got " << c10::IntArrayRef(gs);
+    } else if (dim != 0 && dim != 1) {
+      local_error << "partition_dim must be 0 or 1, got " << dim;
+    } else if (p.dim() != 2) {
+      local_error << "a sharded parameter must be 2-D, got shape " << p.sizes();
+    } else if (p.size(1 - dim) != gs[static_cast<size_t>(1 - dim)]) {
+      local_error << "block shape " << p.sizes() << " does not match global_shape "
+                  << c10::IntArrayRef(gs) << " in dim " << 1 - dim;
+    } else if (!o.split_sizes().empty() || o.stacked_experts()) {
+      local_error << "split_sizes and stacked_experts are not supported on sharded parameters";
+    }
+    const bool ok = local_error.str().empty();
+    const std::vector<int64_t> mine{ok ? 1 : 0,
+                                    gs.size() == 2 ? gs[0] : -1,
+                                    gs.size() == 2 ? gs[1] : -1,
+                                    dim,
+                                    p.dim() == 2 ? p.size(0) : -1,
+                                    p.dim() == 2 ? p.size(1) : -1,
+                                    mode};
+    const auto all = g.all_gather_ints(mine);
+    const std::string where = c10::str("sharded parameter ", i, " (block shape ", p.sizes(),
+                                       ") over group '", g.name(), "' (rank ", g.rank(), " of ",
+                                       g.size(), "): ");
+    TORCH_CHECK_VALUE(ok, kWho, where, local_error.str());
+    std::ostringstream table;
+    for (size_t r = 0; r < all.size(); ++r) {
+      table << "\n  rank " << r << ": global_shape [" << all[r][1] << ", " << all[r][2]
+            << "], partition_dim " << all[r][3] << ", block [" << all[r][4] << ", " << all[r][5]
+            << "], mode " << to_string(static_cast<TensorParallelMode>(all[r][6]))
+            << (all[r][0] ? "" : " (invalid on that rank)");
+    }
+    int64_t total = 0;
+    std::vector<int64_t> sizes;
+    for (const auto& d : all) {
+      TORCH_CHECK_VALUE(d[0] == 1, kWho, where, "another rank reported an invalid shard:",
+                        table.str());
+      TORCH_CHECK_VALUE(d[1] == mine[1] && d[2] == mine[2] && d[3] == mine[3] && d[6] == mine[6],
+                        kWho, where,
+                        "the ranks disagree on global_shape, partition_dim or mode:", table.str());
+      sizes.push_back(d[static_cast<size_t>(4 + dim)]);
+      total += sizes.back();
+    }
+    TORCH_CHECK_VALUE(total == gs[static_cast<size_t>(dim)], kWho, where, "the blocks' sizes in dim ",
+                      dim, " sum to ", total, ", global_shape has ",
+                      gs[static_cast<size_t>(dim)], ":", table.str());
+    const int64_t offset = split_offset(sizes, g.rank());
+    layouts_.emplace(impl_key(p), Layout{shard, std::move(sizes), offset});
+  }
+}
+
+std::vector<int64_t> TensorParallelMuon::block_sizes(const at::Tensor& param) const {
+  const auto it = layouts_.find(impl_key(param));
+  return it == layouts_.end() ? std::vector<int64_t>{} : it->second.sizes;
+}
+
+at::Tensor TensorParallelMuon::orthogonal_update(const at::Tensor& param, const at::Tensor& update,
+                                                 const MuonOptions& options,
+                                                 MuonParamState& state, double& alpha) {
+  const auto it = layouts_.find(impl_key(param));
+  if (it == layouts_.end()) return Muon::orthogonal_update(param, update, options, state, alpha);
+  const auto& layout = it->second;
+  TORCH_CHECK_VALUE(options.split_sizes().empty() && !options.stacked_experts(), kWho,
+                    "split_sizes and stacked_experts are not supported on sharded parameters");
+  const auto& gs = layout.shard.global_shape();
+  const int64_t dim = layout.shard.partition_dim();
+  const auto& group = layout.shard.group();
+  switch (tp_.mode()) {
+    case TensorParallelMode::kDuplicated: {
+      alpha = scale_factor(gs[0], gs[1], options.scale_mode(), options.extra_scale_factor());
+      const auto whole = gather_matrix(update, dim, group);
+      return newton_schulz(whole, options.ns())
+          .narrow(dim, layout.offset, layout.sizes[static_cast<size_t>(group.rank())])
+          .contiguous();
+    }
+    case TensorParallelMode::kDistributed:
+      alpha = scale_factor(gs[0], gs[1], options.scale_mode(), options.extra_scale_factor());
+      return distributed_newton_schulz(update, dim, group, options.ns());
+    case TensorParallelMode::kBlockwise:
+      if (update.numel() == 0) return at::zeros_like(update);  // an empty block
+      alpha = scale_factor(update.size(0), update.size(1), options.scale_mode(),
+                           options.extra_scale_factor());
+      return newton_schulz(update, options.ns());
+  }
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
+}
+
+std::string TensorParallelMuon::archive_kind() const { return "muon::dist::TensorParallelMuon"; }
+
+MuonFactory tensor_parallel_muon_factory(TensorParallelOptions tp) {
+  return [tp = std::move(tp)](std::vector<torch::optim::OptimizerParamGroup> groups,
+                              const MuonOptions& defaults) -> std::unique_ptr<Muon> {
+    return std::make_unique<TensorParallelMuon>(std::move(groups), defaults, tp);
+  };
+}
+
+}  // namespace muon::dist

@@ -1,0 +1,65 @@
+#pragma once
+// Multi-rank tests with ranks as threads: N threads share one c10d::HashStore,
+// each builds its own muon::dist::Group (real Gloo process groups over TCP
+// loopback) and runs the test body. Exceptions thrown on a rank are
+// collected and reported with the rank that threw them.
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "muon/dist/group.h"
+
+namespace muon::test {
+
+/// Timeout of thread-rank groups: short, so a hang fails the test quickly.
+constexpr std::chrono::milliseconds kThreadRankTimeout{std::chrono::seconds(30)};
+
+/// What each rank threw (empty string: returned normally), by rank.
+using RankErrors = std::vector<std::string>;
+
+/// Runs `body(group)` on `world` thread ranks over a shared HashStore and
+/// returns each rank's exception message (empty when it returned). Every
+/// thread is joined before returning; the store outlives all of them.
+inline RankErrors run_ranks_collect(int world, const std::function<void(dist::Group&)>& body,
+                                    dist::GroupOptions options = dist::GroupOptions().timeout(
+                                        kThreadRankTimeout)) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  RankErrors errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto group = dist::Group::create(store, r, world, options);
+        body(group);
+      } catch (const c10::Error& e) {
+        errors[static_cast<size_t>(r)] = e.what_without_backtrace();
+        if (errors[static_cast<size_t>(r)].empty()) errors[static_cast<size_t>(r)] = "c10::Error";
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        if (errors[static_cast<size_t>(r)].empty()) errors[static_cast<size_t>(r)] = "exception";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+/// As run_ranks_collect, failing the current test for every rank that threw.
+inline void run_ranks(int world, const std::function<void(dist::Group&)>& body,
+                      dist::GroupOptions options = dist::GroupOptions().timeout(
+                          kThreadRankTimeout)) {
+  const auto errors = run_ranks_collect(world, body, options);
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_TRUE(errors[r].empty()) << "rank " << r << " of " << world << " threw: " << errors[r];
+  }
+}
+
+}  // namespace muon::test

@@ -1,0 +1,301 @@
+// muon-launch: runs N local ranks of a program with torchrun's environment.
+//
+//   muon-launch -n N [--master-port P] [--master-addr A] [--grace S] -- program args...
+//
+// Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_RESTART_COUNT=0 and TORCHELASTIC_USE_AGENT_STORE=False (rank
+// 0 hosts the store, as in muon::dist::init_from_env). Every line a rank
+// writes is prefixed with "[rank N] " (stdout to stdout, stderr to stderr).
+// SIGINT, SIGTERM and SIGHUP are forwarded to every rank. When a rank exits
+// with a non-zero status the others get SIGTERM, then SIGKILL after the grace
+// period, and the launcher exits with the first failing rank's status
+// (128 + signal for a rank killed by a signal).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kDefaultGraceSeconds = 5;
+constexpr int kPollMs = 50;
+
+volatile sig_atomic_t g_signal = 0;
+
+void on_signal(int sig) { g_signal = sig; }
+
+[[noreturn]] void usage(const std::string& error) {
+  std::fprintf(stderr,
+               "muon-launch: %s\n"
+               "usage: muon-launch -n N [--master-port P] [--master-addr A] [--grace S] -- "
+               "program [args...]\n",
+               error.c_str());
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const char* text, int lo, int hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi) {
+    usage(flag + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+          "], got '" + text + "'");
+  }
+  return static_cast<int>(v);
+}
+
+// A TCP port that is free now on `addr` (the kernel picks it).
+int free_port(const std::string& addr) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  if (inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+    port = ntohs(sa.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    const ssize_t n = write(fd, s.data() + done, s.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+// One output stream of one rank: complete lines go out prefixed.
+struct Stream {
+  int fd = -1;      // read end, -1 once closed
+  int out_fd = 1;   // where lines go
+  std::string prefix;
+  std::string pending;
+
+  void flush_lines(bool eof) {
+    size_t start = 0;
+    for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+      write_all(out_fd, prefix + pending.substr(start, nl - start + 1));
+    }
+    pending.erase(0, start);
+    if (eof && !pending.empty()) {
+      write_all(out_fd, prefix + pending + "\n");
+      pending.clear();
+    }
+  }
+
+  void read_some() {
+    char buf[4096];
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      pending.append(buf, static_cast<size_t>(n));
+      flush_lines(false);
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      flush_lines(true);
+      close(fd);
+      fd = -1;
+    }
+  }
+};
+
+struct Rank {
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;  // exit code, or 128 + signal
+};
+
+void signal_all(std::vector<Rank>& ranks, int sig) {
+  for (auto& r : ranks) {
+    // Each rank leads its own process group: its children get the signal too.
+    if (r.running) kill(-r.pid, sig);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = -1;
+  int port = -1;
+  int grace = kDefaultGraceSeconds;
+  std::string addr = "127.0.0.1";
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (i + 1 >= argc) usage("option " + a + " needs a value (or unknown option)");
+    if (a == "-n" || a == "--nproc") {
+      n = parse_int(a, argv[++i], 1, 1024);
+    } else if (a == "--master-port") {
+      port = parse_int(a, argv[++i], 1, 65535);
+    } else if (a == "--master-addr") {
+      addr = argv[++i];
+    } else if (a == "--grace") {
+      grace = parse_int(a, argv[++i], 0, 3600);
+    } else {
+      usage("unknown option '" + a + "'");
+    }
+  }
+  if (n < 1) usage("-n N is required");
+  if (i >= argc) usage("no program given after --");
+  if (port < 0) port = free_port(addr);
+  if (port < 0) usage("could not find a free port; pass --master-port");
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: poll returns EINTR
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Rank> ranks(static_cast<size_t>(n));
+  std::vector<Stream> streams;
+  for (int r = 0; r < n; ++r) {
+    int out[2];
+    int err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      std::perror("muon-launch: pipe");
+      signal_all(ranks, SIGKILL);
+      return 1;
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("muon-launch: fork");
+      signal_all(ranks, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      setpgid(0, 0);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(sig, &dfl, nullptr);
+      const auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
+      set("RANK", std::to_string(r));
+      set("LOCAL_RANK", std::to_string(r));
+      set("GROUP_RANK", "0");
+      set("ROLE_RANK", std::to_string(r));
+      set("WORLD_SIZE", std::to_string(n));
+      set("LOCAL_WORLD_SIZE", std::to_string(n));
+      set("ROLE_WORLD_SIZE", std::to_string(n));
+      set("MASTER_ADDR", addr);
+      set("MASTER_PORT", std::to_string(port));
+      set("TORCHELASTIC_RESTART_COUNT", "0");
+      set("TORCHELASTIC_USE_AGENT_STORE", "False");
+      execvp(argv[i], argv + i);
+      std::fprintf(stderr, "muon-launch: cannot run '%s': %s\n", argv[i], std::strerror(errno));
+      _exit(127);
+    }
+    setpgid(pid, pid);  // also here: no race with a signal sent right after fork
+    close(out[1]);
+    close(err[1]);
+    ranks[static_cast<size_t>(r)].pid = pid;
+    ranks[static_cast<size_t>(r)].running = true;
+    const std::string prefix = "[rank " + std::to_string(r) + "] ";
+    for (const auto& [fd, to] : {std::pair<int, int>{out[0], STDOUT_FILENO}, {err[0], STDERR_FILENO}}) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+      streams.push_back(Stream{fd, to, prefix, {}});
+    }
+  }
+
+  using Clock = std::chrono::steady_clock;
+  int exit_code = 0;
+  int first_failure = -1;
+  bool stopping = false;
+  Clock::time_point kill_at;
+  Clock::time_point drain_until = Clock::time_point::max();
+  auto begin_stop = [&](int sig) {
+    signal_all(ranks, sig);
+    if (!stopping) kill_at = Clock::now() + std::chrono::seconds(grace);
+    stopping = true;
+  };
+
+  while (true) {
+    if (g_signal != 0) {
+      const int sig = g_signal;
+      g_signal = 0;
+      std::fprintf(stderr, "muon-launch: got signal %d, forwarding to every rank\n", sig);
+      if (first_failure < 0) exit_code = 128 + sig;
+      begin_stop(sig);
+    }
+    // Reap exited ranks.
+    int running = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      auto& rank = ranks[r];
+      if (!rank.running) continue;
+      int st = 0;
+      const pid_t got = waitpid(rank.pid, &st, WNOHANG);
+      if (got == rank.pid) {
+        rank.running = false;
+        rank.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (rank.status != 0 && first_failure < 0 && !stopping) {
+          first_failure = static_cast<int>(r);
+          exit_code = rank.status;
+          std::fprintf(stderr, "muon-launch: rank %zu exited with status %d; stopping the others\n",
+                       r, rank.status);
+          begin_stop(SIGTERM);
+        }
+      } else {
+        ++running;
+      }
+    }
+    if (stopping && running > 0 && Clock::now() >= kill_at) {
+      signal_all(ranks, SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+    // Output.
+    std::vector<pollfd> fds;
+    for (const auto& s : streams) {
+      if (s.fd >= 0) fds.push_back(pollfd{s.fd, POLLIN, 0});
+    }
+    if (running == 0) {
+      // Every rank is gone; a grandchild may still hold a pipe: drain briefly.
+      if (fds.empty()) break;
+      if (drain_until == Clock::time_point::max()) drain_until = Clock::now() + std::chrono::seconds(1);
+      if (Clock::now() >= drain_until) break;
+    }
+    if (fds.empty()) {
+      poll(nullptr, 0, kPollMs);
+      continue;
+    }
+    if (poll(fds.data(), fds.size(), kPollMs) <= 0) continue;
+    for (const auto& p : fds) {
+      if ((p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      for (auto& s : streams) {
+        if (s.fd == p.fd) s.read_some();
+      }
+    }
+  }
+  for (auto& s : streams) {
+    if (s.fd >= 0) {
+      s.flush_lines(true);
+      close(s.fd);
+    }
+  }
+  return exit_code;
+}
