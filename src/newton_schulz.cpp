@@ -275,6 +275,14 @@ double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions
   return f + 2.0 * s * s * l;  // final Q·X
 }
 
+namespace {
+thread_local double ns_flops_counter = 0;
+}  // namespace
+
+double newton_schulz_flops_on_this_thread() { return ns_flops_counter; }
+
+void reset_newton_schulz_flops_on_this_thread() { ns_flops_counter = 0; }
+
 at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options) {
   options.validate();
   check_input(x, options);
@@ -285,6 +293,7 @@ at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options
   const int64_t rows = x3.size(1);
   const int64_t cols = x3.size(2);
   const bool tall = rows > cols;
+  ns_flops_counter += static_cast<double>(x3.size(0)) * newton_schulz_flops(rows, cols, options);
 
   auto work = normalized(x3, options);
   const auto schedule = options.schedule();

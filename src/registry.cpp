@@ -103,10 +103,6 @@ std::vector<FieldSpec> muon_fields() {
 }
 
 MuonOptions muon_options(const OptimizerSettings& s) {
-  const auto& tp = s.get_string("tp_mode");
-  TORCH_CHECK_VALUE(tp == "duplicated", "muon_tp_mode '", tp,
-                    "' needs a tensor-parallel layout; make_optimizer builds single-process "
-                    "optimizers, where only 'duplicated' applies");
   MuonOptions o(s.get_double("lr"));
   o.momentum(s.get_double("momentum"))
       .nesterov(s.get_bool("nesterov"))
@@ -378,6 +374,24 @@ std::vector<FieldSpec> common_fields() {
       FieldSpec::text("lr_decay_style", "constant", "decay after warmup",
                       {"constant", "linear", "cosine"})
           .whole_run(),
+      FieldSpec::text("layout", "none",
+                      "distributed layout (muon::dist::make_optimizer): none | tensor_parallel | "
+                      "sharded | layerwise",
+                      {"none", "tensor_parallel", "sharded", "layerwise"})
+          .whole_run(),
+      FieldSpec::text("layout_sharded_mode", "owner_compute",
+                      "sharded layout: one owner orthogonalizes each matrix, or every rank all",
+                      {"owner_compute", "replicated"})
+          .whole_run(),
+      FieldSpec::integer("layout_max_in_flight", 2,
+                         "sharded and layerwise layouts: collectives in flight while computing "
+                         "(0: no overlap)",
+                         0.0)
+          .whole_run(),
+      FieldSpec::real("layout_bucket_mb", 8.0,
+                      "layerwise layout: MB of updated parameters per all-gather bucket", 0.0)
+          .exclusive_min()
+          .whole_run(),
   };
 }
 
@@ -522,7 +536,8 @@ namespace {
 
 std::vector<ResolvedParameter> resolve_rules(const torch::OrderedDict<std::string, at::Tensor>& named,
                                              const OptimizerConfig& config,
-                                             const OptimizerRegistry& registry) {
+                                             const OptimizerRegistry& registry,
+                                             bool allow_unmatched = false) {
   const auto& base = config.values();
   const auto main = registry.at(config.get_string("optimizer"));
   struct Rule {
@@ -572,7 +587,7 @@ std::vector<ResolvedParameter> resolve_rules(const torch::OrderedDict<std::strin
     out.push_back(std::move(r));
   }
   for (const auto& rule : rules) {
-    TORCH_CHECK_VALUE(!rule.user || rule.hits > 0, kMake, "override '", rule.rule->label, "' (",
+    TORCH_CHECK_VALUE(!rule.user || rule.hits > 0 || allow_unmatched, kMake, "override '", rule.rule->label, "' (",
                       rule.rule->match.describe(), ") matches no parameter");
   }
   return out;
@@ -674,8 +689,18 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named,
 std::unique_ptr<CompositeOptimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named, const OptimizerConfig& config,
     const OptimizerRegistry& registry) {
+  return make_optimizer(named, config, BuildContext(), registry);
+}
+
+std::unique_ptr<CompositeOptimizer> make_optimizer(
+    const torch::OrderedDict<std::string, at::Tensor>& named, const OptimizerConfig& config,
+    const BuildContext& context, const OptimizerRegistry& registry) {
   TORCH_CHECK_VALUE(!named.is_empty(), kMake, "no parameters given");
-  auto resolved = resolve_rules(named, config, registry);
+  for (const auto& item : context.factories) {
+    TORCH_CHECK_VALUE(registry.has(item.first), kMake, "BuildContext replaces the factory of '",
+                      item.first, "', which is not registered; registered: ", join(registry.keys()));
+  }
+  auto resolved = resolve_rules(named, config, registry, context.allow_unmatched_rules);
   auto builds = group_parameters(named, resolved, registry);
   std::vector<CompositePart> parts;
   for (const auto& name : registry.keys()) {
@@ -684,9 +709,16 @@ std::unique_ptr<CompositeOptimizer> make_optimizer(
     std::vector<OptimizerSettings> settings;
     CompositePart part;
     part.name = name;
+    const bool replaced = context.factories.count(name) != 0;
     for (const auto& b : builds) {
       if (b.optimizer != name) continue;
       try {
+        // A tensor-parallel mode needs a layout that replaces the factory.
+        TORCH_CHECK_VALUE(replaced || !b.settings->has("tp_mode") ||
+                              b.settings->get_string("tp_mode") == "duplicated",
+                          "muon_tp_mode '", b.settings->get_string("tp_mode"),
+                          "' needs a tensor-parallel layout (layout tensor_parallel through "
+                          "muon::dist::make_optimizer); single-process Muon is 'duplicated'");
         groups.emplace_back(b.params, entry->make_options(*b.settings));
       } catch (const c10::ValueError& e) {
         TORCH_CHECK_VALUE(false, kMake, "optimizer '", name, "' for parameters ", join(b.names),
@@ -697,7 +729,8 @@ std::unique_ptr<CompositeOptimizer> make_optimizer(
     }
     if (groups.empty()) continue;
     try {
-      part.optimizer = entry->factory(std::move(groups), settings);
+      part.optimizer = replaced ? context.factories.at(name)(std::move(groups), settings)
+                                : entry->factory(std::move(groups), settings);
     } catch (const c10::ValueError& e) {
       TORCH_CHECK_VALUE(false, kMake, "optimizer '", name, "': ", e.what_without_backtrace());
     }

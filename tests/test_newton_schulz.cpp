@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -574,3 +575,23 @@ TEST(NewtonSchulzDevices, CudaPathsMatchCpu) {
 }
 
 }  // namespace
+
+TEST(NewtonSchulzFlops, CountedPerThreadPerMatrix) {
+  muon::reset_newton_schulz_flops_on_this_thread();
+  const muon::NewtonSchulzOptions o;
+  muon::newton_schulz(at::randn({3, 16, 24}), o);
+  muon::newton_schulz(at::randn({40, 8}), o);
+  const double expected = 3 * muon::newton_schulz_flops(16, 24, o) + muon::newton_schulz_flops(40, 8, o);
+  EXPECT_DOUBLE_EQ(muon::newton_schulz_flops_on_this_thread(), expected);
+  // Another thread's calls do not count here, and it starts from zero.
+  double other = -1;
+  std::thread t([&] {
+    other = muon::newton_schulz_flops_on_this_thread();
+    muon::newton_schulz(at::randn({16, 16}), o);
+  });
+  t.join();
+  EXPECT_EQ(other, 0.0);
+  EXPECT_DOUBLE_EQ(muon::newton_schulz_flops_on_this_thread(), expected);
+  muon::reset_newton_schulz_flops_on_this_thread();
+  EXPECT_EQ(muon::newton_schulz_flops_on_this_thread(), 0.0);
+}

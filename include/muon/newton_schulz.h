@@ -183,4 +183,13 @@ double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions
 /// denominator benchmarks use for "achieved GFLOP/s" of any method.
 double newton_schulz_plain_flops(int64_t rows, int64_t cols, int64_t steps);
 
+/// Newton–Schulz FLOPs performed by `newton_schulz` calls made on the calling
+/// thread since the thread started or since the last reset
+/// (`newton_schulz_flops` per matrix, summed over the batch). Thread-local,
+/// so that ranks run as threads each see their own work; the distributed
+/// layouts are tested with it to prove each matrix is orthogonalized once.
+double newton_schulz_flops_on_this_thread();
+/// Sets the calling thread's counter to zero.
+void reset_newton_schulz_flops_on_this_thread();
+
 }  // namespace muon

@@ -176,11 +176,32 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named_par
 /// registry order), with save/load and LR schedulers working across them.
 /// Errors (c10::ValueError): an unknown optimizer, rules that match nothing,
 /// invalid settings for a parameter (the optimizer's own checks), a
-/// muon_tp_mode other than "duplicated" (tensor-parallel layouts need
-/// process-group information this entry point does not have yet).
+/// muon_tp_mode other than "duplicated" (tensor-parallel layouts need the
+/// process groups: muon::dist::make_optimizer in muon/dist/make.h).
 std::unique_ptr<CompositeOptimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const OptimizerConfig& config, const OptimizerRegistry& registry = OptimizerRegistry::global());
+
+/// What `make_optimizer` needs beyond the config when it builds part of a
+/// larger optimizer (the distributed layouts in muon/dist/make.h use it).
+struct BuildContext {
+  /// Building over a subset of a model's parameters (e.g. those one rank
+  /// owns): a user rule that matches none of them is not an error.
+  bool allow_unmatched_rules = false;
+  /// Entry name → a factory used instead of the entry's own (e.g. "muon" →
+  /// a tensor-parallel or sharded Muon over the same groups and options).
+  std::map<std::string, std::function<std::unique_ptr<torch::optim::Optimizer>(
+                            std::vector<torch::optim::OptimizerParamGroup> groups,
+                            const std::vector<OptimizerSettings>& settings)>>
+      factories;
+};
+
+/// `make_optimizer` with a build context. Raises c10::ValueError for a
+/// context factory of an unregistered name, and as the other overload.
+std::unique_ptr<CompositeOptimizer> make_optimizer(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    const OptimizerConfig& config, const BuildContext& context,
+    const OptimizerRegistry& registry = OptimizerRegistry::global());
 
 /// The LR schedule a config describes: lr, min_lr, lr_warmup_steps,
 /// lr_warmup_init, lr_decay_steps, lr_decay_style.

@@ -171,6 +171,130 @@ std::vector<at::Tensor> Group::all_gather(const at::Tensor& tensor) const {
   return result;
 }
 
+PendingCollective& PendingCollective::operator=(PendingCollective&& other) noexcept {
+  if (this != &other) {
+    if (finish_) {
+      try {
+        finish_();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): replaced unwaited; the error is dropped
+      }
+    }
+    finish_ = std::move(other.finish_);
+    other.finish_ = nullptr;
+  }
+  return *this;
+}
+
+PendingCollective::~PendingCollective() {
+  if (!finish_) return;
+  try {
+    finish_();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): never waited for; a destructor must not throw
+  }
+}
+
+std::vector<at::Tensor> PendingCollective::wait() {
+  TORCH_CHECK(finish_, kWho, "PendingCollective::wait: nothing in flight (already waited for?)");
+  auto finish = std::move(finish_);
+  finish_ = nullptr;
+  return finish();
+}
+
+PendingCollective Group::all_gather_async(const at::Tensor& tensor) const {
+  const auto& g = impl("all_gather_async");
+  TORCH_CHECK_VALUE(tensor.defined(), kWho, "all_gather_async: tensor is undefined");
+  PendingCollective pending;
+  if (g.size == 1) {
+    auto copy = tensor.clone();
+    pending.finish_ = [copy] { return std::vector<at::Tensor>{copy}; };
+    return pending;
+  }
+  auto input = wire_view(tensor.contiguous());
+  auto outputs = std::make_shared<std::vector<std::vector<at::Tensor>>>(1);
+  for (int r = 0; r < g.size; ++r) (*outputs)[0].push_back(at::empty_like(input));
+  auto inputs = std::make_shared<std::vector<at::Tensor>>(std::vector<at::Tensor>{input});
+  decltype(g.backend->allgather(*outputs, *inputs)) work;
+  try {
+    work = g.backend->allgather(*outputs, *inputs);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, kWho, "all_gather_async on group '", g.name, "' (rank ", g.rank, " of ",
+                g.size, ") failed to start: ", e.what());
+  }
+  g.bytes += static_cast<int64_t>(g.size - 1) * static_cast<int64_t>(input.nbytes());
+  const auto impl_ref = impl_;  // the group outlives the collective
+  const auto dtype = tensor.scalar_type();
+  pending.finish_ = [impl_ref, work, outputs, inputs, dtype] {
+    const auto& group = *impl_ref;
+    try {
+      work->wait(group.options.timeout());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, kWho, "all_gather_async on group '", group.name, "' (rank ",
+                  group.rank, " of ", group.size, ", timeout ", group.options.timeout().count(),
+                  " ms) failed: ", e.what());
+    }
+    std::vector<at::Tensor> result;
+    for (auto& t : (*outputs)[0]) result.push_back(t.view(dtype));
+    return result;
+  };
+  return pending;
+}
+
+PendingCollective Group::all_to_all_async(const at::Tensor& input,
+                                          const std::vector<int64_t>& send_counts,
+                                          const std::vector<int64_t>& recv_counts) const {
+  const auto& g = impl("all_to_all_async");
+  TORCH_CHECK_VALUE(input.defined() && input.dim() == 1, kWho,
+                    "all_to_all_async: input must be a 1-D tensor");
+  TORCH_CHECK_VALUE(static_cast<int>(send_counts.size()) == g.size &&
+                        static_cast<int>(recv_counts.size()) == g.size,
+                    kWho, "all_to_all_async: send_counts and recv_counts need ", g.size,
+                    " entries (one per rank), got ", send_counts.size(), " and ",
+                    recv_counts.size());
+  int64_t sent = 0;
+  int64_t received = 0;
+  for (int r = 0; r < g.size; ++r) {
+    TORCH_CHECK_VALUE(send_counts[static_cast<size_t>(r)] >= 0 && recv_counts[static_cast<size_t>(r)] >= 0,
+                      kWho, "all_to_all_async: negative count for rank ", r);
+    sent += send_counts[static_cast<size_t>(r)];
+    received += recv_counts[static_cast<size_t>(r)];
+  }
+  TORCH_CHECK_VALUE(sent == input.numel(), kWho, "all_to_all_async: send_counts add up to ", sent,
+                    " elements, input has ", input.numel());
+  PendingCollective pending;
+  if (g.size == 1) {
+    auto copy = input.clone();
+    pending.finish_ = [copy] { return std::vector<at::Tensor>{copy}; };
+    return pending;
+  }
+  auto in = std::make_shared<at::Tensor>(wire_view(input.contiguous()));
+  auto out = std::make_shared<at::Tensor>(at::empty({received}, in->options()));
+  std::vector<int64_t> send(send_counts);
+  std::vector<int64_t> recv(recv_counts);
+  decltype(g.backend->alltoall_base(*out, *in, recv, send)) work;
+  try {
+    work = g.backend->alltoall_base(*out, *in, recv, send);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, kWho, "all_to_all_async on group '", g.name, "' (rank ", g.rank, " of ",
+                g.size, ") failed to start: ", e.what());
+  }
+  const auto elem = static_cast<int64_t>(in->element_size());
+  g.bytes += (sent - send_counts[static_cast<size_t>(g.rank)]) * elem;
+  const auto impl_ref = impl_;
+  const auto dtype = input.scalar_type();
+  pending.finish_ = [impl_ref, work, in, out, dtype] {
+    const auto& group = *impl_ref;
+    try {
+      work->wait(group.options.timeout());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, kWho, "all_to_all_async on group '", group.name, "' (rank ",
+                  group.rank, " of ", group.size, ", timeout ", group.options.timeout().count(),
+                  " ms) failed: ", e.what());
+    }
+    return std::vector<at::Tensor>{out->view(dtype)};
+  };
+  return pending;
+}
+
 std::vector<std::vector<int64_t>> Group::all_gather_ints(const std::vector<int64_t>& values) const {
   const auto& g = impl("all_gather_ints");
   if (g.size == 1) return {values};

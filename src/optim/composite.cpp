@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "muon/compat.h"
+#include "muon/optim/hybrid.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 
@@ -48,6 +49,7 @@ int64_t optimizer_state_bytes(const Optimizer& opt) {
   if (const auto* m = dynamic_cast<const Muon*>(&opt)) return m->state_bytes();
   if (const auto* l = dynamic_cast<const Lion*>(&opt)) return l->state_bytes();
   if (const auto* c = dynamic_cast<const CompositeOptimizer*>(&opt)) return c->state_bytes();
+  if (const auto* h = dynamic_cast<const MuonWithAdamW*>(&opt)) return h->state_bytes();
   if (dynamic_cast<const AdamW*>(&opt) != nullptr) {
     return sum_state<AdamWParamState>(opt, [](const AdamWParamState& s) {
       return std::vector<const at::Tensor*>{&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()};

@@ -393,58 +393,65 @@ at::Tensor Muon::step(LossClosure closure) {
     check_group(gi);  // a few comparisons: catches options changed or groups added since
     auto& group = param_groups_[gi];
     const auto& o = static_cast<const MuonOptions&>(group.options());
-    const double lr = o.lr();
-    const double mu = o.momentum();
-    const double wd = o.weight_decay();
-    const bool ema = o.momentum_style() == MomentumStyle::kEma;
-
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      TORCH_CHECK_VALUE(!p.grad().is_sparse(), kWho, "sparse gradients are not supported");
-      at::Tensor grad = p.grad();
-
-      auto& slot = state_[compat::state_key(p)];
-      if (!slot) slot = new_state(p);
-      auto& st = static_cast<MuonParamState&>(*slot);
-      if (!st.momentum_buffer().defined()) {
-        st.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
-      }
-      st.step(st.step() + 1);
-      auto& buf = st.momentum_buffer();
-
-      // 1. weight decay. l2 makes a new gradient tensor: p.grad() is never written.
-      if (wd != 0) {
-        switch (o.weight_decay_mode()) {
-          case WeightDecayMode::kDecoupled:
-            p.mul_(1 - lr * wd);
-            break;
-          case WeightDecayMode::kIndependent:
-            p.mul_(1 - wd);
-            break;
-          case WeightDecayMode::kL2:
-            grad = grad.add(p, wd);
-            break;
-        }
-      }
-      // 2. momentum, in place on the buffer.
-      if (ema) {
-        buf.lerp_(grad, 1 - mu);
-      } else {
-        buf.mul_(mu).add_(grad);
-      }
-      // 3. nesterov: a new tensor. Without it the buffer itself is passed on:
-      // newton_schulz reads its input and returns a tensor that never aliases it.
-      at::Tensor update = buf;
-      if (o.nesterov()) update = ema ? grad.lerp(buf, mu) : grad.add(buf, mu);
-
+      auto [update, st] = momentum_update(p, o);
       // 4–6. orthogonalize, scale, apply in the parameter's dtype.
       double alpha = 1.0;
-      auto orth = orthogonal_update(p, update, o, st, alpha);
-      if (orth.scalar_type() != p.scalar_type()) orth = orth.to(p.scalar_type());
-      p.add_(orth.view(p.sizes()), -lr * alpha);
+      auto orth = orthogonal_update(p, update, o, *st, alpha);
+      apply_update(p, orth, o.lr(), alpha);
     }
   }
   return loss;
+}
+
+std::pair<at::Tensor, MuonParamState*> Muon::momentum_update(at::Tensor& p, const MuonOptions& o) {
+  TORCH_CHECK_VALUE(!p.grad().is_sparse(), kWho, "sparse gradients are not supported");
+  at::Tensor grad = p.grad();
+  const double lr = o.lr();
+  const double mu = o.momentum();
+  const double wd = o.weight_decay();
+  const bool ema = o.momentum_style() == MomentumStyle::kEma;
+
+  auto& slot = state_[compat::state_key(p)];
+  if (!slot) slot = new_state(p);
+  auto& st = static_cast<MuonParamState&>(*slot);
+  if (!st.momentum_buffer().defined()) {
+    st.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
+  }
+  st.step(st.step() + 1);
+  auto& buf = st.momentum_buffer();
+
+  // 1. weight decay. l2 makes a new gradient tensor: p.grad() is never written.
+  if (wd != 0) {
+    switch (o.weight_decay_mode()) {
+      case WeightDecayMode::kDecoupled:
+        p.mul_(1 - lr * wd);
+        break;
+      case WeightDecayMode::kIndependent:
+        p.mul_(1 - wd);
+        break;
+      case WeightDecayMode::kL2:
+        grad = grad.add(p, wd);
+        break;
+    }
+  }
+  // 2. momentum, in place on the buffer.
+  if (ema) {
+    buf.lerp_(grad, 1 - mu);
+  } else {
+    buf.mul_(mu).add_(grad);
+  }
+  // 3. nesterov: a new tensor. Without it the buffer itself is passed on:
+  // newton_schulz reads its input and returns a tensor that never aliases it.
+  at::Tensor update = buf;
+  if (o.nesterov()) update = ema ? grad.lerp(buf, mu) : grad.add(buf, mu);
+  return {update, &st};
+}
+
+void Muon::apply_update(at::Tensor& p, at::Tensor orth, double lr, double alpha) {
+  if (orth.scalar_type() != p.scalar_type()) orth = orth.to(p.scalar_type());
+  p.add_(orth.view(p.sizes()), -lr * alpha);
 }
 
 at::Tensor Muon::orthogonal_update(const at::Tensor& param, const at::Tensor& update,

@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -75,6 +76,31 @@ struct GroupImpl;
 ///
 /// Collectives are blocking and take or return CPU (Gloo) or CUDA (NCCL)
 /// tensors; on a size-1 group they do no communication at all.
+/// A collective in flight (from `Group::all_gather_async` or
+/// `Group::all_to_all_async`). `wait()` blocks
+/// until it completes and returns its result, raising as the blocking
+/// collectives do (c10::Error naming group and op) on failure or timeout. A
+/// handle waits at most once; destroying one that was never waited for
+/// waits for it (an in-flight collective must not outlive its buffers).
+class PendingCollective {
+ public:
+  PendingCollective() = default;
+  PendingCollective(PendingCollective&&) noexcept = default;
+  PendingCollective& operator=(PendingCollective&&) noexcept;
+  PendingCollective(const PendingCollective&) = delete;
+  PendingCollective& operator=(const PendingCollective&) = delete;
+  ~PendingCollective();
+
+  /// Every rank's tensor, in rank order.
+  std::vector<at::Tensor> wait();
+  /// Whether there is a collective to wait for.
+  bool valid() const { return static_cast<bool>(finish_); }
+
+ private:
+  friend class Group;
+  std::function<std::vector<at::Tensor>()> finish_;
+};
+
 class Group {
  public:
   /// An invalid group (`valid()` is false); every operation raises. Exists so
@@ -111,6 +137,18 @@ class Group {
   void all_reduce_(at::Tensor& tensor) const;
   /// Every rank's `tensor` (same shape and dtype on each), in rank order.
   std::vector<at::Tensor> all_gather(const at::Tensor& tensor) const;
+  /// As `all_gather`, without waiting: the collective runs in the background
+  /// (overlapping the caller's computation) until the handle's `wait()`.
+  /// `tensor` must not be modified before then. Collectives must still be
+  /// started in the same order on every rank.
+  PendingCollective all_gather_async(const at::Tensor& tensor) const;
+  /// All-to-all of a flat (1-D) tensor, without waiting: `input` holds one
+  /// block per destination rank, in rank order, of `send_counts[r]` elements;
+  /// the result (one tensor, from `wait()`) holds the block every rank sent
+  /// here, in rank order, of `recv_counts[r]` elements. Counts may be zero
+  /// and differ between ranks; each pair of ranks must agree on theirs.
+  PendingCollective all_to_all_async(const at::Tensor& input, const std::vector<int64_t>& send_counts,
+                                     const std::vector<int64_t>& recv_counts) const;
   /// Every rank's `tensor` where shapes may differ between ranks in dim 0 only
   /// (uneven shards): exchanges sizes, pads to the largest, gathers, trims.
   std::vector<at::Tensor> all_gather_uneven(const at::Tensor& tensor) const;

@@ -21,7 +21,8 @@
 namespace muon {
 
 /// Bytes held in the state tensors of `optimizer`, for the optimizers this
-/// library knows (muon::Muon and subclasses, muon::Lion, LibTorch's Adam,
+/// library knows (muon::Muon and subclasses, muon::MuonWithAdamW, muon::Lion,
+/// muon::CompositeOptimizer, LibTorch's Adam,
 /// AdamW, SGD, Adagrad, RMSprop); 0 for others.
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "muon/newton_schulz.h"
@@ -234,18 +235,27 @@ class Muon : public torch::optim::Optimizer {
   /// The identifier `save` writes and `load` requires ("muon::Muon").
   virtual std::string archive_kind() const;
 
+  /// Steps 1–3 for `param`, which has a gradient: weight decay (on the
+  /// parameter), momentum (into the state's buffer; the state is created at
+  /// first use and its step count incremented), Nesterov. Returns the tensor
+  /// to orthogonalize (never aliasing the gradient; it is the buffer itself
+  /// without Nesterov) and the parameter's state. For subclasses that
+  /// restructure the step (batched or distributed orthogonalization).
+  std::pair<at::Tensor, MuonParamState*> momentum_update(at::Tensor& param,
+                                                         const MuonOptions& options);
+  /// Step 6: param ← param − lr·alpha·orth, in the parameter's dtype.
+  static void apply_update(at::Tensor& param, at::Tensor orth, double lr, double alpha);
+  /// Validates group `index`: options type and values, parameter shapes.
+  void check_group(size_t index) const;
   /// For subclasses whose parameters may be empty on some process (a
-  /// tensor-parallel block of zero rows when a matrix has fewer rows than
-  /// ranks): `allow_empty` lifts the zero-size check, and the subclass must
-  /// handle such parameters in `orthogonal_update`.
+  /// tensor-parallel block or a row shard of zero rows when a matrix has
+  /// fewer rows than ranks): `allow_empty` lifts the zero-size check, and the
+  /// subclass must handle such parameters.
   Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
        bool allow_empty);
 
  private:
   bool allow_empty_ = false;
-
-  // Validates group `index`: options type and values, parameter shapes.
-  void check_group(size_t index) const;
 };
 
 }  // namespace muon

@@ -1,0 +1,321 @@
+// Layer-wise distributed optimizer: owner updates, bucketed overlapped all-gather.
+#include "muon/dist/layerwise.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <utility>
+
+#include "muon/dist/assignment.h"
+#include "muon/optim/composite.h"
+#include "muon/optim/hybrid.h"
+#include "muon/optim/muon.h"
+#include "muon/scaling.h"
+
+namespace muon::dist {
+namespace {
+
+using torch::optim::OptimizerParamGroup;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr const char* kWho = "[muon::dist::LayerwiseOptimizer] ";
+constexpr int64_t kAlign = 16;  // byte alignment of each parameter in a bucket
+
+int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// FNV-1a over the bytes of `text`, folded into `h`.
+uint64_t fnv(uint64_t h, const std::string& text) {
+  for (const char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+// The bytes of a tensor as a flat uint8 view (contiguous input).
+at::Tensor as_bytes(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
+
+}  // namespace
+
+double default_parameter_cost(const std::string& /*name*/, const at::Tensor& param) {
+  if (param.dim() >= 2) {
+    const auto [rows, cols] = matrix_dims(param.sizes());
+    return newton_schulz_cost(rows, cols);
+  }
+  return static_cast<double>(param.numel());
+}
+
+LayerwiseOptimizer::LayerwiseOptimizer(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters, Group group,
+    const InnerOptimizerFactory& make_inner, LayerwiseOptions options, const ParameterCost& cost)
+    : Optimizer(std::vector<OptimizerParamGroup>{},
+                std::make_unique<torch::optim::SGDOptions>(0.0)),
+      group_(std::move(group)),
+      options_(options) {
+  TORCH_CHECK_VALUE(group_.valid(), kWho, "group is invalid (default-constructed); pass the "
+                    "group to distribute over, e.g. muon::dist::init_from_env()");
+  TORCH_CHECK_VALUE(options_.bucket_bytes() > 0, kWho, "bucket_bytes must be > 0, got ",
+                    options_.bucket_bytes());
+  TORCH_CHECK_VALUE(options_.max_in_flight() >= 0, kWho, "max_in_flight must be >= 0, got ",
+                    options_.max_in_flight());
+  TORCH_CHECK_VALUE(make_inner != nullptr, kWho, "make_inner is empty");
+  const int64_t world = group_.size();
+  const int64_t rank = group_.rank();
+
+  // Every rank must describe the same parameters: compare a signature.
+  uint64_t h = 1469598103934665603ULL;
+  std::vector<double> costs;
+  for (const auto& item : named_parameters) {
+    const auto& p = item.value();
+    TORCH_CHECK_VALUE(p.defined(), kWho, "parameter '", item.key(), "' is undefined");
+    h = fnv(h, item.key() + ":" + c10::str(p.sizes()) + ":" + c10::toString(p.scalar_type()));
+    names_.push_back(item.key());
+    params_.push_back(p);
+    costs.push_back(cost(item.key(), p));
+  }
+  signature_ = static_cast<int64_t>(h & 0x7FFFFFFFFFFFFFFFULL);
+  const auto all = group_.all_gather_ints({static_cast<int64_t>(params_.size()), signature_});
+  for (const auto r : c10::irange(all.size())) {
+    TORCH_CHECK_VALUE(all[r] == all[static_cast<size_t>(rank)], kWho, "rank ", r, " has ",
+                      all[r][0], " parameters with signature ", all[r][1], ", rank ", rank,
+                      " has ", params_.size(), " with signature ", signature_,
+                      ": every rank must pass the same named parameters (names, shapes, "
+                      "dtypes, order)");
+  }
+  owners_ = assign_owners(costs, world);
+
+  // Buckets per rank, in parameter order, each up to bucket_bytes.
+  buckets_.assign(static_cast<size_t>(world), {});
+  for (const auto i : c10::irange(params_.size())) {
+    auto& mine = buckets_[static_cast<size_t>(owners_[i])];
+    const auto bytes = static_cast<int64_t>(params_[i].nbytes());
+    const int64_t used = mine.empty() ? 0 : mine.back().back().offset + aligned(mine.back().back().bytes);
+    if (mine.empty() || used + bytes > options_.bucket_bytes()) {
+      mine.push_back({{static_cast<int64_t>(i), 0, bytes}});
+    } else {
+      mine.back().push_back({static_cast<int64_t>(i), used, bytes});
+    }
+  }
+  size_t buckets = 0;
+  for (const auto& b : buckets_) buckets = std::max(buckets, b.size());
+  bucket_bytes_.assign(buckets, 0);
+  for (const auto& per_rank : buckets_) {
+    for (const auto k : c10::irange(per_rank.size())) {
+      const auto& last = per_rank[k].back();
+      bucket_bytes_[k] = std::max(bucket_bytes_[k], last.offset + aligned(last.bytes));
+    }
+  }
+
+  torch::OrderedDict<std::string, at::Tensor> owned;
+  for (const auto i : c10::irange(params_.size())) {
+    if (owners_[i] != rank) continue;
+    owned.insert(names_[i], params_[i]);
+    owned_.push_back(static_cast<int64_t>(i));
+  }
+  if (!owned.is_empty()) {
+    inner_ = make_inner(owned);
+    TORCH_CHECK_VALUE(inner_ != nullptr, kWho, "make_inner returned no optimizer");
+  }
+  mirror_groups();
+}
+
+void LayerwiseOptimizer::mirror_groups() {
+  param_groups_.clear();
+  if (inner_) {
+    for (const auto& g : inner_->param_groups()) {
+      param_groups_.emplace_back(g.params(), g.options().clone());
+    }
+  }
+  // The parameters other ranks own, last: zero_grad() must reach every
+  // gradient (backward accumulates into all of them on every rank).
+  std::vector<at::Tensor> others;
+  for (const auto i : c10::irange(params_.size())) {
+    if (owners_[i] != group_.rank()) others.push_back(params_[i]);
+  }
+  if (!others.empty()) {
+    param_groups_.emplace_back(others, std::make_unique<torch::optim::SGDOptions>(0.0));
+  }
+}
+
+void LayerwiseOptimizer::sync_options() {
+  if (!inner_) return;
+  auto& inner_groups = inner_->param_groups();
+  const bool others = owned_.size() < params_.size();
+  TORCH_CHECK_VALUE(param_groups_.size() == inner_groups.size() + (others ? 1 : 0), kWho, "has ",
+                    param_groups_.size(), " param groups, its inner optimizer ",
+                    inner_groups.size(), (others ? " plus the group of other ranks' parameters" : ""),
+                    "; groups cannot be added after construction");
+  for (const auto i : c10::irange(inner_groups.size())) {
+    inner_groups[i].set_options(param_groups_[i].options().clone());
+  }
+}
+
+PendingCollective LayerwiseOptimizer::start_gather(size_t k) const {
+  auto buffer = at::zeros({bucket_bytes_[k]}, at::kByte);
+  const auto& mine = buckets_[static_cast<size_t>(group_.rank())];
+  if (k < mine.size()) {
+    for (const auto& e : mine[k]) {
+      buffer.narrow(0, e.offset, e.bytes).copy_(as_bytes(params_[static_cast<size_t>(e.param)].detach().contiguous()));
+    }
+  }
+  return group_.all_gather_async(buffer);
+}
+
+void LayerwiseOptimizer::unpack(size_t k, const std::vector<at::Tensor>& gathered) {
+  for (const auto r : c10::irange(buckets_.size())) {
+    if (static_cast<int>(r) == group_.rank() || k >= buckets_[r].size()) continue;
+    for (const auto& e : buckets_[r][k]) {
+      auto& p = params_[static_cast<size_t>(e.param)];
+      p.detach().copy_(gathered[r].narrow(0, e.offset, e.bytes).view(p.scalar_type()).view(p.sizes()));
+    }
+  }
+}
+
+at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  at::NoGradGuard no_grad;
+  sync_options();
+  const auto& mine = buckets_[static_cast<size_t>(group_.rank())];
+  const bool overlap = options_.max_in_flight() > 0 && mine.size() > 1;
+  if (inner_ && !overlap) inner_->step();
+
+  // With overlap, the inner optimizer steps once per bucket, seeing only that
+  // bucket's gradients (optimizers skip parameters without one), so bucket k
+  // is gathered while bucket k + 1 is computed. Each parameter still steps
+  // exactly once.
+  std::vector<at::Tensor> grads;
+  if (overlap) {
+    for (const auto i : owned_) grads.push_back(params_[static_cast<size_t>(i)].grad());
+  }
+  auto restore_grads = [&] {
+    for (const auto j : c10::irange(grads.size())) {
+      params_[static_cast<size_t>(owned_[j])].mutable_grad() = grads[j];
+    }
+  };
+  std::deque<std::pair<size_t, PendingCollective>> in_flight;
+  try {
+    for (const auto k : c10::irange(bucket_bytes_.size())) {
+      if (overlap && k < mine.size()) {
+        for (const auto i : owned_) params_[static_cast<size_t>(i)].mutable_grad() = at::Tensor();
+        for (const auto& e : mine[k]) {
+          const auto j = std::lower_bound(owned_.begin(), owned_.end(), e.param) - owned_.begin();
+          params_[static_cast<size_t>(e.param)].mutable_grad() = grads[static_cast<size_t>(j)];
+        }
+        inner_->step();
+      }
+      in_flight.emplace_back(k, start_gather(k));
+      while (static_cast<int64_t>(in_flight.size()) > std::max<int64_t>(options_.max_in_flight(), 0)) {
+        auto [done, pending] = std::move(in_flight.front());
+        in_flight.pop_front();
+        unpack(done, pending.wait());
+      }
+    }
+    while (!in_flight.empty()) {
+      auto [done, pending] = std::move(in_flight.front());
+      in_flight.pop_front();
+      unpack(done, pending.wait());
+    }
+  } catch (...) {
+    restore_grads();
+    throw;
+  }
+  restore_grads();
+  return loss;
+}
+
+int64_t LayerwiseOptimizer::state_bytes() const {
+  return inner_ ? muon::optimizer_state_bytes(*inner_) : 0;
+}
+
+void LayerwiseOptimizer::save(OutputArchive& archive) const {
+  archive.write("layerwise_format", c10::IValue(int64_t{1}));
+  archive.write("world", c10::IValue(static_cast<int64_t>(group_.size())));
+  archive.write("rank", c10::IValue(static_cast<int64_t>(group_.rank())));
+  archive.write("signature", c10::IValue(signature_));
+  archive.write("owners", c10::IValue(c10::List<int64_t>(owners_)));
+  if (inner_) {
+    OutputArchive inner(archive.compilation_unit());
+    // Options as the user last set them (an LR scheduler acts on ours).
+    const_cast<LayerwiseOptimizer*>(this)->sync_options();
+    inner_->save(inner);
+    archive.write("inner", inner);
+  }
+}
+
+void LayerwiseOptimizer::load(InputArchive& archive) {
+  c10::IValue v;
+  TORCH_CHECK_VALUE(archive.try_read("layerwise_format", v) && v.toInt() == 1, kWho,
+                    "the archive was not written by muon::dist::LayerwiseOptimizer::save");
+  auto expect = [&](const char* key, int64_t mine, const char* what) {
+    c10::IValue value;
+    archive.read(key, value);
+    TORCH_CHECK_VALUE(value.toInt() == mine, kWho, "the archive was written with ", what, " ",
+                      value.toInt(), ", this optimizer has ", mine,
+                      "; load each rank's own archive into the same layout");
+  };
+  expect("world", group_.size(), "world size");
+  expect("rank", group_.rank(), "rank");
+  expect("signature", signature_, "parameter signature");
+  c10::IValue owners;
+  archive.read("owners", owners);
+  TORCH_CHECK_VALUE(owners.toIntVector() == owners_, kWho,
+                    "the archive's parameter owners differ from this optimizer's");
+  if (inner_) {
+    InputArchive inner;
+    archive.read("inner", inner);
+    inner_->load(inner);
+    mirror_groups();
+  }
+}
+
+void all_reduce_gradients(const std::vector<at::Tensor>& params, const Group& group,
+                          int64_t bucket_bytes) {
+  TORCH_CHECK_VALUE(bucket_bytes > 0, "[muon::dist::all_reduce_gradients] bucket_bytes must be "
+                    "> 0, got ", bucket_bytes);
+  for (const auto i : c10::irange(params.size())) {
+    TORCH_CHECK_VALUE(params[i].grad().defined(), "[muon::dist::all_reduce_gradients] parameter ",
+                      i, " (shape ", params[i].sizes(), ") has no gradient");
+  }
+  if (group.size() == 1) return;
+  at::NoGradGuard no_grad;
+  const double scale = 1.0 / group.size();
+  // Buckets of consecutive same-dtype gradients.
+  size_t begin = 0;
+  while (begin < params.size()) {
+    const auto dtype = params[begin].grad().scalar_type();
+    size_t end = begin;
+    int64_t bytes = 0;
+    std::vector<at::Tensor> flat;
+    while (end < params.size() && params[end].grad().scalar_type() == dtype &&
+           (flat.empty() || bytes + static_cast<int64_t>(params[end].grad().nbytes()) <= bucket_bytes)) {
+      flat.push_back(params[end].grad().reshape({-1}));
+      bytes += static_cast<int64_t>(params[end].grad().nbytes());
+      ++end;
+    }
+    auto bucket = at::cat(flat);
+    group.all_reduce_(bucket);
+    bucket.mul_(scale);
+    int64_t offset = 0;
+    for (size_t i = begin; i < end; ++i) {
+      auto& g = params[i].mutable_grad();
+      g.copy_(bucket.narrow(0, offset, g.numel()).view(g.sizes()));
+      offset += g.numel();
+    }
+    begin = end;
+  }
+}
+
+}  // namespace muon::dist

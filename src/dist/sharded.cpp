@@ -1,0 +1,495 @@
+// Muon over row-sharded parameters: owner-compute or replicated orthogonalization.
+#include "muon/dist/sharded.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <unordered_map>
+#include <numeric>
+#include <tuple>
+#include <utility>
+
+#include "muon/dist/assignment.h"
+#include "muon/newton_schulz.h"
+#include "muon/scaling.h"
+
+namespace muon::dist {
+namespace {
+
+constexpr const char* kWho = "[muon::dist::ShardedMuon] ";
+
+using torch::optim::OptimizerParamGroup;
+
+int64_t shape_signature(const std::vector<int64_t>& shape) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const auto d : shape) {
+    h ^= static_cast<uint64_t>(d) + 0x9E3779B97F4A7C15ULL;
+    h *= 1099511628211ULL;
+  }
+  return static_cast<int64_t>(h & 0x7FFFFFFFFFFFFFFFULL);
+}
+
+bool same_group(const Group& a, const Group& b) {
+  return a.name() == b.name() && a.world_ranks() == b.world_ranks();
+}
+
+// Rows [offset, offset + count) of `matrix` (M × N), zero past row M.
+at::Tensor rows_padded(const at::Tensor& matrix, int64_t offset, int64_t count) {
+  const int64_t m = matrix.size(0);
+  auto out = at::zeros({count, matrix.size(1)}, matrix.options());
+  const int64_t begin = std::min(offset, m);
+  const int64_t end = std::min(offset + count, m);
+  if (end > begin) out.narrow(0, 0, end - begin).copy_(matrix.narrow(0, begin, end - begin));
+  return out;
+}
+
+}  // namespace
+
+std::string to_string(ShardedMode mode) {
+  return mode == ShardedMode::kOwnerCompute ? "owner_compute" : "replicated";
+}
+
+ShardedMode parse_sharded_mode(const std::string& name) {
+  if (name == "owner_compute") return ShardedMode::kOwnerCompute;
+  if (name == "replicated") return ShardedMode::kReplicated;
+  TORCH_CHECK_VALUE(false, kWho, "unknown sharded mode '", name,
+                    "'; valid: owner_compute, replicated");
+}
+
+ShardedOptions& ShardedOptions::mode(const std::string& name) {
+  mode_ = parse_sharded_mode(name);
+  return *this;
+}
+
+ShardedOptions& ShardedOptions::shard(const at::Tensor& param, RowShard shard) {
+  TORCH_CHECK_VALUE(param.defined(), kWho, "shard: param is undefined");
+  shards_.emplace_back(param, std::move(shard));
+  return *this;
+}
+
+namespace {
+ShardedOptions with_shards(ShardedOptions options, const std::vector<at::Tensor>& params,
+                           std::vector<RowShard> shards) {
+  TORCH_CHECK_VALUE(shards.size() == params.size(), kWho, "got ", shards.size(),
+                    " shard descriptions for ", params.size(), " parameters");
+  for (const auto i : c10::irange(params.size())) options.shard(params[i], std::move(shards[i]));
+  return options;
+}
+}  // namespace
+
+ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,
+                         MuonOptions defaults, ShardedOptions options)
+    : ShardedMuon(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
+                  with_shards(std::move(options), params, std::move(shards))) {}
+
+ShardedMuon::ShardedMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
+                         ShardedOptions options)
+    : Muon(std::move(param_groups), std::move(defaults), /*allow_empty=*/true),
+      options_(std::move(options)) {
+  TORCH_CHECK_VALUE(options_.max_in_flight() >= 0, kWho, "max_in_flight must be >= 0, got ",
+                    options_.max_in_flight());
+  std::unordered_map<const void*, size_t> shard_of;
+  for (const auto k : c10::irange(options_.shards().size())) {
+    shard_of.emplace(options_.shards()[k].first.unsafeGetTensorImpl(), k);
+  }
+  std::vector<at::Tensor> group_params;
+  std::vector<RowShard> shards;
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    const auto& o = static_cast<const MuonOptions&>(param_groups_[gi].options());
+    TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ", gi,
+                      ": split_sizes and stacked_experts are not supported on row shards");
+    for (const auto j : c10::irange(param_groups_[gi].params().size())) {
+      const auto& p = param_groups_[gi].params()[j];
+      const auto it = shard_of.find(p.unsafeGetTensorImpl());
+      TORCH_CHECK_VALUE(it != shard_of.end(), kWho, "parameter ", j, " of group ", gi, " (shape ",
+                        p.sizes(), ") has no RowShard; declare it with ShardedOptions::shard");
+      group_params.push_back(p);
+      shards.push_back(options_.shards()[it->second].second);
+      index_.emplace_back(gi, j);
+    }
+  }
+  // Per parameter: its place, its group; per group: the exchange below.
+  std::vector<std::vector<size_t>> members;
+  for (const auto i : c10::irange(group_params.size())) {
+    const auto& p = group_params[i];
+    const auto& shard = shards[i];
+    TORCH_CHECK_VALUE(shard.group().valid(), kWho, "the group of parameter ", i,
+                      " is invalid (default-constructed); there is no default group");
+    const auto& global = shard.global_shape();
+    TORCH_CHECK_VALUE(global.size() >= 2, kWho, "parameter ", i, ": global_shape ",
+                      c10::IntArrayRef(global), " must have at least 2 dimensions");
+    TORCH_CHECK_VALUE(p.dim() == static_cast<int64_t>(global.size()) &&
+                          p.sizes().slice(1) == c10::IntArrayRef(global).slice(1),
+                      kWho, "parameter ", i, ": a row shard of global shape ",
+                      c10::IntArrayRef(global), " must have shape (rows, ",
+                      c10::IntArrayRef(global).slice(1), "), got ", p.sizes());
+    Layout l;
+    l.global_shape = global;
+    std::tie(l.rows, l.cols) = matrix_dims(c10::IntArrayRef(global));
+    l.scale_rows = l.rows;
+    l.scale_cols = l.cols;
+    if (shard.has_tensor_parallel()) {
+      const auto& tp = shard.tp();
+      TORCH_CHECK_VALUE(global.size() == 2 && tp.global_shape().size() == 2, kWho, "parameter ", i,
+                        ": a tensor-parallel block must be 2-D, got block ", c10::IntArrayRef(global),
+                        " of matrix ", c10::IntArrayRef(tp.global_shape()));
+      TORCH_CHECK_VALUE(tp.partition_dim() == 0 || tp.partition_dim() == 1, kWho, "parameter ", i,
+                        ": partition_dim must be 0 or 1, got ", tp.partition_dim());
+      TORCH_CHECK_VALUE(tp.group().valid(), kWho, "parameter ", i,
+                        ": its tensor-parallel group is invalid (default-constructed)");
+      const int64_t other = 1 - tp.partition_dim();
+      TORCH_CHECK_VALUE(global[static_cast<size_t>(other)] == tp.global_shape()[static_cast<size_t>(other)],
+                        kWho, "parameter ", i, ": block ", c10::IntArrayRef(global),
+                        " does not match matrix ", c10::IntArrayRef(tp.global_shape()),
+                        " outside partition dim ", tp.partition_dim());
+      l.tp = true;
+      l.tp_mode = shard.tp_mode();
+      l.tp_dim = tp.partition_dim();
+      l.tp_group = tp.group();
+      if (l.tp_mode != TensorParallelMode::kBlockwise) {
+        l.scale_rows = tp.global_shape()[0];
+        l.scale_cols = tp.global_shape()[1];
+      }
+    }
+    size_t g = 0;
+    while (g < groups_.size() && !same_group(groups_[g], shard.group())) ++g;
+    if (g == groups_.size()) {
+      groups_.push_back(shard.group());
+      members.emplace_back();
+    }
+    l.group_index = static_cast<int64_t>(g);
+    members[g].push_back(i);
+    layout_.push_back(std::move(l));
+  }
+  owners_.assign(layout_.size(), 0);
+  // Per group: agree on the parameters (count and global shapes), then
+  // exchange the local row counts. Every mismatch raises on every rank.
+  for (const auto g : c10::irange(groups_.size())) {
+    const auto& group = groups_[g];
+    int64_t signature = 0;
+    for (const auto i : members[g]) signature = signature * 31 + shape_signature(layout_[i].global_shape);
+    const auto heads = group.all_gather_ints({static_cast<int64_t>(members[g].size()), signature});
+    for (const auto r : c10::irange(heads.size())) {
+      TORCH_CHECK_VALUE(heads[r] == heads[static_cast<size_t>(group.rank())], kWho, "on group '",
+                        group.name(), "' rank ", r, " has ", heads[r][0],
+                        " parameters with global-shape signature ", heads[r][1], ", rank ",
+                        group.rank(), " has ", members[g].size(), " with ", signature,
+                        ": every rank must describe the same parameters in the same order");
+    }
+    std::vector<int64_t> local;
+    for (const auto i : members[g]) local.push_back(group_params[i].size(0));
+    const auto rows = group.all_gather_ints(local);
+    std::vector<double> costs;
+    for (const auto k : c10::irange(members[g].size())) {
+      auto& l = layout_[members[g][k]];
+      int64_t offset = 0;
+      for (const auto r : c10::irange(rows.size())) {
+        l.rows_per_rank.push_back(rows[r][k]);
+        l.offsets.push_back(offset);
+        offset += rows[r][k];
+      }
+      TORCH_CHECK_VALUE(offset >= l.global_shape[0], kWho, "parameter ", members[g][k],
+                        ": the ranks of group '", group.name(), "' hold ", offset,
+                        " rows in all, fewer than the global ", l.global_shape[0]);
+      // TP blocks: the whole matrix's cost, the same on every TP rank, so
+      // that the blocks of one matrix get the same data-parallel owner.
+      costs.push_back(l.tp ? newton_schulz_cost(l.scale_rows, l.scale_cols) + static_cast<double>(l.tp_mode)
+                           : newton_schulz_cost(l.rows, l.cols));
+    }
+    const auto owners = assign_owners(costs, group.size());
+    for (const auto k : c10::irange(members[g].size())) owners_[members[g][k]] = owners[k];
+  }
+  // 2-D layouts: the TP ranks exchange block sizes and agree on the matrix.
+  for (const auto i : c10::irange(layout_.size())) {
+    auto& l = layout_[i];
+    if (!l.tp) continue;
+    const auto& tp = shards[i].tp();
+    const std::vector<int64_t> mine{l.global_shape[static_cast<size_t>(l.tp_dim)], tp.global_shape()[0],
+                                    tp.global_shape()[1], l.tp_dim, static_cast<int64_t>(l.tp_mode),
+                                    owners_[i]};
+    const auto all = l.tp_group.all_gather_ints(mine);
+    int64_t total = 0;
+    for (const auto r : c10::irange(all.size())) {
+      TORCH_CHECK_VALUE(std::equal(all[r].begin() + 1, all[r].end(), mine.begin() + 1), kWho,
+                        "parameter ", i, ": tensor-parallel rank ", r, " describes matrix (",
+                        all[r][1], ", ", all[r][2], ") split on dim ", all[r][3], " mode ",
+                        all[r][4], " owner ", all[r][5], ", rank ", l.tp_group.rank(), " (",
+                        mine[1], ", ", mine[2], ") dim ", mine[3], " mode ", mine[4], " owner ",
+                        mine[5], "; every TP rank must describe the same matrix and layout");
+      l.tp_sizes.push_back(all[r][0]);
+      total += all[r][0];
+    }
+    TORCH_CHECK_VALUE(total == tp.global_shape()[static_cast<size_t>(l.tp_dim)], kWho, "parameter ",
+                      i, ": the tensor-parallel blocks add up to ", total, " along dim ", l.tp_dim,
+                      ", the matrix has ", tp.global_shape()[static_cast<size_t>(l.tp_dim)]);
+  }
+}
+
+std::vector<at::Tensor> ShardedMuon::orthogonalize(const std::vector<size_t>& members,
+                                                   const std::vector<at::Tensor>& matrices) const {
+  const auto& o = options_of(members[0]);  // a batch never mixes param groups
+  const auto& first = layout_[members[0]];
+  bool same_shape = true;
+  for (const auto& m : matrices) same_shape = same_shape && m.sizes() == matrices[0].sizes();
+  if ((!first.tp || first.tp_mode == TensorParallelMode::kBlockwise) && same_shape) {
+    return newton_schulz(at::stack(matrices), o.ns()).unbind(0);  // one batched call
+  }
+  std::vector<at::Tensor> out;
+  for (const auto k : c10::irange(members.size())) {
+    const auto& l = layout_[members[k]];
+    const auto& block = matrices[k];
+    if (!l.tp || l.tp_mode == TensorParallelMode::kBlockwise) {
+      out.push_back(newton_schulz(block, o.ns()));
+      continue;
+    }
+    if (l.tp_mode == TensorParallelMode::kDistributed) {
+      out.push_back(distributed_newton_schulz(block, l.tp_dim, l.tp_group, o.ns()));
+      continue;
+    }
+    // Duplicated: gather the whole matrix over TP, orthogonalize, keep the block.
+    const auto rows_first = l.tp_dim == 0 ? block : block.t().contiguous();
+    auto whole = at::cat(l.tp_group.all_gather_uneven(rows_first));
+    if (l.tp_dim == 1) whole = whole.t();
+    const auto orth = newton_schulz(whole, o.ns());
+    const auto rank = static_cast<size_t>(l.tp_group.rank());
+    const int64_t offset = std::accumulate(l.tp_sizes.begin(), l.tp_sizes.begin() + static_cast<int64_t>(rank), int64_t{0});
+    out.push_back(orth.narrow(l.tp_dim, offset, l.tp_sizes[rank]));
+  }
+  return out;
+}
+
+std::string ShardedMuon::archive_kind() const { return "muon::dist::ShardedMuon"; }
+
+at::Tensor ShardedMuon::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  size_t count = 0;
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    check_group(gi);
+    const auto& o = static_cast<const MuonOptions&>(param_groups_[gi].options());
+    TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ", gi,
+                      ": split_sizes and stacked_experts are not supported on row shards");
+    count += param_groups_[gi].params().size();
+  }
+  TORCH_CHECK_VALUE(count == layout_.size(), kWho, "has ", count, " parameters, was built with ",
+                    layout_.size(), "; parameters and groups cannot be added");
+
+  // Which parameters step: those with a gradient, the same on every rank.
+  std::vector<size_t> active;
+  for (const auto g : c10::irange(groups_.size())) {
+    std::vector<int64_t> mask;
+    for (const auto i : c10::irange(layout_.size())) {
+      if (layout_[i].group_index == static_cast<int64_t>(g)) mask.push_back(param(i).grad().defined());
+    }
+    const auto all = groups_[g].all_gather_ints(mask);
+    for (const auto r : c10::irange(all.size())) {
+      TORCH_CHECK_VALUE(all[r] == mask, kWho, "on group '", groups_[g].name(), "' rank ", r,
+                        " and rank ", groups_[g].rank(),
+                        " differ in which parameters have a gradient; each must have one on "
+                        "every rank of its group or on none");
+    }
+  }
+  for (const auto i : c10::irange(layout_.size())) {
+    if (param(i).grad().defined()) active.push_back(i);
+  }
+  std::vector<at::Tensor> updates(layout_.size());
+  for (const auto i : active) updates[i] = momentum_update(param(i), options_of(i)).first;
+
+  if (options_.mode() == ShardedMode::kReplicated) {
+    step_replicated(active, updates);
+  } else {
+    step_owner_compute(active, updates);
+  }
+  return loss;
+}
+
+void ShardedMuon::step_replicated(const std::vector<size_t>& active,
+                                  const std::vector<at::Tensor>& updates) {
+  for (const auto i : active) {
+    const auto& o = options_of(i);
+    const auto& l = layout_[i];
+    const auto& group = groups_[static_cast<size_t>(l.group_index)];
+    const auto parts = group.all_gather_uneven(updates[i].reshape({updates[i].size(0), l.cols}));
+    const auto full = at::cat(parts).narrow(0, 0, l.rows);
+    const auto orth = orthogonalize({i}, {full})[0];
+    const auto rank = static_cast<size_t>(group.rank());
+    const auto mine = rows_padded(orth, l.offsets[rank], l.rows_per_rank[rank]);
+    apply_update(param(i), mine, o.lr(),
+                 scale_factor(l.scale_rows, l.scale_cols, o.scale_mode(), o.extra_scale_factor()));
+  }
+}
+
+void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
+                                     const std::vector<at::Tensor>& updates) {
+  for (const auto g : c10::irange(groups_.size())) {
+    const auto& group = groups_[g];
+    const int world = group.size();
+    const auto me = static_cast<size_t>(group.rank());
+    // Batches: same (rows, cols, dtype), in order of first appearance.
+    std::vector<std::vector<size_t>> batches;
+    // TP blocks batch by their whole matrix and layout, so that every TP rank
+    // forms the same batches in the same order (their blocks may differ).
+    std::map<std::tuple<size_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, size_t> batch_of;
+    for (const auto i : active) {
+      const auto& l = layout_[i];
+      if (l.group_index != static_cast<int64_t>(g)) continue;
+      const size_t pg = index_[i].first;
+      const auto key = l.tp ? std::make_tuple(pg, l.scale_rows, l.scale_cols,
+                                              static_cast<int>(updates[i].scalar_type()), int64_t{1},
+                                              static_cast<int64_t>(l.tp_mode), l.tp_dim)
+                            : std::make_tuple(pg, l.rows, l.cols, static_cast<int>(updates[i].scalar_type()),
+                                              int64_t{0}, int64_t{0}, int64_t{0});
+      const auto [it, fresh] = batch_of.emplace(key, batches.size());
+      if (fresh) batches.emplace_back();
+      batches[it->second].push_back(i);
+    }
+    const auto nb = batches.size();
+
+    // Forward: my shard of each matrix to its owner.
+    auto start_forward = [&](size_t b) {
+      const auto& batch = batches[b];
+      std::vector<int64_t> send(static_cast<size_t>(world), 0);
+      std::vector<int64_t> recv(static_cast<size_t>(world), 0);
+      std::vector<at::Tensor> pieces;
+      for (int d = 0; d < world; ++d) {
+        for (const auto i : batch) {
+          if (owners_[i] != d) continue;
+          pieces.push_back(updates[i].reshape({-1}));
+          send[static_cast<size_t>(d)] += updates[i].numel();
+        }
+      }
+      for (const auto i : batch) {
+        if (owners_[i] != static_cast<int64_t>(me)) continue;
+        for (int s = 0; s < world; ++s) {
+          recv[static_cast<size_t>(s)] += layout_[i].rows_per_rank[static_cast<size_t>(s)] * layout_[i].cols;
+        }
+      }
+      auto input = pieces.empty() ? at::empty({0}, updates[batch[0]].options()) : at::cat(pieces);
+      return group.all_to_all_async(input, send, recv);
+    };
+    // Owner: assemble, orthogonalize as one batch, send each rank its rows.
+    auto orthogonalize_and_return = [&](size_t b, const at::Tensor& received) {
+      const auto& batch = batches[b];
+      std::vector<size_t> mine;
+      for (const auto i : batch) {
+        if (owners_[i] == static_cast<int64_t>(me)) mine.push_back(i);
+      }
+      // received: for each source rank s, for each of my matrices, its rows from s.
+      std::vector<std::vector<at::Tensor>> blocks(mine.size());
+      int64_t offset = 0;
+      for (int s = 0; s < world; ++s) {
+        for (const auto k : c10::irange(mine.size())) {
+          const auto& l = layout_[mine[k]];
+          const int64_t rows = l.rows_per_rank[static_cast<size_t>(s)];
+          blocks[k].push_back(received.narrow(0, offset, rows * l.cols).view({rows, l.cols}));
+          offset += rows * l.cols;
+        }
+      }
+      std::vector<int64_t> send(static_cast<size_t>(world), 0);
+      std::vector<int64_t> recv(static_cast<size_t>(world), 0);
+      std::vector<at::Tensor> out_pieces;
+      if (!mine.empty()) {
+        std::vector<at::Tensor> full;
+        for (const auto k : c10::irange(mine.size())) {
+          full.push_back(at::cat(blocks[k]).narrow(0, 0, layout_[mine[k]].rows));
+        }
+        const auto orth = orthogonalize(mine, full);
+        for (int s = 0; s < world; ++s) {
+          for (const auto k : c10::irange(mine.size())) {
+            const auto& l = layout_[mine[k]];
+            const auto rs = static_cast<size_t>(s);
+            out_pieces.push_back(rows_padded(orth[k], l.offsets[rs], l.rows_per_rank[rs]).reshape({-1}));
+            send[rs] += l.rows_per_rank[rs] * l.cols;
+          }
+        }
+      }
+      for (const auto i : batch) {
+        recv[static_cast<size_t>(owners_[i])] += param(i).size(0) * layout_[i].cols;
+      }
+      auto input = out_pieces.empty() ? at::empty({0}, received.options()) : at::cat(out_pieces);
+      return group.all_to_all_async(input, send, recv);
+    };
+    // Everyone: apply the returned rows of every matrix of the batch.
+    auto apply = [&](size_t b, const at::Tensor& returned) {
+      const auto& batch = batches[b];
+      int64_t offset = 0;
+      for (int d = 0; d < world; ++d) {
+        for (const auto i : batch) {
+          if (owners_[i] != d) continue;
+          const auto& l = layout_[i];
+          const auto& o = options_of(i);
+          const int64_t n = param(i).size(0) * l.cols;
+          apply_update(param(i), returned.narrow(0, offset, n), o.lr(),
+                       scale_factor(l.scale_rows, l.scale_cols, o.scale_mode(), o.extra_scale_factor()));
+          offset += n;
+        }
+      }
+    };
+
+    const size_t ahead = static_cast<size_t>(options_.max_in_flight());
+    std::deque<PendingCollective> forward;
+    std::deque<std::pair<size_t, PendingCollective>> backward;
+    size_t launched = 0;
+    auto launch_forward_upto = [&](size_t limit) {
+      while (launched < nb && launched < limit) forward.push_back(start_forward(launched++));
+    };
+    launch_forward_upto(1 + ahead);
+    for (size_t b = 0; b < nb; ++b) {
+      const auto received = forward.front().wait()[0];
+      forward.pop_front();
+      launch_forward_upto(b + 2 + ahead);  // keep the next batches travelling
+      backward.emplace_back(b, orthogonalize_and_return(b, received));
+      while (backward.size() > std::max<size_t>(ahead, 1)) {
+        auto [done, pending] = std::move(backward.front());
+        backward.pop_front();
+        apply(done, pending.wait()[0]);
+      }
+    }
+    while (!backward.empty()) {
+      auto [done, pending] = std::move(backward.front());
+      backward.pop_front();
+      apply(done, pending.wait()[0]);
+    }
+  }
+}
+
+at::Tensor local_rows(const at::Tensor& full, const std::vector<int64_t>& rows_per_rank, int rank) {
+  TORCH_CHECK_VALUE(rank >= 0 && static_cast<size_t>(rank) < rows_per_rank.size(),
+                    "[muon::dist::local_rows] rank ", rank, " of ", rows_per_rank.size());
+  const int64_t offset = std::accumulate(rows_per_rank.begin(), rows_per_rank.begin() + rank, int64_t{0});
+  const int64_t count = rows_per_rank[static_cast<size_t>(rank)];
+  auto sizes = full.sizes().vec();
+  sizes[0] = count;
+  auto out = at::zeros(sizes, full.options());
+  const int64_t end = std::min(offset + count, full.size(0));
+  if (end > offset) out.narrow(0, 0, end - offset).copy_(full.narrow(0, offset, end - offset));
+  return out;
+}
+
+at::Tensor reduce_scatter_rows(const at::Tensor& full, const std::vector<int64_t>& rows_per_rank,
+                               const Group& group) {
+  TORCH_CHECK_VALUE(static_cast<int>(rows_per_rank.size()) == group.size(),
+                    "[muon::dist::reduce_scatter_rows] rows_per_rank has ", rows_per_rank.size(),
+                    " entries for a group of ", group.size());
+  // Gloo has no reduce-scatter on CPU tensors: all-reduce, then keep our rows.
+  auto sum = full.detach().clone();
+  group.all_reduce_(sum);
+  sum.div_(group.size());
+  return local_rows(sum, rows_per_rank, group.rank());
+}
+
+MuonFactory sharded_muon_factory(ShardedOptions options) {
+  return [options](std::vector<OptimizerParamGroup> param_groups,
+                   const MuonOptions& defaults) -> std::unique_ptr<Muon> {
+    return std::make_unique<ShardedMuon>(std::move(param_groups), defaults, options);
+  };
+}
+
+}  // namespace muon::dist
