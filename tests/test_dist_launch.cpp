@@ -131,6 +131,20 @@ TEST(MuonLaunch, RunsTwoRanksWithPrefixedOutput) {
   for (const auto& line : lines(r.out)) EXPECT_EQ(line.rfind("[rank ", 0), 0u) << line;
 }
 
+TEST(MuonLaunch, TensorParallelMuonAcrossProcessesMatchesOneProcess) {
+  // Three processes, uneven blocks (25 rows: 9, 8, 8), both partition dims.
+  for (const std::string mode : {"duplicated", "distributed"}) {
+    const auto r = run({kLaunch, "-n", "3", "--", MUON_TP_MUON_CHECK_EXE, mode});
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    for (int rank = 0; rank < 3; ++rank) {
+      const std::string tag = "[rank " + std::to_string(rank) + "] rank " +
+                              std::to_string(rank) + " of 3: tp " + mode + " max rel err ";
+      EXPECT_TRUE(contains(r.out, tag)) << r.out;
+    }
+    EXPECT_FALSE(contains(r.out, "FAILED")) << r.out;
+  }
+}
+
 TEST(MuonLaunch, FailingRankStopsTheOthersAndSetsTheExitCode) {
   // Rank 1 exits with 3 before the all-reduce; rank 0 would wait 60 s in it.
   const auto r = run({kLaunch, "-n", "2", "--grace", "2", "--", kProgram, "--fail-rank", "1",

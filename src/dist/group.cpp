@@ -23,6 +23,7 @@ struct GroupImpl {
   std::vector<int> world_ranks{0};
   std::string name = "single";
   std::string backend_name = "none";
+  at::Device device = at::kCPU;  // where the group's own helper tensors live
   GroupOptions options;
   mutable std::atomic<int64_t> bytes{0};
   mutable std::atomic<int64_t> splits{0};  // sub-group creations so far (same on every rank)
@@ -89,6 +90,9 @@ std::shared_ptr<GroupImpl> make_impl(const c10::intrusive_ptr<c10d::Store>& stor
                 " ms) failed: ", e.what());
   }
   impl->backend_name = to_string(backend);
+  // NCCL moves CUDA tensors only: integer exchanges (shapes) go through the
+  // current CUDA device there.
+  if (backend == Backend::kNccl) impl->device = at::Device(at::kCUDA);
   return impl;
 }
 
@@ -296,9 +300,10 @@ std::vector<std::vector<int64_t>> Group::all_gather_ints(const std::vector<int64
   if (g.size == 1) return {values};
   auto t = at::tensor(c10::ArrayRef<int64_t>(values), at::kLong);
   if (values.empty()) t = at::empty({0}, at::kLong);
-  const auto parts = all_gather(t);
+  const auto parts = all_gather(t.to(g.device));
   std::vector<std::vector<int64_t>> result;
-  for (const auto& p : parts) {
+  for (const auto& part : parts) {
+    const auto p = part.cpu();
     const auto* data = p.data_ptr<int64_t>();
     result.emplace_back(data, data + p.numel());
   }

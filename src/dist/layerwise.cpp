@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "muon/dist/assignment.h"
+#include "muon/optim/composite.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 #include "muon/scaling.h"
@@ -236,7 +237,7 @@ at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
 }
 
 int64_t LayerwiseOptimizer::state_bytes() const {
-  return inner_ ? optimizer_state_bytes(*inner_) : 0;
+  return inner_ ? muon::optimizer_state_bytes(*inner_) : 0;
 }
 
 void LayerwiseOptimizer::save(OutputArchive& archive) const {
@@ -315,33 +316,6 @@ void all_reduce_gradients(const std::vector<at::Tensor>& params, const Group& gr
     }
     begin = end;
   }
-}
-
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
-  if (const auto* m = dynamic_cast<const Muon*>(&optimizer)) return m->state_bytes();
-  if (const auto* h = dynamic_cast<const MuonWithAdamW*>(&optimizer)) return h->state_bytes();
-  if (const auto* l = dynamic_cast<const LayerwiseOptimizer*>(&optimizer)) return l->state_bytes();
-  int64_t bytes = 0;
-  auto add = [&](const at::Tensor& t) {
-    if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
-  };
-  for (const auto& item : optimizer.state()) {
-    const auto* s = item.second.get();
-    if (const auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
-      add(a->exp_avg());
-      add(a->exp_avg_sq());
-      add(a->max_exp_avg_sq());
-    } else if (const auto* b = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
-      add(b->exp_avg());
-      add(b->exp_avg_sq());
-      add(b->max_exp_avg_sq());
-    } else if (const auto* c = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
-      add(c->momentum_buffer());
-    } else {
-      TORCH_CHECK_VALUE(false, "[muon::dist::optimizer_state_bytes] unknown optimizer state type");
-    }
-  }
-  return bytes;
 }
 
 }  // namespace muon::dist

@@ -109,19 +109,32 @@ TensorParallelOptions& TensorParallelOptions::shard(const at::Tensor& param,
   return *this;
 }
 
+TensorParallelOptions& TensorParallelOptions::shard(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters, const std::string& name,
+    TensorParallelShard shard) {
+  const auto* p = named_parameters.find(name);
+  TORCH_CHECK_VALUE(p != nullptr, kWho, "shard: no parameter named '", name, "' among ",
+                    named_parameters.size(), " named parameters");
+  return this->shard(*p, std::move(shard));
+}
+
 // ---- distributed Newton–Schulz -----------------------------------------------------
 
 at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_dim,
                                      const Group& group, const NewtonSchulzOptions& options) {
   constexpr const char* who = "[muon::dist::distributed_newton_schulz] ";
   options.validate();
-  TORCH_CHECK_VALUE(block.defined() && block.dim() == 2 && block.numel() > 0, who,
-                    "block must be a non-empty 2-D tensor, got shape ",
+  TORCH_CHECK_VALUE(block.defined() && block.dim() == 2, who,
+                    "block must be a 2-D tensor, got shape ",
                     block.defined() ? block.sizes() : c10::IntArrayRef{});
   TORCH_CHECK_VALUE(at::isFloatingType(block.scalar_type()), who,
                     "block must have a floating dtype, got ", block.scalar_type());
   TORCH_CHECK_VALUE(partition_dim == 0 || partition_dim == 1, who,
                     "partition_dim must be 0 or 1, got ", partition_dim);
+  TORCH_CHECK_VALUE(block.size(1 - partition_dim) > 0, who, "block of shape ", block.sizes(),
+                    " is empty in dim ", 1 - partition_dim,
+                    ", which is not split; only the partition dim may be 0");
+  const bool empty = block.numel() == 0;  // this rank holds no rows (columns)
   const auto compute = options.compute_dtype();
   TORCH_CHECK_VALUE(!(compute == at::kHalf && block.device().is_cpu()), who,
                     "compute_dtype Half is not supported on CPU; use BFloat16 or Float");
@@ -132,7 +145,7 @@ at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_
   // X₀ = G / (‖G‖_F·safety + eps): the norm's fp64 partial sums are all-reduced.
   auto m = at::empty(block.sizes(), block.options().dtype(norm_dtype));
   m.copy_(block);
-  auto sumsq = at::full({1}, sum_of_squares(m), at::kDouble);
+  auto sumsq = at::full({1}, empty ? 0.0 : sum_of_squares(m), block.options().dtype(at::kDouble));
   group.all_reduce_(sumsq);
   m.div_(std::sqrt(sumsq.item<double>()) * options.coefficients().safety_factor + options.eps());
   auto x = (compute == norm_dtype ? m : m.to(compute)).unsqueeze(0);
@@ -146,7 +159,9 @@ at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_
   auto poly = at::empty_like(gram);
   auto next = at::empty_like(x);
   for (const auto& k : options.schedule()) {
-    if (half) {
+    if (empty) {
+      gram.zero_();  // contributes nothing, still joins every all-reduce
+    } else if (half) {
       muon::detail::syrk(gram, x.to(at::kFloat), right, 1.0, 0.0, symmetric);
     } else {
       muon::detail::syrk(gram, x, right, 1.0, 0.0, symmetric);
@@ -158,6 +173,7 @@ at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_
     } else {
       at::mul_out(poly, gram, k.b);
     }
+    if (empty) continue;
     if (half) {
       // As newton_schulz in 16 bits: a·I folded into the (fp32) polynomial,
       // rounded once, one product.
@@ -177,27 +193,37 @@ at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_
 
 // ---- TensorParallelMuon ------------------------------------------------------------
 
+// Empty blocks are allowed (a matrix with fewer rows than ranks); empty
+// parameters that are not shards are rejected in build_layouts.
 TensorParallelMuon::TensorParallelMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                                        MuonOptions defaults, TensorParallelOptions tp)
-    : Muon(std::move(param_groups), std::move(defaults)), tp_(std::move(tp)) {
+    : Muon(std::move(param_groups), std::move(defaults), /*allow_empty=*/true),
+      tp_(std::move(tp)) {
   build_layouts();
 }
 
 TensorParallelMuon::TensorParallelMuon(std::vector<at::Tensor> params, MuonOptions defaults,
                                        TensorParallelOptions tp)
-    : Muon(std::move(params), std::move(defaults)), tp_(std::move(tp)) {
-  build_layouts();
-}
+    : TensorParallelMuon(std::vector<torch::optim::OptimizerParamGroup>{
+                             torch::optim::OptimizerParamGroup(std::move(params))},
+                         std::move(defaults), std::move(tp)) {}
 
 void TensorParallelMuon::build_layouts() {
   // Which declared shards are parameters of this optimizer, in group order.
   std::unordered_map<const void*, size_t> declared;
   for (size_t i = 0; i < tp_.shards().size(); ++i) declared[impl_key(tp_.shards()[i].first)] = i;
   std::vector<std::tuple<at::Tensor, const MuonOptions*, size_t>> sharded;
-  for (const auto& group : param_groups_) {
-    for (const auto& p : group.params()) {
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    const auto& group = param_groups_[gi];
+    for (const auto j : c10::irange(group.params().size())) {
+      const auto& p = group.params()[j];
       auto it = declared.find(impl_key(p));
-      if (it == declared.end()) continue;
+      if (it == declared.end()) {
+        TORCH_CHECK_VALUE(p.numel() > 0, kWho, "parameter ", j, " of group ", gi,
+                          " has zero size (shape ", p.sizes(),
+                          ") and is not a shard; only tensor-parallel blocks may be empty");
+        continue;
+      }
       sharded.emplace_back(p, static_cast<const MuonOptions*>(&group.options()), it->second);
       declared.erase(it);
     }
@@ -298,6 +324,7 @@ at::Tensor TensorParallelMuon::orthogonal_update(const at::Tensor& param, const 
       alpha = scale_factor(gs[0], gs[1], options.scale_mode(), options.extra_scale_factor());
       return distributed_newton_schulz(update, dim, group, options.ns());
     case TensorParallelMode::kBlockwise:
+      if (update.numel() == 0) return at::zeros_like(update);  // an empty block
       alpha = scale_factor(update.size(0), update.size(1), options.scale_mode(),
                            options.extra_scale_factor());
       return newton_schulz(update, options.ns());

@@ -368,7 +368,7 @@ void Muon::check_group(size_t index) const {
                       "); Muon orthogonalizes matrices (ndim >= 2). Give vectors and scalars "
                       "(biases, norm gains) to AdamW, e.g. with muon::MuonWithAdamW "
                       "(muon/optim/hybrid.h), which routes them by shape and name");
-    TORCH_CHECK_VALUE(p.numel() > 0 || allow_empty_, kWho, "parameter ", j, " of group ", index,
+    TORCH_CHECK_VALUE(allow_empty_ || p.numel() > 0, kWho, "parameter ", j, " of group ", index,
                       " has zero size (shape ", p.sizes(), ")");
     TORCH_CHECK_VALUE(at::isFloatingType(p.scalar_type()), kWho, "parameter ", j, " of group ",
                       index, " must have a floating dtype, got ", p.scalar_type());

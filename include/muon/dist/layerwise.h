@@ -129,9 +129,4 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
 void all_reduce_gradients(const std::vector<at::Tensor>& params, const Group& group,
                           int64_t bucket_bytes = int64_t{32} << 20);
 
-/// Bytes held in the state tensors of `optimizer`: muon::Muon,
-/// muon::MuonWithAdamW, torch::optim::{AdamW, Adam, SGD} and any
-/// LayerwiseOptimizer over them; c10::ValueError for other kinds.
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
-
 }  // namespace muon::dist

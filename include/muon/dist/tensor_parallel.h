@@ -28,6 +28,7 @@
 /// Duplicated and distributed scale from the GLOBAL shape, so they give the
 /// same parameters as `muon::Muon` on the whole matrix.
 #include <torch/arg.h>
+#include <torch/ordered_dict.h>
 
 #include <cstdint>
 #include <memory>
@@ -45,7 +46,14 @@
 namespace muon::dist {
 
 /// How a TP-sharded matrix is orthogonalized (see the top of this header).
-enum class TensorParallelMode { kDuplicated, kDistributed, kBlockwise };
+enum class TensorParallelMode {
+  /// All-gather the blocks, newton_schulz on the whole matrix, keep the block.
+  kDuplicated,
+  /// Newton–Schulz together: all-reduced norm and Gram matrix per step.
+  kDistributed,
+  /// newton_schulz on each block alone, scaled from the block's shape.
+  kBlockwise,
+};
 
 /// "duplicated" | "distributed" | "blockwise".
 std::string to_string(TensorParallelMode mode);
@@ -64,6 +72,11 @@ struct TensorParallelOptions {
   TensorParallelOptions& mode(const std::string& name);
   /// Declares `param` (this rank's block) a shard described by `shard`.
   TensorParallelOptions& shard(const at::Tensor& param, TensorParallelShard shard);
+  /// Declares the parameter called `name` in `named_parameters` (e.g. a
+  /// module's `named_parameters()`, as given to MuonWithAdamW) a shard.
+  /// Raises c10::ValueError naming `name` when there is no such parameter.
+  TensorParallelOptions& shard(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                               const std::string& name, TensorParallelShard shard);
   /// The declared shards, in the order given.
   const std::vector<std::pair<at::Tensor, TensorParallelShard>>& shards() const { return shards_; }
 
@@ -79,8 +92,11 @@ struct TensorParallelOptions {
 /// fp32/fp64 compute runs as `newton_schulz`; 16-bit compute keeps the Gram
 /// matrix, its all-reduce and the step polynomial in fp32 and applies it in
 /// 16 bits (one product per step). On a one-rank group it is newton_schulz
-/// with the standard method. Raises c10::ValueError for a block that is not
-/// a non-empty 2-D floating tensor or a partition_dim other than 0 or 1.
+/// with the standard method. A block may be empty along `partition_dim`
+/// (a rank without rows): it still joins every all-reduce and returns an
+/// empty result. Raises c10::ValueError for a block that is not a 2-D
+/// floating tensor, is empty in the other dim, or a partition_dim other
+/// than 0 or 1.
 at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_dim,
                                      const Group& group, const NewtonSchulzOptions& options = {});
 
@@ -97,6 +113,8 @@ at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_
 /// their block shapes, and every rank raises the same c10::ValueError when
 /// they disagree on the global shape, the partition dim or the mode, or
 /// when the blocks do not tile the matrix (never a hang or a wrong result).
+/// A block may be empty (zero rows or columns: a matrix with fewer rows than
+/// ranks); parameters that are not shards must not be.
 /// `step` is collective too: every rank of a TP group must step the same
 /// sharded parameters (all with gradients or all without), in the same
 /// order. State (momentum of the local block) is per rank: `save` writes this

@@ -247,8 +247,10 @@ class Muon : public torch::optim::Optimizer {
   static void apply_update(at::Tensor& param, at::Tensor orth, double lr, double alpha);
   /// Validates group `index`: options type and values, parameter shapes.
   void check_group(size_t index) const;
-  /// For subclasses whose parameters are shards: `allow_empty` accepts
-  /// zero-size parameters (a rank's empty shard).
+  /// For subclasses whose parameters may be empty on some process (a
+  /// tensor-parallel block or a row shard of zero rows when a matrix has
+  /// fewer rows than ranks): `allow_empty` lifts the zero-size check, and the
+  /// subclass must handle such parameters.
   Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
        bool allow_empty);
 

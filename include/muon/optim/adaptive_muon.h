@@ -1,0 +1,139 @@
+#pragma once
+
+/// Muon with a second moment on the orthogonalized update (AdaMuon, NorMuon),
+/// as Megatron-Core's TensorParallelAdaptiveMuon offers.
+///
+/// Steps 1–4 are Muon's (weight decay, momentum, Nesterov, Newton–Schulz:
+/// see muon/optim/muon.h), giving O = newton_schulz(u) for the m×n matrix of
+/// a parameter (conv weights flattened to (out, in·kh·kw)). Then, with a
+/// second-moment buffer v (state) and β2, ε from `AdaptiveMuonOptions`:
+///
+/// normuon (Li et al. 2025, "NorMuon: Making Muon more efficient and
+/// scalable", arXiv:2510.05491), one second moment per row (neuron), v ∈ R^m:
+///
+///   v ← β2·v + (1 − β2)·mean_j(O_ij²)           (mean over the columns)
+///   Ô = O / (√v + ε)                             (row i divided by √v_i + ε)
+///   Ô ← Ô · ‖O‖_F / max(‖Ô‖_F, ε)               (keep Muon's update norm)
+///   update = Ô · scale_factor(m, n, scale_mode) · extra_scale_factor
+///
+/// adamuon (Si et al. 2025, "AdaMuon: Adaptive Muon Optimizer",
+/// arXiv:2507.11005), one second moment per element, v ∈ R^{m×n}:
+///
+///   v ← β2·v + (1 − β2)·O²
+///   Ô = O / (√v + ε)
+///   update = Ô · 0.2·√(m·n) / max(‖Ô‖_F, ε) · extra_scale_factor
+///
+/// The AdaMuon rescale makes the update's RMS 0.2 (AdamW's typical RMS), so
+/// AdamW learning rates carry over; `scale_mode` is not used in that mode.
+/// Neither mode applies bias correction to v (the rescale removes its effect
+/// on the update's size; Megatron-Core does the same).
+///
+/// Differences from Megatron-Core's Emerging-Optimizers implementation: it
+/// averages NorMuon's second moment over the longer side (per column for
+/// wide matrices) and divides by √max(v, ε); here it is always per row, as
+/// in the NorMuon paper, with √v + ε. Its AdaMuon branch applies Muon's
+/// scale_mode instead of the 0.2·√(mn) RMS alignment of the AdaMuon paper.
+///
+/// Stacked experts and fused-QKV splits are not supported here (the groups
+/// must leave `stacked_experts` off and `split_sizes` empty).
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "muon/optim/muon.h"
+
+namespace muon {
+
+/// Which second moment `AdaptiveMuon` keeps.
+enum class AdaptiveMode {
+  /// Per row of the orthogonalized update (NorMuon).
+  kNorMuon,
+  /// Per element (AdaMuon).
+  kAdaMuon,
+};
+
+/// "normuon" | "adamuon".
+std::string to_string(AdaptiveMode mode);
+/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
+AdaptiveMode parse_adaptive_mode(const std::string& name);
+
+/// The second-moment settings of `AdaptiveMuon`, shared by all its groups.
+/// Defaults: normuon, β2 0.95, ε 1e-8 (NorMuon's and Megatron-Core's values).
+struct AdaptiveMuonOptions {
+  /// Which second moment.
+  TORCH_ARG(AdaptiveMode, mode) = AdaptiveMode::kNorMuon;
+  /// Decay of the second moment, in [0, 1).
+  TORCH_ARG(double, beta2) = 0.95;
+  /// Added to √v (and floor of the norms), > 0.
+  TORCH_ARG(double, eps) = 1e-8;
+
+ public:
+  /// mode by name: "normuon" | "adamuon".
+  AdaptiveMuonOptions& mode(const std::string& name);
+  /// Raises c10::ValueError "[muon::AdaptiveMuon] <arg> must be ..., got <value>".
+  void validate() const;
+  /// Field-wise equality.
+  friend bool operator==(const AdaptiveMuonOptions& lhs, const AdaptiveMuonOptions& rhs);
+};
+
+/// Per-parameter state of `AdaptiveMuon`: Muon's plus the second moment.
+struct AdaptiveMuonParamState : public MuonParamState {
+  /// Second moment: (rows, 1) for normuon, the matrix's (rows, cols) for
+  /// adamuon; fp32 (fp64 for fp64 parameters); zeros at first use.
+  TORCH_ARG(at::Tensor, second_moment);
+
+ public:
+  /// A copy of this state, of this type.
+  std::unique_ptr<torch::optim::OptimizerParamState> clone() const override;
+  /// Reads Muon's fields and, when present, `second_moment`.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes Muon's fields and, when defined, `second_moment`.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  ~AdaptiveMuonParamState() override = default;
+};
+
+/// Muon with a NorMuon or AdaMuon second moment (see the top of this header).
+///
+///     muon::AdaptiveMuon opt(params, muon::MuonOptions(3e-4).scale_mode("spectral"),
+///                            muon::AdaptiveMuonOptions().mode("normuon"));
+///
+/// Per-group MuonOptions as in `muon::Muon`; the adaptive settings are
+/// optimizer-wide. save/load write both and check the archive's kind and mode.
+class AdaptiveMuon : public Muon {
+ public:
+  /// AdaptiveMuon over `param_groups`; groups without options get `defaults`.
+  AdaptiveMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults = {},
+               AdaptiveMuonOptions adaptive = {});
+  /// AdaptiveMuon over one group of `params`.
+  AdaptiveMuon(std::vector<at::Tensor> params, MuonOptions defaults = {},
+               AdaptiveMuonOptions adaptive = {});
+
+  /// The second-moment settings.
+  const AdaptiveMuonOptions& adaptive_options() const { return adaptive_; }
+
+  /// Muon's archive plus the adaptive settings.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores what `save` wrote; the archive's mode must equal this optimizer's.
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// Momentum and second-moment bytes.
+  int64_t state_bytes() const override;
+
+ protected:
+  /// Newton–Schulz, then the second-moment normalization and rescale.
+  at::Tensor orthogonal_update(const at::Tensor& param, const at::Tensor& update,
+                               const MuonOptions& options, MuonParamState& state,
+                               double& alpha) override;
+  /// An empty AdaptiveMuonParamState.
+  std::unique_ptr<MuonParamState> new_state(const at::Tensor& param) const override;
+  /// "muon::AdaptiveMuon".
+  std::string archive_kind() const override;
+
+ private:
+  AdaptiveMuonOptions adaptive_;
+};
+
+}  // namespace muon

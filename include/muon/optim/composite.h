@@ -1,0 +1,96 @@
+#pragma once
+
+/// Several optimizers presented as one `torch::optim::Optimizer`.
+///
+/// A model whose parameters split across optimizers (Muon for the hidden
+/// matrices, AdamW or Lion for the rest, or any mix of registered ones)
+/// trains with one object: one `step(closure)` (the closure runs once), one
+/// `zero_grad`, every inner param group mirrored in `param_groups()` so that
+/// LR schedulers and `set_lr` reach all of them, and one save/load archive
+/// with a nested archive per inner optimizer. `muon::make_optimizer`
+/// (muon/registry.h) returns one.
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace muon {
+
+/// Bytes held in the state tensors of `optimizer`, for the optimizers this
+/// library knows (muon::Muon and subclasses, muon::MuonWithAdamW, muon::Lion,
+/// muon::CompositeOptimizer, LibTorch's Adam,
+/// AdamW, SGD, Adagrad, RMSprop); 0 for others.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+
+/// One inner optimizer of a `CompositeOptimizer`.
+struct CompositePart {
+  /// Its name (e.g. the registry name "muon"); unique within the composite.
+  std::string name;
+  /// The optimizer, already built over its param groups.
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  /// The parameter names of each of its groups (same counts as the groups),
+  /// stored in archives and checked on load. Empty: not checked.
+  std::vector<std::vector<std::string>> group_names;
+  /// Bytes of its state; `optimizer_state_bytes` when not set.
+  std::function<int64_t(const torch::optim::Optimizer&)> state_bytes;
+};
+
+/// Inner optimizers as one (see the top of this header).
+///
+/// Param groups, in order: those of part 0, then part 1, ... They share the
+/// inner groups' tensors and hold copies of their options; the composite's
+/// options are the ones in force: each `step` copies them into the inner
+/// optimizers, so schedulers and direct edits take effect. Groups and
+/// parameters must not be added after construction. The per-parameter state
+/// lives in the inner optimizers; this object's own `state()` stays empty.
+class CompositeOptimizer : public torch::optim::Optimizer {
+ public:
+  /// Takes ownership of `parts` (at least one, unique non-empty names, no
+  /// tensor in two parts; raises c10::ValueError otherwise).
+  explicit CompositeOptimizer(std::vector<CompositePart> parts);
+
+  /// Runs `closure` (if any) once with grad mode enabled, then steps every
+  /// part in order; returns the closure's loss.
+  at::Tensor step(LossClosure closure = nullptr) override;
+
+  /// One archive: part names, group names and every group's options, plus
+  /// each part's own archive nested under "parts/<i>/optimizer".
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores what `save` wrote into a composite with the same parts, groups
+  /// and parameter names. The structure is checked before any part is
+  /// loaded: a mismatch raises c10::ValueError naming the first difference
+  /// and changes nothing. If a part rejects its own archive (e.g. a shape
+  /// differs), the parts already loaded get their previous state back (a
+  /// copy is kept during the load) and the error propagates.
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// Number of parts.
+  size_t num_parts() const { return parts_.size(); }
+  /// Name of part `i`.
+  const std::string& part_name(size_t i) const;
+  /// Part `i`'s optimizer.
+  torch::optim::Optimizer& part(size_t i);
+  /// The part named `name` (nullptr when there is none).
+  torch::optim::Optimizer* find_part(const std::string& name);
+  /// Index of the part that owns composite param group `group`.
+  size_t part_of_group(size_t group) const;
+  /// Parameter names of composite param group `group` (empty if not given).
+  const std::vector<std::string>& group_names(size_t group) const;
+
+  /// Bytes held in the optimizer state of every part.
+  int64_t state_bytes() const;
+
+ private:
+  void sync_options();
+
+  std::vector<CompositePart> parts_;
+  std::vector<size_t> group_part_;   // composite group → part
+  std::vector<size_t> group_inner_;  // composite group → group index in its part
+  std::vector<std::vector<std::string>> names_;  // per composite group
+};
+
+}  // namespace muon

@@ -1,0 +1,103 @@
+#pragma once
+
+/// The Lion optimizer on `torch::optim` (Chen et al. 2023, "Symbolic
+/// Discovery of Optimization Algorithms", arXiv:2302.06675).
+///
+/// Lion keeps one momentum buffer m per parameter and steps by the sign of
+/// an interpolation of m and the gradient g. One step, with decoupled weight
+/// decay:
+///
+///   u ← sign(β1·m + (1 − β1)·g)
+///   p ← p·(1 − lr·wd) − lr·u
+///   m ← β2·m + (1 − β2)·g
+///
+/// Every coordinate of the update has magnitude lr (or 0), so Lion's lr is
+/// typically 3–10× smaller than AdamW's and its weight decay 3–10× larger
+/// (the paper's advice). Here it serves mostly as the scalar optimizer beside
+/// Muon (`scalar_optimizer = lion` in muon::OptimizerConfig).
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace muon {
+
+/// Options of `muon::Lion` (per parameter group), as chained setters.
+/// Defaults are the paper's: lr 1e-4, β1 0.9, β2 0.99, no weight decay.
+struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions> {
+  /// Options with learning rate `lr` and every other field at its default.
+  LionOptions(double lr = 1e-4);  // NOLINT(google-explicit-constructor): torch pattern
+
+  /// Learning rate, >= 0.
+  TORCH_ARG(double, lr) = 1e-4;
+  /// Interpolation weight of the momentum in the update direction, in [0, 1).
+  TORCH_ARG(double, beta1) = 0.9;
+  /// Decay of the momentum buffer, in [0, 1).
+  TORCH_ARG(double, beta2) = 0.99;
+  /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
+  TORCH_ARG(double, weight_decay) = 0.0;
+
+ public:
+  /// Checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
+  void validate() const;
+  /// Reads every field written by the other overload.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes every field.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Field-wise equality.
+  friend bool operator==(const LionOptions& lhs, const LionOptions& rhs);
+  ~LionOptions() override = default;
+  /// `lr()`, for LR schedulers.
+  double get_lr() const override;
+  /// `lr(lr)`, for LR schedulers.
+  void set_lr(double lr) override;
+};
+
+/// Per-parameter state of `muon::Lion`.
+struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionParamState> {
+  /// Steps taken on this parameter.
+  TORCH_ARG(int64_t, step) = 0;
+  /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
+  TORCH_ARG(at::Tensor, exp_avg);
+
+ public:
+  /// Reads `step` and `exp_avg`.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes `step` and `exp_avg`.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Equal step and bit-equal buffers.
+  friend bool operator==(const LionParamState& lhs, const LionParamState& rhs);
+  ~LionParamState() override = default;
+};
+
+/// The Lion optimizer: a `torch::optim::Optimizer` for parameters of any shape.
+///
+///     muon::Lion opt(model->parameters(), muon::LionOptions(1e-4).weight_decay(0.1));
+///
+/// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
+/// in LibTorch's own optimizer archive layout (state matched to parameters
+/// by position).
+class Lion : public torch::optim::Optimizer {
+ public:
+  /// Lion over `param_groups`; groups without options get `defaults`.
+  explicit Lion(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                LionOptions defaults = {});
+  /// Lion over one group of `params`.
+  explicit Lion(std::vector<at::Tensor> params, LionOptions defaults = {});
+
+  /// One step on every parameter with a gradient; `closure`, if given, runs
+  /// first with grad mode enabled and its loss is returned.
+  at::Tensor step(LossClosure closure = nullptr) override;
+  /// Writes options and state.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores options and state written by `save` into a Lion with the same
+  /// group structure (raises otherwise).
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// Bytes held in the momentum buffers.
+  int64_t state_bytes() const;
+};
+
+}  // namespace muon

@@ -1,0 +1,210 @@
+#pragma once
+
+/// The optimizer registry and the one entry point that builds an optimizer
+/// from a config (the C++ form of Megatron-Core's emerging-optimizer
+/// registry and get_megatron_optimizer).
+///
+/// An entry maps a name to: the option fields it declares (config fields
+/// `<name>_<option>`), how a parameter group's resolved settings become that
+/// optimizer's options (`make_options`), a factory over param groups, the
+/// default per-parameter override rules (for Muon: 1-D, embedding and
+/// output-head parameters go to the scalar optimizer) and an optional state
+/// initializer. Built-ins, registered in one place (src/registry.cpp):
+/// muon, adaptive_muon, adamw, adam, sgd (LibTorch's own) and lion.
+///
+///     auto config = muon::OptimizerConfig().set("optimizer", "muon").set("lr", 0.02);
+///     auto opt = muon::make_optimizer(model->named_parameters(), config);
+///     std::cout << muon::explain(model->named_parameters(), config);
+///     muon::WarmupDecaySchedule sched(*opt, muon::lr_schedule_options(config));
+///
+/// Users add their own with `OptimizerRegistry::global().add(entry)`; its
+/// fields then exist in every config created afterwards (JSON keys and flags
+/// included).
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "muon/config.h"
+#include "muon/optim/composite.h"
+#include "muon/schedule.h"
+
+namespace muon {
+
+/// The settings of one param group as an optimizer sees them: the common
+/// per-parameter fields (lr, weight_decay, ...) under their own names and
+/// the optimizer's prefixed fields with the prefix stripped (`muon_momentum`
+/// → `momentum`), generically.
+class OptimizerSettings {
+ public:
+  /// Settings from stripped name → value.
+  explicit OptimizerSettings(std::map<std::string, FieldValue> values);
+  /// The value of `key`; raises c10::ValueError naming the key and the ones present.
+  const FieldValue& get(const std::string& key) const;
+  /// Typed accessors (an int is accepted for get_double).
+  bool get_bool(const std::string& key) const;
+  /// See get_bool.
+  int64_t get_int(const std::string& key) const;
+  /// See get_bool.
+  double get_double(const std::string& key) const;
+  /// See get_bool.
+  const std::string& get_string(const std::string& key) const;
+  /// See get_bool.
+  const std::vector<int64_t>& get_int_list(const std::string& key) const;
+  /// See get_bool.
+  const std::vector<std::string>& get_string_list(const std::string& key) const;
+  /// Whether `key` is present.
+  bool has(const std::string& key) const { return values_.count(key) != 0; }
+  /// Every value.
+  const std::map<std::string, FieldValue>& values() const { return values_; }
+
+ private:
+  std::map<std::string, FieldValue> values_;
+};
+
+/// A registry entry (see the top of this header).
+struct OptimizerEntry {
+  /// Registry name; also the prefix of its option fields.
+  std::string name;
+  /// One line of documentation.
+  std::string doc;
+  /// Option fields, declared without the prefix (config field `<name>_<field>`).
+  std::vector<FieldSpec> fields;
+  /// Other entries whose prefixed fields this one also reads, stripped the
+  /// same way (adaptive_muon reads muon_*, adamw reads adam_*). Its own
+  /// fields win over theirs; theirs win over common fields of the same name.
+  std::vector<std::string> uses_fields_of;
+  /// Settings of one param group → that group's options.
+  std::function<std::unique_ptr<torch::optim::OptimizerOptions>(const OptimizerSettings&)>
+      make_options;
+  /// Builds the optimizer over groups that each carry options from
+  /// `make_options` (at least one group). `settings[i]` are group i's.
+  std::function<std::unique_ptr<torch::optim::Optimizer>(
+      std::vector<torch::optim::OptimizerParamGroup> groups,
+      const std::vector<OptimizerSettings>& settings)>
+      factory;
+  /// Rules applied before the user's when this is the config's `optimizer`.
+  std::vector<OverrideRule> default_overrides;
+  /// Called once on the new optimizer (e.g. to create state eagerly); optional.
+  std::function<void(torch::optim::Optimizer&)> init_state;
+  /// Bytes of the optimizer's state; muon::optimizer_state_bytes when not set.
+  std::function<int64_t(const torch::optim::Optimizer&)> state_bytes;
+};
+
+/// Name → entry, in registration order. Thread-safe; entries are immutable
+/// once added (references stay valid).
+class OptimizerRegistry {
+ public:
+  /// An empty registry (the global one holds the built-ins).
+  OptimizerRegistry() = default;
+  /// The process-wide registry, with the built-ins registered on first use.
+  static OptimizerRegistry& global();
+  /// Registers the built-ins (muon, adaptive_muon, adam, adamw, sgd, lion) in `registry`.
+  static void register_builtins(OptimizerRegistry& registry);
+
+  /// Adds `entry`. Raises c10::ValueError for an empty or duplicate name, a
+  /// missing make_options or factory, a field name that is empty or would
+  /// collide with an existing config field, an unknown `uses_fields_of`
+  /// entry, or an invalid default override; nothing is added then.
+  void add(OptimizerEntry entry);
+  /// Whether `name` is registered.
+  bool has(const std::string& name) const;
+  /// The registered names, in registration order.
+  std::vector<std::string> keys() const;
+  /// The entry `name`; an unknown name raises c10::ValueError listing the
+  /// registered names and the nearest one.
+  std::shared_ptr<const OptimizerEntry> at(const std::string& name) const;
+  /// The schema: the common fields, then every entry's prefixed fields.
+  std::vector<FieldSpec> fields() const;
+  /// One line per registered optimizer: name and doc.
+  std::string help() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<const OptimizerEntry>> entries_;
+};
+
+/// The common fields every config has (before any optimizer's).
+std::vector<FieldSpec> common_fields();
+
+/// The resolution of one parameter: its optimizer and every field's value.
+struct ResolvedParameter {
+  /// Name as given.
+  std::string name;
+  /// Shape.
+  std::vector<int64_t> shape;
+  /// The optimizer it goes to.
+  std::string optimizer;
+  /// Every field of the config after the rules.
+  std::map<std::string, FieldValue> values;
+  /// Labels of the rules that matched, in order.
+  std::vector<std::string> rules;
+  /// The name of the first parameter that is the same tensor (tied weights;
+  /// this one is then not optimized twice), or empty.
+  std::string alias_of;
+  /// Index of the param group of the composite optimizer (-1 for aliases).
+  int64_t group = -1;
+};
+
+/// Resolves every parameter of `named_parameters` under `config`: the
+/// registry's default rules for config's optimizer, then the user's, later
+/// rules winning. A user rule that matches no parameter raises
+/// c10::ValueError (a typo in a pattern must not pass silently); so does a
+/// resolved optimizer that is not registered.
+std::vector<ResolvedParameter> resolve_parameters(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    const OptimizerConfig& config, const OptimizerRegistry& registry = OptimizerRegistry::global());
+
+/// One line per parameter: name, shape, optimizer, group, the settings that
+/// optimizer reads that differ from the config's own values, and the rules
+/// that matched.
+std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                    const OptimizerConfig& config,
+                    const OptimizerRegistry& registry = OptimizerRegistry::global());
+
+/// Builds the optimizer that `config` describes over `named_parameters`:
+/// parameters with identical resolved settings share a param group, each
+/// optimizer gets the groups of its parameters, and the result presents them
+/// all as one (a CompositeOptimizer with one part per optimizer used, in
+/// registry order), with save/load and LR schedulers working across them.
+/// Errors (c10::ValueError): an unknown optimizer, rules that match nothing,
+/// invalid settings for a parameter (the optimizer's own checks), a
+/// muon_tp_mode other than "duplicated" (tensor-parallel layouts need the
+/// process groups: muon::dist::make_optimizer in muon/dist/make.h).
+std::unique_ptr<CompositeOptimizer> make_optimizer(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    const OptimizerConfig& config, const OptimizerRegistry& registry = OptimizerRegistry::global());
+
+/// What `make_optimizer` needs beyond the config when it builds part of a
+/// larger optimizer (the distributed layouts in muon/dist/make.h use it).
+struct BuildContext {
+  /// Building over a subset of a model's parameters (e.g. those one rank
+  /// owns): a user rule that matches none of them is not an error.
+  bool allow_unmatched_rules = false;
+  /// Entry name → a factory used instead of the entry's own (e.g. "muon" →
+  /// a tensor-parallel or sharded Muon over the same groups and options).
+  std::map<std::string, std::function<std::unique_ptr<torch::optim::Optimizer>(
+                            std::vector<torch::optim::OptimizerParamGroup> groups,
+                            const std::vector<OptimizerSettings>& settings)>>
+      factories;
+};
+
+/// `make_optimizer` with a build context. Raises c10::ValueError for a
+/// context factory of an unregistered name, and as the other overload.
+std::unique_ptr<CompositeOptimizer> make_optimizer(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    const OptimizerConfig& config, const BuildContext& context,
+    const OptimizerRegistry& registry = OptimizerRegistry::global());
+
+/// The LR schedule a config describes: lr, min_lr, lr_warmup_steps,
+/// lr_warmup_init, lr_decay_steps, lr_decay_style.
+LrScheduleOptions lr_schedule_options(const OptimizerConfig& config);
+
+}  // namespace muon

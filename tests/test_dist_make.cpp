@@ -1,0 +1,217 @@
+// make_optimizer for the distributed layouts: the config's `layout` field
+// builds layer-wise, sharded and tensor-parallel optimizers that equal the
+// single-process optimizer of the same config; errors for missing layout
+// information. Ranks are threads over real Gloo groups.
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "archive_util.h"
+#include "dist_util.h"
+#include "muon/dist/layerwise.h"
+#include "muon/dist/make.h"
+#include "muon/dist/shard.h"
+
+namespace {
+
+using muon::OptimizerConfig;
+using muon::dist::DistributedLayout;
+using muon::dist::Group;
+using Named = torch::OrderedDict<std::string, at::Tensor>;
+
+const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{
+    {"wte.weight", {40, 16}},          {"blocks.0.qkv.weight", {48, 16}},
+    {"blocks.0.norm.weight", {16}},    {"blocks.0.fc1.weight", {64, 16}},
+    {"blocks.0.fc1.bias", {64}},       {"blocks.0.fc2.weight", {16, 64}},
+    {"lm_head.weight", {40, 16}}};
+
+at::Tensor sample(const std::vector<int64_t>& shape, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions(at::kFloat));
+}
+
+at::Tensor full_param(size_t k) { return sample(kModel[k].second, 10 + k); }
+at::Tensor full_grad(size_t k, int64_t step) { return sample(kModel[k].second, 500 + 13 * step + k); }
+
+// A config with a rule per kind: the qkv matrix gets its own lr.
+OptimizerConfig config(const std::string& layout) {
+  OptimizerConfig c;
+  c.set("optimizer", "muon").set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
+  c.set("muon_scale_mode", "shape_scaling");
+  c.add_override(muon::OverrideRule().match_name("*.qkv.*").set("lr", 0.01));
+  return c;
+}
+
+Named whole_after(int64_t steps) {
+  Named named;
+  for (size_t k = 0; k < kModel.size(); ++k) named.insert(kModel[k].first, full_param(k).requires_grad_(true));
+  auto opt = muon::make_optimizer(named, config("none"));
+  for (int64_t s = 0; s < steps; ++s) {
+    for (size_t k = 0; k < kModel.size(); ++k) named[kModel[k].first].mutable_grad() = full_grad(k, s);
+    opt->step();
+  }
+  return named;
+}
+
+double relative(const at::Tensor& got, const at::Tensor& expected, const at::Tensor& whole) {
+  if (expected.numel() == 0) return 0;
+  return (got - expected).abs().max().item<double>() / whole.abs().max().item<double>();
+}
+
+TEST(DistMake, LayerwiseFromTheConfigEqualsSingleProcess) {
+  const auto reference = whole_after(3);
+  for (const int world : {2, 3}) {
+    muon::test::run_ranks(world, [&](Group& group) {
+      Named named;
+      for (size_t k = 0; k < kModel.size(); ++k) named.insert(kModel[k].first, full_param(k).requires_grad_(true));
+      DistributedLayout layout;
+      layout.group = group;
+      // The qkv rule matches nothing on ranks that do not own qkv: allowed here.
+      auto opt = muon::dist::make_optimizer(named, config("layerwise"), layout);
+      EXPECT_NE(dynamic_cast<muon::dist::LayerwiseOptimizer*>(opt.get()), nullptr);
+      for (int64_t s = 0; s < 3; ++s) {
+        for (size_t k = 0; k < kModel.size(); ++k) named[kModel[k].first].mutable_grad() = full_grad(k, s);
+        opt->step();
+      }
+      // Same code on the same data by one owner per parameter; 1e-5 covers
+      // only BLAS summation order.
+      for (const auto& item : reference) {
+        EXPECT_LE(relative(named[item.key()].detach(), item.value().detach(), item.value()), 1e-5)
+            << item.key() << " rank " << group.rank();
+      }
+    });
+  }
+}
+
+TEST(DistMake, ShardedFromTheConfigEqualsSingleProcess) {
+  const auto reference = whole_after(3);
+  muon::test::run_ranks(2, [&](Group& group) {
+    Named named;
+    DistributedLayout layout;
+    std::vector<std::vector<int64_t>> rows;
+    for (size_t k = 0; k < kModel.size(); ++k) {
+      rows.push_back(muon::dist::balanced_split_sizes(kModel[k].second[0], 2));
+      named.insert(kModel[k].first, muon::dist::local_rows(full_param(k), rows[k], group.rank()).requires_grad_(true));
+      if (kModel[k].second.size() == 2) layout.row_shards.emplace(kModel[k].first, muon::dist::RowShard(kModel[k].second, group));
+    }
+    auto opt = muon::dist::make_optimizer(named, config("sharded"), layout);
+    for (int64_t s = 0; s < 3; ++s) {
+      for (size_t k = 0; k < kModel.size(); ++k) {
+        named[kModel[k].first].mutable_grad() = muon::dist::local_rows(full_grad(k, s), rows[k], group.rank());
+      }
+      opt->step();
+    }
+    for (size_t k = 0; k < kModel.size(); ++k) {
+      const auto& whole = reference[kModel[k].first];
+      EXPECT_LE(relative(named[kModel[k].first].detach(),
+                         muon::dist::local_rows(whole.detach(), rows[k], group.rank()), whole),
+                1e-5)
+          << kModel[k].first;
+    }
+  });
+}
+
+TEST(DistMake, TensorParallelFromTheConfigEqualsSingleProcess) {
+  const auto reference = whole_after(3);
+  for (const std::string mode : {"duplicated", "distributed"}) {
+    muon::test::run_ranks(2, [&](Group& group) {
+      // Matrices split column-parallel (dim 0); everything else replicated.
+      Named named;
+      DistributedLayout layout;
+      std::vector<std::vector<int64_t>> rows(kModel.size());
+      for (size_t k = 0; k < kModel.size(); ++k) {
+        const bool split = kModel[k].first.find("blocks.0.") == 0 && kModel[k].second.size() == 2;
+        auto p = full_param(k);
+        if (split) {
+          rows[k] = muon::dist::balanced_split_sizes(kModel[k].second[0], 2);
+          p = muon::dist::local_rows(p, rows[k], group.rank());
+          layout.tensor_parallel.emplace(kModel[k].first, muon::dist::TensorParallelShard(kModel[k].second, 0, group));
+        }
+        named.insert(kModel[k].first, p.requires_grad_(true));
+      }
+      auto c = config("tensor_parallel");
+      c.set("muon_tp_mode", mode);
+      auto opt = muon::dist::make_optimizer(named, c, layout);
+      for (int64_t s = 0; s < 3; ++s) {
+        for (size_t k = 0; k < kModel.size(); ++k) {
+          auto g = full_grad(k, s);
+          if (!rows[k].empty()) g = muon::dist::local_rows(g, rows[k], group.rank());
+          named[kModel[k].first].mutable_grad() = g;
+        }
+        opt->step();
+      }
+      for (size_t k = 0; k < kModel.size(); ++k) {
+        const auto& whole = reference[kModel[k].first];
+        const auto expected = rows[k].empty() ? whole.detach() : muon::dist::local_rows(whole.detach(), rows[k], group.rank());
+        EXPECT_LE(relative(named[kModel[k].first].detach(), expected, whole), 1e-5) << mode << " " << kModel[k].first;
+      }
+    });
+  }
+}
+
+TEST(DistMake, LayerwiseSaveLoadThroughTheConfig) {
+  muon::test::run_ranks(2, [&](Group& group) {
+    DistributedLayout layout;
+    layout.group = group;
+    auto make_named = [] {
+      Named named;
+      for (size_t k = 0; k < kModel.size(); ++k) named.insert(kModel[k].first, full_param(k).requires_grad_(true));
+      return named;
+    };
+    auto straight = make_named();
+    auto a = muon::dist::make_optimizer(straight, config("layerwise"), layout);
+    auto resumed = make_named();
+    auto b = muon::dist::make_optimizer(resumed, config("layerwise"), layout);
+    for (int64_t s = 0; s < 4; ++s) {
+      for (size_t k = 0; k < kModel.size(); ++k) straight[kModel[k].first].mutable_grad() = full_grad(k, s);
+      a->step();
+    }
+    for (int64_t s = 0; s < 2; ++s) {
+      for (size_t k = 0; k < kModel.size(); ++k) resumed[kModel[k].first].mutable_grad() = full_grad(k, s);
+      b->step();
+    }
+    const auto archive = muon::test::save_to_string(*b);
+    auto c = muon::dist::make_optimizer(resumed, config("layerwise"), layout);
+    muon::test::load_from_string(*c, archive);
+    for (int64_t s = 2; s < 4; ++s) {
+      for (size_t k = 0; k < kModel.size(); ++k) resumed[kModel[k].first].mutable_grad() = full_grad(k, s);
+      c->step();
+    }
+    for (const auto& item : straight) EXPECT_TRUE(at::equal(item.value(), resumed[item.key()])) << item.key();
+  });
+}
+
+TEST(DistMake, MissingLayoutInformationIsAnError) {
+  Named named;
+  for (size_t k = 0; k < kModel.size(); ++k) named.insert(kModel[k].first, full_param(k).requires_grad_(true));
+  auto expect_error = [](const std::function<void()>& f, const std::string& part) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one mentioning '" << part << "'";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  // layerwise without a group; sharded without row shards; a shard of no parameter.
+  expect_error([&] { muon::dist::make_optimizer(named, config("layerwise"), {}); }, "group");
+  expect_error([&] { muon::dist::make_optimizer(named, config("sharded"), {}); }, "blocks.0.qkv.weight");
+  DistributedLayout stray;
+  stray.tensor_parallel.emplace("nope.weight", muon::dist::TensorParallelShard({4, 4}, 0, Group::single()));
+  expect_error([&] { muon::dist::make_optimizer(named, config("tensor_parallel"), stray); }, "nope.weight");
+  // adaptive_muon would keep its second moment per shard: rejected.
+  auto adaptive = config("sharded");
+  adaptive.set("optimizer", "adaptive_muon");
+  expect_error([&] { muon::dist::make_optimizer(named, adaptive, {}); }, "adaptive_muon");
+  // A TP mode without the tensor_parallel layout.
+  auto tp = config("none");
+  tp.set("muon_tp_mode", "distributed");
+  expect_error([&] { muon::dist::make_optimizer(named, tp, {}); }, "muon_tp_mode");
+  // Unknown layout values are rejected by the config itself.
+  EXPECT_THROW(config("zero3"), c10::ValueError);
+}
+
+}  // namespace
