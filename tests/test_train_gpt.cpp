@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -262,7 +263,11 @@ TEST(TrainGptProgram, ResumeFromCheckpointContinuesTheCurve) {
   const auto straight = scratch("straight");
   const auto resumed = scratch("resumed");
   const auto ckpt = scratch("ckpt");
-  const std::string common = std::string(kTiny) + " --nproc 2 --no-plot --runs muon ";
+  // The presets derive the LR schedule from --steps; a run that is continued
+  // fixes it in its config instead.
+  const std::string common = std::string(kTiny) +
+                             " --nproc 2 --no-plot --runs muon --set all:lr_decay_steps=20 "
+                             "--set all:lr_warmup_steps=2 ";
   ASSERT_EQ(run_program(common + "--steps 20 --out " + straight.string()).status, 0);
   ASSERT_EQ(run_program(common + "--steps 10 --save " + ckpt.string() + " --out " + resumed.string()).status, 0);
   EXPECT_TRUE(std::filesystem::exists(ckpt / "muon.ckpt.rank0"));
@@ -281,6 +286,29 @@ TEST(TrainGptProgram, ResumeFromCheckpointContinuesTheCurve) {
   std::filesystem::remove_all(ckpt);
 }
 
+TEST(TrainGptProgram, RunsAreConfiguredThroughTheRegistryConfig) {
+  const auto dir = scratch("config");
+  {
+    std::ofstream json(dir / "adamw.json");
+    json << R"({"lr": 0.007, "adam_beta2": 0.99})";
+  }
+  const auto out = run_program("--runs muon,adamw --print-config --set muon:muon_momentum=0.9 "
+                               "--set all:weight_decay=0.05 --config adamw=" + (dir / "adamw.json").string());
+  ASSERT_EQ(out.status, 0) << out.text;
+  const auto muon_part = out.text.substr(0, out.text.find("run 'adamw'"));
+  const auto adamw_part = out.text.substr(out.text.find("run 'adamw'"));
+  EXPECT_NE(muon_part.find("\"muon_momentum\": 0.9,"), std::string::npos) << muon_part;
+  EXPECT_NE(muon_part.find("\"weight_decay\": 0.05"), std::string::npos) << muon_part;
+  EXPECT_NE(adamw_part.find("\"lr\": 0.007"), std::string::npos) << adamw_part;
+  EXPECT_NE(adamw_part.find("\"adam_beta2\": 0.99"), std::string::npos) << adamw_part;
+  EXPECT_NE(adamw_part.find("\"weight_decay\": 0.05"), std::string::npos) << adamw_part;
+  // Other registered optimizers run too (lion as the scalar-free baseline).
+  const auto lion = run_program(std::string(kTiny) + " --nproc 1 --steps 5 --runs lion --no-plot --out " +
+                                dir.string());
+  EXPECT_EQ(lion.status, 0) << lion.text;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainGptProgram, BadFlagsFailClearly) {
   const auto out = run_program("--nproc 0");
   EXPECT_NE(out.status, 0);
@@ -288,6 +316,16 @@ TEST(TrainGptProgram, BadFlagsFailClearly) {
   const auto bad_run = run_program(std::string(kTiny) + " --nproc 1 --steps 2 --runs sgdx --no-plot");
   EXPECT_NE(bad_run.status, 0);
   EXPECT_NE(bad_run.text.find("sgdx"), std::string::npos) << bad_run.text;
+  // Unknown fields get a suggestion; bad values name the field and the value.
+  const auto typo = run_program("--print-config --set muon:muon_momentun=0.9");
+  EXPECT_NE(typo.status, 0);
+  EXPECT_NE(typo.text.find("muon_momentum"), std::string::npos) << typo.text;
+  const auto value = run_program("--print-config --set all:lr=fast");
+  EXPECT_NE(value.status, 0);
+  EXPECT_NE(value.text.find("fast"), std::string::npos) << value.text;
+  const auto range = run_program("--print-config --set muon:muon_momentum=1.5");
+  EXPECT_NE(range.status, 0);
+  EXPECT_NE(range.text.find("1.5"), std::string::npos) << range.text;
 }
 
 }  // namespace

@@ -1,18 +1,22 @@
-// muon-train-gpt: trains a small GPT with Muon (hybrid: AdamW for embeddings,
-// head, norms and biases) and with AdamW alone, at the same seed and token
-// budget, data-parallel over local processes, and compares them.
+// muon-train-gpt: trains a small GPT with the Muon hybrid (AdamW for the
+// embeddings, head, norms and biases) and with AdamW alone, at the same seed
+// and token budget, data-parallel over local processes, and compares them.
 //
 //   muon-train-gpt                     # defaults: 2 ranks, muon vs adamw
-//   muon-train-gpt --nproc 1 --steps 200 --runs muon
+//   muon-train-gpt --nproc 1 --steps 200 --runs muon,lion,adamw
+//   muon-train-gpt --set muon:lr=0.03 --config adamw=my_adamw.json
+//   muon-train-gpt --print-config      # every run's optimizer config as JSON
 //   torchrun --no_python --nproc_per_node 2 muon-train-gpt
 //
-// With --nproc N > 1 and no launcher around it, it starts N ranks of itself
-// through muon-launch. With more than one rank the gradients are averaged
-// and the optimizer runs layer-wise distributed (each rank updates its share
-// of the parameters and all-gathers them).
+// Each run is an optimizer of muon's registry configured by one
+// muon::OptimizerConfig: the run's preset (run_preset below), then JSON
+// files (--config FILE for every run, --config RUN=FILE for one), then
+// --set RUN:FIELD=VALUE (RUN may be "all"). With --nproc N > 1 and no
+// launcher around it, it starts N ranks of itself through muon-launch; with
+// more than one rank the gradients are averaged and the optimizer runs
+// layer-wise distributed (config field layout = layerwise).
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
-#include <torch/optim/adamw.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -27,9 +31,11 @@
 
 #include "data.h"
 #include "gpt.h"
+#include "muon/config.h"
 #include "muon/dist/group.h"
-#include "muon/dist/layerwise.h"
-#include "muon/optim/hybrid.h"
+#include "muon/dist/make.h"
+#include "muon/registry.h"
+#include "muon/schedule.h"
 #include "report.h"
 #include "trainer.h"
 
@@ -50,10 +56,11 @@ struct Flags {
   std::string resume;
   bool plot = true;
   std::string layout = "layerwise";
-  // Optimizer settings.
-  double lr = 3e-3;
-  double muon_lr = 0.02;
-  double weight_decay = 0.0;
+  // Optimizer configs: JSON files (run name, "" for every run) and field settings.
+  std::vector<std::string> configs;
+  std::vector<std::string> sets;
+  bool print_config = false;
+  bool explain = false;
 };
 
 fs::path self_dir() { return fs::canonical("/proc/self/exe").parent_path(); }
@@ -80,17 +87,52 @@ std::string find_plot_script() {
   return "";
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_local_optimizer(
-    const std::string& run, const torch::OrderedDict<std::string, at::Tensor>& params, const Flags& f) {
-  if (run == "muon") {
-    muon::MuonWithAdamWOptions o;
-    o.muon(muon::MuonOptions(f.muon_lr).weight_decay(f.weight_decay));
-    o.adamw(torch::optim::AdamWOptions(f.lr).betas({0.9, 0.95}).weight_decay(f.weight_decay));
-    return std::make_unique<muon::MuonWithAdamW>(params, o);
+// Learning rates from the sweep in docs/train_gpt.md (the best of each
+// optimizer on the default task and budget).
+constexpr double kMuonLr = 0.02;
+constexpr double kAdamwLr = 3e-3;
+
+// The preset of a run: the optimizer it is named after, tuned learning
+// rates for muon and adamw, and a 5% linear warmup then cosine decay to 10%
+// of the peak over the run.
+muon::OptimizerConfig run_preset(const std::string& run, int64_t steps) {
+  muon::OptimizerRegistry::global().at(run);  // an unknown run lists the registered names
+  muon::OptimizerConfig c;
+  c.set("optimizer", run);
+  if (run == "muon" || run == "adaptive_muon") {
+    c.set("lr", kMuonLr).set("muon_scale_mode", "shape_scaling");
+    // The scalar optimizer (AdamW: embeddings, head, norms, biases) at AdamW's lr.
+    c.add_override(muon::OverrideRule().match_optimizer("adamw").set("lr", kAdamwLr).named("adamw lr"));
+  } else if (run == "adamw" || run == "adam") {
+    c.set("lr", kAdamwLr);
   }
-  TORCH_CHECK_VALUE(run == "adamw", "[muon-train-gpt] unknown run '", run, "'; valid: muon, adamw");
-  return std::make_unique<torch::optim::AdamW>(
-      params.values(), torch::optim::AdamWOptions(f.lr).betas({0.9, 0.95}).weight_decay(f.weight_decay));
+  if (c.get_string("optimizer") != "sgd") c.set("adam_beta2", 0.95);
+  c.set("lr_warmup_steps", std::max<int64_t>(1, steps / 20))
+      .set("lr_decay_steps", steps)
+      .set("lr_decay_style", "cosine")
+      .set("min_lr", 0.1 * c.get_double("lr"));
+  return c;
+}
+
+// The preset, then the JSON files and --set values that name this run or all.
+muon::OptimizerConfig run_config(const std::string& run, const Flags& f) {
+  auto c = run_preset(run, f.train.steps);
+  for (const auto& spec : f.configs) {
+    const auto eq = spec.find('=');
+    const std::string who = eq == std::string::npos ? "" : spec.substr(0, eq);
+    if (!who.empty() && who != run) continue;
+    muon::load_config_file(c, eq == std::string::npos ? spec : spec.substr(eq + 1));
+  }
+  for (const auto& spec : f.sets) {
+    const auto colon = spec.find(':');
+    const auto eq = spec.find('=');
+    TORCH_CHECK_VALUE(colon != std::string::npos && eq != std::string::npos && colon < eq,
+                      "[muon-train-gpt] --set takes RUN:FIELD=VALUE, got '", spec, "'");
+    const auto who = spec.substr(0, colon);
+    if (who != "all" && who != run) continue;
+    c.set_from_string(spec.substr(colon + 1, eq - colon - 1), spec.substr(eq + 1));
+  }
+  return c;
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -147,15 +189,21 @@ int run_rank(const Flags& f) {
     o.out_dir = f.out;
     if (!f.save.empty()) o.save_checkpoint = (fs::path(f.save) / (run + ".ckpt")).string();
     if (!f.resume.empty()) o.resume = (fs::path(f.resume) / (run + ".ckpt")).string();
+    auto config = run_config(run, f);
+    if (world > 1 && f.layout == "layerwise") config.set("layout", "layerwise");
+    muon::dist::DistributedLayout layout;
+    layout.group = group;
     auto factory = [&](train_gpt::Gpt& model) -> std::unique_ptr<torch::optim::Optimizer> {
-      const auto named = model->named_parameters();
-      if (world == 1 || f.layout == "replicated") return make_local_optimizer(run, named, f);
-      return std::make_unique<muon::dist::LayerwiseOptimizer>(
-          named, group, [&](const torch::OrderedDict<std::string, at::Tensor>& owned) {
-            return make_local_optimizer(run, owned, f);
-          });
+      if (f.explain && rank == 0) {
+        std::printf("run '%s':\n%s\n", run.c_str(), muon::explain(model->named_parameters(), config).c_str());
+      }
+      return muon::dist::make_optimizer(model->named_parameters(), config, layout);
     };
-    logs.push_back(train_gpt::train(data, o, factory, dp));
+    auto schedule = [&](torch::optim::Optimizer& opt) -> train_gpt::LrSetter {
+      auto s = std::make_shared<muon::WarmupDecaySchedule>(opt, muon::lr_schedule_options(config));
+      return [s](int64_t step) { s->set_step(step); };
+    };
+    logs.push_back(train_gpt::train(data, o, factory, dp, schedule));
   }
   if (rank != 0) return 0;
   const size_t baseline = logs.size() - 1;  // the last run (adamw by default)
@@ -207,12 +255,22 @@ int main(int argc, char** argv) {
                  "with several ranks: layerwise (each rank updates its share) or replicated "
                  "(every rank runs the whole optimizer)")
       ->check(CLI::IsMember({"layerwise", "replicated"}));
-  app.add_option("--lr", f.lr, "AdamW learning rate (the baseline and Muon's AdamW half)");
-  app.add_option("--muon-lr", f.muon_lr, "Muon learning rate");
-  app.add_option("--weight-decay", f.weight_decay, "decoupled weight decay");
+  app.add_option("--config", f.configs,
+                 "optimizer config JSON (muon::OptimizerConfig fields and overrides) for every "
+                 "run, or RUN=FILE for one run; repeatable");
+  app.add_option("--set", f.sets, "RUN:FIELD=VALUE (RUN: a run name or all); repeatable, after --config");
+  app.add_flag("--print-config", f.print_config, "print every run's optimizer config as JSON and exit");
+  app.add_flag("--explain", f.explain, "print each run's optimizer and settings per parameter");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    // Every run's config is checked here, before any process starts.
+    for (const auto& run : split_list(f.runs)) {
+      const auto config = run_config(run, f);
+      if (f.print_config) std::printf("run '%s':\n%s\n", run.c_str(), config.to_json().c_str());
+    }
+    TORCH_CHECK_VALUE(!split_list(f.runs).empty(), "[muon-train-gpt] --runs names no run");
+    if (f.print_config) return 0;
     if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
       // Re-run this program as N ranks under the launcher.
       std::vector<std::string> args{find_launcher(), "-n", std::to_string(f.nproc), "--"};

@@ -101,7 +101,7 @@ int64_t load_checkpoint(const std::string& path, Gpt& model, torch::optim::Optim
 }  // namespace
 
 RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory& make_optimizer,
-             const DataParallel& dp, const std::function<void(int64_t)>& before_step) {
+             const DataParallel& dp, const ScheduleFactory& make_schedule) {
   TORCH_CHECK_VALUE(o.steps >= 1, "[train_gpt] steps must be >= 1, got ", o.steps);
   TORCH_CHECK_VALUE(o.eval_every >= 1, "[train_gpt] eval_every must be >= 1, got ", o.eval_every);
   TORCH_CHECK_VALUE(o.global_batch >= dp.world && o.global_batch % dp.world == 0,
@@ -112,6 +112,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
   config.vocab_size = data.vocab.size();
   Gpt model(config);
   auto opt = make_optimizer(model);
+  const LrSetter before_step = make_schedule ? make_schedule(*opt) : nullptr;
   RunLog log{o.name, {}};
 
   // Validation windows are split over the ranks; losses are summed back.

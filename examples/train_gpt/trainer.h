@@ -58,10 +58,16 @@ struct TrainOptions {
 /// Builds the optimizer of a run from the model's named parameters.
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(Gpt&)>;
 
+/// Sets the learning rates for a step (called before each step with its index).
+using LrSetter = std::function<void(int64_t step)>;
+/// Builds the LR setter of a run over its fresh optimizer (before a
+/// checkpoint is loaded into it, so base learning rates are the configured
+/// ones).
+using ScheduleFactory = std::function<LrSetter(torch::optim::Optimizer&)>;
+
 /// Trains a fresh model (initialized from `options.seed`, identical on every
 /// rank) for `options.steps` steps; returns the log (identical on every rank).
-/// A learning-rate schedule, if any, is applied by `before_step(step)`.
 RunLog train(const Dataset& data, const TrainOptions& options, const OptimizerFactory& make_optimizer,
-             const DataParallel& dp, const std::function<void(int64_t)>& before_step = nullptr);
+             const DataParallel& dp, const ScheduleFactory& make_schedule = nullptr);
 
 }  // namespace train_gpt
