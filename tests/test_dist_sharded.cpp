@@ -183,6 +183,7 @@ TEST(Sharded, OwnerComputeSplitsWorkReplicatedRepeatsIt) {
       std::mutex mu;
       std::vector<double> flops(static_cast<size_t>(world));
       std::vector<int64_t> bytes(static_cast<size_t>(world));
+      std::vector<int64_t> state(static_cast<size_t>(world));
       muon::test::run_ranks(world, [&](Group& group) {
         auto local = shard_model(model, group);
         ShardedMuon opt(local.params, local.shards, options(), ShardedOptions().mode(mode));
@@ -193,7 +194,16 @@ TEST(Sharded, OwnerComputeSplitsWorkReplicatedRepeatsIt) {
         std::lock_guard<std::mutex> lock(mu);
         flops[static_cast<size_t>(group.rank())] = muon::newton_schulz_flops_on_this_thread();
         bytes[static_cast<size_t>(group.rank())] = group.bytes_sent();
+        state[static_cast<size_t>(group.rank())] = opt.state_bytes();
       });
+      // Momentum lives on the shards: state ≈ 1/W per rank (balanced rows).
+      int64_t total_state = 0;
+      for (const auto& m : model) total_state += m.shape[0] * m.shape[1] * 4;
+      EXPECT_EQ(std::accumulate(state.begin(), state.end(), int64_t{0}), total_state);
+      for (const auto st : state) {
+        EXPECT_NEAR(static_cast<double>(st), static_cast<double>(total_state) / world,
+                    0.1 * static_cast<double>(total_state) / world);
+      }
       if (mode == ShardedMode::kReplicated) {
         for (const double f : flops) EXPECT_DOUBLE_EQ(f, total);
         continue;
