@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "dist_bench_util.h"
 #include "muon/dist/group.h"
 #include "muon/dist/layerwise.h"
 #include "muon/dist/shard.h"
@@ -41,36 +42,9 @@ using muon::dist::Group;
 constexpr int kLayers = 8;
 const int64_t kShapes[4][2] = {{1536, 512}, {512, 512}, {2048, 512}, {512, 2048}};
 
-struct Args {
-  int iters = 5;
-  int warmup = 1;
-  int single_threads = 2;
-};
-
-Args parse_args(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string arg = argv[i];
-    const int v = std::atoi(argv[i + 1]);
-    if (arg == "--iters") {
-      a.iters = std::max(1, v);
-    } else if (arg == "--warmup") {
-      a.warmup = std::max(0, v);
-    } else if (arg == "--single-threads") {
-      a.single_threads = std::max(1, v);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", arg.c_str());
-      std::exit(2);
-    }
-  }
-  return a;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using muon::bench::Args;
+using muon::bench::median;
+using muon::bench::parse_args;
 
 std::vector<std::vector<int64_t>> shapes() {
   std::vector<std::vector<int64_t>> out;

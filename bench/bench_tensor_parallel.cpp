@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "dist_bench_util.h"
 #include "muon/dist/group.h"
 #include "muon/dist/tensor_parallel.h"
 #include "muon/optim/muon.h"
@@ -42,36 +43,9 @@ constexpr int kLayers = 8;
 const Matrix kLayer[] = {
     {"qkv", 1536, 512, 0}, {"proj", 512, 512, 1}, {"fc1", 2048, 512, 0}, {"fc2", 512, 2048, 1}};
 
-struct Args {
-  int iters = 5;
-  int warmup = 1;
-  int single_threads = 2;
-};
-
-Args parse_args(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string arg = argv[i];
-    const int v = std::atoi(argv[i + 1]);
-    if (arg == "--iters") {
-      a.iters = std::max(1, v);
-    } else if (arg == "--warmup") {
-      a.warmup = std::max(0, v);
-    } else if (arg == "--single-threads") {
-      a.single_threads = std::max(1, v);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", arg.c_str());
-      std::exit(2);
-    }
-  }
-  return a;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using muon::bench::Args;
+using muon::bench::median;
+using muon::bench::parse_args;
 
 // Parameters with fixed synthetic gradients: whole matrices (tp == nullptr)
 // or this rank's blocks.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "expect_util.h"
 
 #include <array>
 #include <cmath>
@@ -15,6 +16,8 @@
 #include "muon/optim/adaptive_muon.h"
 
 namespace {
+
+using muon::test::expect_value_error;
 
 using muon::AdaptiveMode;
 using muon::AdaptiveMuon;
@@ -202,16 +205,6 @@ TEST(AdaptiveMuon, ResumedRunIsBitIdentical) {
   EXPECT_THROW(load_from_string(other, bytes), c10::ValueError);
   muon::Muon plain({d});
   EXPECT_THROW(load_from_string(plain, bytes), c10::ValueError);
-}
-
-void expect_value_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
-  }
 }
 
 TEST(AdaptiveMuon, Errors) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "expect_util.h"
 
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -16,6 +17,8 @@
 #include "muon/optim/muon.h"
 
 namespace {
+
+using muon::test::expect_value_error;
 
 using muon::CompositeOptimizer;
 using muon::CompositePart;
@@ -133,16 +136,6 @@ TEST(Composite, ResumedRunIsBitIdenticalWithOptionsRestored) {
   run(c, *second, 3, 6);
   EXPECT_TRUE(at::equal(a.w.detach(), c.w.detach()));
   EXPECT_TRUE(at::equal(a.b.detach(), c.b.detach()));
-}
-
-void expect_value_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
-  }
 }
 
 TEST(Composite, LoadRejectsOtherStructureAndChangesNothing) {

@@ -2,6 +2,8 @@
 // and command-line flags, with every error naming the key and the value.
 #include <gtest/gtest.h>
 
+#include "expect_util.h"
+
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -13,19 +15,11 @@
 
 namespace {
 
+using muon::test::expect_value_error;
+
 using muon::FieldValue;
 using muon::OptimizerConfig;
 using muon::OverrideRule;
-
-void expect_value_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
-  }
-}
 
 std::string temp_file(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + name;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "expect_util.h"
 
 #include <torch/optim/schedulers/step_lr.h>
 
@@ -14,6 +15,8 @@
 #include "muon/optim/lion.h"
 
 namespace {
+
+using muon::test::expect_value_error;
 
 using muon::Lion;
 using muon::LionOptions;
@@ -132,16 +135,6 @@ TEST(Lion, LoadRejectsOtherGroupsAndChangesNothing) {
   Lion two({q, r}, LionOptions(0.2));
   EXPECT_THROW(load_from_string(two, bytes), c10::ValueError);
   EXPECT_DOUBLE_EQ(two.param_groups()[0].options().get_lr(), 0.2);
-}
-
-void expect_value_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
-  }
 }
 
 TEST(Lion, InvalidOptionsNameArgumentAndValue) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "expect_util.h"
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/optim/schedulers/step_lr.h>
 #include <torch/serialize/archive.h>
@@ -18,6 +19,8 @@
 #include "muon/optim/muon.h"
 
 namespace {
+
+using muon::test::expect_value_error;
 
 using muon::MomentumStyle;
 using muon::Muon;
@@ -728,19 +731,6 @@ TEST(MuonSaveLoad, StateBytesCountMomentumBuffers) {
 }
 
 // ---- errors -------------------------------------------------------------------
-
-// Expects c10::ValueError whose message contains every one of `parts`.
-void expect_value_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const auto& part : parts) {
-      EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
-    }
-  }
-}
 
 TEST(MuonErrors, InvalidOptionsNameArgumentAndValue) {
   auto p = leaf(at::randn({4, 4}));

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "expect_util.h"
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
@@ -26,22 +27,14 @@
 
 namespace {
 
+using muon::test::expect_value_error;
+
 using muon::OptimizerConfig;
 using muon::OptimizerEntry;
 using muon::OptimizerRegistry;
 using muon::OverrideRule;
 using muon::test::load_from_string;
 using muon::test::save_to_string;
-
-void expect_value_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << "'" << part << "' not in: " << msg;
-  }
-}
 
 // A tiny language model: embedding, a fused QKV-like matrix, a norm, an MLP
 // with biases and an output head.

@@ -2,6 +2,8 @@
 // boundaries of warmup and decay, per-group scaling, errors.
 #include <gtest/gtest.h>
 
+#include "expect_util.h"
+
 #include <torch/optim/sgd.h>
 
 #include <cmath>
@@ -12,6 +14,8 @@
 #include "muon/schedule.h"
 
 namespace {
+
+using muon::test::expect_value_error;
 
 using muon::DecayStyle;
 using muon::LrScheduleOptions;
@@ -71,16 +75,6 @@ TEST(LrSchedule, EveryGroupFollowsTheCurveScaledToItsBaseLr) {
   EXPECT_NEAR(lr(1), 0.01, kTol);  // min_lr scaled by 0.1 / 0.4
   EXPECT_NEAR(sched.current_lr(), 0.04, kTol);
   EXPECT_EQ(sched.base_lrs(), (std::vector<double>{0.4, 0.1}));
-}
-
-void expect_value_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
-  }
 }
 
 TEST(LrSchedule, Errors) {
