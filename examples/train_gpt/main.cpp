@@ -90,7 +90,7 @@ std::string find_plot_script() {
 // Learning rates from the sweep in docs/train_gpt.md (the best of each
 // optimizer on the default task and budget).
 constexpr double kMuonLr = 0.02;
-constexpr double kAdamwLr = 3e-3;
+constexpr double kAdamwLr = 4e-3;
 
 // The preset of a run: the optimizer it is named after, tuned learning
 // rates for muon and adamw, and a 5% linear warmup then cosine decay to 10%

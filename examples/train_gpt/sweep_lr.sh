@@ -19,5 +19,5 @@ run() {  # run NAME LR
   printf '%-6s lr %-7s final validation loss %s\n' "$name" "$lr" \
     "$(tail -n 1 "$out/$name-$lr/$name.csv" | cut -d, -f4)"
 }
-for lr in ${ADAMW_LRS:-0.001 0.002 0.004 0.008 0.016}; do run adamw "$lr" "$@"; done
-for lr in ${MUON_LRS:-0.005 0.01 0.02 0.04 0.08}; do run muon "$lr" "$@"; done
+for lr in ${ADAMW_LRS-0.001 0.002 0.004 0.008 0.016}; do run adamw "$lr" "$@"; done
+for lr in ${MUON_LRS-0.005 0.01 0.02 0.04 0.08}; do run muon "$lr" "$@"; done
