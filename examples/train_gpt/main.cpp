@@ -26,7 +26,6 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "data.h"
@@ -46,7 +45,7 @@ namespace {
 struct Flags {
   train_gpt::TrainOptions train;
   int64_t nproc = 2;
-  int64_t threads = 0;  // per rank; 0: cores / ranks
+  int64_t threads = 1;  // LibTorch intra-op threads per rank
   int64_t chars = 2'000'000;
   std::string data_file;
   bool byte_level = false;
@@ -150,8 +149,7 @@ int run_rank(const Flags& f) {
   auto group = launched ? muon::dist::init_from_env() : muon::dist::Group::single();
   const int rank = group.rank();
   const int world = group.size();
-  const auto cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(static_cast<int>(f.threads > 0 ? f.threads : std::max<int64_t>(1, cores / world)));
+  at::set_num_threads(static_cast<int>(f.threads));
 
   std::string text;
   if (f.data_file.empty()) {
@@ -231,7 +229,10 @@ int main(int argc, char** argv) {
   Flags f;
   auto& t = f.train;
   app.add_option("--nproc", f.nproc, "local ranks (started through muon-launch)")->check(CLI::Range(1, 64));
-  app.add_option("--threads", f.threads, "compute threads per rank (0: cores / ranks)");
+  app.add_option("--threads", f.threads,
+                 "LibTorch intra-op threads per rank (default 1: OpenBLAS threads its GEMMs "
+                 "itself, and more oversubscribes the cores)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--runs", f.runs, "comma-separated runs: muon, adamw; the last is the baseline");
   app.add_option("--steps", t.steps, "optimizer steps per run")->check(CLI::PositiveNumber);
   app.add_option("--batch", t.global_batch, "sequences per step over all ranks")->check(CLI::PositiveNumber);
