@@ -151,6 +151,22 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(ShardedMode::kOwnerCompute, ShardedMode::kReplicated),
                        ::testing::Values(int64_t{0}, int64_t{2})));
 
+TEST(Sharded, FewerMatricesThanRanks) {
+  // Two matrices over four ranks: two ranks own nothing and only send and
+  // receive rows.
+  const std::vector<Matrix> model{{{24, 16}, Split::kBalanced}, {{16, 40}, Split::kPadded}};
+  const auto ref = reference(model, 3);
+  muon::test::run_ranks(4, [&](Group& group) {
+    auto local = shard_model(model, group);
+    ShardedMuon opt(local.params, local.shards, options());
+    for (int64_t s = 0; s < 3; ++s) {
+      set_local_grads(local, model, group, s);
+      opt.step();
+    }
+    EXPECT_LE(max_relative_difference(local, ref, group.rank()), 1e-5) << "rank " << group.rank();
+  });
+}
+
 TEST(Sharded, OrthogonalizingSlicesWouldBeCaught) {
   // The layout of the equality test exposes the DeepSpeed bug: Newton–Schulz
   // on each rank's rows differs from the rows of Newton–Schulz on the whole

@@ -238,6 +238,30 @@ TEST(TrainGptProgram, TwoRanksThroughTheLauncher) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(TrainGptProgram, RunsUnderTorchrun) {
+  if (!std::filesystem::exists("/usr/bin/torchrun")) GTEST_SKIP() << "torchrun is not installed";
+  const auto dir = scratch("torchrun");
+  // Debian's torchrun (PyTorch 1.13) spells the flag --no_python, and on
+  // Python 3.11 needs explicit per-rank --redirects/--tee maps.
+  const std::string cmd = "/usr/bin/torchrun --no_python --standalone --nproc_per_node 2 "
+                          "--redirects 0:1,1:1 --tee 0:1,1:1 --log_dir " + (dir / "logs").string() +
+                          " " + MUON_TRAIN_GPT_BIN + " " + kTiny + " --steps 10 --no-plot --out " +
+                          (dir / "out").string() + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string text;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, pipe) != nullptr) text += buf;
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << text;
+  EXPECT_NE(text.find("2 rank(s)"), std::string::npos) << text;
+  for (const auto* run : {"muon", "adamw"}) {
+    const auto log = train_gpt::read_csv((dir / "out" / (std::string(run) + ".csv")).string());
+    EXPECT_EQ(log.points.size(), 3u) << run;  // steps 0, 5, 10
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainGptProgram, OneAndTwoRanksGiveTheSameCurve) {
   const auto one = scratch("one_rank");
   const auto two = scratch("two_rank");
@@ -253,7 +277,9 @@ TEST(TrainGptProgram, OneAndTwoRanksGiveTheSameCurve) {
     // and each rank's BLAS sums in its own order. Over 15 steps that moves
     // the loss (about 2-4 nats) by far less than 1e-3.
     EXPECT_NEAR(a.points[i].valid_loss, b.points[i].valid_loss, 1e-3) << "step " << a.points[i].step;
-    if (i > 0) EXPECT_NEAR(a.points[i].train_loss, b.points[i].train_loss, 1e-3) << "step " << a.points[i].step;
+    if (i > 0) {
+      EXPECT_NEAR(a.points[i].train_loss, b.points[i].train_loss, 1e-3) << "step " << a.points[i].step;
+    }
   }
   std::filesystem::remove_all(one);
   std::filesystem::remove_all(two);
