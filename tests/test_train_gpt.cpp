@@ -2,6 +2,7 @@
 // logs and table, checkpoint resume.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <torch/optim/adamw.h>
 
@@ -20,6 +21,16 @@
 #include "trainer.h"
 
 namespace {
+
+// A fresh directory under the system temp dir, unique to this process (test
+// programs may run concurrently).
+std::filesystem::path scratch(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("muon_train_gpt_" + name + "_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 using train_gpt::EvalPoint;
 using train_gpt::RunLog;
@@ -127,8 +138,7 @@ TEST(TrainGptReport, CsvRoundTripAndTable) {
   a.points[0].train_loss = std::numeric_limits<double>::quiet_NaN();
   auto b = make_log({{0, 4.0}, {10, 3.5}, {20, 3.0}});
   b.name = "slow";
-  const auto dir = std::filesystem::temp_directory_path() / "muon_train_gpt_csv";
-  std::filesystem::create_directories(dir);
+  const auto dir = scratch("csv");
   const auto path = (dir / "fast.csv").string();
   train_gpt::write_csv(a, path);
   const auto back = train_gpt::read_csv(path);
@@ -165,8 +175,7 @@ std::unique_ptr<torch::optim::Optimizer> make_hybrid(train_gpt::Gpt& model) {
 
 TEST(TrainGptTrainer, LossDecreasesAndResumeContinuesTheCurve) {
   const auto data = train_gpt::make_dataset(train_gpt::generate_corpus(20000));
-  const auto dir = std::filesystem::temp_directory_path() / "muon_train_gpt_resume";
-  std::filesystem::create_directories(dir);
+  const auto dir = scratch("resume");
   auto o = tiny_run();
   o.steps = 12;
   const auto straight = train_gpt::train(data, o, make_hybrid, {});
@@ -216,12 +225,6 @@ const char* kTiny =
     "--layers 1 --width 32 --heads 2 --context 32 --batch 8 --chars 60000 --eval-every 5 "
     "--eval-windows 16 --no-progress --threads 1";
 
-std::filesystem::path scratch(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("muon_train_gpt_" + name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 TEST(TrainGptProgram, TwoRanksThroughTheLauncher) {
   const auto dir = scratch("two_ranks");
