@@ -3,6 +3,8 @@
 // each builds its own muon::dist::Group (real Gloo process groups over TCP
 // loopback) and runs the test body. Exceptions thrown on a rank are
 // collected and reported with the rank that threw them.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -17,6 +19,13 @@
 #include "muon/dist/group.h"
 
 namespace muon::test {
+
+/// A standard-normal fp32 tensor from its own generator seeded by `seed`:
+/// the same values on every thread rank, without the global generator.
+inline at::Tensor seeded_randn(const std::vector<int64_t>& shape, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions(at::kFloat));
+}
 
 /// Timeout of thread-rank groups: short, so a hang fails the test quickly.
 constexpr std::chrono::milliseconds kThreadRankTimeout{std::chrono::seconds(30)};

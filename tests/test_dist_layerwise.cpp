@@ -41,16 +41,13 @@ std::vector<Spec> hybrid_model() {
           {"blocks.1.fc2.weight", {16, 64}},  {"lm_head.weight", {40, 16}}};
 }
 
-at::Tensor sample(const std::vector<int64_t>& shape, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, gen, at::TensorOptions(at::kFloat));
-}
+using muon::test::seeded_randn;
 
 // Fresh parameters, identical on every rank (seeded by name index).
 Named make_params(const std::vector<Spec>& specs) {
   Named named;
   for (size_t i = 0; i < specs.size(); ++i) {
-    named.insert(specs[i].name, sample(specs[i].shape, 1000 + i).set_requires_grad(true));
+    named.insert(specs[i].name, seeded_randn(specs[i].shape, 1000 + i).set_requires_grad(true));
   }
   return named;
 }
@@ -59,7 +56,7 @@ Named make_params(const std::vector<Spec>& specs) {
 void set_grads(Named& named, int64_t step) {
   size_t i = 0;
   for (auto& item : named) {
-    item.value().mutable_grad() = sample(item.value().sizes().vec(), 7919 * (step + 1) + i++);
+    item.value().mutable_grad() = seeded_randn(item.value().sizes().vec(), 7919 * (step + 1) + i++);
   }
 }
 
@@ -292,7 +289,7 @@ TEST(Layerwise, ZeroGradClearsEveryGradientAndBackwardAccumulationWorks) {
     at::Tensor loss = at::zeros({}, at::kFloat);
     size_t i = 0;
     for (const auto& item : named) {
-      loss = loss + (item.value() * sample(item.value().sizes().vec(), 31 * (step + 1) + i++)).sum();
+      loss = loss + (item.value() * seeded_randn(item.value().sizes().vec(), 31 * (step + 1) + i++)).sum();
     }
     return loss;
   };

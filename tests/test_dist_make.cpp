@@ -4,8 +4,6 @@
 // information. Ranks are threads over real Gloo groups.
 #include <gtest/gtest.h>
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -29,13 +27,10 @@ const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{
     {"blocks.0.fc1.bias", {64}},       {"blocks.0.fc2.weight", {16, 64}},
     {"lm_head.weight", {40, 16}}};
 
-at::Tensor sample(const std::vector<int64_t>& shape, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, gen, at::TensorOptions(at::kFloat));
-}
+using muon::test::seeded_randn;
 
-at::Tensor full_param(size_t k) { return sample(kModel[k].second, 10 + k); }
-at::Tensor full_grad(size_t k, int64_t step) { return sample(kModel[k].second, 500 + 13 * step + k); }
+at::Tensor full_param(size_t k) { return seeded_randn(kModel[k].second, 10 + k); }
+at::Tensor full_grad(size_t k, int64_t step) { return seeded_randn(kModel[k].second, 500 + 13 * step + k); }
 
 // A config with a rule per kind: the qkv matrix gets its own lr.
 OptimizerConfig config(const std::string& layout) {

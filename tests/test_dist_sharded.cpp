@@ -4,8 +4,6 @@
 // Ranks are threads over real Gloo groups.
 #include <gtest/gtest.h>
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <algorithm>
 #include <mutex>
 #include <numeric>
@@ -28,10 +26,7 @@ using muon::dist::ShardedMode;
 using muon::dist::ShardedMuon;
 using muon::dist::ShardedOptions;
 
-at::Tensor sample(const std::vector<int64_t>& shape, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return at::randn(shape, gen, at::TensorOptions(at::kFloat));
-}
+using muon::test::seeded_randn;
 
 enum class Split { kBalanced, kPadded, kFirstRankOnly };
 
@@ -64,9 +59,9 @@ std::vector<Matrix> mixed_model() {
           {{16, 40}, Split::kBalanced},       {{24, 16}, Split::kPadded}};
 }
 
-at::Tensor full_param(size_t k, const Matrix& m) { return sample(m.shape, 100 + k); }
+at::Tensor full_param(size_t k, const Matrix& m) { return seeded_randn(m.shape, 100 + k); }
 at::Tensor full_grad(size_t k, const Matrix& m, int64_t step) {
-  return sample(m.shape, 5000 + 97 * step + k);
+  return seeded_randn(m.shape, 5000 + 97 * step + k);
 }
 
 muon::MuonOptions options() { return muon::MuonOptions(0.02).weight_decay(0.1); }
@@ -396,13 +391,13 @@ TEST(Sharded, HybridWithAdamWOnShardsAndTwoMuonGroups) {
   };
   constexpr int64_t kSteps = 3;
   torch::OrderedDict<std::string, at::Tensor> whole;
-  for (size_t k = 0; k < specs.size(); ++k) whole.insert(specs[k].first, sample(specs[k].second, 300 + k).requires_grad_(true));
+  for (size_t k = 0; k < specs.size(); ++k) whole.insert(specs[k].first, seeded_randn(specs[k].second, 300 + k).requires_grad_(true));
   {
     muon::MuonWithAdamW single(whole, hybrid_options());
     for (int64_t s = 0; s < kSteps; ++s) {
       size_t k = 0;
       for (auto& item : whole) {
-        item.value().mutable_grad() = sample(specs[k].second, 900 + 31 * s + k);
+        item.value().mutable_grad() = seeded_randn(specs[k].second, 900 + 31 * s + k);
         ++k;
       }
       single.step();
@@ -415,7 +410,7 @@ TEST(Sharded, HybridWithAdamWOnShardsAndTwoMuonGroups) {
       ShardedOptions so;
       for (size_t k = 0; k < specs.size(); ++k) {
         rows.push_back(split_rows(specs[k].second[0], world, k % 2 ? Split::kPadded : Split::kBalanced));
-        auto p = muon::dist::local_rows(sample(specs[k].second, 300 + k), rows.back(), group.rank()).requires_grad_(true);
+        auto p = muon::dist::local_rows(seeded_randn(specs[k].second, 300 + k), rows.back(), group.rank()).requires_grad_(true);
         if (specs[k].second.size() >= 2) so.shard(p, RowShard(specs[k].second, group));
         local.insert(specs[k].first, p);
       }
@@ -427,7 +422,7 @@ TEST(Sharded, HybridWithAdamWOnShardsAndTwoMuonGroups) {
         size_t k = 0;
         for (auto& item : local) {
           item.value().mutable_grad() =
-              muon::dist::local_rows(sample(specs[k].second, 900 + 31 * s + k), rows[k], group.rank());
+              muon::dist::local_rows(seeded_randn(specs[k].second, 900 + 31 * s + k), rows[k], group.rank());
           ++k;
         }
         opt.step();

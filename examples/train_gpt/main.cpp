@@ -32,6 +32,7 @@
 #include "gpt.h"
 #include "muon/config.h"
 #include "muon/dist/group.h"
+#include "muon/dist/layerwise.h"
 #include "muon/dist/make.h"
 #include "muon/registry.h"
 #include "muon/schedule.h"
@@ -175,6 +176,9 @@ int run_rank(const Flags& f) {
   dp.world = world;
   dp.all_reduce_sum = [&group](std::vector<at::Tensor>& tensors) {
     for (auto& t : tensors) group.all_reduce_(t);
+  };
+  dp.average_gradients = [&group](const std::vector<at::Tensor>& params) {
+    muon::dist::all_reduce_gradients(params, group);
   };
 
   if (rank == 0) fs::create_directories(f.out);

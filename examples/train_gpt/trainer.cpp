@@ -24,27 +24,6 @@ std::string rank_path(const std::string& path, int64_t rank) {
   return path + ".rank" + std::to_string(rank);
 }
 
-// Averages the gradients over the ranks through one flat buffer (one
-// collective per step instead of one per parameter).
-void average_gradients(Gpt& model, const DataParallel& dp) {
-  if (dp.world == 1) return;
-  std::vector<at::Tensor> grads;
-  for (const auto& p : model->parameters()) {
-    if (p.grad().defined()) grads.push_back(p.grad());
-  }
-  for (auto& g : grads) g = g.reshape({-1});
-  std::vector<at::Tensor> flat{at::cat(grads)};
-  dp.all_reduce_sum(flat);
-  flat[0].div_(static_cast<double>(dp.world));
-  int64_t offset = 0;
-  for (const auto& p : model->parameters()) {
-    if (!p.grad().defined()) continue;
-    const int64_t n = p.grad().numel();
-    p.grad().copy_(flat[0].narrow(0, offset, n).view_as(p.grad()));
-    offset += n;
-  }
-}
-
 at::Tensor log_to_tensor(const RunLog& log) {
   auto t = at::empty({static_cast<int64_t>(log.points.size()), 6}, at::kDouble);
   for (size_t i = 0; i < log.points.size(); ++i) {
@@ -154,7 +133,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
     opt->zero_grad();
     auto loss = model->loss(batch);
     loss.backward();
-    average_gradients(model, dp);
+    dp.average_gradients(model->parameters());
     const auto t_opt = Clock::now();
     opt->step();
     opt_seconds += since(t_opt);

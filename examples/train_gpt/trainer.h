@@ -27,6 +27,10 @@ struct DataParallel {
   int64_t world = 1;
   /// Sums each tensor over the ranks, in place (every rank gets the sum).
   std::function<void(std::vector<at::Tensor>&)> all_reduce_sum = [](std::vector<at::Tensor>&) {};
+  /// Averages the parameters' gradients over the ranks, in place (e.g.
+  /// muon::dist::all_reduce_gradients).
+  std::function<void(const std::vector<at::Tensor>&)> average_gradients =
+      [](const std::vector<at::Tensor>&) {};
 };
 
 /// How a run trains.

@@ -146,7 +146,7 @@ void LayerwiseOptimizer::mirror_groups() {
   }
 }
 
-void LayerwiseOptimizer::sync_options() {
+void LayerwiseOptimizer::sync_options() const {
   if (!inner_) return;
   auto& inner_groups = inner_->param_groups();
   const bool others = owned_.size() < params_.size();
@@ -248,8 +248,7 @@ void LayerwiseOptimizer::save(OutputArchive& archive) const {
   archive.write("owners", c10::IValue(c10::List<int64_t>(owners_)));
   if (inner_) {
     OutputArchive inner(archive.compilation_unit());
-    // Options as the user last set them (an LR scheduler acts on ours).
-    const_cast<LayerwiseOptimizer*>(this)->sync_options();
+    sync_options();  // options as the user last set them (an LR scheduler acts on ours)
     inner_->save(inner);
     archive.write("inner", inner);
   }

@@ -102,7 +102,8 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
     int64_t offset;  // byte offset in the bucket
     int64_t bytes;
   };
-  void sync_options();
+  // Copies this optimizer's group options (set by schedulers) into the inner one.
+  void sync_options() const;
   void mirror_groups();
   // Starts the all-gather of bucket k of every rank (this rank's part packed).
   PendingCollective start_gather(size_t k) const;
