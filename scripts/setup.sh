@@ -8,6 +8,7 @@ packages=(
   libtorch-dev            # LibTorch 1.13 (C++ API, c10d, serialization)
   libgloo-dev             # Gloo collectives for c10d on CPU
   libopenblas-dev         # fast BLAS + CBLAS (SYRK)
+  libdnnl-dev             # oneDNN headers: bf16->fp32 and blocked products
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev

@@ -68,12 +68,48 @@ void axpy_apply(at::Tensor& out, double alpha, const at::Tensor& b, const at::Te
   }
 }
 
+// One standard step in bf16 where products accumulate into fp32 results
+// (oneDNN on CPU): A = X·Xᵀ in fp32 from exact bf16 products; A rounded
+// once to bf16 for A²; B = b·A + c·A² formed in fp32 (in A's buffer),
+// a·I added and rounded once; X ← B·X in bf16. Every product is a bf16 one,
+// A is never rounded before the b·A term, and only upper triangles are
+// computed in fp32 (the bf16 copies are made whole in the same pass).
+struct MixedStep {
+  at::Tensor a32, a16, p16;
+
+  void run(at::Tensor& next, const at::Tensor& x, const NsCoefficients& k, bool tall) {
+    if (!a32.defined()) {
+      const int64_t s = tall ? x.size(2) : x.size(1);
+      a32 = at::empty({x.size(0), s, s}, x.options().dtype(at::kFloat));
+      a16 = at::empty(a32.sizes(), x.options());
+      p16 = at::empty_like(a16);
+    }
+    detail::syrk_upper(a32, x, tall, 1.0, 0.0);
+    if (k.c != 0.0) {
+      detail::symmetric_from_upper(a16, a32, 0.0);
+      detail::syrk_upper(a32, a16, /*trans=*/false, k.c, k.b);
+    } else {
+      a32.mul_(k.b);
+    }
+    detail::symmetric_from_upper(p16, a32, k.a);
+    batched_mm_out(next, tall ? x : p16, tall ? p16 : x);
+  }
+};
+
 at::Tensor standard_iteration(at::Tensor x, const std::vector<NsCoefficients>& schedule,
                               bool tall, bool symmetric) {
+  auto next = at::empty_like(x);
+  if (symmetric && x.scalar_type() == at::kBFloat16 && detail::accumulates_in_fp32(x)) {
+    MixedStep step;
+    for (const auto& k : schedule) {
+      step.run(next, x, k, tall);
+      std::swap(x, next);
+    }
+    return x;
+  }
   const int64_t s = tall ? x.size(2) : x.size(1);
   auto gram = at::empty({x.size(0), s, s}, x.options());
   auto poly = at::empty_like(gram);
-  auto next = at::empty_like(x);
   PolyScratch scratch;
   const bool fold = is_16bit(x);
   for (const auto& k : schedule) {
@@ -129,7 +165,8 @@ at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& sched
   // 16-bit compute keeps the s×s state (R, Z, Q) in fp32: rounded to 16
   // bits, R's small eigenvalues are lost and the polynomial recurrence can
   // diverge on ill-conditioned inputs. Only Q·X runs in 16 bits. R comes
-  // from fp32 SYRK of the iterate, about as fast here as a 16-bit GEMM.
+  // from the bf16 iterate's exact products summed in fp32 where the backend
+  // allows (oneDNN on CPU), else from an fp32 SYRK of the iterate.
   const bool half = is_16bit(x);
   const auto state = half ? x.options().dtype(at::kFloat) : x.options();
   auto r = at::empty({x.size(0), s, s}, state);
@@ -138,8 +175,9 @@ at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& sched
   PolyScratch scratch;
   at::Tensor q;  // undefined at the start of a phase: Q = I
 
+  const bool direct = !half || detail::accumulates_in_fp32(x);
   auto gram_of_x = [&] {
-    if (half) {
+    if (!direct) {
       syrk(r, x.to(at::kFloat), tall, 1.0, 0.0, symmetric);
     } else {
       syrk(r, x, tall, 1.0, 0.0, symmetric);

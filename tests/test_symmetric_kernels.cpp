@@ -1,5 +1,7 @@
 // The symmetric-product kernels behind newton_schulz: CBLAS SYRK, the
-// blocked generic path and one plain GEMM give the same full matrix.
+// blocked (row-panel) path and one plain GEMM give the same full matrix;
+// oneDNN's products (bf16 inputs with fp32 results, strided blocks,
+// β·C + α·A·B) match fp64 references.
 #include <gtest/gtest.h>
 
 #include "kernels/symmetric.h"
@@ -66,6 +68,108 @@ TEST(SymmetricKernels, BatchedMatmulMatchesBmm) {
   auto out = at::empty({3, 20, 10});
   muon::detail::batched_mm_out(out, a, b);
   EXPECT_TRUE(at::allclose(out, at::bmm(a, b), 1e-5, 1e-5));
+}
+
+// Max |A|·|B| entry, the scale of a product's rounding error.
+double product_scale(const at::Tensor& a, const at::Tensor& b) {
+  return at::mm(a.to(at::kDouble).abs(), b.to(at::kDouble).abs()).max().item<double>();
+}
+
+TEST(DnnlMatmul, MatchesFp64ProductOnStridedOperands) {
+  if (!muon::detail::dnnl_matmul_available()) GTEST_SKIP() << "built without oneDNN";
+  at::manual_seed(3);
+  // K = 700 spans three fp32 chunks of 256 (the last one short).
+  const int64_t m = 37, k = 700, n = 53;
+  for (auto in : {at::kFloat, at::kBFloat16}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, {-0.6, 2.5}}) {
+          auto a = (ta ? at::randn({k, m}).t() : at::randn({m, k})).to(in);
+          auto b = (tb ? at::randn({n, k}).t() : at::randn({k, n})).to(in);
+          // The result is a block inside a larger fp32 matrix: the rest of
+          // the matrix must stay untouched.
+          auto big = at::randn({m + 4, n + 9});
+          const auto before = big.clone();
+          auto out = big.narrow(0, 2, m).narrow(1, 5, n);
+          const auto c0 = out.clone();
+          ASSERT_TRUE(muon::detail::dnnl_matmul(out, a, b, alpha, beta, 1));
+          // bf16 inputs: products of bf16 values are exact in fp32, so the
+          // reference is the fp64 product of the same (rounded) inputs and
+          // only fp32 accumulation error remains: ≤ ~√k·2⁻²⁴ of |A|·|B|,
+          // bounded here with a factor 8 over k·2⁻²⁴/√k.
+          const auto ref = alpha * at::mm(a.to(at::kDouble), b.to(at::kDouble)) +
+                           beta * c0.to(at::kDouble);
+          const double tol = 8 * std::sqrt(static_cast<double>(k)) * std::ldexp(1.0, -24) *
+                             (std::abs(alpha) * product_scale(a, b) +
+                              std::abs(beta) * c0.abs().max().item<double>());
+          EXPECT_LE((out.to(at::kDouble) - ref).abs().max().item<double>(), tol)
+              << in << " ta=" << ta << " tb=" << tb << " alpha=" << alpha;
+          auto outside = big.clone();
+          outside.narrow(0, 2, m).narrow(1, 5, n).copy_(before.narrow(0, 2, m).narrow(1, 5, n));
+          EXPECT_TRUE(at::equal(outside, before)) << "wrote outside its block";
+        }
+      }
+    }
+  }
+}
+
+TEST(DnnlMatmul, Bf16ResultsAndRefusals) {
+  if (!muon::detail::dnnl_matmul_available()) GTEST_SKIP() << "built without oneDNN";
+  auto a = at::randn({40, 64}).to(at::kBFloat16), b = at::randn({64, 24}).to(at::kBFloat16);
+  auto out = at::empty({40, 24}, at::kBFloat16);
+  ASSERT_TRUE(muon::detail::dnnl_matmul(out, a, b, 1.0, 0.0, 1));
+  // One rounding to bf16 of the fp32-accumulated product.
+  const auto ref = at::mm(a.to(at::kDouble), b.to(at::kDouble));
+  EXPECT_LE((out.to(at::kDouble) - ref).abs().max().item<double>(),
+            std::ldexp(1.0, -8) * ref.abs().max().item<double>() + 1e-6);
+  // What it cannot take it refuses without touching out: accumulation into
+  // a bf16 result, mixed input dtypes, fp64, a result without unit stride.
+  auto keep = at::randn({40, 24}).to(at::kBFloat16);
+  const auto copy = keep.clone();
+  EXPECT_FALSE(muon::detail::dnnl_matmul(keep, a, b, 1.0, 1.0, 1));
+  EXPECT_FALSE(muon::detail::dnnl_matmul(keep, a.to(at::kFloat), b, 1.0, 0.0, 1));
+  auto d = at::zeros({40, 24}, at::kDouble);
+  EXPECT_FALSE(muon::detail::dnnl_matmul(d, a.to(at::kDouble), b.to(at::kDouble), 1.0, 0.0, 1));
+  auto col_major = at::zeros({24, 40}).t();
+  EXPECT_FALSE(muon::detail::dnnl_matmul(col_major, a.to(at::kFloat), b.to(at::kFloat), 1.0,
+                                         0.0, 1));
+  EXPECT_TRUE(at::equal(keep, copy));
+}
+
+TEST(SymmetricKernels, Bf16InputsGiveFp32GramSymmetricToTheBit) {
+  at::manual_seed(4);
+  for (int64_t s : {5, 200, 300}) {
+    for (bool trans : {false, true}) {
+      auto x = (trans ? at::randn({1, 3 * s, s}) : at::randn({1, s, 3 * s})).to(at::kBFloat16);
+      auto out = at::empty({1, s, s}, muon::detail::accumulates_in_fp32(x) ? at::kFloat
+                                                                            : at::kBFloat16);
+      syrk(out, x, trans, 1.0, 0.0, /*symmetric_kernels=*/true);
+      EXPECT_TRUE(at::equal(out, out.transpose(1, 2))) << "s=" << s;
+      auto op = (trans ? x.transpose(1, 2) : x).to(at::kDouble);
+      const auto ref = at::bmm(op, op.transpose(1, 2));
+      const double u = out.scalar_type() == at::kFloat ? std::ldexp(1.0, -24) : 4e-3;
+      EXPECT_LE((out.to(at::kDouble) - ref).abs().max().item<double>(),
+                8 * u * std::sqrt(3.0 * s) * ref.abs().max().item<double>())
+          << "s=" << s << " trans=" << trans;
+    }
+  }
+}
+
+TEST(SymmetricKernels, UpperProductThenSymmetricRounding) {
+  at::manual_seed(5);
+  const int64_t s = 260, l = 300;
+  auto x = at::randn({2, s, l});
+  auto upper = at::full({2, s, s}, std::nan(""));  // lower triangle never read
+  muon::detail::syrk_upper(upper, x, /*trans=*/false, 1.0, 0.0);
+  auto out = at::empty({2, s, s}, at::kBFloat16);
+  muon::detail::symmetric_from_upper(out, upper, 0.5);
+  auto expected = at::bmm(x.to(at::kDouble), x.to(at::kDouble).transpose(1, 2));
+  expected.diagonal(0, 1, 2).add_(0.5);
+  EXPECT_TRUE(at::equal(out, out.transpose(1, 2)));
+  EXPECT_FALSE(at::isnan(out).any().item<bool>());
+  // One rounding to bf16 dominates (2⁻⁹ relative, 2⁻⁸ to be safe).
+  EXPECT_LE((out.to(at::kDouble) - expected).abs().max().item<double>(),
+            std::ldexp(1.0, -8) * expected.abs().max().item<double>());
 }
 
 }  // namespace

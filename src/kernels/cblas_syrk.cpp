@@ -5,6 +5,14 @@
 
 namespace muon::detail {
 
+int blas_num_threads() {
+#ifdef OPENBLAS_VERSION
+  return openblas_get_num_threads();
+#else
+  return 0;
+#endif
+}
+
 bool cblas_sum_of_squares(const at::Tensor& x, double* out) {
   if (!x.device().is_cpu() || !x.is_contiguous()) return false;
   const int n = static_cast<int>(x.numel());

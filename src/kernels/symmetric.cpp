@@ -13,13 +13,67 @@ at::Tensor op_rows(const at::Tensor& x, bool trans, int64_t begin, int64_t n) {
   return trans ? x.narrow(2, begin, n).transpose(1, 2) : x.narrow(1, begin, n);
 }
 
-// Number of row blocks for the blocked symmetric product: k blocks cost
-// k(k+1)/2 GEMMs of (s/k)² outputs, i.e. (k+1)/(2k) of one GEMM. Blocks stay
-// >= kMinBlock rows so each GEMM keeps the backend near its peak.
-constexpr int64_t kMinBlock = 384;
-constexpr int64_t kMaxBlocks = 2;
+// Row panels of the blocked symmetric product: panel i holds rows
+// [i·h, (i+1)·h) and columns [i·h, s), so k panels cost (k+1)/(2k) of one
+// GEMM. oneDNN on CPU keeps its speed down to 128-row panels (2048²·2048
+// bf16 on one thread: 38.4 ms full, 24.9 ms in four panels; fp32: 77.9 and
+// 49.0 ms); other backends get at most two panels of at least 384 rows.
+int64_t num_panels(int64_t s, bool cpu_dnnl, bool cpu_16bit) {
+  if (cpu_dnnl) return std::clamp<int64_t>(s / 128, 1, 4);
+  if (cpu_16bit) return 1;  // ATen's bf16 GEMM: one full product beats two panels
+  return std::clamp<int64_t>(s / 384, 1, 2);
+}
 
-int64_t num_blocks(int64_t s) { return std::clamp<int64_t>(s / kMinBlock, 1, kMaxBlocks); }
+// Threads for a CPU product of inputs of this dtype. bf16 products run on
+// LibTorch's intra-op threads, as LibTorch's own bf16 matmul (oneDNN) does.
+// fp32 products take the system BLAS's thread count when it is larger:
+// that is what LibTorch's own fp32 matmul runs on (OpenBLAS keeps its own
+// pool, whatever at::get_num_threads() says).
+int product_threads(at::ScalarType dtype) {
+  const int torch_threads = at::get_num_threads();
+  return dtype == at::kFloat ? std::max(torch_threads, blas_num_threads()) : torch_threads;
+}
+
+// out = beta·out + alpha·a·b for one matrix; out may be a strided block.
+void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
+                double beta) {
+  if (out.device().is_cpu() &&
+      dnnl_matmul(out, a, b, alpha, beta, product_threads(a.scalar_type()))) {
+    return;
+  }
+  const auto& a1 = a.scalar_type() == out.scalar_type() ? a : a.to(out.scalar_type());
+  const auto& b1 = b.scalar_type() == out.scalar_type() ? b : b.to(out.scalar_type());
+  if (beta == 0.0) {
+    at::mm_out(out, a1, b1);
+    if (alpha != 1.0) out.mul_(alpha);
+  } else {
+    out.addmm_(a1, b1, beta, alpha);
+  }
+}
+
+// out = beta·out + alpha·a·b for batches of matrices; out may be a view.
+void batched_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
+                     double beta) {
+  if (out.device().is_cpu() || out.size(0) == 1) {
+    // On CPU a loop of GEMMs beats bmm (LibTorch 1.13 fp32 bmm: ~170 against
+    // ~225 GFLOP/s for 512×512·512×2048 on 2 cores); each GEMM is threaded.
+    for (int64_t i = 0; i < out.size(0); ++i) {
+      auto o = out.select(0, i);
+      product_2d(o, a.select(0, i), b.select(0, i), alpha, beta);
+    }
+    return;
+  }
+  const auto& a1 = a.scalar_type() == out.scalar_type() ? a : a.to(out.scalar_type());
+  const auto& b1 = b.scalar_type() == out.scalar_type() ? b : b.to(out.scalar_type());
+  if (beta != 0.0) {
+    out.baddbmm_(a1, b1, beta, alpha);
+  } else if (out.is_contiguous()) {
+    at::bmm_out(out, a1, b1);
+    if (alpha != 1.0) out.mul_(alpha);
+  } else {
+    out.copy_(alpha == 1.0 ? at::bmm(a1, b1) : at::bmm(a1, b1).mul_(alpha));
+  }
+}
 
 template <typename scalar_t>
 void mirror_impl(scalar_t* data, int64_t batch, int64_t s) {
@@ -58,17 +112,12 @@ void mirror_upper_to_lower(at::Tensor& out) {
   });
 }
 
+bool accumulates_in_fp32(const at::Tensor& x) {
+  return x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && dnnl_matmul_available();
+}
+
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
-  if (out.size(0) == 1 || out.device().is_cpu()) {
-    // On CPU a loop of GEMMs beats bmm (LibTorch 1.13 fp32 bmm: ~170 against
-    // ~225 GFLOP/s for 512×512·512×2048 on 2 cores); each GEMM is threaded.
-    for (int64_t i = 0; i < out.size(0); ++i) {
-      auto o = out.select(0, i);
-      at::mm_out(o, a.select(0, i), b.select(0, i));
-    }
-  } else {
-    at::bmm_out(out, a, b);
-  }
+  batched_product(out, a, b, 1.0, 0.0);
 }
 
 void batched_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
@@ -77,10 +126,8 @@ void batched_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a
     at::baddbmm_out(out, c, a, b, beta, alpha);
     return;
   }
-  for (int64_t i = 0; i < out.size(0); ++i) {
-    auto o = out.select(0, i);
-    at::addmm_out(o, c.select(0, i), a.select(0, i), b.select(0, i), beta, alpha);
-  }
+  if (beta != 0.0) out.copy_(c);
+  batched_product(out, a, b, alpha, beta);
 }
 
 at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
@@ -90,53 +137,57 @@ at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Ten
   return out;
 }
 
-void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta,
-          bool symmetric_kernels) {
-  const int64_t s = out.size(1);
-  if (out.device().is_cpu() && out.size(0) > 1) {
-    // One matrix at a time on CPU (each GEMM/SYRK is threaded; CPU bmm is slower).
-    for (int64_t i = 0; i < out.size(0); ++i) {
-      auto o = out.narrow(0, i, 1);
-      syrk(o, x.narrow(0, i, 1), trans, alpha, beta, symmetric_kernels);
-    }
-    return;
-  }
-  // 16-bit on CPU: oneDNN's single GEMM beats the blocked product at every
-  // size measured (2048²: 39.8 against 44.9 ms for the 2×2 blocks).
-  const bool cpu_16bit = out.device().is_cpu() && (out.scalar_type() == at::kBFloat16 ||
-                                                   out.scalar_type() == at::kHalf);
-  if (!symmetric_kernels || cpu_16bit) {
-    auto xt = op_rows(x, trans, 0, s);
-    if (beta == 0.0) {
-      batched_mm_out(out, xt, xt.transpose(1, 2));
-      if (alpha != 1.0) out.mul_(alpha);
-    } else {
-      out.baddbmm_(xt, xt.transpose(1, 2), beta, alpha);
-    }
-    return;
-  }
-  if (cblas_syrk(out, x, trans, alpha, beta)) return;
+namespace {
 
-  // Blocked: compute the upper block triangle with GEMMs, mirror the rest.
-  const int64_t k = num_blocks(s);
+// The upper triangle of beta·out + alpha·op(X)·op(X)ᵀ; returns false when
+// the whole matrix is already symmetric (CBLAS mirrors itself). A full
+// product (one panel) is not exactly symmetric in general (oneDNN's kernels
+// order the sums differently for (i, j) and (j, i)), so it is mirrored too:
+// Gram Newton–Schulz relies on R being symmetric to the bit.
+bool upper_product(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {
+  const int64_t s = out.size(1);
+  const bool cpu = out.device().is_cpu();
+  const bool cpu_dnnl = cpu && dnnl_matmul_available() &&
+                        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+  if (!cpu_dnnl && out.scalar_type() == x.scalar_type() && cblas_syrk(out, x, trans, alpha, beta)) {
+    return false;
+  }
+  // Row panels of the upper triangle, each a product into a block of out.
+  const bool cpu_16bit =
+      cpu && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+  const int64_t k = num_panels(s, cpu_dnnl, cpu_16bit);
   const int64_t step = (s + k - 1) / k;
   for (int64_t i0 = 0; i0 < s; i0 += step) {
-    const int64_t ni = std::min(step, s - i0);
-    auto xi = op_rows(x, trans, i0, ni);
-    for (int64_t j0 = i0; j0 < s; j0 += step) {
-      const int64_t nj = std::min(step, s - j0);
-      auto xj = op_rows(x, trans, j0, nj);
-      auto block = out.narrow(1, i0, ni).narrow(2, j0, nj);
-      if (beta == 0.0) {
-        auto prod = at::bmm(xi, xj.transpose(1, 2));
-        if (alpha != 1.0) prod.mul_(alpha);
-        block.copy_(prod);
-      } else {
-        block.copy_(at::baddbmm(block, xi, xj.transpose(1, 2), beta, alpha));
-      }
-      if (j0 != i0) out.narrow(1, j0, nj).narrow(2, i0, ni).copy_(block.transpose(1, 2));
-    }
+    const int64_t h = std::min(step, s - i0);
+    auto panel = out.narrow(1, i0, h).narrow(2, i0, s - i0);
+    batched_product(panel, op_rows(x, trans, i0, h),
+                    op_rows(x, trans, i0, s - i0).transpose(1, 2), alpha, beta);
   }
+  return true;
+}
+
+}  // namespace
+
+void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta,
+          bool symmetric_kernels) {
+  if (!symmetric_kernels) {
+    auto xt = op_rows(x, trans, 0, out.size(1));
+    batched_product(out, xt, xt.transpose(1, 2), alpha, beta);
+    return;
+  }
+  if (upper_product(out, x, trans, alpha, beta)) mirror_upper_to_lower(out);
+}
+
+void syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {
+  upper_product(out, x, trans, alpha, beta);
+}
+
+void symmetric_from_upper(at::Tensor& out, at::Tensor& upper, double shift) {
+  // Mirror in fp32 (a tiled copy), then one vectorized conversion by ATen:
+  // faster than converting element by element while mirroring.
+  mirror_upper_to_lower(upper);
+  if (shift != 0.0) upper.diagonal(0, 1, 2).add_(shift);
+  out.copy_(upper);
 }
 
 }  // namespace muon::detail

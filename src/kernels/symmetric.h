@@ -7,11 +7,21 @@ namespace muon::detail {
 /// out = beta·out + alpha·op(X)·op(X)ᵀ for every matrix of a batch, with the
 /// full symmetric result written (both triangles).
 ///   x:   (b, s, l) when !trans (op(X) = X), (b, l, s) when trans (op(X) = Xᵀ)
-///   out: (b, s, s), contiguous, same dtype/device as x
+///   out: (b, s, s), contiguous, same device as x; same dtype, or fp32 for a
+///        bf16 x where accumulates_in_fp32(x) (exact products summed in fp32)
 /// `symmetric_kernels` selects SYRK (CBLAS) or blocked GEMMs over the upper
 /// block triangle; false runs one full GEMM (the plain formula).
 void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta,
           bool symmetric_kernels);
+
+/// As syrk with symmetric kernels, but only the upper triangle of out is
+/// defined afterwards (the lower one is left as it was or overwritten).
+void syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta);
+
+/// out = U + U_strictᵀ + shift·I for every matrix of a batch, where U is
+/// the upper triangle of `upper` (contiguous (b, s, s)), rounded once to
+/// out's dtype. `upper` is left holding the full fp32 result.
+void symmetric_from_upper(at::Tensor& out, at::Tensor& upper, double shift);
 
 /// out = a·b for batches of matrices (one GEMM per matrix on CPU).
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
@@ -33,6 +43,24 @@ bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, 
 /// Σ x² of a contiguous CPU float/double tensor, accumulated in fp64
 /// (cblas_dsdot / cblas_ddot); false when the backend cannot take it.
 bool cblas_sum_of_squares(const at::Tensor& x, double* out);
+
+/// Whether products of x's dtype on x's device can write fp32 results from
+/// bf16 inputs (oneDNN on CPU).
+bool accumulates_in_fp32(const at::Tensor& x);
+
+/// oneDNN backend (src/kernels/dnnl_matmul.cpp or dnnl_none.cpp).
+bool dnnl_matmul_available();
+
+/// out = beta·out + alpha·a·b for 2-D CPU matrices through oneDNN's matmul,
+/// on `threads` OpenMP threads. a and b: both fp32 or both bf16, each with
+/// one unit stride; out: fp32, or bf16 for bf16 inputs with beta = 0,
+/// row-major with any leading dimension (a block of a larger matrix).
+/// Returns false, touching nothing, when it cannot take the case.
+bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
+                 double beta, int threads);
+
+/// The system BLAS's own thread count (OpenBLAS), or 0 when unknown.
+int blas_num_threads();
 
 /// Copies the upper triangle of every (contiguous, square) matrix of a
 /// (b, s, s) tensor onto its lower triangle.

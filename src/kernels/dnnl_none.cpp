@@ -1,0 +1,13 @@
+// Built when oneDNN's headers or library are not found: every product goes
+// through ATen (and CBLAS where available).
+#include "kernels/symmetric.h"
+
+namespace muon::detail {
+
+bool dnnl_matmul_available() { return false; }
+
+bool dnnl_matmul(at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, int) {
+  return false;
+}
+
+}  // namespace muon::detail
