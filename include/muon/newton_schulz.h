@@ -94,7 +94,7 @@ NewtonSchulzMethod parse_newton_schulz_method(const std::string& name);
 /// `auto` chooses Gram Newton–Schulz for 16-bit compute when long side /
 /// short side >= kGramMinAspect and the schedule has at least kGramMinSteps
 /// steps. Measured break-even: docs/benchmarks.md.
-constexpr double kGramMinAspect = 3.5;
+constexpr double kGramMinAspect = 3.0;
 constexpr int64_t kGramMinSteps = 3;
 /// Default normalization epsilon.
 constexpr double kDefaultNsEps = 1e-7;
