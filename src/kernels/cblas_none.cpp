@@ -6,5 +6,6 @@ namespace muon::detail {
 bool cblas_syrk(at::Tensor&, const at::Tensor&, bool, double, double) { return false; }
 bool cblas_sum_of_squares(const at::Tensor&, double*) { return false; }
 int blas_num_threads() { return 0; }
+std::string blas_core_name() { return ""; }
 
 }  // namespace muon::detail

@@ -1,6 +1,8 @@
 // SYRK through CBLAS for contiguous CPU float/double matrices.
 #include <cblas.h>
 
+#include <string>
+
 #include "kernels/symmetric.h"
 
 namespace muon::detail {
@@ -10,6 +12,15 @@ int blas_num_threads() {
   return openblas_get_num_threads();
 #else
   return 0;
+#endif
+}
+
+std::string blas_core_name() {
+#ifdef OPENBLAS_VERSION
+  const char* name = openblas_get_corename();
+  return name ? name : "";
+#else
+  return "";
 #endif
 }
 

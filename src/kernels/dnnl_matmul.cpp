@@ -68,6 +68,12 @@ class ScopedOmpThreads {
 
 bool dnnl_matmul_available() { return true; }
 
+bool dnnl_has_avx512() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (isa & avx512) == avx512;
+}
+
 bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                  double beta, int threads) {
   if (!out.device().is_cpu() || !a.device().is_cpu() || !b.device().is_cpu()) return false;

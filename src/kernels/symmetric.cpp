@@ -4,6 +4,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <string>
 
 namespace muon::detail {
 namespace {
@@ -34,10 +37,16 @@ int product_threads(at::ScalarType dtype) {
   return dtype == at::kFloat ? std::max(torch_threads, blas_num_threads()) : torch_threads;
 }
 
+// Whether CPU products of this input dtype go to oneDNN.
+bool on_dnnl(at::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return dnnl_matmul_available();
+  return dtype == at::kFloat && fp32_products_on_dnnl();
+}
+
 // out = beta·out + alpha·a·b for one matrix; out may be a strided block.
 void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                 double beta) {
-  if (out.device().is_cpu() &&
+  if (out.device().is_cpu() && on_dnnl(a.scalar_type()) &&
       dnnl_matmul(out, a, b, alpha, beta, product_threads(a.scalar_type()))) {
     return;
   }
@@ -112,6 +121,25 @@ void mirror_upper_to_lower(at::Tensor& out) {
   });
 }
 
+bool fp32_products_on_dnnl() {
+  static const bool on = [] {
+    const char* env = std::getenv("MUON_FP32_PRODUCTS");
+    const std::string choice = env ? env : "";
+    if (choice == "blas") return false;
+    if (choice == "onednn") return dnnl_matmul_available();
+    TORCH_CHECK_VALUE(choice.empty() || choice == "auto",
+                      "[muon] MUON_FP32_PRODUCTS must be auto, blas or onednn, got '", choice, "'");
+    std::string core = blas_core_name();
+    std::transform(core.begin(), core.end(), core.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const bool blas_avx512 = core.find("skylakex") != std::string::npos ||
+                             core.find("cooperlake") != std::string::npos ||
+                             core.find("sapphirerapids") != std::string::npos;
+    return dnnl_matmul_available() && dnnl_has_avx512() && !blas_avx512;
+  }();
+  return on;
+}
+
 bool accumulates_in_fp32(const at::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && dnnl_matmul_available();
 }
@@ -147,8 +175,7 @@ namespace {
 bool upper_product(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {
   const int64_t s = out.size(1);
   const bool cpu = out.device().is_cpu();
-  const bool cpu_dnnl = cpu && dnnl_matmul_available() &&
-                        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+  const bool cpu_dnnl = cpu && on_dnnl(x.scalar_type());
   if (!cpu_dnnl && out.scalar_type() == x.scalar_type() && cblas_syrk(out, x, trans, alpha, beta)) {
     return false;
   }

@@ -2,6 +2,8 @@
 // Symmetric products for Newton–Schulz. Internal.
 #include <ATen/ATen.h>
 
+#include <string>
+
 namespace muon::detail {
 
 /// out = beta·out + alpha·op(X)·op(X)ᵀ for every matrix of a batch, with the
@@ -59,8 +61,21 @@ bool dnnl_matmul_available();
 bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                  double beta, int threads);
 
+/// Whether oneDNN runs AVX-512 kernels on this CPU.
+bool dnnl_has_avx512();
+
 /// The system BLAS's own thread count (OpenBLAS), or 0 when unknown.
 int blas_num_threads();
+
+/// The kernel family OpenBLAS runs ("Haswell", "SkylakeX", ...), or "".
+std::string blas_core_name();
+
+/// Whether CPU fp32 products go to oneDNN rather than the BLAS: when the
+/// CPU has AVX-512 and OpenBLAS does not use it (it runs AVX2 kernels on
+/// CPUs it does not know, or when OPENBLAS_CORETYPE says so), oneDNN's
+/// fp32 GEMM is ~2× faster per core; otherwise the BLAS's SYRK does half
+/// the work of a panelled product. MUON_FP32_PRODUCTS=blas|onednn overrides.
+bool fp32_products_on_dnnl();
 
 /// Copies the upper triangle of every (contiguous, square) matrix of a
 /// (b, s, s) tensor onto its lower triangle.
