@@ -29,7 +29,7 @@ bool plain_2d(const at::Tensor& t) {
          (r == 1 && c >= std::max<int64_t>(t.size(0), 1));
 }
 
-constexpr int64_t kFp32Chunk = 256;
+constexpr int64_t kFp32Chunk = 128;
 
 bool supported_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; }
 
@@ -100,10 +100,11 @@ bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
   if (at::in_parallel_region()) return false;  // keep oneDNN's threads out of ATen's
   if (in == at::kFloat && a.size(1) > kFp32Chunk) {
     // fp32: sum over K in chunks, each added into the result (OpenBLAS
-    // blocks K the same way). oneDNN's kernel otherwise keeps one
-    // accumulation chain over all of K, and Newton–Schulz then lands at
-    // 1.3–1.45× the plain formula's error against fp64 (1024×4096: 1.39e-6
-    // against 1.05e-6; with chunks of 256: 1.03e-6) for 2–10% more time.
+    // blocks K too). oneDNN's kernel otherwise keeps one accumulation chain
+    // over all of K, and Newton–Schulz then lands at 1.3–1.45× the plain
+    // formula's error against fp64. 1024×4096, quintic ×5: unchunked
+    // 1.39e-6, chunks of 256 1.03e-6, of 128 0.79e-6, plain 1.05e-6; the
+    // chunks of 128 cost 0–10% more time.
     for (int64_t k0 = 0; k0 < a.size(1); k0 += kFp32Chunk) {
       const int64_t kk = std::min(kFp32Chunk, a.size(1) - k0);
       const bool ok = dnnl_matmul(out, a.narrow(1, k0, kk), b.narrow(0, k0, kk), alpha,
