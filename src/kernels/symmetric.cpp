@@ -50,8 +50,8 @@ void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doubl
       dnnl_matmul(out, a, b, alpha, beta, product_threads(a.scalar_type()))) {
     return;
   }
-  const auto& a1 = a.scalar_type() == out.scalar_type() ? a : a.to(out.scalar_type());
-  const auto& b1 = b.scalar_type() == out.scalar_type() ? b : b.to(out.scalar_type());
+  const auto a1 = a.to(out.scalar_type());  // no copy when the dtype already matches
+  const auto b1 = b.to(out.scalar_type());
   if (beta == 0.0) {
     at::mm_out(out, a1, b1);
     if (alpha != 1.0) out.mul_(alpha);
@@ -72,8 +72,8 @@ void batched_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, 
     }
     return;
   }
-  const auto& a1 = a.scalar_type() == out.scalar_type() ? a : a.to(out.scalar_type());
-  const auto& b1 = b.scalar_type() == out.scalar_type() ? b : b.to(out.scalar_type());
+  const auto a1 = a.to(out.scalar_type());  // no copy when the dtype already matches
+  const auto b1 = b.to(out.scalar_type());
   if (beta != 0.0) {
     out.baddbmm_(a1, b1, beta, alpha);
   } else if (out.is_contiguous()) {
@@ -141,7 +141,7 @@ bool fp32_products_on_dnnl() {
 }
 
 bool accumulates_in_fp32(const at::Tensor& x) {
-  return x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && dnnl_matmul_available();
+  return x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && on_dnnl(at::kBFloat16);
 }
 
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
