@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "kernels/symmetric.h"
@@ -171,10 +172,22 @@ at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& sched
   const auto state = half ? x.options().dtype(at::kFloat) : x.options();
   auto r = at::empty({x.size(0), s, s}, state);
   auto z = at::empty_like(r);
+  auto q = at::empty_like(r);
+  auto work = at::empty_like(r);  // Q·M, then R·M
   auto next = at::empty_like(x);
   PolyScratch scratch;
-  at::Tensor q;  // undefined at the start of a phase: Q = I
+  bool fresh = true;  // at the start of a phase Q = I, not yet formed
 
+  // out = a·C + C·Z: products of polynomials in R₀, symmetric and commuting;
+  // with symmetric kernels only their upper triangles are computed.
+  auto times_m = [&](at::Tensor& out, const at::Tensor& c, const at::Tensor& lhs,
+                     const at::Tensor& rhs, double a) {
+    if (symmetric) {
+      detail::commuting_addmm_out(out, c, lhs, rhs, a, 1.0);
+    } else {
+      batched_addmm_out(out, c, lhs, rhs, a, 1.0);
+    }
+  };
   const bool direct = !half || detail::accumulates_in_fp32(x);
   auto gram_of_x = [&] {
     if (!direct) {
@@ -193,19 +206,21 @@ at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& sched
     if (starts_phase(restarts, k)) {
       apply_q();
       gram_of_x();
-      q = at::Tensor();
+      fresh = true;
     }
     const auto& c = schedule[static_cast<size_t>(k)];
     step_polynomial(z, r, c, symmetric, scratch);
-    if (!q.defined()) {
-      q = z.clone();
+    if (fresh) {
+      q.copy_(z);
       q.diagonal(0, 1, 2).add_(c.a);
+      fresh = false;
     } else {
-      q = batched_addmm(q, q, z, c.a, 1.0);
+      times_m(work, q, q, z, c.a);
+      std::swap(q, work);
     }
     if (k + 1 < n && !starts_phase(restarts, k + 1)) {
-      auto rz = batched_addmm(r, r, z, c.a, 1.0);
-      r = batched_addmm(rz, z, rz, c.a, 1.0);
+      times_m(work, r, r, z, c.a);  // R·M
+      times_m(r, work, z, work, c.a);  // M·R·M
     }
   }
   apply_q();
@@ -333,6 +348,8 @@ at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options
   const bool tall = rows > cols;
   ns_flops_counter += static_cast<double>(x3.size(0)) * newton_schulz_flops(rows, cols, options);
 
+  std::optional<detail::SixteenBitCompute> sixteen_bit;
+  if (is_16bit_dtype(options.compute_dtype())) sixteen_bit.emplace();
   auto work = normalized(x3, options);
   const auto schedule = options.schedule();
   const auto method = resolve_method(rows, cols, options);

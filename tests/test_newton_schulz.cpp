@@ -283,7 +283,11 @@ TEST(NewtonSchulzPaths, AllMethodsAgree) {
         muon::newton_schulz(g, NewtonSchulzOptions(base).method("gram").symmetric(false));
     EXPECT_LE(rel_err(standard, no_syrk), tol) << at::IntArrayRef(shape);
     EXPECT_LE(rel_err(standard, gram), tol) << at::IntArrayRef(shape);
-    EXPECT_LE(rel_err(gram, gram_gemm), tol) << at::IntArrayRef(shape);
+    // Gram with symmetric products (upper triangles of Q·M and M·R·M) and
+    // with full GEMMs round differently (each 1.5–3.3× plain's fp32 error
+    // here): each is held to the fp64 reference, not to the other.
+    EXPECT_LE(rel_err(gram, ref), tol) << at::IntArrayRef(shape);
+    EXPECT_LE(rel_err(gram_gemm, ref), tol) << at::IntArrayRef(shape);
   }
 }
 

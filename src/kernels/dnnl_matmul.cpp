@@ -75,7 +75,7 @@ bool dnnl_has_avx512() {
 }
 
 bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
-                 double beta, int threads) {
+                 double beta, int threads, bool chunk_fp32_k) {
   if (!out.device().is_cpu() || !a.device().is_cpu() || !b.device().is_cpu()) return false;
   const auto in = a.scalar_type();
   if (!supported_dtype(in) || b.scalar_type() != in || !supported_dtype(out.scalar_type())) {
@@ -98,7 +98,7 @@ bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
     return true;
   }
   if (at::in_parallel_region()) return false;  // keep oneDNN's threads out of ATen's
-  if (in == at::kFloat && a.size(1) > kFp32Chunk) {
+  if (in == at::kFloat && chunk_fp32_k && a.size(1) > kFp32Chunk) {
     // fp32: sum over K in chunks, each added into the result (OpenBLAS
     // blocks K too). oneDNN's kernel otherwise keeps one accumulation chain
     // over all of K, and Newton–Schulz then lands at 1.3–1.45× the plain
@@ -108,7 +108,7 @@ bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
     for (int64_t k0 = 0; k0 < a.size(1); k0 += kFp32Chunk) {
       const int64_t kk = std::min(kFp32Chunk, a.size(1) - k0);
       const bool ok = dnnl_matmul(out, a.narrow(1, k0, kk), b.narrow(0, k0, kk), alpha,
-                                  k0 == 0 ? beta : 1.0, threads);
+                                  k0 == 0 ? beta : 1.0, threads, false);
       TORCH_INTERNAL_ASSERT(ok || k0 == 0, "oneDNN took one K chunk but not the next");
       if (!ok) return false;
     }

@@ -32,9 +32,12 @@ int64_t num_panels(int64_t s, bool cpu_dnnl, bool cpu_16bit) {
 // fp32 products take the system BLAS's thread count when it is larger:
 // that is what LibTorch's own fp32 matmul runs on (OpenBLAS keeps its own
 // pool, whatever at::get_num_threads() says).
+thread_local bool sixteen_bit_compute = false;
+
 int product_threads(at::ScalarType dtype) {
   const int torch_threads = at::get_num_threads();
-  return dtype == at::kFloat ? std::max(torch_threads, blas_num_threads()) : torch_threads;
+  if (sixteen_bit_compute || dtype != at::kFloat) return torch_threads;
+  return std::max(torch_threads, blas_num_threads());
 }
 
 // Whether CPU products of this input dtype go to oneDNN.
@@ -47,7 +50,7 @@ bool on_dnnl(at::ScalarType dtype) {
 void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                 double beta) {
   if (out.device().is_cpu() && on_dnnl(a.scalar_type()) &&
-      dnnl_matmul(out, a, b, alpha, beta, product_threads(a.scalar_type()))) {
+      dnnl_matmul(out, a, b, alpha, beta, product_threads(a.scalar_type()), !sixteen_bit_compute)) {
     return;
   }
   const auto a1 = a.to(out.scalar_type());  // no copy when the dtype already matches
@@ -144,6 +147,12 @@ bool accumulates_in_fp32(const at::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && on_dnnl(at::kBFloat16);
 }
 
+SixteenBitCompute::SixteenBitCompute() : previous_(sixteen_bit_compute) {
+  sixteen_bit_compute = true;
+}
+
+SixteenBitCompute::~SixteenBitCompute() { sixteen_bit_compute = previous_; }
+
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   batched_product(out, a, b, 1.0, 0.0);
 }
@@ -194,6 +203,24 @@ bool upper_product(at::Tensor& out, const at::Tensor& x, bool trans, double alph
 }
 
 }  // namespace
+
+void commuting_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
+                         const at::Tensor& b, double beta, double alpha) {
+  TORCH_INTERNAL_ASSERT(out.dim() == 3 && out.size(1) == out.size(2) && out.is_contiguous());
+  if (beta != 0.0 && !c.is_same(out)) out.copy_(c);
+  const int64_t s = out.size(1);
+  const bool cpu = out.device().is_cpu();
+  const bool cpu_16bit =
+      cpu && (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf);
+  const int64_t k = num_panels(s, cpu && on_dnnl(a.scalar_type()), cpu_16bit);
+  const int64_t step = (s + k - 1) / k;
+  for (int64_t i0 = 0; i0 < s; i0 += step) {
+    const int64_t h = std::min(step, s - i0);
+    auto panel = out.narrow(1, i0, h).narrow(2, i0, s - i0);
+    batched_product(panel, a.narrow(1, i0, h), b.narrow(2, i0, s - i0), alpha, beta);
+  }
+  mirror_upper_to_lower(out);
+}
 
 void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta,
           bool symmetric_kernels) {

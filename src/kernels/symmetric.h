@@ -25,6 +25,29 @@ void syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, 
 /// out's dtype. `upper` is left holding the full fp32 result.
 void symmetric_from_upper(at::Tensor& out, at::Tensor& upper, double shift);
 
+/// out = beta·c + alpha·a·b for batches of symmetric matrices a, b that
+/// commute (polynomials in one matrix), so that a·b is symmetric: only the
+/// upper block triangle is computed (row panels, as in syrk), then mirrored.
+/// out must not alias a or b; c may be out itself.
+void commuting_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
+                         const at::Tensor& b, double beta, double alpha);
+
+/// While alive on this thread, products serve a 16-bit computation: CPU
+/// products of every dtype run on LibTorch's intra-op threads (as
+/// LibTorch's own bf16 matmul does; its fp32 matmul runs on the BLAS's
+/// threads), and fp32 products (the s×s state of 16-bit Gram iterations)
+/// sum K in one pass: their fp32 rounding is far below the iterate's 2⁻⁹.
+class SixteenBitCompute {
+ public:
+  SixteenBitCompute();
+  ~SixteenBitCompute();
+  SixteenBitCompute(const SixteenBitCompute&) = delete;
+  SixteenBitCompute& operator=(const SixteenBitCompute&) = delete;
+
+ private:
+  bool previous_;
+};
+
 /// out = a·b for batches of matrices (one GEMM per matrix on CPU).
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
@@ -57,9 +80,10 @@ bool dnnl_matmul_available();
 /// on `threads` OpenMP threads. a and b: both fp32 or both bf16, each with
 /// one unit stride; out: fp32, or bf16 for bf16 inputs with beta = 0,
 /// row-major with any leading dimension (a block of a larger matrix).
+/// fp32 products sum K in chunks of 128 unless `chunk_fp32_k` is false.
 /// Returns false, touching nothing, when it cannot take the case.
 bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
-                 double beta, int threads);
+                 double beta, int threads, bool chunk_fp32_k = true);
 
 /// Whether oneDNN runs AVX-512 kernels on this CPU.
 bool dnnl_has_avx512();
