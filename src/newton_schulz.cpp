@@ -9,7 +9,9 @@
 #include <optional>
 #include <utility>
 
+#include "kernels/fused_update.h"
 #include "kernels/symmetric.h"
+#include "newton_schulz_internal.h"
 
 namespace muon {
 namespace {
@@ -229,9 +231,10 @@ at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& sched
 
 // X₀ = G / (‖G‖_F·safety + eps) per matrix, in the compute dtype, as a new
 // contiguous tensor. The scaling runs in fp32 (fp64 for fp64 compute) and
-// rounds once. ‖G‖ accumulates in fp64: LibTorch 1.13's fp32 norm is off by
-// up to ~1e-4 relative on large matrices, a scale error the iteration
-// amplifies, and its mixed-dtype reductions are ~40× slower than BLAS dsdot.
+// rounds once. ‖G‖² is summed in fp32 blocks of 256 carried in fp64
+// (sum_of_squares, relative error ≲ 1e-6): LibTorch 1.13's fp32 norm is off
+// by up to ~1e-4 relative on large matrices, a scale error the iteration
+// amplifies, and its mixed-dtype reductions are ~40× slower.
 at::Tensor normalized(const at::Tensor& x3, const NewtonSchulzOptions& options) {
   const auto compute = options.compute_dtype();
   const auto norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
@@ -258,11 +261,13 @@ at::Tensor normalized(const at::Tensor& x3, const NewtonSchulzOptions& options) 
     }
     m.copy_(x3.select(0, i));
     double sumsq = 0.0;
-    if (!detail::cblas_sum_of_squares(m, &sumsq)) {
+    if (detail::fused_eligible(m)) {
+      sumsq = detail::sum_of_squares(m);  // as muon::Muon's fused step sums
+    } else if (!detail::cblas_sum_of_squares(m, &sumsq)) {
       sumsq = at::linalg_vector_norm(m, 2, c10::nullopt, false, at::kDouble).item<double>();
       sumsq *= sumsq;
     }
-    m.div_(std::sqrt(sumsq) * safety + eps);
+    m.mul_(1.0 / (std::sqrt(sumsq) * safety + eps));
     if (!m.is_same(dst)) dst.copy_(m);
   }
   return out;
@@ -336,6 +341,23 @@ double newton_schulz_flops_on_this_thread() { return ns_flops_counter; }
 
 void reset_newton_schulz_flops_on_this_thread() { ns_flops_counter = 0; }
 
+namespace detail {
+
+at::Tensor newton_schulz_normalized(at::Tensor x0, const NewtonSchulzOptions& options) {
+  const int64_t rows = x0.size(1);
+  const int64_t cols = x0.size(2);
+  const bool tall = rows > cols;
+  ns_flops_counter += static_cast<double>(x0.size(0)) * newton_schulz_flops(rows, cols, options);
+  std::optional<SixteenBitCompute> sixteen_bit;
+  if (is_16bit_dtype(options.compute_dtype())) sixteen_bit.emplace();
+  const auto schedule = options.schedule();
+  return resolve_method(rows, cols, options) == NewtonSchulzMethod::kGram
+             ? gram_iteration(std::move(x0), schedule, tall, options.symmetric())
+             : standard_iteration(std::move(x0), schedule, tall, options.symmetric());
+}
+
+}  // namespace detail
+
 at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options) {
   options.validate();
   check_input(x, options);
@@ -343,19 +365,7 @@ at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options
 
   const bool batched = x.dim() == 3;
   const auto x3 = batched ? x : x.unsqueeze(0);
-  const int64_t rows = x3.size(1);
-  const int64_t cols = x3.size(2);
-  const bool tall = rows > cols;
-  ns_flops_counter += static_cast<double>(x3.size(0)) * newton_schulz_flops(rows, cols, options);
-
-  std::optional<detail::SixteenBitCompute> sixteen_bit;
-  if (is_16bit_dtype(options.compute_dtype())) sixteen_bit.emplace();
-  auto work = normalized(x3, options);
-  const auto schedule = options.schedule();
-  const auto method = resolve_method(rows, cols, options);
-  auto out = method == NewtonSchulzMethod::kGram
-                 ? gram_iteration(std::move(work), schedule, tall, options.symmetric())
-                 : standard_iteration(std::move(work), schedule, tall, options.symmetric());
+  auto out = detail::newton_schulz_normalized(normalized(x3, options), options);
   if (out.scalar_type() != x.scalar_type()) out = out.to(x.scalar_type());
   return batched ? out : out.squeeze(0);
 }

@@ -265,6 +265,103 @@ INSTANTIATE_TEST_SUITE_P(AllOptions, ExactValues, ::testing::ValuesIn(all_combos
                            return combo_name(info.param);
                          });
 
+// ---- fp32 parameters: the fused passes and the tensor-op step ---------------
+
+// `values` with the same entries stored in reversed dimension order: a
+// non-contiguous tensor, which muon::Muon steps with tensor ops instead of
+// its fused passes.
+at::Tensor reversed_storage(const at::Tensor& values) {
+  std::vector<int64_t> rev(static_cast<size_t>(values.dim()));
+  for (int64_t d = 0; d < values.dim(); ++d) rev[static_cast<size_t>(d)] = values.dim() - 1 - d;
+  return values.permute(rev).contiguous().permute(rev);
+}
+
+// Steps fp32 parameters of `shapes` (N(0, 0.02²), contiguous or not) and
+// the fp64 reference on the same fp32 gradients; returns the largest
+// ‖Δp − Δp_ref‖_F / ‖Δp_ref‖_F over parameters, Δp the change over all steps.
+double fp32_error_against_reference(const std::vector<std::vector<int64_t>>& shapes,
+                                    const RefOptions& o, bool contiguous,
+                                    at::ScalarType compute, int steps = 3) {
+  at::manual_seed(99);
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> start;
+  std::vector<RefParam> ref;
+  for (const auto& shape : shapes) {
+    const auto values = at::randn(shape) * 0.02;
+    params.push_back(leaf(contiguous ? values : reversed_storage(values)));
+    EXPECT_EQ(params.back().is_contiguous(), contiguous);
+    start.push_back(values.to(at::kDouble));
+    ref.push_back({start.back().clone(), {}});
+  }
+  auto options = to_muon(o);
+  options.ns_compute_dtype(compute);
+  Muon opt(params, options);
+  for (int k = 0; k < steps; ++k) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const auto g = at::randn(shapes[i]);
+      params[i].mutable_grad() = contiguous ? g.clone() : reversed_storage(g);
+      ref_step(ref[i], g, o);
+    }
+    opt.step();
+  }
+  double worst = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto d_ref = ref[i].p - start[i];
+    const auto d = params[i].detach().to(at::kDouble) - start[i];
+    worst = std::max(worst, ((d - d_ref).norm() / d_ref.norm()).item<double>());
+  }
+  return worst;
+}
+
+// fp32 compute: Newton–Schulz in fp32 differs from fp64 by ~1e-6 relative
+// (docs/benchmarks.md), the elementwise passes by a few fp32 roundings;
+// 1e-5 keeps a margin and catches any wrong term (a missing Nesterov or
+// weight-decay term changes Δp by > 1e-2). bf16 compute: the bf16 iterate's
+// rounding puts Newton–Schulz ~4e-3–9e-3 from fp64 (the plain bf16 formula:
+// ~1.7e-2); 3e-2 is the plain formula's error with a margin.
+constexpr double kFp32StepTol = 1e-5;
+constexpr double kBf16StepTol = 3e-2;
+
+class Fp32Steps : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(Fp32Steps, FusedAndTensorOpStepsMatchFp64Reference) {
+  const auto c = GetParam();
+  RefOptions o;
+  o.lr = 0.05;
+  o.mu = 0.9;
+  o.nesterov = c.nesterov;
+  o.ema = c.style == MomentumStyle::kEma;
+  o.wd = 0.1;
+  o.wd_mode = c.wd_mode;
+  o.scale = c.scale;
+  o.extra = 1.5;
+  const std::vector<std::vector<int64_t>> shapes = {{48, 32}, {24, 40}, {16, 64}, {28, 28}};
+  for (const bool contiguous : {true, false}) {
+    EXPECT_LT(fp32_error_against_reference(shapes, o, contiguous, at::kFloat), kFp32StepTol)
+        << (contiguous ? "fused passes" : "tensor ops");
+    EXPECT_LT(fp32_error_against_reference(shapes, o, contiguous, at::kBFloat16), kBf16StepTol)
+        << (contiguous ? "fused passes" : "tensor ops") << ", bf16 compute";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOptions, Fp32Steps, ::testing::ValuesIn(all_combos()),
+                         [](const ::testing::TestParamInfo<Combo>& info) {
+                           return combo_name(info.param);
+                         });
+
+TEST(MuonShapes, Fp32ExpertsAndConvNormalizedPerMatrix) {
+  // The fused passes sum ‖u‖² per expert: one norm over the whole stack
+  // would scale each expert's update by a different factor.
+  RefOptions o;
+  o.experts = true;
+  o.scale = ScaleMode::kSpectral;
+  o.wd = 0.01;
+  for (const bool contiguous : {true, false}) {
+    EXPECT_LT(fp32_error_against_reference({{3, 24, 40}, {8, 3, 3, 3}}, o, contiguous, at::kFloat),
+              kFp32StepTol);
+  }
+}
+
 TEST(MuonShapes, ConvWeightViewedAsOutByRest) {
   RefOptions o;
   o.scale = ScaleMode::kSpectral;  // depends on both dims: a kh/kw scale would differ

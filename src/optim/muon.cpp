@@ -8,8 +8,11 @@
 #include <cmath>
 #include <numeric>
 #include <utility>
+#include <vector>
 
+#include "kernels/fused_update.h"
 #include "muon/compat.h"
+#include "newton_schulz_internal.h"
 
 namespace muon {
 namespace {
@@ -395,6 +398,7 @@ at::Tensor Muon::step(LossClosure closure) {
     const auto& o = static_cast<const MuonOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
+      if (fused_step(p, o)) continue;
       auto [update, st] = momentum_update(p, o);
       // 4–6. orthogonalize, scale, apply in the parameter's dtype.
       double alpha = 1.0;
@@ -413,9 +417,7 @@ std::pair<at::Tensor, MuonParamState*> Muon::momentum_update(at::Tensor& p, cons
   const double wd = o.weight_decay();
   const bool ema = o.momentum_style() == MomentumStyle::kEma;
 
-  auto& slot = state_[compat::state_key(p)];
-  if (!slot) slot = new_state(p);
-  auto& st = static_cast<MuonParamState&>(*slot);
+  auto& st = state_of(p);
   if (!st.momentum_buffer().defined()) {
     st.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
   }
@@ -436,7 +438,14 @@ std::pair<at::Tensor, MuonParamState*> Muon::momentum_update(at::Tensor& p, cons
         break;
     }
   }
-  // 2. momentum, in place on the buffer.
+  // 2–3. momentum in place on the buffer and the Nesterov update (a new
+  // tensor): one pass over contiguous fp32 CPU tensors, the same arithmetic
+  // as the fused step's.
+  if (detail::fused_eligible(buf) && detail::fused_eligible(grad) && grad.sizes() == buf.sizes()) {
+    at::Tensor nesterov_update;
+    detail::momentum_step(buf, grad, {mu, ema, o.nesterov()}, &nesterov_update);
+    return {o.nesterov() ? nesterov_update : buf, &st};
+  }
   if (ema) {
     buf.lerp_(grad, 1 - mu);
   } else {
@@ -449,7 +458,58 @@ std::pair<at::Tensor, MuonParamState*> Muon::momentum_update(at::Tensor& p, cons
   return {update, &st};
 }
 
+MuonParamState& Muon::state_of(const at::Tensor& p) {
+  auto& slot = state_[compat::state_key(p)];
+  if (!slot) slot = new_state(p);
+  return static_cast<MuonParamState&>(*slot);
+}
+
+bool Muon::fused_step(at::Tensor& p, const MuonOptions& o) {
+  const auto compute = o.ns().compute_dtype();
+  const at::Tensor& grad = p.grad();
+  if (!orthogonalizes_by_default() || !detail::fused_eligible(p) || !detail::fused_eligible(grad) ||
+      grad.sizes() != p.sizes() || p.numel() == 0 || !o.split_sizes().empty() ||
+      (compute != at::kFloat && compute != at::kBFloat16) ||
+      (o.weight_decay() != 0 && o.weight_decay_mode() == WeightDecayMode::kL2)) {
+    return false;
+  }
+  auto& st = state_of(p);
+  if (st.momentum_buffer().defined() && !detail::fused_eligible(st.momentum_buffer())) return false;
+  if (!st.momentum_buffer().defined()) st.momentum_buffer(at::zeros_like(p));
+  st.step(st.step() + 1);
+  auto& buf = st.momentum_buffer();
+
+  // 2–3. momentum into the buffer and Σu² of the Nesterov update u, per matrix.
+  const auto v = matrix_view(p, o);
+  const detail::MomentumRule rule{o.momentum(), o.momentum_style() == MomentumStyle::kEma,
+                                  o.nesterov()};
+  std::vector<double> scale(static_cast<size_t>(v.batch));
+  detail::momentum_pass(buf, grad, rule, v.batch, scale.data());
+  // 4. X₀ = u / (‖u‖_F·safety + eps), written once in the compute dtype;
+  // then the iterations.
+  const double safety = o.ns().coefficients().safety_factor;
+  for (auto& s : scale) s = 1.0 / (std::sqrt(s) * safety + o.ns().eps());
+  auto x0 = at::empty({v.batch, v.rows, v.cols}, p.options().dtype(compute));
+  detail::normalized_update(x0, buf, grad, rule, v.batch, scale.data());
+  const auto orth = detail::newton_schulz_normalized(std::move(x0), o.ns()).contiguous();
+  // 1, 5–6. weight decay, scale and update in one pass.
+  double decay = 1.0;
+  if (o.weight_decay() != 0) {
+    decay = o.weight_decay_mode() == WeightDecayMode::kDecoupled ? 1 - o.lr() * o.weight_decay()
+                                                                 : 1 - o.weight_decay();
+  }
+  const double alpha = scale_factor(v.rows, v.cols, o.scale_mode(), o.extra_scale_factor());
+  detail::decay_and_add(p, orth, decay, -o.lr() * alpha);
+  return true;
+}
+
 void Muon::apply_update(at::Tensor& p, at::Tensor orth, double lr, double alpha) {
+  if (detail::fused_eligible(p) && orth.is_contiguous() && orth.device().is_cpu() &&
+      orth.numel() == p.numel() &&
+      (orth.scalar_type() == at::kFloat || orth.scalar_type() == at::kBFloat16)) {
+    detail::decay_and_add(p, orth, 1.0, -lr * alpha);  // the fused step's arithmetic
+    return;
+  }
   if (orth.scalar_type() != p.scalar_type()) orth = orth.to(p.scalar_type());
   p.add_(orth.view(p.sizes()), -lr * alpha);
 }

@@ -137,6 +137,7 @@ class TensorParallelMuon : public Muon {
 
  protected:
   /// Sharded parameters: the mode's orthogonalization; others: Muon's.
+  bool orthogonalizes_by_default() const override { return false; }
   at::Tensor orthogonal_update(const at::Tensor& param, const at::Tensor& update,
                                const MuonOptions& options, MuonParamState& state,
                                double& alpha) override;

@@ -124,6 +124,7 @@ class AdaptiveMuon : public Muon {
 
  protected:
   /// Newton–Schulz, then the second-moment normalization and rescale.
+  bool orthogonalizes_by_default() const override { return false; }
   at::Tensor orthogonal_update(const at::Tensor& param, const at::Tensor& update,
                                const MuonOptions& options, MuonParamState& state,
                                double& alpha) override;

@@ -228,6 +228,12 @@ class Muon : public torch::optim::Optimizer {
   virtual at::Tensor orthogonal_update(const at::Tensor& param, const at::Tensor& update,
                                        const MuonOptions& options, MuonParamState& state,
                                        double& alpha);
+  /// Whether orthogonal_update is Muon's own. A subclass that overrides
+  /// orthogonal_update overrides this to return false; while it is true,
+  /// step() may run steps 1–6 of a contiguous fp32 CPU parameter as fused
+  /// passes (momentum and the normalized Newton–Schulz input in one go, the
+  /// decayed update in another) without calling the extension points.
+  virtual bool orthogonalizes_by_default() const { return true; }
   /// A fresh, empty state for `param` (its momentum buffer is created at
   /// first use). Subclasses with more state return their own derived type;
   /// `load` deserializes into it.
@@ -255,6 +261,12 @@ class Muon : public torch::optim::Optimizer {
        bool allow_empty);
 
  private:
+  /// Steps 1–6 of `param` as fused passes; false, touching nothing, when
+  /// the parameter, its gradient or the options are not a case they take.
+  bool fused_step(at::Tensor& param, const MuonOptions& options);
+  /// The parameter's state, created at first use.
+  MuonParamState& state_of(const at::Tensor& param);
+
   bool allow_empty_ = false;
 };
 
