@@ -3,6 +3,10 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -87,6 +91,39 @@ void batched_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, 
   }
 }
 
+// Copies the upper triangle's element (j, i) onto (i, j) for i, j in the
+// given ranges with j < i.
+template <typename scalar_t>
+inline void mirror_block(scalar_t* m, int64_t s, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t jend = std::min(j1, i);
+    for (int64_t j = j0; j < jend; ++j) m[i * s + j] = m[j * s + i];
+  }
+}
+
+#if defined(__SSE2__)
+// One 4×4 block below the diagonal from its mirror image, in registers.
+inline bool mirror_4x4(float* m, int64_t s, int64_t i, int64_t j) {
+  const float* src = m + j * s + i;
+  __m128 r0 = _mm_loadu_ps(src);
+  __m128 r1 = _mm_loadu_ps(src + s);
+  __m128 r2 = _mm_loadu_ps(src + 2 * s);
+  __m128 r3 = _mm_loadu_ps(src + 3 * s);
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  float* dst = m + i * s + j;
+  _mm_storeu_ps(dst, r0);
+  _mm_storeu_ps(dst + s, r1);
+  _mm_storeu_ps(dst + 2 * s, r2);
+  _mm_storeu_ps(dst + 3 * s, r3);
+  return true;
+}
+#endif
+
+template <typename scalar_t>
+inline bool mirror_4x4(scalar_t*, int64_t, int64_t, int64_t) {
+  return false;
+}
+
 template <typename scalar_t>
 void mirror_impl(scalar_t* data, int64_t batch, int64_t s) {
   constexpr int64_t kTile = 64;
@@ -97,12 +134,18 @@ void mirror_impl(scalar_t* data, int64_t batch, int64_t s) {
       const int64_t i0 = (t % tiles) * kTile;
       const int64_t i1 = std::min(s, i0 + kTile);
       // Row block [i0, i1) of the lower triangle reads column block [i0, i1)
-      // of the upper triangle, tile by tile.
+      // of the upper triangle, tile by tile; whole 4×4 blocks below the
+      // diagonal are transposed in registers (fp32), the rest element-wise.
       for (int64_t j0 = 0; j0 < i1; j0 += kTile) {
         const int64_t j1 = std::min(j0 + kTile, i1);
-        for (int64_t i = i0; i < i1; ++i) {
-          const int64_t jend = std::min(j1, i);
-          for (int64_t j = j0; j < jend; ++j) m[i * s + j] = m[j * s + i];
+        for (int64_t i = i0; i < i1; i += 4) {
+          const int64_t ie = std::min(i + 4, i1);
+          for (int64_t j = j0; j < std::min(j1, ie); j += 4) {
+            const int64_t je = std::min(j + 4, j1);
+            if (!(ie - i == 4 && je - j == 4 && je <= i && mirror_4x4(m, s, i, j))) {
+              mirror_block(m, s, i, ie, j, je);
+            }
+          }
         }
       }
     }
