@@ -228,10 +228,9 @@ std::string combo_name(const Combo& c) {
 // gtest prints parameters with this (readable ctest names).
 void PrintTo(const Combo& c, std::ostream* os) { *os << combo_name(c); }
 
-class ExactValues : public ::testing::TestWithParam<Combo> {};
-
-TEST_P(ExactValues, MatchesPlainReferenceStep) {
-  const auto c = GetParam();
+// The reference options of one combination (lr 0.05, μ 0.9, wd 0.1, extra
+// scale 1.5: every term visible in the result).
+RefOptions combo_options(const Combo& c) {
   RefOptions o;
   o.lr = 0.05;
   o.mu = 0.9;
@@ -241,6 +240,13 @@ TEST_P(ExactValues, MatchesPlainReferenceStep) {
   o.wd_mode = c.wd_mode;
   o.scale = c.scale;
   o.extra = 1.5;
+  return o;
+}
+
+class ExactValues : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(ExactValues, MatchesPlainReferenceStep) {
+  const RefOptions o = combo_options(GetParam());
   // tall, wide (standard iteration), very wide (Gram iteration under auto), square
   EXPECT_LT(run_against_reference({{12, 8}, {6, 10}, {4, 16}, {7, 7}}, o), kFp64Tol);
 }
@@ -325,16 +331,7 @@ constexpr double kBf16StepTol = 3e-2;
 class Fp32Steps : public ::testing::TestWithParam<Combo> {};
 
 TEST_P(Fp32Steps, FusedAndTensorOpStepsMatchFp64Reference) {
-  const auto c = GetParam();
-  RefOptions o;
-  o.lr = 0.05;
-  o.mu = 0.9;
-  o.nesterov = c.nesterov;
-  o.ema = c.style == MomentumStyle::kEma;
-  o.wd = 0.1;
-  o.wd_mode = c.wd_mode;
-  o.scale = c.scale;
-  o.extra = 1.5;
+  const RefOptions o = combo_options(GetParam());
   const std::vector<std::vector<int64_t>> shapes = {{48, 32}, {24, 40}, {16, 64}, {28, 28}};
   for (const bool contiguous : {true, false}) {
     EXPECT_LT(fp32_error_against_reference(shapes, o, contiguous, at::kFloat), kFp32StepTol)
