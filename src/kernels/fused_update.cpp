@@ -36,24 +36,8 @@ inline float from_bf16_bits(uint16_t h) {
   return f;
 }
 
-// The momentum rule on one element, in fp32 as LibTorch's lerp_/mul_/add_
-// compute it: returns the new buffer value and sets u.
-template <bool kEma, bool kNesterov>
-inline float momentum_of(float g, float b, float mu, float one_minus_mu, float& u) {
-  float nb;
-  if constexpr (kEma) {
-    nb = b + one_minus_mu * (g - b);  // lerp(b, g, 1 − μ), weight < 0.5
-  } else {
-    nb = mu * b + g;
-  }
-  if constexpr (kNesterov) {
-    u = kEma ? nb - (nb - g) * one_minus_mu : g + mu * nb;  // lerp(g, nb, μ) | g + μ·nb
-  } else {
-    u = nb;
-  }
-  return nb;
-}
-
+// The Nesterov update from the gradient and the updated buffer, in fp32 as
+// LibTorch's lerp/add compute it: lerp(g, nb, μ) | g + μ·nb | nb.
 template <bool kEma, bool kNesterov>
 inline float update_of(float g, float nb, float mu, float one_minus_mu) {
   if constexpr (!kNesterov) {
@@ -63,6 +47,16 @@ inline float update_of(float g, float nb, float mu, float one_minus_mu) {
   } else {
     return g + mu * nb;
   }
+}
+
+// The momentum rule on one element: returns the new buffer value and sets
+// u (the same arithmetic as update_of, so every pass sees the same u).
+template <bool kEma, bool kNesterov>
+inline float momentum_of(float g, float b, float mu, float one_minus_mu, float& u) {
+  const float nb = kEma ? b + one_minus_mu * (g - b)  // lerp(b, g, 1 − μ), weight < 0.5
+                        : mu * b + g;
+  u = update_of<kEma, kNesterov>(g, nb, mu, one_minus_mu);
+  return nb;
 }
 
 // Σ u(i)² over [0, n): fp32 partial sums of kBlock elements in kLanes

@@ -105,6 +105,21 @@ NewtonSchulzOptions read_ns(InputArchive& archive) {
 
 // ---- the update of one parameter ---------------------------------------------
 
+// The factor decoupled or independent weight decay multiplies the parameter
+// by (1 for l2 or no decay).
+double decay_factor(const MuonOptions& o) {
+  if (o.weight_decay() == 0) return 1.0;
+  switch (o.weight_decay_mode()) {
+    case WeightDecayMode::kDecoupled:
+      return 1 - o.lr() * o.weight_decay();
+    case WeightDecayMode::kIndependent:
+      return 1 - o.weight_decay();
+    case WeightDecayMode::kL2:
+      break;
+  }
+  return 1.0;
+}
+
 // The matrices Muon sees in a parameter: `batch` matrices of rows × cols.
 struct MatrixView {
   int64_t batch;
@@ -412,7 +427,6 @@ at::Tensor Muon::step(LossClosure closure) {
 std::pair<at::Tensor, MuonParamState*> Muon::momentum_update(at::Tensor& p, const MuonOptions& o) {
   TORCH_CHECK_VALUE(!p.grad().is_sparse(), kWho, "sparse gradients are not supported");
   at::Tensor grad = p.grad();
-  const double lr = o.lr();
   const double mu = o.momentum();
   const double wd = o.weight_decay();
   const bool ema = o.momentum_style() == MomentumStyle::kEma;
@@ -428,10 +442,8 @@ std::pair<at::Tensor, MuonParamState*> Muon::momentum_update(at::Tensor& p, cons
   if (wd != 0) {
     switch (o.weight_decay_mode()) {
       case WeightDecayMode::kDecoupled:
-        p.mul_(1 - lr * wd);
-        break;
       case WeightDecayMode::kIndependent:
-        p.mul_(1 - wd);
+        p.mul_(decay_factor(o));
         break;
       case WeightDecayMode::kL2:
         grad = grad.add(p, wd);
@@ -493,11 +505,7 @@ bool Muon::fused_step(at::Tensor& p, const MuonOptions& o) {
   detail::normalized_update(x0, buf, grad, rule, v.batch, scale.data());
   const auto orth = detail::newton_schulz_normalized(std::move(x0), o.ns()).contiguous();
   // 1, 5–6. weight decay, scale and update in one pass.
-  double decay = 1.0;
-  if (o.weight_decay() != 0) {
-    decay = o.weight_decay_mode() == WeightDecayMode::kDecoupled ? 1 - o.lr() * o.weight_decay()
-                                                                 : 1 - o.weight_decay();
-  }
+  const double decay = decay_factor(o);
   const double alpha = scale_factor(v.rows, v.cols, o.scale_mode(), o.extra_scale_factor());
   detail::decay_and_add(p, orth, decay, -o.lr() * alpha);
   return true;
