@@ -6,6 +6,7 @@
 #include "expect_util.h"
 #include <torch/optim/schedulers/lr_scheduler.h>
 #include <torch/optim/schedulers/step_lr.h>
+#include <ATen/Parallel.h>
 #include <torch/serialize/archive.h>
 
 #include <array>
@@ -17,6 +18,8 @@
 
 #include "muon/compat.h"
 #include "muon/optim/muon.h"
+#include "kernels/symmetric.h"
+#include "optim/muon_internal.h"
 
 namespace {
 
@@ -356,6 +359,52 @@ TEST(MuonShapes, Fp32ExpertsAndConvNormalizedPerMatrix) {
   for (const bool contiguous : {true, false}) {
     EXPECT_LT(fp32_error_against_reference({{3, 24, 40}, {8, 3, 3, 3}}, o, contiguous, at::kFloat),
               kFp32StepTol);
+  }
+}
+
+// Several threads run the fused parameters side by side, one matrix per
+// thread with every product and loop of that matrix on its thread alone:
+// the parameters must come out as at one thread, to the bit, whichever
+// thread took which matrix. A QKV-split group (not fused) runs alongside.
+TEST(MuonThreads, SideBySideMatricesGiveTheOneThreadBits) {
+  const int before = at::get_num_threads();
+  for (const auto compute : {at::kBFloat16, at::kFloat}) {
+    auto run = [&](int threads) {
+      at::set_num_threads(threads);
+      at::manual_seed(11);
+      std::vector<at::Tensor> fused;
+      for (const auto& shape : std::vector<std::vector<int64_t>>{
+               {96, 256}, {256, 96}, {128, 128}, {2, 64, 160}, {32, 16, 3, 3}, {40, 24}}) {
+        fused.push_back(at::randn(shape).requires_grad_(true));
+      }
+      auto qkv = at::randn({48, 32}).requires_grad_(true);
+      auto o = MuonOptions(0.05).weight_decay(0.1).stacked_experts(true);
+      o.ns().compute_dtype(compute);
+      std::vector<torch::optim::OptimizerParamGroup> groups;
+      groups.emplace_back(fused, std::make_unique<MuonOptions>(o));
+      groups.emplace_back(std::vector<at::Tensor>{qkv},
+                          std::make_unique<MuonOptions>(MuonOptions(o).split_sizes({16, 16, 16})));
+      Muon opt(std::move(groups));
+      fused.push_back(qkv);
+      for (int k = 0; k < 3; ++k) {
+        for (auto& p : fused) p.mutable_grad() = at::randn(p.sizes());
+        opt.step();
+      }
+      return fused;
+    };
+    const auto one = run(1);
+    const auto runs = muon::detail::side_by_side_steps();
+    const auto two = run(2);
+    at::set_num_threads(before);
+    if (muon::detail::products_follow_thread_scope(compute)) {
+      EXPECT_EQ(muon::detail::side_by_side_steps(), runs + 3) << compute;
+      for (size_t i = 0; i < one.size(); ++i) {
+        EXPECT_TRUE(at::equal(one[i], two[i])) << compute << ", parameter " << i;
+      }
+    } else {
+      // Products on a BLAS with its own threads: one matrix at a time.
+      EXPECT_EQ(muon::detail::side_by_side_steps(), runs) << compute;
+    }
   }
 }
 

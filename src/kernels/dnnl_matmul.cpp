@@ -68,6 +68,12 @@ class ScopedOmpThreads {
 
 bool dnnl_matmul_available() { return true; }
 
+int exchange_omp_threads(int n) {
+  const int old = omp_get_max_threads();
+  if (n != old) omp_set_num_threads(n);
+  return old;
+}
+
 bool dnnl_has_avx512() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);

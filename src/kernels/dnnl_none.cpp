@@ -6,6 +6,7 @@ namespace muon::detail {
 
 bool dnnl_matmul_available() { return false; }
 bool dnnl_has_avx512() { return false; }
+int exchange_omp_threads(int n) { return n; }
 
 bool dnnl_matmul(at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, int, bool) {
   return false;

@@ -37,8 +37,10 @@ int64_t num_panels(int64_t s, bool cpu_dnnl, bool cpu_16bit) {
 // that is what LibTorch's own fp32 matmul runs on (OpenBLAS keeps its own
 // pool, whatever at::get_num_threads() says).
 thread_local bool sixteen_bit_compute = false;
+thread_local bool one_thread = false;  // OneThreadScope
 
 int product_threads(at::ScalarType dtype) {
+  if (one_thread) return 1;
   const int torch_threads = at::get_num_threads();
   if (sixteen_bit_compute || dtype != at::kFloat) return torch_threads;
   return std::max(torch_threads, blas_num_threads());
@@ -195,6 +197,20 @@ SixteenBitCompute::SixteenBitCompute() : previous_(sixteen_bit_compute) {
 }
 
 SixteenBitCompute::~SixteenBitCompute() { sixteen_bit_compute = previous_; }
+
+OneThreadScope::OneThreadScope() : previous_(one_thread), previous_threads_(exchange_omp_threads(1)) {
+  one_thread = true;
+}
+
+OneThreadScope::~OneThreadScope() {
+  one_thread = previous_;
+  exchange_omp_threads(previous_threads_);
+}
+
+bool products_follow_thread_scope(at::ScalarType dtype) {
+  if (!dnnl_matmul_available()) return false;
+  return dtype == at::kBFloat16 || (dtype == at::kFloat && fp32_products_on_dnnl());
+}
 
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
   batched_product(out, a, b, 1.0, 0.0);

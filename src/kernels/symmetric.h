@@ -48,6 +48,31 @@ class SixteenBitCompute {
   bool previous_;
 };
 
+/// For work the caller already spreads over threads (one matrix per
+/// thread): while alive, this thread's CPU products, oneDNN primitives and
+/// LibTorch intra-op loops run on this thread alone. OpenMP's thread count
+/// is per thread, so other threads keep theirs.
+class OneThreadScope {
+ public:
+  OneThreadScope();
+  ~OneThreadScope();
+  OneThreadScope(const OneThreadScope&) = delete;
+  OneThreadScope& operator=(const OneThreadScope&) = delete;
+
+ private:
+  bool previous_;
+  int previous_threads_;
+};
+
+/// Whether CPU products with inputs of `dtype` all run on oneDNN primitives
+/// (no BLAS with its own thread pool), so OneThreadScope holds them to one
+/// thread.
+bool products_follow_thread_scope(at::ScalarType dtype);
+
+/// Sets the calling thread's OpenMP thread count and returns the previous
+/// one (the oneDNN backend's OpenMP; without it, returns n and does nothing).
+int exchange_omp_threads(int n);
+
 /// out = a·b for batches of matrices (one GEMM per matrix on CPU).
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 

@@ -2,17 +2,26 @@
 #include "muon/optim/muon.h"
 
 #include <c10/util/Exception.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <c10/util/irange.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
 #include <numeric>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "kernels/fused_update.h"
+#include "kernels/symmetric.h"
 #include "muon/compat.h"
 #include "newton_schulz_internal.h"
+#include "optim/muon_internal.h"
 
 namespace muon {
 namespace {
@@ -164,6 +173,117 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
     offset += size;
   }
   return out;
+}
+
+// ---- fused steps, over matrices in parallel --------------------------------------
+
+// Steps 1–6 of one parameter as fused passes (Muon::fused_state said yes).
+// Touches only the parameter, its gradient and its state, so different
+// parameters may run on different threads.
+struct FusedJob {
+  at::Tensor* param;
+  const MuonOptions* options;
+  MuonParamState* state;
+  double cost;  // Newton–Schulz work, for scheduling: batch·rows·cols·min(rows, cols)
+};
+
+void run_fused_job(const FusedJob& job) {
+  at::Tensor& p = *job.param;
+  const MuonOptions& o = *job.options;
+  const at::Tensor& grad = p.grad();
+  auto& st = *job.state;
+  st.step(st.step() + 1);
+  auto& buf = st.momentum_buffer();
+
+  // 2–3. momentum into the buffer and Σu² of the Nesterov update u, per matrix.
+  const auto v = matrix_view(p, o);
+  const detail::MomentumRule rule{o.momentum(), o.momentum_style() == MomentumStyle::kEma,
+                                  o.nesterov()};
+  std::vector<double> scale(static_cast<size_t>(v.batch));
+  detail::momentum_pass(buf, grad, rule, v.batch, scale.data());
+  // 4. X₀ = u / (‖u‖_F·safety + eps), written once in the compute dtype;
+  // then the iterations.
+  const double safety = o.ns().coefficients().safety_factor;
+  for (auto& s : scale) s = 1.0 / (std::sqrt(s) * safety + o.ns().eps());
+  auto x0 = at::empty({v.batch, v.rows, v.cols}, p.options().dtype(o.ns().compute_dtype()));
+  detail::normalized_update(x0, buf, grad, rule, v.batch, scale.data());
+  const auto orth = detail::newton_schulz_normalized(std::move(x0), o.ns()).contiguous();
+  // 1, 5–6. weight decay, scale and update in one pass.
+  const double decay = decay_factor(o);
+  const double alpha = scale_factor(v.rows, v.cols, o.scale_mode(), o.extra_scale_factor());
+  detail::decay_and_add(p, orth, decay, -o.lr() * alpha);
+}
+
+// Below this much work in all (batch·rows·cols·min), starting threads costs
+// more than it saves: 2²² is ~0.1 GFLOP of Newton–Schulz.
+constexpr double kMinParallelCost = 4194304.0;
+
+// How many threads run `jobs` side by side, one matrix per thread and each
+// product on that thread alone; 1: one after another, each product on all of
+// LibTorch's intra-op threads. Side by side wins when there are many
+// matrices of moderate size: a 512-wide product gains little from a second
+// thread, while two matrices on two threads never wait on each other. It
+// needs every product on oneDNN (a BLAS keeps its own thread pool) and no
+// matrix with more than its share of the work (it would run alone at the
+// end on one thread).
+int fused_threads(const std::vector<FusedJob>& jobs) {
+  const int threads = at::get_num_threads();
+  if (threads < 2 || jobs.size() < 2 || at::in_parallel_region()) return 1;
+  double total = 0;
+  double largest = 0;
+  for (const auto& job : jobs) {
+    if (!detail::products_follow_thread_scope(job.options->ns().compute_dtype())) return 1;
+    total += job.cost;
+    largest = std::max(largest, job.cost);
+  }
+  const int n = std::min<int>(threads, static_cast<int>(jobs.size()));
+  if (total < kMinParallelCost || largest > total / n) return 1;
+  return n;
+}
+
+std::atomic<int64_t> side_by_side{0};
+
+// Runs every job: in order on this thread, or side by side (largest first,
+// each thread taking the next job when it finishes one). A job gives the
+// same bits either way at one intra-op thread: each thread's products and
+// loops then run on that thread alone. The first error is rethrown after
+// every thread has stopped.
+void run_fused(std::vector<FusedJob>& jobs) {
+  const int threads = fused_threads(jobs);
+  if (threads <= 1) {
+    for (const auto& job : jobs) run_fused_job(job);
+    return;
+  }
+  ++side_by_side;
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const FusedJob& a, const FusedJob& b) { return a.cost > b.cost; });
+  std::atomic<size_t> next{0};
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+  const at::ThreadLocalState caller;  // grad mode and the rest, as on this thread
+  auto work = [&](size_t w) {
+    try {
+      at::ThreadLocalStateGuard same(caller);
+      detail::OneThreadScope one;
+      for (size_t i = next++; i < jobs.size(); i = next++) run_fused_job(jobs[i]);
+    } catch (...) {
+      errors[w] = std::current_exception();
+      next = jobs.size();  // the others stop after their current job
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(threads - 1));
+  for (size_t w = 1; w < static_cast<size_t>(threads); ++w) {
+    try {
+      pool.emplace_back(work, w);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: the ones started share the jobs
+    }
+  }
+  work(0);
+  for (auto& t : pool) t.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 }  // namespace
@@ -407,13 +527,22 @@ at::Tensor Muon::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  // Parameters the fused passes take run after the loop, possibly side by side.
+  std::vector<FusedJob> fused;
   for (const auto gi : c10::irange(param_groups_.size())) {
     check_group(gi);  // a few comparisons: catches options changed or groups added since
     auto& group = param_groups_[gi];
     const auto& o = static_cast<const MuonOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      if (fused_step(p, o)) continue;
+      if (auto* st = fused_state(p, o)) {
+        const auto v = matrix_view(p, o);
+        const double cost = static_cast<double>(v.batch) * static_cast<double>(v.rows) *
+                            static_cast<double>(v.cols) *
+                            static_cast<double>(std::min(v.rows, v.cols));
+        fused.push_back({&p, &o, st, cost});
+        continue;
+      }
       auto [update, st] = momentum_update(p, o);
       // 4–6. orthogonalize, scale, apply in the parameter's dtype.
       double alpha = 1.0;
@@ -421,6 +550,7 @@ at::Tensor Muon::step(LossClosure closure) {
       apply_update(p, orth, o.lr(), alpha);
     }
   }
+  run_fused(fused);
   return loss;
 }
 
@@ -476,39 +606,21 @@ MuonParamState& Muon::state_of(const at::Tensor& p) {
   return static_cast<MuonParamState&>(*slot);
 }
 
-bool Muon::fused_step(at::Tensor& p, const MuonOptions& o) {
+MuonParamState* Muon::fused_state(at::Tensor& p, const MuonOptions& o) {
   const auto compute = o.ns().compute_dtype();
   const at::Tensor& grad = p.grad();
   if (!orthogonalizes_by_default() || !detail::fused_eligible(p) || !detail::fused_eligible(grad) ||
       grad.sizes() != p.sizes() || p.numel() == 0 || !o.split_sizes().empty() ||
       (compute != at::kFloat && compute != at::kBFloat16) ||
       (o.weight_decay() != 0 && o.weight_decay_mode() == WeightDecayMode::kL2)) {
-    return false;
+    return nullptr;
   }
   auto& st = state_of(p);
-  if (st.momentum_buffer().defined() && !detail::fused_eligible(st.momentum_buffer())) return false;
+  if (st.momentum_buffer().defined() && !detail::fused_eligible(st.momentum_buffer())) {
+    return nullptr;
+  }
   if (!st.momentum_buffer().defined()) st.momentum_buffer(at::zeros_like(p));
-  st.step(st.step() + 1);
-  auto& buf = st.momentum_buffer();
-
-  // 2–3. momentum into the buffer and Σu² of the Nesterov update u, per matrix.
-  const auto v = matrix_view(p, o);
-  const detail::MomentumRule rule{o.momentum(), o.momentum_style() == MomentumStyle::kEma,
-                                  o.nesterov()};
-  std::vector<double> scale(static_cast<size_t>(v.batch));
-  detail::momentum_pass(buf, grad, rule, v.batch, scale.data());
-  // 4. X₀ = u / (‖u‖_F·safety + eps), written once in the compute dtype;
-  // then the iterations.
-  const double safety = o.ns().coefficients().safety_factor;
-  for (auto& s : scale) s = 1.0 / (std::sqrt(s) * safety + o.ns().eps());
-  auto x0 = at::empty({v.batch, v.rows, v.cols}, p.options().dtype(compute));
-  detail::normalized_update(x0, buf, grad, rule, v.batch, scale.data());
-  const auto orth = detail::newton_schulz_normalized(std::move(x0), o.ns()).contiguous();
-  // 1, 5–6. weight decay, scale and update in one pass.
-  const double decay = decay_factor(o);
-  const double alpha = scale_factor(v.rows, v.cols, o.scale_mode(), o.extra_scale_factor());
-  detail::decay_and_add(p, orth, decay, -o.lr() * alpha);
-  return true;
+  return &st;
 }
 
 void Muon::apply_update(at::Tensor& p, at::Tensor orth, double lr, double alpha) {
@@ -615,4 +727,9 @@ void Muon::load(InputArchive& archive) {
   for (auto& [p, st] : states) state_[compat::state_key(p)] = std::move(st);
 }
 
+namespace detail {
+
+int64_t side_by_side_steps() { return side_by_side.load(); }
+
+}  // namespace detail
 }  // namespace muon

@@ -261,9 +261,10 @@ class Muon : public torch::optim::Optimizer {
        bool allow_empty);
 
  private:
-  /// Steps 1–6 of `param` as fused passes; false, touching nothing, when
-  /// the parameter, its gradient or the options are not a case they take.
-  bool fused_step(at::Tensor& param, const MuonOptions& options);
+  /// The state of `param` (its momentum buffer created) when steps 1–6 of
+  /// it can run as fused passes; nullptr, touching nothing, when the
+  /// parameter, its gradient or the options are not a case they take.
+  MuonParamState* fused_state(at::Tensor& param, const MuonOptions& options);
   /// The parameter's state, created at first use.
   MuonParamState& state_of(const at::Tensor& param);
 
