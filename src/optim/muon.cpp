@@ -14,6 +14,7 @@
 #include <numeric>
 #include <system_error>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -225,14 +226,17 @@ constexpr double kMinParallelCost = 4194304.0;
 // thread, while two matrices on two threads never wait on each other. It
 // needs every product on oneDNN (a BLAS keeps its own thread pool) and no
 // matrix with more than its share of the work (it would run alone at the
-// end on one thread).
+// end on one thread). A tensor listed twice (one state, two updates) keeps
+// the updates in order.
 int fused_threads(const std::vector<FusedJob>& jobs) {
   const int threads = at::get_num_threads();
   if (threads < 2 || jobs.size() < 2 || at::in_parallel_region()) return 1;
   double total = 0;
   double largest = 0;
+  std::unordered_set<const MuonParamState*> states;
   for (const auto& job : jobs) {
     if (!detail::products_follow_thread_scope(job.options->ns().compute_dtype())) return 1;
+    if (!states.insert(job.state).second) return 1;
     total += job.cost;
     largest = std::max(largest, job.cost);
   }
