@@ -51,12 +51,8 @@ const dnnl::engine& cpu_engine() {
 // of the calling thread; this sets that count for one call.
 class ScopedOmpThreads {
  public:
-  explicit ScopedOmpThreads(int n) : old_(omp_get_max_threads()) {
-    if (n != old_) omp_set_num_threads(n);
-  }
-  ~ScopedOmpThreads() {
-    if (omp_get_max_threads() != old_) omp_set_num_threads(old_);
-  }
+  explicit ScopedOmpThreads(int n) : old_(exchange_omp_threads(n)) {}
+  ~ScopedOmpThreads() { exchange_omp_threads(old_); }
   ScopedOmpThreads(const ScopedOmpThreads&) = delete;
   ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
 

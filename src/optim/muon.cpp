@@ -185,8 +185,15 @@ struct FusedJob {
   at::Tensor* param;
   const MuonOptions* options;
   MuonParamState* state;
-  double cost;  // Newton–Schulz work, for scheduling: batch·rows·cols·min(rows, cols)
+  MatrixView view;
 };
+
+// A job's Newton–Schulz work, for scheduling: batch·rows·cols·min(rows, cols).
+double cost_of(const FusedJob& job) {
+  const auto& v = job.view;
+  return static_cast<double>(v.batch) * static_cast<double>(v.rows) *
+         static_cast<double>(v.cols) * static_cast<double>(std::min(v.rows, v.cols));
+}
 
 void run_fused_job(const FusedJob& job) {
   at::Tensor& p = *job.param;
@@ -197,7 +204,7 @@ void run_fused_job(const FusedJob& job) {
   auto& buf = st.momentum_buffer();
 
   // 2–3. momentum into the buffer and Σu² of the Nesterov update u, per matrix.
-  const auto v = matrix_view(p, o);
+  const auto& v = job.view;
   const detail::MomentumRule rule{o.momentum(), o.momentum_style() == MomentumStyle::kEma,
                                   o.nesterov()};
   std::vector<double> scale(static_cast<size_t>(v.batch));
@@ -237,8 +244,9 @@ int fused_threads(const std::vector<FusedJob>& jobs) {
   for (const auto& job : jobs) {
     if (!detail::products_follow_thread_scope(job.options->ns().compute_dtype())) return 1;
     if (!states.insert(job.state).second) return 1;
-    total += job.cost;
-    largest = std::max(largest, job.cost);
+    const double cost = cost_of(job);
+    total += cost;
+    largest = std::max(largest, cost);
   }
   const int n = std::min<int>(threads, static_cast<int>(jobs.size()));
   if (total < kMinParallelCost || largest > total / n) return 1;
@@ -260,7 +268,7 @@ void run_fused(std::vector<FusedJob>& jobs) {
   }
   ++side_by_side;
   std::stable_sort(jobs.begin(), jobs.end(),
-                   [](const FusedJob& a, const FusedJob& b) { return a.cost > b.cost; });
+                   [](const FusedJob& a, const FusedJob& b) { return cost_of(a) > cost_of(b); });
   std::atomic<size_t> next{0};
   std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
   const at::ThreadLocalState caller;  // grad mode and the rest, as on this thread
@@ -540,11 +548,7 @@ at::Tensor Muon::step(LossClosure closure) {
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       if (auto* st = fused_state(p, o)) {
-        const auto v = matrix_view(p, o);
-        const double cost = static_cast<double>(v.batch) * static_cast<double>(v.rows) *
-                            static_cast<double>(v.cols) *
-                            static_cast<double>(std::min(v.rows, v.cols));
-        fused.push_back({&p, &o, st, cost});
+        fused.push_back({&p, &o, st, matrix_view(p, o)});
         continue;
       }
       auto [update, st] = momentum_update(p, o);
