@@ -30,10 +30,10 @@
 #include <vector>
 
 #include "dist_bench_util.h"
-#include "muon/dist/group.h"
-#include "muon/dist/layerwise.h"
-#include "muon/dist/shard.h"
-#include "muon/dist/sharded.h"
+#include "muon/distributed/group.h"
+#include "muon/distributed/layerwise.h"
+#include "muon/distributed/shard.h"
+#include "muon/distributed/sharded.h"
 #include "muon/optim/muon.h"
 
 namespace {

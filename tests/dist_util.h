@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "muon/dist/group.h"
+#include "muon/distributed/group.h"
 
 namespace muon::test {
 

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "muon/dist/assignment.h"
+#include "muon/distributed/assignment.h"
 
 namespace {
 

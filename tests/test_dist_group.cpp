@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "dist_util.h"
-#include "muon/dist/group.h"
+#include "muon/distributed/group.h"
 
 namespace {
 

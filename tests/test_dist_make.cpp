@@ -10,9 +10,9 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/dist/layerwise.h"
-#include "muon/dist/make.h"
-#include "muon/dist/shard.h"
+#include "muon/distributed/layerwise.h"
+#include "muon/distributed/make.h"
+#include "muon/distributed/shard.h"
 
 namespace {
 

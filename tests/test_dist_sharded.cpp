@@ -12,8 +12,8 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/dist/shard.h"
-#include "muon/dist/sharded.h"
+#include "muon/distributed/shard.h"
+#include "muon/distributed/sharded.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"

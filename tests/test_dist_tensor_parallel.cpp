@@ -27,7 +27,7 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/dist/tensor_parallel.h"
+#include "muon/distributed/tensor_parallel.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 

@@ -177,13 +177,13 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named_par
 /// Errors (c10::ValueError): an unknown optimizer, rules that match nothing,
 /// invalid settings for a parameter (the optimizer's own checks), a
 /// muon_tp_mode other than "duplicated" (tensor-parallel layouts need the
-/// process groups: muon::dist::make_optimizer in muon/dist/make.h).
+/// process groups: muon::dist::make_optimizer in muon/distributed/make.h).
 std::unique_ptr<CompositeOptimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const OptimizerConfig& config, const OptimizerRegistry& registry = OptimizerRegistry::global());
 
 /// What `make_optimizer` needs beyond the config when it builds part of a
-/// larger optimizer (the distributed layouts in muon/dist/make.h use it).
+/// larger optimizer (the distributed layouts in muon/distributed/make.h use it).
 struct BuildContext {
   /// Building over a subset of a model's parameters (e.g. those one rank
   /// owns): a user rule that matches none of them is not an error.

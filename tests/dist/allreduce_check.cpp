@@ -14,7 +14,7 @@
 #include <cstring>
 #include <thread>
 
-#include "muon/dist/group.h"
+#include "muon/distributed/group.h"
 
 int main(int argc, char** argv) {
   int fail_rank = -1;

@@ -1,5 +1,5 @@
 // make_optimizer for the distributed layouts.
-#include "muon/dist/make.h"
+#include "muon/distributed/make.h"
 
 #include <c10/util/Exception.h>
 
@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "muon/dist/layerwise.h"
-#include "muon/dist/tensor_parallel.h"
+#include "muon/distributed/layerwise.h"
+#include "muon/distributed/tensor_parallel.h"
 #include "muon/optim/muon.h"
 
 namespace muon::dist {

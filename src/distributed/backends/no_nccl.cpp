@@ -1,7 +1,7 @@
 // Builds without CUDA: no NCCL backend.
 #include <c10/util/Exception.h>
 
-#include "dist/backend.h"
+#include "distributed/backend.h"
 
 namespace muon::dist::detail {
 

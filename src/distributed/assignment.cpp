@@ -1,5 +1,5 @@
 // Owner assignment by longest-processing-time-first packing.
-#include "muon/dist/assignment.h"
+#include "muon/distributed/assignment.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>

@@ -1,5 +1,5 @@
 // Muon over row-sharded parameters: owner-compute or replicated orthogonalization.
-#include "muon/dist/sharded.h"
+#include "muon/distributed/sharded.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
@@ -12,7 +12,7 @@
 #include <tuple>
 #include <utility>
 
-#include "muon/dist/assignment.h"
+#include "muon/distributed/assignment.h"
 #include "muon/newton_schulz.h"
 #include "muon/scaling.h"
 

@@ -1,7 +1,7 @@
 // Gloo backend: collectives over TCP between CPU tensors.
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "dist/backend.h"
+#include "distributed/backend.h"
 
 namespace muon::dist::detail {
 

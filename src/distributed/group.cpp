@@ -1,5 +1,5 @@
 // Group: collectives with timeouts and byte counts, sub-groups.
-#include "muon/dist/group.h"
+#include "muon/distributed/group.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -10,7 +10,7 @@
 #include <exception>
 #include <numeric>
 
-#include "dist/backend.h"
+#include "distributed/backend.h"
 
 namespace muon::dist {
 namespace detail {

@@ -26,9 +26,9 @@
 #include <string>
 
 #include "muon/config.h"
-#include "muon/dist/group.h"
-#include "muon/dist/shard.h"
-#include "muon/dist/sharded.h"
+#include "muon/distributed/group.h"
+#include "muon/distributed/shard.h"
+#include "muon/distributed/sharded.h"
 #include "muon/registry.h"
 
 namespace muon::dist {

@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "muon/dist/group.h"
-#include "muon/dist/shard.h"
-#include "muon/dist/tensor_parallel.h"
+#include "muon/distributed/group.h"
+#include "muon/distributed/shard.h"
+#include "muon/distributed/tensor_parallel.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 

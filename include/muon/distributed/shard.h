@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "muon/dist/group.h"
+#include "muon/distributed/group.h"
 
 namespace muon::dist {
 

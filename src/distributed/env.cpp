@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "muon/dist/group.h"
+#include "muon/distributed/group.h"
 
 namespace muon::dist {
 namespace {

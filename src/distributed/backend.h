@@ -3,8 +3,8 @@
 // backend_nccl.cpp or backend_no_nccl.cpp, chosen in CMake). Internal.
 #include <c10/util/intrusive_ptr.h>
 
-#include "muon/dist/compat.h"
-#include "muon/dist/group.h"
+#include "distributed/compat.h"
+#include "muon/distributed/group.h"
 
 namespace muon::dist::detail {
 

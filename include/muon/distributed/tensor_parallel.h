@@ -3,7 +3,7 @@
 /// Muon on tensor-parallel (TP) weight shards.
 ///
 /// Every rank of a TP group holds one block of each sharded matrix
-/// (muon/dist/shard.h). Momentum, Nesterov and weight decay are elementwise
+/// (muon/distributed/shard.h). Momentum, Nesterov and weight decay are elementwise
 /// and run on the local block as in `muon::Muon`; the orthogonalization
 /// needs the whole matrix, and a mode says how it gets it:
 ///
@@ -37,8 +37,9 @@
 #include <utility>
 #include <vector>
 
-#include "muon/dist/group.h"
-#include "muon/dist/shard.h"
+#include "muon/distributed/group.h"
+#include "muon/distributed/newton_schulz.h"
+#include "muon/distributed/shard.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
@@ -83,22 +84,6 @@ struct TensorParallelOptions {
  private:
   std::vector<std::pair<at::Tensor, TensorParallelShard>> shards_;
 };
-
-/// Orthogonalizes a matrix split over `group` along `partition_dim` (0: rows,
-/// 1: columns) without gathering it: the distributed mode above. Every rank
-/// of `group` calls it with its own block (blocks may differ in size along
-/// `partition_dim`, not in the other dim); each gets its block of
-/// newton_schulz(whole matrix) as evaluated by the standard method.
-/// fp32/fp64 compute runs as `newton_schulz`; 16-bit compute keeps the Gram
-/// matrix, its all-reduce and the step polynomial in fp32 and applies it in
-/// 16 bits (one product per step). On a one-rank group it is newton_schulz
-/// with the standard method. A block may be empty along `partition_dim`
-/// (a rank without rows): it still joins every all-reduce and returns an
-/// empty result. Raises c10::ValueError for a block that is not a 2-D
-/// floating tensor, is empty in the other dim, or a partition_dim other
-/// than 0 or 1.
-at::Tensor distributed_newton_schulz(const at::Tensor& block, int64_t partition_dim,
-                                     const Group& group, const NewtonSchulzOptions& options = {});
 
 /// Muon over a mix of TP-sharded and whole matrices.
 ///

@@ -1,5 +1,5 @@
 // Layer-wise distributed optimizer: owner updates, bucketed overlapped all-gather.
-#include "muon/dist/layerwise.h"
+#include "muon/distributed/layerwise.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
@@ -14,7 +14,7 @@
 #include <functional>
 #include <utility>
 
-#include "muon/dist/assignment.h"
+#include "muon/distributed/assignment.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "muon/dist/group.h"
+#include "muon/distributed/group.h"
 
 namespace muon::dist {
 

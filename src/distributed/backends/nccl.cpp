@@ -3,7 +3,7 @@
 #include <ATen/Context.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
-#include "dist/backend.h"
+#include "distributed/backend.h"
 
 namespace muon::dist::detail {
 

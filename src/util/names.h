@@ -1,0 +1,55 @@
+// Names of options and modes: joining lists for messages, and parsing an
+// enum from its name with one error format for the whole library.
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace muon::detail {
+
+/// The items of `items`, each converted with `to_text`, separated by `sep`.
+template <typename Range, typename ToText>
+std::string join(const Range& items, ToText to_text, const char* sep = ", ") {
+  std::string out;
+  bool first = true;
+  for (const auto& item : items) {
+    if (!first) out += sep;
+    out += to_text(item);
+    first = false;
+  }
+  return out;
+}
+
+/// The strings of `items` separated by `sep`.
+template <typename Range>
+std::string join(const Range& items, const char* sep = ", ") {
+  return join(items, [](const auto& s) { return std::string(s); }, sep);
+}
+
+/// The value of `values` whose `to_string` is `name`; otherwise raises
+/// c10::ValueError "<who>unknown <what> '<name>'; valid names: a, b, c".
+/// `to_string(Enum)` is found by argument-dependent lookup.
+template <typename Enum, std::size_t N>
+Enum parse_name(const std::string& name, const Enum (&values)[N], const char* who,
+                const char* what) {
+  for (const auto v : values) {
+    if (to_string(v) == name) return v;
+  }
+  TORCH_CHECK_VALUE(false, who, "unknown ", what, " '", name, "'; valid names: ",
+                    join(values, [](Enum v) { return to_string(v); }));
+}
+
+/// Whether `name` is one of `names`; otherwise raises the same error as
+/// parse_name, listing `names`.
+inline void check_name(const std::string& name, const std::vector<std::string>& names,
+                       const char* who, const char* what) {
+  for (const auto& n : names) {
+    if (n == name) return;
+  }
+  TORCH_CHECK_VALUE(false, who, "unknown ", what, " '", name, "'; valid names: ", join(names));
+}
+
+}  // namespace muon::detail
