@@ -4,16 +4,14 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <sstream>
+
+#include "util/names.h"
 
 namespace muon {
 namespace {
 
-std::string join(const std::vector<std::string>& names) {
-  std::ostringstream out;
-  for (size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
-  return out.str();
-}
+constexpr NewtonSchulzMethod kMethods[] = {NewtonSchulzMethod::kAuto, NewtonSchulzMethod::kStandard,
+                                           NewtonSchulzMethod::kGram};
 
 std::vector<CoefficientSet> make_builtin_sets() {
   const NsCoefficients simple{3.4445, -4.7750, 2.0315};
@@ -114,8 +112,8 @@ const CoefficientSet& coefficient_set(const std::string& name) {
   for (const auto& s : builtin_sets()) {
     if (s.name == name) return s;
   }
-  TORCH_CHECK_VALUE(false, "[muon::coefficient_set] unknown coefficient set '", name,
-                    "'; valid names: ", join(coefficient_set_names()));
+  detail::check_name(name, coefficient_set_names(), "[muon::coefficient_set] ", "coefficient set");
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
 
 CoefficientSet custom_coefficient_set(const std::vector<std::vector<double>>& tuples,
@@ -157,12 +155,7 @@ std::string to_string(NewtonSchulzMethod method) {
 }
 
 NewtonSchulzMethod parse_newton_schulz_method(const std::string& name) {
-  for (auto m : {NewtonSchulzMethod::kAuto, NewtonSchulzMethod::kStandard,
-                 NewtonSchulzMethod::kGram}) {
-    if (to_string(m) == name) return m;
-  }
-  TORCH_CHECK_VALUE(false, "[muon::NewtonSchulzOptions] unknown method '", name,
-                    "'; valid names: auto, standard, gram");
+  return detail::parse_name(name, kMethods, "[muon::NewtonSchulzOptions] ", "method");
 }
 
 NewtonSchulzOptions::NewtonSchulzOptions() : set_(muon::coefficient_set("quintic")) {}

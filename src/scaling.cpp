@@ -6,10 +6,20 @@
 #include <algorithm>
 #include <cmath>
 
+#include "util/names.h"
+
 namespace muon {
+namespace {
+
+constexpr ScaleMode kScaleModes[] = {ScaleMode::kShapeScaling, ScaleMode::kSpectral,
+                                     ScaleMode::kUnitRmsNorm, ScaleMode::kMatchRmsAdamW};
+
+}  // namespace
 
 std::vector<std::string> scale_mode_names() {
-  return {"shape_scaling", "spectral", "unit_rms_norm", "match_rms_adamw"};
+  std::vector<std::string> names;
+  for (const auto m : kScaleModes) names.push_back(to_string(m));
+  return names;
 }
 
 std::string to_string(ScaleMode mode) {
@@ -27,12 +37,7 @@ std::string to_string(ScaleMode mode) {
 }
 
 ScaleMode parse_scale_mode(const std::string& name) {
-  for (auto m : {ScaleMode::kShapeScaling, ScaleMode::kSpectral, ScaleMode::kUnitRmsNorm,
-                 ScaleMode::kMatchRmsAdamW}) {
-    if (to_string(m) == name) return m;
-  }
-  TORCH_CHECK_VALUE(false, "[muon::parse_scale_mode] unknown scale mode '", name,
-                    "'; valid names: shape_scaling, spectral, unit_rms_norm, match_rms_adamw");
+  return detail::parse_name(name, kScaleModes, "[muon::parse_scale_mode] ", "scale mode");
 }
 
 double scale_factor(int64_t rows, int64_t cols, ScaleMode mode, double extra_scale_factor) {

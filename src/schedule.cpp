@@ -6,9 +6,13 @@
 
 #include <cmath>
 
+#include "util/names.h"
+
 namespace muon {
 namespace {
 constexpr const char* kWho = "[muon::WarmupDecaySchedule] ";
+constexpr DecayStyle kDecayStyles[] = {DecayStyle::kConstant, DecayStyle::kLinear,
+                                       DecayStyle::kCosine};
 }  // namespace
 
 std::string to_string(DecayStyle style) {
@@ -24,11 +28,7 @@ std::string to_string(DecayStyle style) {
 }
 
 DecayStyle parse_decay_style(const std::string& name) {
-  for (auto s : {DecayStyle::kConstant, DecayStyle::kLinear, DecayStyle::kCosine}) {
-    if (to_string(s) == name) return s;
-  }
-  TORCH_CHECK_VALUE(false, kWho, "unknown decay style '", name,
-                    "'; valid names: constant, linear, cosine");
+  return detail::parse_name(name, kDecayStyles, kWho, "decay style");
 }
 
 LrScheduleOptions& LrScheduleOptions::style(const std::string& name) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "muon/config.h"
+#include "muon/optim/muon.h"
 #include "muon/registry.h"
 
 namespace {
@@ -49,6 +50,27 @@ TEST(Config, CommonAndPrefixedFieldsWithDefaults) {
                           "sgd_momentum", "adaptive_muon_beta2"}) {
     EXPECT_TRUE(c.has(key)) << key;
   }
+}
+
+TEST(Config, MuonDefaultsAreMuonOptionsDefaults) {
+  // Every muon_* default but the scale mode (paired with the common lr,
+  // docs/config.md) is MuonOptions' own.
+  OptimizerConfig c;
+  const muon::MuonOptions d;
+  EXPECT_DOUBLE_EQ(c.get_double("muon_momentum"), d.momentum());
+  EXPECT_EQ(c.get_bool("muon_nesterov"), d.nesterov());
+  EXPECT_EQ(c.get_string("muon_momentum_style"), muon::to_string(d.momentum_style()));
+  EXPECT_EQ(c.get_string("muon_weight_decay_mode"), muon::to_string(d.weight_decay_mode()));
+  EXPECT_EQ(c.get_string("muon_coefficient_type"), d.ns().coefficients().name);
+  EXPECT_DOUBLE_EQ(c.get_double("muon_ns_eps"), d.ns().eps());
+  EXPECT_EQ(c.get_string("muon_ns_compute_dtype"), "float32");
+  EXPECT_EQ(d.ns().compute_dtype(), at::kFloat);
+  EXPECT_DOUBLE_EQ(c.get_double("muon_extra_scale_factor"), d.extra_scale_factor());
+  EXPECT_EQ(c.get_bool("muon_stacked_experts"), d.stacked_experts());
+  EXPECT_EQ(c.get_int("muon_num_query_groups"), d.num_query_groups());
+  EXPECT_EQ(c.get_int_list("muon_qkv_split_sizes"), d.split_sizes());
+  EXPECT_EQ(d.scale_mode(), muon::ScaleMode::kShapeScaling);
+  EXPECT_DOUBLE_EQ(d.lr(), muon::kDefaultMuonLr);
 }
 
 TEST(Config, SetChecksTypeAndRange) {

@@ -20,9 +20,11 @@
 #include <vector>
 
 #include "muon/compat.h"
+#include "muon/distributed/make.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
 
 namespace {
@@ -125,6 +127,70 @@ TEST(Registry, AddErrors) {
   uses_unknown.uses_fields_of = {"soap"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'soap', which is not registered"});
   EXPECT_EQ(r.keys().size(), 6u);  // nothing was added
+}
+
+TEST(Registry, ExtensionsAddFieldsAndChecks) {
+  // A registry of the built-ins alone has no distributed fields; the
+  // distributed layer's extension adds them, in the schema's usual places.
+  OptimizerRegistry r;
+  OptimizerRegistry::register_builtins(r);
+  EXPECT_FALSE(OptimizerConfig(r).has("layout"));
+  EXPECT_FALSE(OptimizerConfig(r).has("muon_tp_mode"));
+  muon::dist::register_config_fields(r);
+  EXPECT_EQ(OptimizerConfig(r).values(), OptimizerConfig().values());
+  std::vector<std::string> names;
+  for (const auto& f : r.fields()) names.push_back(f.name);
+  auto after = [&](const std::string& a, const std::string& b) {
+    const auto ia = std::find(names.begin(), names.end(), a);
+    const auto ib = std::find(names.begin(), names.end(), b);
+    return ia != names.end() && ib != names.end() && ia == ib + 1;
+  };
+  EXPECT_TRUE(after("layout", "lr_decay_style"));
+  EXPECT_TRUE(after("muon_tp_mode", "muon_num_query_groups"));
+  const auto muon_fields = r.option_fields("muon");
+  EXPECT_EQ(muon_fields.back().name, "tp_mode");
+
+  expect_value_error([&] { muon::dist::register_config_fields(r); },
+                     {"[muon::OptimizerRegistry]", "'layout'", "already exists"});
+  muon::ConfigExtension unnamed;
+  expect_value_error([&] { r.extend(unnamed); }, {"needs a name"});
+  muon::ConfigExtension unknown;
+  unknown.name = "x";
+  unknown.option_fields["soap"] = {muon::FieldSpec::real("f", 1.0, "f")};
+  expect_value_error([&] { r.extend(unknown); }, {"'soap', which is not registered"});
+  EXPECT_EQ(r.extensions().size(), 1u);  // nothing was added
+
+  // The check runs on param groups built by the entry's own factory only.
+  muon::ConfigExtension frozen;
+  frozen.name = "frozen";
+  frozen.option_fields["sgd"] = {muon::FieldSpec::boolean("frozen", false, "needs another factory")};
+  frozen.check_own_factory = [](const std::string&, const muon::OptimizerSettings& s) {
+    TORCH_CHECK_VALUE(!s.has("frozen") || !s.get_bool("frozen"), "sgd_frozen needs a replaced factory");
+  };
+  r.extend(frozen);
+  auto model = make_model(1);
+  OptimizerConfig sgd(r);
+  sgd.set("optimizer", "sgd").set("sgd_frozen", true);
+  expect_value_error([&] { muon::make_optimizer(model->named_parameters(), sgd, r); },
+                     {"optimizer 'sgd'", "sgd_frozen needs a replaced factory"});
+  muon::BuildContext context;
+  context.factories["sgd"] = r.at("sgd")->factory;
+  EXPECT_EQ(muon::make_optimizer(model->named_parameters(), sgd, context, r)->part_name(0), "sgd");
+}
+
+TEST(Registry, NsComputeDtypeByName) {
+  auto model = make_model(1);
+  for (const auto& [name, dtype] : std::vector<std::pair<std::string, at::ScalarType>>{
+           {"float32", at::kFloat}, {"bfloat16", at::kBFloat16}, {"float64", at::kDouble}}) {
+    OptimizerConfig config;
+    config.set("muon_ns_compute_dtype", name);
+    auto opt = muon::make_optimizer(model->named_parameters(), config);
+    const auto& o = static_cast<const muon::MuonOptions&>(opt->part(0).param_groups()[0].options());
+    EXPECT_EQ(o.ns().compute_dtype(), dtype) << name;
+  }
+  OptimizerConfig config;
+  expect_value_error([&] { config.set("muon_ns_compute_dtype", "Float"); },
+                     {"muon_ns_compute_dtype must be one of", "float32", "\"Float\""});
 }
 
 // ---- every built-in trains a model ----------------------------------------------
@@ -441,8 +507,9 @@ struct SignSgdOptions : public torch::optim::OptimizerCloneableOptions<SignSgdOp
   void set_lr(double lr) override { lr_ = lr; }
 };
 
-class SignSgd : public torch::optim::Optimizer {
+class SignSgd : public torch::optim::Optimizer, public muon::StateBytes {
  public:
+  int64_t state_bytes() const override { return 42; }
   SignSgd(std::vector<torch::optim::OptimizerParamGroup> groups, SignSgdOptions defaults)
       : Optimizer(groups, std::make_unique<SignSgdOptions>(defaults)) {
     muon::compat::reapply_group_options(*this, groups);
@@ -483,7 +550,6 @@ TEST(Registry, UserRegisteredOptimizerEndToEnd) {
   };
   e.default_overrides = {OverrideRule().match_embedding().set("lr", 0.0).named("frozen embeddings")};
   e.init_state = [](torch::optim::Optimizer& opt) { static_cast<SignSgd&>(opt).initialized = true; };
-  e.state_bytes = [](const torch::optim::Optimizer&) { return int64_t{42}; };
   OptimizerRegistry::global().add(e);
   expect_value_error([&] { OptimizerRegistry::global().add(e); }, {"'test_sign_sgd' is already registered"});
 

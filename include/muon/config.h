@@ -6,7 +6,8 @@
 ///
 /// A config is a set of typed fields described by a schema (`FieldSpec`):
 /// the common fields (optimizer, lr, min_lr, weight_decay, the LR schedule,
-/// scalar_optimizer, adam_*, ...) and, for every optimizer in the registry
+/// scalar_optimizer), those of the registry's extensions (the distributed
+/// layouts' `layout*`), and, for every optimizer in the registry
 /// (muon/registry.h), its option fields named `<optimizer>_<option>`
 /// (muon_momentum, lion_beta1, ...). The same names are the keys of the JSON
 /// file and the command-line flags, generated from the schema, so an
@@ -240,7 +241,7 @@ class OptimizerConfig {
   bool has(const std::string& key) const;
   /// The schema of field `key`.
   const FieldSpec& spec(const std::string& key) const;
-  /// The schema, in order: common fields, then each optimizer's.
+  /// The schema, in order: common fields, the extensions', then each optimizer's.
   const std::vector<FieldSpec>& fields() const { return *fields_; }
   /// Every value, by name.
   const std::map<std::string, FieldValue>& values() const { return values_; }

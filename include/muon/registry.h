@@ -9,8 +9,13 @@
 /// optimizer's options (`make_options`), a factory over param groups, the
 /// default per-parameter override rules (for Muon: 1-D, embedding and
 /// output-head parameters go to the scalar optimizer) and an optional state
-/// initializer. Built-ins, registered in one place (src/registry.cpp):
-/// muon, adaptive_muon, adamw, adam, sgd (LibTorch's own) and lion.
+/// initializer. Built-ins, registered in one place
+/// (src/registry_builtins.cpp): muon, adaptive_muon, adamw, adam, sgd
+/// (LibTorch's own) and lion.
+///
+/// Layers built on the registry add config fields of their own through a
+/// `ConfigExtension`: the distributed layouts (muon/distributed/make.h) add
+/// `layout`, `layout_*` and `muon_tp_mode` to the global registry this way.
 ///
 ///     auto config = muon::OptimizerConfig().set("optimizer", "muon").set("lr", 0.02);
 ///     auto opt = muon::make_optimizer(model->named_parameters(), config);
@@ -94,8 +99,28 @@ struct OptimizerEntry {
   std::vector<OverrideRule> default_overrides;
   /// Called once on the new optimizer (e.g. to create state eagerly); optional.
   std::function<void(torch::optim::Optimizer&)> init_state;
-  /// Bytes of the optimizer's state; muon::optimizer_state_bytes when not set.
-  std::function<int64_t(const torch::optim::Optimizer&)> state_bytes;
+};
+
+/// Config fields added by a layer built on the registry rather than by an
+/// optimizer, with a check that keeps the single-process build honest about
+/// them.
+struct ConfigExtension {
+  /// Who adds the fields (for messages), e.g. "muon::dist".
+  std::string name;
+  /// Whole-config fields under their own names; in the schema after the
+  /// common fields.
+  std::vector<FieldSpec> common_fields;
+  /// Option fields of registered optimizers: optimizer name → fields
+  /// declared without the prefix (config field `<optimizer>_<field>`). They
+  /// follow the optimizer's own fields in the schema, and its settings (and
+  /// those of entries that use its fields) carry them like its own.
+  std::map<std::string, std::vector<FieldSpec>> option_fields;
+  /// Called by make_optimizer with an optimizer's name and one param group's
+  /// settings when the entry's own factory builds that optimizer (no
+  /// BuildContext factory replaces it); raises c10::ValueError for settings
+  /// that only a replacement can build. Optional.
+  std::function<void(const std::string& optimizer, const OptimizerSettings& settings)>
+      check_own_factory;
 };
 
 /// Name → entry, in registration order. Thread-safe; entries are immutable
@@ -104,7 +129,9 @@ class OptimizerRegistry {
  public:
   /// An empty registry (the global one holds the built-ins).
   OptimizerRegistry() = default;
-  /// The process-wide registry, with the built-ins registered on first use.
+  /// The process-wide registry, with the built-ins and the distributed
+  /// layer's extension (muon::dist::register_config_fields) registered on
+  /// first use.
   static OptimizerRegistry& global();
   /// Registers the built-ins (muon, adaptive_muon, adam, adamw, sgd, lion) in `registry`.
   static void register_builtins(OptimizerRegistry& registry);
@@ -114,6 +141,11 @@ class OptimizerRegistry {
   /// collide with an existing config field, an unknown `uses_fields_of`
   /// entry, or an invalid default override; nothing is added then.
   void add(OptimizerEntry entry);
+  /// Adds `extension`'s fields and check. Raises c10::ValueError for an
+  /// empty name, option fields of an unregistered optimizer, or a field
+  /// whose name is empty, would collide with an existing config field, or
+  /// whose default fails its own check; nothing is added then.
+  void extend(ConfigExtension extension);
   /// Whether `name` is registered.
   bool has(const std::string& name) const;
   /// The registered names, in registration order.
@@ -121,17 +153,31 @@ class OptimizerRegistry {
   /// The entry `name`; an unknown name raises c10::ValueError listing the
   /// registered names and the nearest one.
   std::shared_ptr<const OptimizerEntry> at(const std::string& name) const;
-  /// The schema: the common fields, then every entry's prefixed fields.
+  /// The schema: the common fields, the extensions' common fields, then
+  /// every entry's prefixed fields (its own, then those extensions add).
   std::vector<FieldSpec> fields() const;
+  /// The fields every optimizer's settings carry under their own names:
+  /// muon::common_fields(), then the extensions'.
+  std::vector<FieldSpec> shared_fields() const;
+  /// The option fields of optimizer `name`, without the prefix: its entry's,
+  /// then those extensions add (unknown names raise as `at`).
+  std::vector<FieldSpec> option_fields(const std::string& name) const;
+  /// The extensions, in the order added.
+  std::vector<std::shared_ptr<const ConfigExtension>> extensions() const;
   /// One line per registered optimizer: name and doc.
   std::string help() const;
 
  private:
+  std::vector<FieldSpec> fields_locked() const;
+
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<const OptimizerEntry>> entries_;
+  std::vector<std::shared_ptr<const ConfigExtension>> extensions_;
 };
 
-/// The common fields every config has (before any optimizer's).
+/// The common fields every config has (before any extension's and
+/// optimizer's): the optimizer, scalar_optimizer, lr, weight_decay and the
+/// LR schedule.
 std::vector<FieldSpec> common_fields();
 
 /// The resolution of one parameter: its optimizer and every field's value.
@@ -175,9 +221,10 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named_par
 /// all as one (a CompositeOptimizer with one part per optimizer used, in
 /// registry order), with save/load and LR schedulers working across them.
 /// Errors (c10::ValueError): an unknown optimizer, rules that match nothing,
-/// invalid settings for a parameter (the optimizer's own checks), a
-/// muon_tp_mode other than "duplicated" (tensor-parallel layouts need the
-/// process groups: muon::dist::make_optimizer in muon/distributed/make.h).
+/// invalid settings for a parameter (the optimizer's own checks), settings
+/// an extension's check rejects (with the global registry: a muon_tp_mode
+/// other than "duplicated", since tensor-parallel layouts need the process
+/// groups: muon::dist::make_optimizer in muon/distributed/make.h).
 std::unique_ptr<CompositeOptimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const OptimizerConfig& config, const OptimizerRegistry& registry = OptimizerRegistry::global());

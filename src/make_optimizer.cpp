@@ -1,0 +1,85 @@
+// make_optimizer: the composite optimizer a config describes, and the LR
+// schedule it describes.
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "muon/registry.h"
+#include "registry_internal.h"
+#include "util/names.h"
+
+namespace muon {
+
+using detail::join;
+using detail::kMakeWho;
+using torch::optim::OptimizerParamGroup;
+
+std::unique_ptr<CompositeOptimizer> make_optimizer(
+    const torch::OrderedDict<std::string, at::Tensor>& named, const OptimizerConfig& config,
+    const OptimizerRegistry& registry) {
+  return make_optimizer(named, config, BuildContext(), registry);
+}
+
+std::unique_ptr<CompositeOptimizer> make_optimizer(
+    const torch::OrderedDict<std::string, at::Tensor>& named, const OptimizerConfig& config,
+    const BuildContext& context, const OptimizerRegistry& registry) {
+  TORCH_CHECK_VALUE(!named.is_empty(), kMakeWho, "no parameters given");
+  for (const auto& item : context.factories) {
+    TORCH_CHECK_VALUE(registry.has(item.first), kMakeWho, "BuildContext replaces the factory of '",
+                      item.first, "', which is not registered; registered: ", join(registry.keys()));
+  }
+  auto resolved = detail::resolve_rules(named, config, registry, context.allow_unmatched_rules);
+  const auto builds = detail::group_parameters(named, resolved, registry);
+  const auto extensions = registry.extensions();
+  std::vector<CompositePart> parts;
+  for (const auto& name : registry.keys()) {
+    const auto entry = registry.at(name);
+    std::vector<OptimizerParamGroup> groups;
+    std::vector<OptimizerSettings> settings;
+    CompositePart part;
+    part.name = name;
+    const bool replaced = context.factories.count(name) != 0;
+    for (const auto& b : builds) {
+      if (b.optimizer != name) continue;
+      try {
+        if (!replaced) {
+          for (const auto& x : extensions) {
+            if (x->check_own_factory) x->check_own_factory(name, *b.settings);
+          }
+        }
+        groups.emplace_back(b.params, entry->make_options(*b.settings));
+      } catch (const c10::ValueError& e) {
+        TORCH_CHECK_VALUE(false, kMakeWho, "optimizer '", name, "' for parameters ", join(b.names),
+                          ": ", e.what_without_backtrace());
+      }
+      settings.push_back(*b.settings);
+      part.group_names.push_back(b.names);
+    }
+    if (groups.empty()) continue;
+    try {
+      part.optimizer = replaced ? context.factories.at(name)(std::move(groups), settings)
+                                : entry->factory(std::move(groups), settings);
+    } catch (const c10::ValueError& e) {
+      TORCH_CHECK_VALUE(false, kMakeWho, "optimizer '", name, "': ", e.what_without_backtrace());
+    }
+    TORCH_CHECK_VALUE(part.optimizer != nullptr, kMakeWho, "the factory of '", name, "' returned null");
+    if (entry->init_state) entry->init_state(*part.optimizer);
+    parts.push_back(std::move(part));
+  }
+  return std::make_unique<CompositeOptimizer>(std::move(parts));
+}
+
+LrScheduleOptions lr_schedule_options(const OptimizerConfig& config) {
+  return LrScheduleOptions()
+      .lr(config.get_double("lr"))
+      .min_lr(config.get_double("min_lr"))
+      .warmup_steps(config.get_int("lr_warmup_steps"))
+      .warmup_init(config.get_double("lr_warmup_init"))
+      .decay_steps(config.get_int("lr_decay_steps"))
+      .style(config.get_string("lr_decay_style"));
+}
+
+}  // namespace muon

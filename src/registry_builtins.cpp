@@ -1,0 +1,286 @@
+// The built-in registry entries (muon, adaptive_muon, adam, adamw, sgd,
+// lion), registered explicitly here, and the global registry.
+#include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "muon/compat.h"
+#include "muon/distributed/make.h"
+#include "muon/newton_schulz.h"
+#include "muon/optim/adaptive_muon.h"
+#include "muon/optim/lion.h"
+#include "muon/optim/muon.h"
+#include "muon/optim/routing.h"
+#include "muon/registry.h"
+#include "muon/scaling.h"
+#include "registry_internal.h"
+#include "util/dtype_names.h"
+
+namespace muon {
+namespace {
+
+using torch::optim::Optimizer;
+using torch::optim::OptimizerParamGroup;
+
+// Builds an optimizer of type Opt over groups whose options are Options;
+// the first group's options are the defaults (every group carries its own).
+template <typename Opt, typename Options>
+std::unique_ptr<Optimizer> build(std::vector<OptimizerParamGroup> groups) {
+  const auto defaults = static_cast<const Options&>(groups.at(0).options());
+  auto opt = std::make_unique<Opt>(groups, defaults);
+  compat::reapply_group_options(*opt, groups);
+  return opt;
+}
+
+// ---- built-in entries ----------------------------------------------------------
+
+// The hybrid's routing rules (muon::default_routing_rules), as config rules
+// that send those parameters to the scalar optimizer.
+std::vector<OverrideRule> scalar_defaults(const std::string& who) {
+  std::vector<OverrideRule> rules;
+  for (const auto rule : default_routing_rules()) {
+    OverrideRule r;
+    switch (rule) {
+      case DefaultRule::kNdimBelow2:
+        r.match_max_ndim(1);
+        break;
+      case DefaultRule::kEmbedding:
+        r.match_embedding();
+        break;
+      case DefaultRule::kOutputHead:
+        r.match_head();
+        break;
+    }
+    rules.push_back(r.set("optimizer", "${scalar_optimizer}").named(who + " default: " + to_string(rule)));
+  }
+  return rules;
+}
+
+// The muon_* fields. Their defaults are MuonOptions' own, except
+// scale_mode: the config pairs Muon with the common lr (3e-4, AdamW's scale,
+// shared by every optimizer of a config), and spectral scaling gives the
+// orthogonalized update RMS ~1, on AdamW's scale too; MuonOptions pairs
+// kDefaultMuonLr (0.02) with shape_scaling (docs/config.md).
+std::vector<FieldSpec> muon_fields() {
+  const MuonOptions d;
+  return {
+      FieldSpec::real("momentum", d.momentum(), "momentum μ", 0.0, 1.0).exclusive_max(),
+      FieldSpec::boolean("nesterov", d.nesterov(), "Nesterov look-ahead update"),
+      FieldSpec::text("momentum_style", to_string(d.momentum_style()), "momentum accumulation",
+                      {"ema", "classic"}),
+      FieldSpec::text("weight_decay_mode", to_string(d.weight_decay_mode()),
+                      "how weight decay enters the step", {"decoupled", "independent", "l2"}),
+      FieldSpec::text("coefficient_type", d.ns().coefficients().name,
+                      "Newton–Schulz coefficient set", coefficient_set_names()),
+      FieldSpec::integer("num_ns_steps", 0, "Newton–Schulz steps (0: the set's default)", 0.0,
+                         static_cast<double>(kMaxNsSteps - 1)),
+      FieldSpec::real("ns_eps", d.ns().eps(), "Newton–Schulz normalization epsilon", 0.0)
+          .exclusive_min(),
+      FieldSpec::text("ns_compute_dtype", detail::dtype_name(d.ns().compute_dtype()),
+                      "Newton–Schulz compute dtype", detail::dtype_names()),
+      FieldSpec::text("scale_mode", to_string(ScaleMode::kSpectral),
+                      "shape-dependent scale of the update", scale_mode_names()),
+      FieldSpec::real("extra_scale_factor", d.extra_scale_factor(), "extra multiplier of the scale",
+                      0.0)
+          .exclusive_min(),
+      FieldSpec::boolean("stacked_experts", d.stacked_experts(),
+                         "treat ndim >= 3 parameters as stacks of expert matrices"),
+      FieldSpec::boolean("split_qkv", false,
+                         "split fused QKV matrices into qkv_split_sizes blocks (set it per "
+                         "parameter with an override rule)"),
+      FieldSpec::int_list("qkv_split_sizes", d.split_sizes(),
+                          "rows of each QKV block per query group", 1.0),
+      FieldSpec::integer("num_query_groups", d.num_query_groups(),
+                         "query groups of a split QKV matrix", 1.0),
+  };
+}
+
+MuonOptions muon_options(const OptimizerSettings& s) {
+  MuonOptions o(s.get_double("lr"));
+  o.momentum(s.get_double("momentum"))
+      .nesterov(s.get_bool("nesterov"))
+      .weight_decay(s.get_double("weight_decay"))
+      .extra_scale_factor(s.get_double("extra_scale_factor"))
+      .stacked_experts(s.get_bool("stacked_experts"));
+  o.momentum_style(s.get_string("momentum_style"));
+  o.weight_decay_mode(s.get_string("weight_decay_mode"));
+  o.scale_mode(s.get_string("scale_mode"));
+  o.ns_coefficients(s.get_string("coefficient_type"));
+  if (s.get_int("num_ns_steps") > 0) o.ns_steps(s.get_int("num_ns_steps"));
+  o.ns_eps(s.get_double("ns_eps"));
+  o.ns_compute_dtype(
+      detail::parse_dtype(s.get_string("ns_compute_dtype"), "", "muon_ns_compute_dtype"));
+  if (s.get_bool("split_qkv")) {
+    TORCH_CHECK_VALUE(!s.get_int_list("qkv_split_sizes").empty(),
+                      "muon_split_qkv is true but muon_qkv_split_sizes is empty");
+    o.split_sizes(s.get_int_list("qkv_split_sizes")).num_query_groups(s.get_int("num_query_groups"));
+  }
+  o.validate();
+  return o;
+}
+
+OptimizerEntry muon_entry() {
+  OptimizerEntry e;
+  e.name = "muon";
+  e.doc = "Muon (muon::Muon): momentum orthogonalized by Newton–Schulz; 1-D, embedding and "
+          "head parameters go to scalar_optimizer";
+  e.fields = muon_fields();
+  e.make_options = [](const OptimizerSettings& s) { return std::make_unique<MuonOptions>(muon_options(s)); };
+  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
+    return build<Muon, MuonOptions>(std::move(groups));
+  };
+  e.default_overrides = scalar_defaults("muon");
+  return e;
+}
+
+OptimizerEntry adaptive_muon_entry() {
+  OptimizerEntry e;
+  e.name = "adaptive_muon";
+  e.doc = "Muon with a NorMuon (per row) or AdaMuon (per element) second moment "
+          "(muon::AdaptiveMuon); reads the muon_* fields too";
+  e.fields = {
+      FieldSpec::text("mode", "normuon", "second moment: normuon (per row) | adamuon (per element)",
+                      {"normuon", "adamuon"})
+          .whole_run(),
+      FieldSpec::real("beta2", 0.95, "decay of the second moment", 0.0, 1.0).exclusive_max().whole_run(),
+      FieldSpec::real("eps", 1e-8, "added to the square root of the second moment", 0.0)
+          .exclusive_min()
+          .whole_run(),
+  };
+  e.uses_fields_of = {"muon"};
+  e.make_options = [](const OptimizerSettings& s) { return std::make_unique<MuonOptions>(muon_options(s)); };
+  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>& settings) {
+    // Whole-run fields: equal in every group.
+    const auto adaptive = detail::adaptive_muon_options(settings.at(0));
+    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
+    auto opt = std::make_unique<AdaptiveMuon>(groups, defaults, adaptive);
+    compat::reapply_group_options(*opt, groups);
+    return std::unique_ptr<Optimizer>(std::move(opt));
+  };
+  e.default_overrides = scalar_defaults("adaptive_muon");
+  return e;
+}
+
+OptimizerEntry adam_entry() {
+  OptimizerEntry e;
+  e.name = "adam";
+  e.doc = "Adam (torch::optim::Adam; weight_decay is L2)";
+  e.fields = {
+      FieldSpec::real("beta1", 0.9, "first-moment decay (adam and adamw)", 0.0, 1.0).exclusive_max(),
+      FieldSpec::real("beta2", 0.95, "second-moment decay (adam and adamw)", 0.0, 1.0).exclusive_max(),
+      FieldSpec::real("eps", 1e-8, "denominator epsilon (adam and adamw)", 0.0).exclusive_min(),
+  };
+  e.make_options = [](const OptimizerSettings& s) {
+    return std::make_unique<torch::optim::AdamOptions>(
+        torch::optim::AdamOptions(s.get_double("lr"))
+            .betas(std::make_tuple(s.get_double("beta1"), s.get_double("beta2")))
+            .eps(s.get_double("eps"))
+            .weight_decay(s.get_double("weight_decay")));
+  };
+  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
+    return build<torch::optim::Adam, torch::optim::AdamOptions>(std::move(groups));
+  };
+  return e;
+}
+
+OptimizerEntry adamw_entry() {
+  OptimizerEntry e;
+  e.name = "adamw";
+  e.doc = "AdamW (torch::optim::AdamW; decoupled weight decay); reads the adam_* fields";
+  e.uses_fields_of = {"adam"};
+  e.make_options = [](const OptimizerSettings& s) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(s.get_double("lr"))
+            .betas(std::make_tuple(s.get_double("beta1"), s.get_double("beta2")))
+            .eps(s.get_double("eps"))
+            .weight_decay(s.get_double("weight_decay")));
+  };
+  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
+    return build<torch::optim::AdamW, torch::optim::AdamWOptions>(std::move(groups));
+  };
+  return e;
+}
+
+OptimizerEntry sgd_entry() {
+  OptimizerEntry e;
+  e.name = "sgd";
+  e.doc = "SGD with momentum (torch::optim::SGD; weight_decay is L2)";
+  e.fields = {
+      FieldSpec::real("momentum", 0.9, "momentum", 0.0, 1.0).exclusive_max(),
+      FieldSpec::boolean("nesterov", false, "Nesterov momentum (needs momentum > 0, dampening 0)"),
+      FieldSpec::real("dampening", 0.0, "dampening of the momentum", 0.0, 1.0),
+  };
+  e.make_options = [](const OptimizerSettings& s) {
+    const bool nesterov = s.get_bool("nesterov");
+    TORCH_CHECK_VALUE(!nesterov || (s.get_double("momentum") > 0 && s.get_double("dampening") == 0),
+                      "sgd_nesterov needs sgd_momentum > 0 and sgd_dampening 0, got momentum ",
+                      s.get_double("momentum"), ", dampening ", s.get_double("dampening"));
+    return std::make_unique<torch::optim::SGDOptions>(
+        torch::optim::SGDOptions(s.get_double("lr"))
+            .momentum(s.get_double("momentum"))
+            .nesterov(nesterov)
+            .dampening(s.get_double("dampening"))
+            .weight_decay(s.get_double("weight_decay")));
+  };
+  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
+    return build<torch::optim::SGD, torch::optim::SGDOptions>(std::move(groups));
+  };
+  return e;
+}
+
+OptimizerEntry lion_entry() {
+  OptimizerEntry e;
+  e.name = "lion";
+  e.doc = "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay";
+  e.fields = {
+      FieldSpec::real("beta1", 0.9, "interpolation weight of the momentum in the update", 0.0, 1.0)
+          .exclusive_max(),
+      FieldSpec::real("beta2", 0.99, "momentum decay", 0.0, 1.0).exclusive_max(),
+  };
+  e.make_options = [](const OptimizerSettings& s) {
+    auto o = std::make_unique<LionOptions>(s.get_double("lr"));
+    o->beta1(s.get_double("beta1")).beta2(s.get_double("beta2")).weight_decay(s.get_double("weight_decay"));
+    o->validate();
+    return o;
+  };
+  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
+    return build<Lion, LionOptions>(std::move(groups));
+  };
+  return e;
+}
+
+}  // namespace
+
+OptimizerRegistry& OptimizerRegistry::global() {
+  static OptimizerRegistry* registry = [] {
+    auto* r = new OptimizerRegistry();  // never destroyed: usable from static destructors
+    register_builtins(*r);
+    dist::register_config_fields(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
+  registry.add(muon_entry());
+  registry.add(adaptive_muon_entry());
+  registry.add(adam_entry());  // before adamw, which reads its fields
+  registry.add(adamw_entry());
+  registry.add(sgd_entry());
+  registry.add(lion_entry());
+}
+
+namespace detail {
+
+AdaptiveMuonOptions adaptive_muon_options(const OptimizerSettings& s) {
+  return AdaptiveMuonOptions().mode(s.get_string("mode")).beta2(s.get_double("beta2")).eps(s.get_double("eps"));
+}
+
+}  // namespace detail
+}  // namespace muon
