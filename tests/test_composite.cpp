@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "tensor_util.h"
 #include "expect_util.h"
 
 #include <torch/optim/adamw.h>
@@ -13,8 +14,10 @@
 #include <vector>
 
 #include "muon/optim/composite.h"
+#include "muon/optim/hybrid.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/state_bytes.h"
 
 namespace {
 
@@ -27,7 +30,7 @@ using muon::test::save_to_string;
 using torch::optim::AdamW;
 using torch::optim::AdamWOptions;
 
-at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+using muon::test::leaf;
 
 struct Params {
   at::Tensor w;  // matrix → Muon
@@ -36,12 +39,21 @@ struct Params {
 
 Params make_params(const at::Tensor& w, const at::Tensor& b) { return {leaf(w), leaf(b)}; }
 
+CompositePart make_part(std::string name, std::unique_ptr<torch::optim::Optimizer> optimizer,
+                        std::vector<std::vector<std::string>> group_names) {
+  CompositePart part;
+  part.name = std::move(name);
+  part.optimizer = std::move(optimizer);
+  part.group_names = std::move(group_names);
+  return part;
+}
+
 std::unique_ptr<CompositeOptimizer> make_composite(Params& p, double muon_lr = 0.02) {
   std::vector<CompositePart> parts;
-  parts.push_back({"muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{p.w}, muon::MuonOptions(muon_lr)),
-                   {{"w"}}, nullptr});
-  parts.push_back({"adamw", std::make_unique<AdamW>(std::vector<at::Tensor>{p.b}, AdamWOptions(1e-2)),
-                   {{"b"}}, nullptr});
+  parts.push_back(make_part("muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{p.w}, muon::MuonOptions(muon_lr)),
+                            {{"w"}}));
+  parts.push_back(make_part("adamw", std::make_unique<AdamW>(std::vector<at::Tensor>{p.b}, AdamWOptions(1e-2)),
+                            {{"b"}}));
   return std::make_unique<CompositeOptimizer>(std::move(parts));
 }
 
@@ -144,16 +156,16 @@ TEST(Composite, LoadRejectsOtherStructureAndChangesNothing) {
   const auto bytes = save_to_string(*composite);
   auto q = make_params(at::randn({6, 4}), at::randn({4}));
   std::vector<CompositePart> parts;
-  parts.push_back({"muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{q.w}, muon::MuonOptions(0.7)),
-                   {{"w"}}, nullptr});
-  parts.push_back({"lion", std::make_unique<muon::Lion>(std::vector<at::Tensor>{q.b}), {{"b"}}, nullptr});
+  parts.push_back(make_part("muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{q.w}, muon::MuonOptions(0.7)),
+                            {{"w"}}));
+  parts.push_back(make_part("lion", std::make_unique<muon::Lion>(std::vector<at::Tensor>{q.b}), {{"b"}}));
   CompositeOptimizer other(std::move(parts));
   expect_value_error([&] { load_from_string(other, bytes); }, {"part 1", "'adamw'", "'lion'"});
   EXPECT_DOUBLE_EQ(other.param_groups()[0].options().get_lr(), 0.7);
   // Same parts, other parameter names.
   std::vector<CompositePart> renamed;
-  renamed.push_back({"muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{q.w}), {{"w2"}}, nullptr});
-  renamed.push_back({"adamw", std::make_unique<AdamW>(std::vector<at::Tensor>{q.b}), {{"b"}}, nullptr});
+  renamed.push_back(make_part("muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{q.w}), {{"w2"}}));
+  renamed.push_back(make_part("adamw", std::make_unique<AdamW>(std::vector<at::Tensor>{q.b}), {{"b"}}));
   CompositeOptimizer renamed_opt(std::move(renamed));
   expect_value_error([&] { load_from_string(renamed_opt, bytes); }, {"'w'", "'w2'"});
 }
@@ -163,8 +175,8 @@ TEST(Composite, PartFailingToLoadLeavesEveryPartAsItWas) {
   // Muon's own load detects, after AdamW's state was already replaced.
   auto make = [](const at::Tensor& b, const at::Tensor& w) {
     std::vector<CompositePart> parts;
-    parts.push_back({"adamw", std::make_unique<AdamW>(std::vector<at::Tensor>{b}, AdamWOptions(1e-2)), {{"b"}}, nullptr});
-    parts.push_back({"muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {{"w"}}, nullptr});
+    parts.push_back(make_part("adamw", std::make_unique<AdamW>(std::vector<at::Tensor>{b}, AdamWOptions(1e-2)), {{"b"}}));
+    parts.push_back(make_part("muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {{"w"}}));
     return std::make_unique<CompositeOptimizer>(std::move(parts));
   };
   auto b1 = leaf(at::randn({4}));
@@ -194,8 +206,8 @@ TEST(Composite, ConstructionErrors) {
   auto two_named = [&](const std::string& second, const at::Tensor& t) {
     return [&, second, t] {
       std::vector<CompositePart> parts;
-      parts.push_back({"muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {}, nullptr});
-      parts.push_back({second, std::make_unique<AdamW>(std::vector<at::Tensor>{t}), {}, nullptr});
+      parts.push_back(make_part("muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {}));
+      parts.push_back(make_part(second, std::make_unique<AdamW>(std::vector<at::Tensor>{t}), {}));
       CompositeOptimizer c(std::move(parts));
     };
   };
@@ -204,7 +216,7 @@ TEST(Composite, ConstructionErrors) {
   expect_value_error(
       [&] {
         std::vector<CompositePart> parts;
-        parts.push_back({"muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {{"a", "b"}}, nullptr});
+        parts.push_back(make_part("muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {{"a", "b"}}));
         CompositeOptimizer c(std::move(parts));
       },
       {"1 parameters but 2 names"});
@@ -219,6 +231,99 @@ TEST(Composite, StateBytesOfLibTorchOptimizers) {
   muon::Lion lion({p});
   lion.step();
   EXPECT_EQ(muon::optimizer_state_bytes(lion), 10 * 4);
+}
+
+// ---- one state-bytes interface --------------------------------------------------
+
+// A user optimizer that reports its own state size through muon::StateBytes.
+class CountingSgd : public torch::optim::Optimizer, public muon::StateBytes {
+ public:
+  explicit CountingSgd(std::vector<at::Tensor> params)
+      : Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                  std::make_unique<torch::optim::SGDOptions>(0.1)) {}
+  at::Tensor step(LossClosure closure = nullptr) override {
+    ++steps;
+    return closure ? closure() : at::Tensor();
+  }
+  void save(torch::serialize::OutputArchive&) const override {}
+  void load(torch::serialize::InputArchive&) override {}
+  int64_t state_bytes() const override { return 1000 + steps; }
+  int64_t steps = 0;
+};
+
+TEST(StateBytes, UserOptimizerIsAskedThroughTheInterface) {
+  auto w = leaf(at::randn({6, 4}));
+  auto b = leaf(at::randn({4}));
+  std::vector<CompositePart> parts;
+  parts.push_back(make_part("muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {{"w"}}));
+  parts.push_back(make_part("counting", std::make_unique<CountingSgd>(std::vector<at::Tensor>{b}), {{"b"}}));
+  CompositeOptimizer composite(std::move(parts));
+  EXPECT_EQ(muon::optimizer_state_bytes(composite.part(1)), 1000);
+  w.mutable_grad() = at::randn({6, 4});
+  composite.step();
+  EXPECT_EQ(composite.state_bytes(), 6 * 4 * 4 + 1001);
+  // The composite itself is asked the same way.
+  const torch::optim::Optimizer& as_optimizer = composite;
+  EXPECT_EQ(muon::optimizer_state_bytes(as_optimizer), composite.state_bytes());
+}
+
+TEST(StateBytes, LibraryOptimizersImplementTheInterface) {
+  auto w = leaf(at::randn({6, 4}));
+  auto b = leaf(at::randn({4}));
+  muon::Lion lion({b});
+  EXPECT_NE(dynamic_cast<const muon::StateBytes*>(&lion), nullptr);
+  auto p = make_params(at::randn({6, 4}), at::randn({4}));
+  auto composite = make_composite(p);
+  EXPECT_NE(dynamic_cast<const muon::StateBytes*>(composite.get()), nullptr);
+  torch::OrderedDict<std::string, at::Tensor> named;
+  named.insert("fc.weight", w);
+  named.insert("fc.bias", b);
+  muon::MuonWithAdamW hybrid(named);
+  w.mutable_grad() = at::randn({6, 4});
+  b.mutable_grad() = at::randn({4});
+  hybrid.step();
+  const torch::optim::Optimizer& as_optimizer = hybrid;
+  EXPECT_EQ(muon::optimizer_state_bytes(as_optimizer), 6 * 4 * 4 + 2 * 4 * 4);
+  // LibTorch's own optimizers without StateBytes are counted from their state.
+  auto q = leaf(at::randn({3}));
+  AdamW adamw(std::vector<at::Tensor>{q});
+  q.mutable_grad() = at::ones({3});
+  adamw.step();
+  EXPECT_EQ(muon::optimizer_state_bytes(adamw), 2 * 3 * 4);
+}
+
+// ---- group mirroring ------------------------------------------------------------
+
+TEST(Composite, GroupMirrorHandsOptionsBothWays) {
+  auto w = leaf(at::randn({6, 4}));
+  muon::Muon inner({w}, muon::MuonOptions(0.02));
+  std::vector<torch::optim::OptimizerParamGroup> outer;
+  muon::GroupMirror mirror;
+  mirror.mirror(inner, outer);
+  outer.emplace_back(std::vector<at::Tensor>{}, std::make_unique<torch::optim::SGDOptions>(0.0));
+  ASSERT_EQ(mirror.size(), 1u);
+  EXPECT_TRUE(outer[0].params()[0].is_same(w));
+  outer[0].options().set_lr(0.5);
+  mirror.hand_options(outer, /*extra=*/1, "[test] ");
+  EXPECT_DOUBLE_EQ(inner.param_groups()[0].options().get_lr(), 0.5);
+  inner.param_groups()[0].options().set_lr(0.25);
+  mirror.take_options(outer);
+  EXPECT_DOUBLE_EQ(outer[0].options().get_lr(), 0.25);
+  // A group added behind the mirror's back, or options of another type.
+  expect_value_error([&] { mirror.hand_options(outer, /*extra=*/0, "[test] "); },
+                     {"[test] ", "groups cannot be added"});
+  outer[0].set_options(std::make_unique<AdamWOptions>(0.1));
+  expect_value_error([&] { mirror.hand_options(outer, 1, "[test] "); },
+                     {"[test] ", "param group 0 must hold options of type"});
+}
+
+TEST(Composite, AddedGroupIsAnError) {
+  auto p = make_params(at::randn({6, 4}), at::randn({4}));
+  auto composite = make_composite(p);
+  composite->add_param_group(
+      torch::optim::OptimizerParamGroup({leaf(at::randn({3}))}, std::make_unique<AdamWOptions>(0.1)));
+  expect_value_error([&] { composite->step(); },
+                     {"[muon::CompositeOptimizer]", "groups cannot be added after construction"});
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "muon/distributed/layerwise.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/hybrid.h"
+#include "muon/optim/state_bytes.h"
 
 namespace {
 
@@ -133,7 +134,8 @@ TEST(Layerwise, FewerParametersThanRanks) {
   });
 }
 
-// Per layer the REFERENCE.md shapes divided by 16: every matrix has
+// Per layer the shapes of bench/bench_distributed_layouts.cpp (d = 512: 1536×512,
+// 512×512, 2048×512, 512×2048) divided by 16: every matrix has
 // min(m, n) = 32, so NS cost and state bytes are both proportional to m·n.
 std::vector<Spec> balanced_model() {
   std::vector<Spec> specs;
@@ -317,6 +319,30 @@ TEST(Layerwise, ZeroGradClearsEveryGradientAndBackwardAccumulationWorks) {
     }
     EXPECT_LE(max_relative_difference(named, reference), 1e-5);
   });
+}
+
+TEST(Layerwise, OptimizerStateBytesIsTheInnerOptimizers) {
+  const auto specs = hybrid_model();
+  std::mutex mu;
+  std::vector<int64_t> bytes(2);
+  muon::test::run_ranks(2, [&](Group& group) {
+    auto named = make_params(specs);
+    LayerwiseOptimizer opt(named, group, make_hybrid);
+    set_grads(named, 0);
+    opt.step();
+    const torch::optim::Optimizer& as_optimizer = opt;
+    ASSERT_NE(opt.inner(), nullptr);
+    EXPECT_GT(muon::optimizer_state_bytes(as_optimizer), 0);
+    EXPECT_EQ(muon::optimizer_state_bytes(as_optimizer), muon::optimizer_state_bytes(*opt.inner()));
+    std::lock_guard<std::mutex> lock(mu);
+    bytes[static_cast<size_t>(group.rank())] = muon::optimizer_state_bytes(as_optimizer);
+  });
+  // Together the ranks hold the single-process hybrid's state.
+  auto named = make_params(specs);
+  auto single = make_hybrid(named);
+  set_grads(named, 0);
+  single->step();
+  EXPECT_EQ(bytes[0] + bytes[1], muon::optimizer_state_bytes(*single));
 }
 
 TEST(AllReduceGradients, AveragesOverRanks) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_util.h"
 #include "muon/compat.h"
 #include "muon/optim/hybrid.h"
 
@@ -159,6 +160,21 @@ TEST(Routing, TableShowsEveryParameter) {
   EXPECT_NE(table.find("embedding '*embed*'"), std::string::npos);
   EXPECT_NE(table.find("output head 'lm_head.*'"), std::string::npos);
   EXPECT_NE(table.find("ndim < 2"), std::string::npos);
+}
+
+TEST(Routing, DefaultRulesAreOneListInOrder) {
+  using muon::DefaultRule;
+  EXPECT_EQ(muon::default_routing_rules(),
+            (std::vector<DefaultRule>{DefaultRule::kNdimBelow2, DefaultRule::kEmbedding,
+                                      DefaultRule::kOutputHead}));
+  EXPECT_EQ(muon::to_string(DefaultRule::kNdimBelow2), "ndim < 2");
+  EXPECT_EQ(muon::to_string(DefaultRule::kEmbedding), "embedding");
+  EXPECT_EQ(muon::to_string(DefaultRule::kOutputHead), "output head");
+  // A 1-D embedding-named parameter: the first rule in the list decides.
+  EXPECT_EQ(RoutingRules().route("embed.bias", at::zeros({4})).reason, "ndim < 2");
+  EXPECT_EQ(RoutingRules().route("wte.lm_head.weight", at::zeros({4, 4})).reason, "embedding 'wte.*'");
+  muon::test::expect_value_error([] { muon::parse_route("sgd"); },
+                                 {"[muon::RoutingRules]", "unknown route 'sgd'", "muon, adamw"});
 }
 
 // ---- the hybrid optimizer -------------------------------------------------------
@@ -409,6 +425,46 @@ TEST(Hybrid, NoMatrixOrNoVectorParameters) {
   only_matrices->named_parameters()["w"].mutable_grad() = at::randn({5, 5});
   b.step();
   EXPECT_EQ(b.state_bytes(), 25 * 4);
+}
+
+TEST(Hybrid, IsACompositeWithAMuonAndAnAdamWPart) {
+  auto model = make_model(14);
+  MuonWithAdamWOptions options;
+  options.adamw_group("block.norm.*", AdamWOptions(1e-2));
+  MuonWithAdamW opt(model->named_parameters(), options);
+  ASSERT_EQ(opt.num_parts(), 2u);
+  EXPECT_EQ(opt.part_name(0), "muon");
+  EXPECT_EQ(opt.part_name(1), "adamw");
+  EXPECT_EQ(&opt.part(0), opt.muon());
+  EXPECT_EQ(opt.find_part("adamw"), opt.adamw());
+  ASSERT_EQ(opt.param_groups().size(), 3u);
+  EXPECT_EQ(opt.part_of_group(2), 1u);
+  EXPECT_EQ(opt.group_names(0), (std::vector<std::string>{"block.fc1.weight", "block.fc2.weight"}));
+  EXPECT_EQ(opt.group_names(2), (std::vector<std::string>{"block.norm.weight", "block.norm.bias"}));
+  // Its archive is the composite's: another routing is rejected before
+  // anything changes, naming the difference.
+  const auto bytes = save_to_string(opt);
+  auto other = make_model(14);
+  MuonWithAdamWOptions moved;
+  moved.routing(RoutingRules().add_override("block.fc2.weight", Route::kAdamW))
+      .adamw_group("block.norm.*", AdamWOptions(1e-2));
+  MuonWithAdamW different(other->named_parameters(), moved);
+  different.param_groups()[0].options().set_lr(0.125);
+  muon::test::expect_value_error([&] { load_from_string(different, bytes); },
+                                 {"param group 0", "2 parameters", "1"});
+  EXPECT_DOUBLE_EQ(different.param_groups()[0].options().get_lr(), 0.125);
+}
+
+TEST(Hybrid, NoParameterAtAll) {
+  MuonWithAdamW opt(torch::OrderedDict<std::string, at::Tensor>{});
+  EXPECT_EQ(opt.num_parts(), 0u);
+  EXPECT_TRUE(opt.param_groups().empty());
+  EXPECT_EQ(opt.muon(), nullptr);
+  EXPECT_EQ(opt.adamw(), nullptr);
+  opt.step();
+  EXPECT_EQ(opt.state_bytes(), 0);
+  MuonWithAdamW again(torch::OrderedDict<std::string, at::Tensor>{});
+  load_from_string(again, save_to_string(opt));
 }
 
 }  // namespace

@@ -3,8 +3,6 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -15,9 +13,7 @@
 #include <utility>
 
 #include "muon/distributed/assignment.h"
-#include "muon/optim/composite.h"
-#include "muon/optim/hybrid.h"
-#include "muon/optim/muon.h"
+#include "muon/optim/state_bytes.h"
 #include "muon/scaling.h"
 
 namespace muon::dist {
@@ -124,22 +120,13 @@ LayerwiseOptimizer::LayerwiseOptimizer(
   if (!owned.is_empty()) {
     inner_ = make_inner(owned);
     TORCH_CHECK_VALUE(inner_ != nullptr, kWho, "make_inner returned no optimizer");
-  }
-  mirror_groups();
-}
-
-void LayerwiseOptimizer::mirror_groups() {
-  param_groups_.clear();
-  if (inner_) {
-    for (const auto& g : inner_->param_groups()) {
-      param_groups_.emplace_back(g.params(), g.options().clone());
-    }
+    mirror_.mirror(*inner_, param_groups_);
   }
   // The parameters other ranks own, last: zero_grad() must reach every
   // gradient (backward accumulates into all of them on every rank).
   std::vector<at::Tensor> others;
   for (const auto i : c10::irange(params_.size())) {
-    if (owners_[i] != group_.rank()) others.push_back(params_[i]);
+    if (owners_[i] != rank) others.push_back(params_[i]);
   }
   if (!others.empty()) {
     param_groups_.emplace_back(others, std::make_unique<torch::optim::SGDOptions>(0.0));
@@ -148,15 +135,8 @@ void LayerwiseOptimizer::mirror_groups() {
 
 void LayerwiseOptimizer::sync_options() const {
   if (!inner_) return;
-  auto& inner_groups = inner_->param_groups();
   const bool others = owned_.size() < params_.size();
-  TORCH_CHECK_VALUE(param_groups_.size() == inner_groups.size() + (others ? 1 : 0), kWho, "has ",
-                    param_groups_.size(), " param groups, its inner optimizer ",
-                    inner_groups.size(), (others ? " plus the group of other ranks' parameters" : ""),
-                    "; groups cannot be added after construction");
-  for (const auto i : c10::irange(inner_groups.size())) {
-    inner_groups[i].set_options(param_groups_[i].options().clone());
-  }
+  mirror_.hand_options(param_groups_, others ? 1 : 0, kWho);
 }
 
 PendingCollective LayerwiseOptimizer::start_gather(size_t k) const {
@@ -276,7 +256,7 @@ void LayerwiseOptimizer::load(InputArchive& archive) {
     InputArchive inner;
     archive.read("inner", inner);
     inner_->load(inner);
-    mirror_groups();
+    mirror_.take_options(param_groups_);
   }
 }
 

@@ -3,11 +3,6 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
-#include <torch/optim/adagrad.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/rmsprop.h>
-#include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
 
 #include <set>
@@ -16,76 +11,81 @@
 #include <unordered_set>
 #include <utility>
 
-#include "muon/compat.h"
-#include "muon/optim/hybrid.h"
-#include "muon/optim/lion.h"
-#include "muon/optim/muon.h"
-
 namespace muon {
 namespace {
 
 using torch::optim::Optimizer;
+using torch::optim::OptimizerOptions;
 using torch::optim::OptimizerParamGroup;
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::CompositeOptimizer] ";
 
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
-
-template <typename State, typename F>
-int64_t sum_state(const Optimizer& opt, F&& tensors_of) {
-  int64_t bytes = 0;
-  for (const auto& item : opt.state()) {
-    for (const auto* t : tensors_of(static_cast<const State&>(*item.second))) bytes += bytes_of(*t);
-  }
-  return bytes;
+std::unique_ptr<OptimizerOptions> defaults_of_first(const std::vector<CompositePart>& parts) {
+  if (parts.empty() || !parts[0].optimizer) return nullptr;
+  return parts[0].optimizer->defaults().clone();
 }
 
 }  // namespace
 
-int64_t optimizer_state_bytes(const Optimizer& opt) {
-  using namespace torch::optim;  // NOLINT(google-build-using-namespace): local, many types
-  if (const auto* m = dynamic_cast<const Muon*>(&opt)) return m->state_bytes();
-  if (const auto* l = dynamic_cast<const Lion*>(&opt)) return l->state_bytes();
-  if (const auto* c = dynamic_cast<const CompositeOptimizer*>(&opt)) return c->state_bytes();
-  if (const auto* h = dynamic_cast<const MuonWithAdamW*>(&opt)) return h->state_bytes();
-  if (dynamic_cast<const AdamW*>(&opt) != nullptr) {
-    return sum_state<AdamWParamState>(opt, [](const AdamWParamState& s) {
-      return std::vector<const at::Tensor*>{&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()};
-    });
+// ---- GroupMirror ---------------------------------------------------------------
+
+void GroupMirror::mirror(Optimizer& inner, std::vector<OptimizerParamGroup>& outer) {
+  TORCH_INTERNAL_ASSERT(outer.size() == sources_.size(),
+                        "mirrored groups must come before the outer optimizer's own");
+  const auto& groups = inner.param_groups();
+  for (const auto gi : c10::irange(groups.size())) {
+    outer.emplace_back(groups[gi].params(), groups[gi].options().clone());
+    sources_.push_back({&inner, gi});
   }
-  if (dynamic_cast<const Adam*>(&opt) != nullptr) {
-    return sum_state<AdamParamState>(opt, [](const AdamParamState& s) {
-      return std::vector<const at::Tensor*>{&s.exp_avg(), &s.exp_avg_sq(), &s.max_exp_avg_sq()};
-    });
-  }
-  if (dynamic_cast<const SGD*>(&opt) != nullptr) {
-    return sum_state<SGDParamState>(opt, [](const SGDParamState& s) {
-      return std::vector<const at::Tensor*>{&s.momentum_buffer()};
-    });
-  }
-  if (dynamic_cast<const Adagrad*>(&opt) != nullptr) {
-    return sum_state<AdagradParamState>(
-        opt, [](const AdagradParamState& s) { return std::vector<const at::Tensor*>{&s.sum()}; });
-  }
-  if (dynamic_cast<const RMSprop*>(&opt) != nullptr) {
-    return sum_state<RMSpropParamState>(opt, [](const RMSpropParamState& s) {
-      return std::vector<const at::Tensor*>{&s.square_avg(), &s.momentum_buffer(), &s.grad_avg()};
-    });
-  }
-  return 0;
 }
 
+void GroupMirror::hand_options(const std::vector<OptimizerParamGroup>& outer, size_t extra,
+                               const char* who) const {
+  TORCH_CHECK_VALUE(outer.size() == sources_.size() + extra, who, "has ", outer.size(),
+                    " param groups but was built with ", sources_.size() + extra,
+                    "; groups cannot be added after construction");
+  for (const auto i : c10::irange(sources_.size())) {
+    const auto& group = outer[i];
+    auto& inner = sources_[i].optimizer->param_groups()[sources_[i].group];
+    TORCH_CHECK_VALUE(group.params().size() == inner.params().size(), who, "param group ", i,
+                      " has ", group.params().size(), " parameters but was built with ",
+                      inner.params().size(), "; parameters cannot be added after construction");
+    const auto& mine = group.options();
+    const auto& theirs = inner.options();
+    TORCH_CHECK_VALUE(typeid(mine) == typeid(theirs), who, "param group ", i,
+                      " must hold options of type ", typeid(theirs).name(), ", got ",
+                      typeid(mine).name());
+    inner.set_options(mine.clone());
+  }
+}
+
+void GroupMirror::take_options(std::vector<OptimizerParamGroup>& outer) const {
+  TORCH_INTERNAL_ASSERT(outer.size() >= sources_.size());
+  for (const auto i : c10::irange(sources_.size())) {
+    const auto& inner = sources_[i].optimizer->param_groups()[sources_[i].group];
+    outer[i].set_options(inner.options().clone());
+  }
+}
+
+// ---- CompositeOptimizer --------------------------------------------------------
+
 CompositeOptimizer::CompositeOptimizer(std::vector<CompositePart> parts)
-    : Optimizer(std::vector<OptimizerParamGroup>{},
-                parts.empty() || !parts[0].optimizer
-                    ? nullptr
-                    : parts[0].optimizer->defaults().clone()) {
+    : Optimizer(std::vector<OptimizerParamGroup>{}, defaults_of_first(parts)) {
   TORCH_CHECK_VALUE(!parts.empty(), kWho, "needs at least one part, got none");
+  adopt(std::move(parts));
+}
+
+CompositeOptimizer::CompositeOptimizer(std::vector<CompositePart> parts,
+                                       std::unique_ptr<OptimizerOptions> defaults)
+    : Optimizer(std::vector<OptimizerParamGroup>{}, std::move(defaults)) {
+  adopt(std::move(parts));
+}
+
+void CompositeOptimizer::adopt(std::vector<CompositePart> parts) {
   std::set<std::string> seen_names;
   std::unordered_set<const c10::TensorImpl*> seen_tensors;
-  std::vector<OptimizerParamGroup> all;
   for (const auto pi : c10::irange(parts.size())) {
     auto& part = parts[pi];
     TORCH_CHECK_VALUE(!part.name.empty(), kWho, "part ", pi, " has an empty name");
@@ -107,16 +107,18 @@ CompositeOptimizer::CompositeOptimizer(std::vector<CompositePart> parts)
         TORCH_CHECK_VALUE(seen_tensors.insert(p.unsafeGetTensorImpl()).second, kWho,
                           "a tensor of part '", part.name, "' is already in an earlier group");
       }
-      all.emplace_back(g.params(), g.options().clone());
+    }
+  }
+  parts_ = std::move(parts);
+  for (const auto pi : c10::irange(parts_.size())) {
+    auto& part = parts_[pi];
+    mirror_.mirror(*part.optimizer, param_groups_);
+    for (const auto gi : c10::irange(part.optimizer->param_groups().size())) {
       group_part_.push_back(pi);
-      group_inner_.push_back(gi);
       names_.push_back(part.group_names.empty() ? std::vector<std::string>{}
                                                 : part.group_names[gi]);
     }
   }
-  parts_ = std::move(parts);
-  for (const auto& g : all) add_param_group(g);
-  compat::reapply_group_options(*this, all);
 }
 
 const std::string& CompositeOptimizer::part_name(size_t i) const {
@@ -150,42 +152,20 @@ const std::vector<std::string>& CompositeOptimizer::group_names(size_t group) co
   return names_[group];
 }
 
-void CompositeOptimizer::sync_options() {
-  TORCH_CHECK_VALUE(param_groups_.size() == group_part_.size(), kWho, "has ",
-                    param_groups_.size(), " param groups but was built with ",
-                    group_part_.size(), "; groups cannot be added after construction");
-  for (const auto i : c10::irange(param_groups_.size())) {
-    const auto& group = param_groups_[i];
-    auto& inner = parts_[group_part_[i]].optimizer->param_groups()[group_inner_[i]];
-    TORCH_CHECK_VALUE(group.params().size() == inner.params().size(), kWho, "param group ", i,
-                      " has ", group.params().size(), " parameters but was built with ",
-                      inner.params().size(), "; parameters cannot be added after construction");
-    const auto& mine = group.options();
-    const auto& theirs = inner.options();
-    TORCH_CHECK_VALUE(typeid(mine) == typeid(theirs), kWho, "param group ", i,
-                      " must hold options of type ", typeid(theirs).name(), " (part '",
-                      parts_[group_part_[i]].name, "')");
-    inner.set_options(mine.clone());
-  }
-}
-
 at::Tensor CompositeOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure != nullptr) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  sync_options();
+  mirror_.hand_options(param_groups_, 0, kWho);
   for (auto& part : parts_) part.optimizer->step();
   return loss;
 }
 
 int64_t CompositeOptimizer::state_bytes() const {
   int64_t bytes = 0;
-  for (const auto& part : parts_) {
-    bytes += part.state_bytes ? part.state_bytes(*part.optimizer)
-                              : optimizer_state_bytes(*part.optimizer);
-  }
+  for (const auto& part : parts_) bytes += optimizer_state_bytes(*part.optimizer);
   return bytes;
 }
 
@@ -289,7 +269,7 @@ void CompositeOptimizer::load(InputArchive& archive) {
   for (const auto i : c10::irange(param_groups_.size())) {
     param_groups_[i].set_options(std::move(options[i]));
   }
-  sync_options();
+  mirror_.hand_options(param_groups_, 0, kWho);
 }
 
 }  // namespace muon

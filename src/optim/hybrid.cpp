@@ -3,9 +3,10 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
-#include <torch/serialize/archive.h>
 
+#include <memory>
 #include <unordered_map>
+#include <utility>
 
 #include "muon/compat.h"
 
@@ -14,10 +15,7 @@ namespace {
 
 using torch::optim::AdamW;
 using torch::optim::AdamWOptions;
-using torch::optim::AdamWParamState;
 using torch::optim::OptimizerParamGroup;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::MuonWithAdamW] ";
 
@@ -26,7 +24,7 @@ struct PendingGroup {
   std::string pattern;  // empty: the default group of its side
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
-  std::vector<size_t> decisions;  // indices into routing_
+  std::vector<size_t> decisions;  // indices into the routing
 };
 
 template <typename Options>
@@ -58,13 +56,47 @@ MuonWithAdamWOptions& MuonWithAdamWOptions::adamw_group(const std::string& patte
   return *this;
 }
 
+// What the constructor hands to the composite, computed before it is built.
+struct MuonWithAdamW::Built {
+  std::vector<CompositePart> parts;
+  MuonOptions defaults;
+  std::vector<RouteDecision> routing;
+  size_t num_muon_groups = 0;
+  Muon* muon = nullptr;
+  AdamW* adamw = nullptr;
+};
+
 MuonWithAdamW::MuonWithAdamW(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                              MuonWithAdamWOptions options)
-    : Optimizer(std::vector<OptimizerParamGroup>{},
-                std::make_unique<MuonOptions>(options.muon())) {
+    : MuonWithAdamW(build(named_parameters, options)) {}
+
+MuonWithAdamW::MuonWithAdamW(Built built)
+    : CompositeOptimizer(std::move(built.parts), std::make_unique<MuonOptions>(built.defaults)),
+      routing_(std::move(built.routing)),
+      num_muon_groups_(built.num_muon_groups),
+      muon_(built.muon),
+      adamw_(built.adamw) {}
+
+bool MuonWithAdamW::is_muon_group(size_t index) const {
+  TORCH_CHECK_VALUE(index < param_groups_.size(), kWho, "group index ", index,
+                    " out of range for ", param_groups_.size(), " groups");
+  return index < num_muon_groups_;
+}
+
+std::string MuonWithAdamW::routing_table() const { return format_routing(routing_); }
+
+// Routes the parameters and builds the Muon part (through
+// options.muon_factory when set) and the AdamW part over their groups; a side
+// without parameters gets no part.
+MuonWithAdamW::Built MuonWithAdamW::build(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    const MuonWithAdamWOptions& options) {
   options.muon().validate();  // even when no parameter goes to Muon: a typo is a typo
   for (const auto& g : options.muon_groups()) g.second.validate();
-  routing_ = route_parameters(named_parameters, options.routing());
+  MuonWithAdamW::Built built;
+  built.defaults = options.muon();
+  auto& routing = built.routing;
+  routing = route_parameters(named_parameters, options.routing());
 
   // Default group of each side first, then its pattern groups.
   std::vector<PendingGroup> muon_side(1 + options.muon_groups().size());
@@ -81,10 +113,10 @@ MuonWithAdamW::MuonWithAdamW(const torch::OrderedDict<std::string, at::Tensor>& 
   std::vector<std::pair<size_t, size_t>> aliases;  // (decision, decision of first name)
   size_t index = 0;
   for (const auto& item : named_parameters) {
-    auto& d = routing_[index];
+    auto& d = routing[index];
     const auto [seen, fresh] = first_name.emplace(item.value().unsafeGetTensorImpl(), index);
     if (!fresh) {
-      const auto& first = routing_[seen->second];
+      const auto& first = routing[seen->second];
       d.route = first.route;
       d.reason = "same tensor as '" + first.name + "'";
       aliases.emplace_back(index, seen->second);
@@ -106,186 +138,59 @@ MuonWithAdamW::MuonWithAdamW(const torch::OrderedDict<std::string, at::Tensor>& 
                         side == &muon_side ? "muon_group" : "adamw_group", " pattern '", g.pattern,
                         "' matches no parameter routed to ",
                         side == &muon_side ? "Muon" : "AdamW", "; routing:\n",
-                        format_routing(routing_));
+                        format_routing(routing));
     }
   }
 
-  // Build the groups: Muon's, then AdamW's, leaving out empty ones.
+  // The groups: Muon's, then AdamW's, leaving out empty ones.
+  CompositePart muon_part;
+  muon_part.name = "muon";
+  CompositePart adamw_part;
+  adamw_part.name = "adamw";
   std::vector<OptimizerParamGroup> muon_groups;
   std::vector<OptimizerParamGroup> adamw_groups;
   for (size_t i = 0; i < muon_side.size(); ++i) {
     auto& g = muon_side[i];
     if (g.params.empty()) continue;
     const auto& o = i == 0 ? options.muon() : options.muon_groups()[i - 1].second;
-    for (const auto d : g.decisions) routing_[d].group = static_cast<int64_t>(muon_groups.size());
+    for (const auto d : g.decisions) routing[d].group = static_cast<int64_t>(muon_groups.size());
     muon_groups.emplace_back(g.params, std::make_unique<MuonOptions>(o));
-    group_names_.push_back(g.names);
+    muon_part.group_names.push_back(g.names);
   }
-  num_muon_groups_ = muon_groups.size();
+  built.num_muon_groups = muon_groups.size();
   for (size_t i = 0; i < adamw_side.size(); ++i) {
     auto& g = adamw_side[i];
     if (g.params.empty()) continue;
     const auto& o = i == 0 ? options.adamw() : options.adamw_groups()[i - 1].second;
     for (const auto d : g.decisions) {
-      routing_[d].group = static_cast<int64_t>(num_muon_groups_ + adamw_groups.size());
+      routing[d].group = static_cast<int64_t>(built.num_muon_groups + adamw_groups.size());
     }
     adamw_groups.emplace_back(g.params, std::make_unique<AdamWOptions>(o));
-    group_names_.push_back(g.names);
+    adamw_part.group_names.push_back(g.names);
   }
-  for (const auto& [alias, first] : aliases) routing_[alias].group = routing_[first].group;
+  for (const auto& [alias, first] : aliases) routing[alias].group = routing[first].group;
 
   // The inner optimizers validate their options and parameters.
   if (!muon_groups.empty()) {
+    std::unique_ptr<Muon> muon;
     if (options.muon_factory()) {
-      muon_ = options.muon_factory()(muon_groups, options.muon());
-      TORCH_CHECK_VALUE(muon_ != nullptr, kWho, "muon_factory returned a null optimizer");
+      muon = options.muon_factory()(muon_groups, options.muon());
+      TORCH_CHECK_VALUE(muon != nullptr, kWho, "muon_factory returned a null optimizer");
     } else {
-      muon_ = std::make_unique<Muon>(muon_groups, options.muon());
+      muon = std::make_unique<Muon>(muon_groups, options.muon());
     }
+    built.muon = muon.get();
+    muon_part.optimizer = std::move(muon);
+    built.parts.push_back(std::move(muon_part));
   }
   if (!adamw_groups.empty()) {
-    adamw_ = std::make_unique<AdamW>(adamw_groups, options.adamw());
-    compat::reapply_group_options(*adamw_, adamw_groups);
+    auto adamw = std::make_unique<AdamW>(adamw_groups, options.adamw());
+    compat::reapply_group_options(*adamw, adamw_groups);
+    built.adamw = adamw.get();
+    adamw_part.optimizer = std::move(adamw);
+    built.parts.push_back(std::move(adamw_part));
   }
-  for (const auto& g : muon_groups) add_param_group(g);
-  for (const auto& g : adamw_groups) add_param_group(g);
-  std::vector<OptimizerParamGroup> all = muon_groups;
-  for (const auto& g : adamw_groups) all.push_back(g);
-  compat::reapply_group_options(*this, all);
-}
-
-bool MuonWithAdamW::is_muon_group(size_t index) const {
-  TORCH_CHECK_VALUE(index < param_groups_.size(), kWho, "group index ", index,
-                    " out of range for ", param_groups_.size(), " groups");
-  return index < num_muon_groups_;
-}
-
-std::string MuonWithAdamW::routing_table() const { return format_routing(routing_); }
-
-void MuonWithAdamW::sync_options() {
-  TORCH_CHECK_VALUE(param_groups_.size() == group_names_.size(), kWho, "has ",
-                    param_groups_.size(), " param groups but was built with ", group_names_.size(),
-                    "; groups cannot be added after construction");
-  for (const auto i : c10::irange(param_groups_.size())) {
-    const auto& group = param_groups_[i];
-    const bool is_muon = i < num_muon_groups_;
-    auto& inner = is_muon ? muon_->param_groups()[i] : adamw_->param_groups()[i - num_muon_groups_];
-    TORCH_CHECK_VALUE(group.params().size() == inner.params().size(), kWho, "param group ", i,
-                      " has ", group.params().size(), " parameters but was built with ",
-                      inner.params().size(), "; parameters cannot be added after construction");
-    const bool right_type = is_muon ? dynamic_cast<const MuonOptions*>(&group.options()) != nullptr
-                                    : dynamic_cast<const AdamWOptions*>(&group.options()) != nullptr;
-    TORCH_CHECK_VALUE(right_type, kWho, "param group ", i, " must hold ",
-                      is_muon ? "muon::MuonOptions" : "torch::optim::AdamWOptions");
-    inner.set_options(group.options().clone());
-  }
-}
-
-at::Tensor MuonWithAdamW::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  sync_options();
-  if (muon_) muon_->step();
-  if (adamw_) adamw_->step();
-  return loss;
-}
-
-int64_t MuonWithAdamW::state_bytes() const {
-  int64_t bytes = muon_ ? muon_->state_bytes() : 0;
-  if (adamw_) {
-    for (const auto& item : adamw_->state()) {
-      const auto& st = static_cast<const AdamWParamState&>(*item.second);
-      for (const auto* t : {&st.exp_avg(), &st.exp_avg_sq(), &st.max_exp_avg_sq()}) {
-        if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
-      }
-    }
-  }
-  return bytes;
-}
-
-void MuonWithAdamW::save(OutputArchive& archive) const {
-  archive.write("hybrid_format", c10::IValue(int64_t{1}));
-  archive.write("param_groups/size", c10::IValue(static_cast<int64_t>(param_groups_.size())));
-  for (const auto i : c10::irange(param_groups_.size())) {
-    OutputArchive group_archive(archive.compilation_unit());
-    const bool is_muon = i < num_muon_groups_;
-    group_archive.write("kind", c10::IValue(std::string(is_muon ? "muon" : "adamw")));
-    group_archive.write("names", c10::IValue(c10::List<std::string>(group_names_[i])));
-    OutputArchive options_archive(archive.compilation_unit());
-    if (is_muon) {
-      static_cast<const MuonOptions&>(param_groups_[i].options()).serialize(options_archive);
-    } else {
-      static_cast<const AdamWOptions&>(param_groups_[i].options()).serialize(options_archive);
-    }
-    group_archive.write("options", options_archive);
-    archive.write("param_groups/" + std::to_string(i), group_archive);
-  }
-  if (muon_) {
-    OutputArchive inner(archive.compilation_unit());
-    muon_->save(inner);
-    archive.write("muon", inner);
-  }
-  if (adamw_) {
-    OutputArchive inner(archive.compilation_unit());
-    adamw_->save(inner);
-    archive.write("adamw", inner);
-  }
-}
-
-void MuonWithAdamW::load(InputArchive& archive) {
-  c10::IValue value;
-  TORCH_CHECK_VALUE(archive.try_read("hybrid_format", value) && value.toInt() == 1, kWho,
-                    "the archive was not written by muon::MuonWithAdamW::save");
-  archive.read("param_groups/size", value);
-  TORCH_CHECK_VALUE(value.toInt() == static_cast<int64_t>(param_groups_.size()), kWho,
-                    "the archive has ", value.toInt(), " param groups, this optimizer has ",
-                    param_groups_.size());
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
-  for (const auto i : c10::irange(param_groups_.size())) {
-    const bool is_muon = i < num_muon_groups_;
-    InputArchive group_archive;
-    archive.read("param_groups/" + std::to_string(i), group_archive);
-    group_archive.read("kind", value);
-    TORCH_CHECK_VALUE(value.toStringRef() == (is_muon ? "muon" : "adamw"), kWho, "param group ", i,
-                      " of the archive is an ", value.toStringRef(), " group, here it is ",
-                      is_muon ? "a muon" : "an adamw", " group");
-    group_archive.read("names", value);
-    const auto names = value.toList();
-    const auto& mine = group_names_[i];
-    TORCH_CHECK_VALUE(names.size() == mine.size(), kWho, "param group ", i, " of the archive has ",
-                      names.size(), " parameters, here it has ", mine.size());
-    for (const auto j : c10::irange(mine.size())) {
-      const auto theirs = names.get(j).toStringRef();
-      TORCH_CHECK_VALUE(theirs == mine[j], kWho, "parameter ", j, " of group ", i,
-                        " is '", theirs, "' in the archive and '", mine[j], "' here");
-    }
-    InputArchive options_archive;
-    group_archive.read("options", options_archive);
-    if (is_muon) {
-      auto o = std::make_unique<MuonOptions>();
-      o->serialize(options_archive);
-      options.push_back(std::move(o));
-    } else {
-      auto o = std::make_unique<AdamWOptions>();
-      o->serialize(options_archive);
-      options.push_back(std::move(o));
-    }
-  }
-  if (muon_) {
-    InputArchive inner;
-    archive.read("muon", inner);
-    muon_->load(inner);
-  }
-  if (adamw_) {
-    InputArchive inner;
-    archive.read("adamw", inner);
-    adamw_->load(inner);
-  }
-  for (const auto i : c10::irange(param_groups_.size())) param_groups_[i].set_options(std::move(options[i]));
-  sync_options();
+  return built;
 }
 
 }  // namespace muon

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "util/names.h"
+
 namespace muon {
 namespace {
 
@@ -39,9 +41,26 @@ std::string to_string(Route route) {
 }
 
 Route parse_route(const std::string& name) {
-  if (name == "muon") return Route::kMuon;
-  if (name == "adamw") return Route::kAdamW;
-  TORCH_CHECK_VALUE(false, kWho, "unknown route '", name, "'; valid names: muon, adamw");
+  static constexpr Route kRoutes[] = {Route::kMuon, Route::kAdamW};
+  return detail::parse_name(name, kRoutes, kWho, "route");
+}
+
+std::string to_string(DefaultRule rule) {
+  switch (rule) {
+    case DefaultRule::kNdimBelow2:
+      return "ndim < 2";
+    case DefaultRule::kEmbedding:
+      return "embedding";
+    case DefaultRule::kOutputHead:
+      return "output head";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
+}
+
+const std::vector<DefaultRule>& default_routing_rules() {
+  static const std::vector<DefaultRule> rules{DefaultRule::kNdimBelow2, DefaultRule::kEmbedding,
+                                              DefaultRule::kOutputHead};
+  return rules;
 }
 
 bool glob_match(const std::string& pattern, const std::string& text) {
@@ -106,17 +125,25 @@ RouteDecision RoutingRules::route(const std::string& name, const at::Tensor& p) 
     d.reason = "override '" + rule.pattern + "'";
     return d;
   }
-  d.route = Route::kAdamW;
-  if (p.dim() < 2) {
-    d.reason = "ndim < 2";
-  } else if (const auto* m = first_match(embedding_patterns_, name)) {
-    d.reason = "embedding '" + *m + "'";
-  } else if (const auto* h = first_match(head_patterns_, name)) {
-    d.reason = "output head '" + *h + "'";
-  } else {
-    d.route = Route::kMuon;
-    d.reason = "matrix";
+  for (const auto rule : default_routing_rules()) {
+    const std::string* pattern = nullptr;
+    switch (rule) {
+      case DefaultRule::kNdimBelow2:
+        if (p.dim() >= 2) continue;
+        break;
+      case DefaultRule::kEmbedding:
+        if ((pattern = first_match(embedding_patterns_, name)) == nullptr) continue;
+        break;
+      case DefaultRule::kOutputHead:
+        if ((pattern = first_match(head_patterns_, name)) == nullptr) continue;
+        break;
+    }
+    d.route = Route::kAdamW;
+    d.reason = to_string(rule) + (pattern != nullptr ? " '" + *pattern + "'" : std::string());
+    return d;
   }
+  d.route = Route::kMuon;
+  d.reason = "matrix";
   return d;
 }
 

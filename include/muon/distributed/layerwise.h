@@ -29,6 +29,8 @@
 #include <vector>
 
 #include "muon/distributed/group.h"
+#include "muon/optim/composite.h"
+#include "muon/optim/state_bytes.h"
 
 namespace muon::dist {
 
@@ -65,10 +67,12 @@ double default_parameter_cost(const std::string& name, const at::Tensor& param);
 /// c10::ValueError on every rank. `step`, `save` and `load` are collective
 /// too (save/load write and read this rank's own state: one archive per rank).
 ///
-/// `param_groups()` are the inner optimizer's groups (LR schedulers act on
-/// them), followed by one group of the parameters other ranks own, so that
-/// `zero_grad()` clears every gradient; that last group's options are unused.
-class LayerwiseOptimizer : public torch::optim::Optimizer {
+/// `param_groups()` mirror the inner optimizer's groups (`muon::GroupMirror`:
+/// LR schedulers act on them and `step` hands their options to the inner
+/// optimizer), followed by one group of the parameters other ranks own, so
+/// that `zero_grad()` clears every gradient; that last group's options are
+/// unused.
+class LayerwiseOptimizer : public torch::optim::Optimizer, public StateBytes {
  public:
   LayerwiseOptimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                      Group group, const InnerOptimizerFactory& make_inner,
@@ -94,7 +98,7 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   /// The group it runs on.
   const Group& group() const { return group_; }
   /// Bytes of optimizer state tensors on this rank (the inner optimizer's).
-  int64_t state_bytes() const;
+  int64_t state_bytes() const override;
 
  private:
   struct Entry {
@@ -102,9 +106,8 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
     int64_t offset;  // byte offset in the bucket
     int64_t bytes;
   };
-  // Copies this optimizer's group options (set by schedulers) into the inner one.
+  // Hands this optimizer's group options (set by schedulers) to the inner one.
   void sync_options() const;
-  void mirror_groups();
   // Starts the all-gather of bucket k of every rank (this rank's part packed).
   PendingCollective start_gather(size_t k) const;
   // Copies the other ranks' parameters of bucket k out of the gathered bytes.
@@ -120,6 +123,7 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   std::vector<std::vector<std::vector<Entry>>> buckets_;
   std::vector<int64_t> bucket_bytes_;  // per k: the largest contribution over ranks
   std::unique_ptr<torch::optim::Optimizer> inner_;
+  GroupMirror mirror_;          // the inner groups, first in param_groups_
   std::vector<int64_t> owned_;  // indices into params_ of this rank's parameters
 };
 

@@ -8,23 +8,55 @@
 /// `zero_grad`, every inner param group mirrored in `param_groups()` so that
 /// LR schedulers and `set_lr` reach all of them, and one save/load archive
 /// with a nested archive per inner optimizer. `muon::make_optimizer`
-/// (muon/registry.h) returns one.
+/// (muon/registry.h) returns one; `muon::MuonWithAdamW` (muon/optim/hybrid.h)
+/// is one with a Muon part and an AdamW part.
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "muon/optim/state_bytes.h"
+
 namespace muon {
 
-/// Bytes held in the state tensors of `optimizer`, for the optimizers this
-/// library knows (muon::Muon and subclasses, muon::MuonWithAdamW, muon::Lion,
-/// muon::CompositeOptimizer, LibTorch's Adam,
-/// AdamW, SGD, Adagrad, RMSprop); 0 for others.
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
+/// The param groups of inner optimizers mirrored into an outer optimizer's
+/// own `param_groups()`: the same tensors, copies of the options. The outer
+/// options are the ones in force (LR schedulers and direct edits act on
+/// them) and are handed to the inner groups before each inner step. Used by
+/// `CompositeOptimizer` and `muon::dist::LayerwiseOptimizer`; the inner
+/// optimizers must outlive it.
+class GroupMirror {
+ public:
+  /// Appends a copy of every param group of `inner` to `outer` and records
+  /// which inner group each one mirrors.
+  void mirror(torch::optim::Optimizer& inner,
+              std::vector<torch::optim::OptimizerParamGroup>& outer);
+
+  /// Number of mirrored groups; they are the first groups of `outer`.
+  size_t size() const { return sources_.size(); }
+
+  /// Hands the options of the mirrored groups of `outer` to the inner groups
+  /// they mirror. `outer` holds `extra` groups of its own after them. Raises
+  /// c10::ValueError, prefixed with `who`, when groups or parameters were
+  /// added after construction or a group holds options of another type than
+  /// its inner group.
+  void hand_options(const std::vector<torch::optim::OptimizerParamGroup>& outer, size_t extra,
+                    const char* who) const;
+
+  /// The other way: copies the inner groups' options into the mirrored groups
+  /// of `outer` (after the inner optimizers loaded their own).
+  void take_options(std::vector<torch::optim::OptimizerParamGroup>& outer) const;
+
+ private:
+  struct Source {
+    torch::optim::Optimizer* optimizer;
+    size_t group;
+  };
+  std::vector<Source> sources_;
+};
 
 /// One inner optimizer of a `CompositeOptimizer`.
 struct CompositePart {
@@ -35,8 +67,6 @@ struct CompositePart {
   /// The parameter names of each of its groups (same counts as the groups),
   /// stored in archives and checked on load. Empty: not checked.
   std::vector<std::vector<std::string>> group_names;
-  /// Bytes of its state; `optimizer_state_bytes` when not set.
-  std::function<int64_t(const torch::optim::Optimizer&)> state_bytes;
 };
 
 /// Inner optimizers as one (see the top of this header).
@@ -47,7 +77,7 @@ struct CompositePart {
 /// optimizers, so schedulers and direct edits take effect. Groups and
 /// parameters must not be added after construction. The per-parameter state
 /// lives in the inner optimizers; this object's own `state()` stays empty.
-class CompositeOptimizer : public torch::optim::Optimizer {
+class CompositeOptimizer : public torch::optim::Optimizer, public StateBytes {
  public:
   /// Takes ownership of `parts` (at least one, unique non-empty names, no
   /// tensor in two parts; raises c10::ValueError otherwise).
@@ -82,14 +112,20 @@ class CompositeOptimizer : public torch::optim::Optimizer {
   const std::vector<std::string>& group_names(size_t group) const;
 
   /// Bytes held in the optimizer state of every part.
-  int64_t state_bytes() const;
+  int64_t state_bytes() const override;
+
+ protected:
+  /// For builders over the composite (`MuonWithAdamW`): `parts` may be empty
+  /// (no parameter at all) and `defaults` are the optimizer's defaults.
+  CompositeOptimizer(std::vector<CompositePart> parts,
+                     std::unique_ptr<torch::optim::OptimizerOptions> defaults);
 
  private:
-  void sync_options();
+  void adopt(std::vector<CompositePart> parts);
 
   std::vector<CompositePart> parts_;
-  std::vector<size_t> group_part_;   // composite group → part
-  std::vector<size_t> group_inner_;  // composite group → group index in its part
+  GroupMirror mirror_;
+  std::vector<size_t> group_part_;               // composite group → part
   std::vector<std::vector<std::string>> names_;  // per composite group
 };
 

@@ -7,8 +7,9 @@
 /// Liu et al. 2025). `MuonWithAdamW` routes a module's named parameters with
 /// `muon::RoutingRules` (muon/optim/routing.h), runs `muon::Muon` on one side
 /// and LibTorch's own `torch::optim::AdamW` on the other, and presents them as
-/// a single `torch::optim::Optimizer`: one `step(closure)`, one `zero_grad`,
-/// every param group visible to LR schedulers, one save/load archive.
+/// a single `torch::optim::Optimizer` through `muon::CompositeOptimizer`
+/// (muon/optim/composite.h): one `step(closure)`, one `zero_grad`, every
+/// param group visible to LR schedulers, one save/load archive.
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "muon/optim/composite.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/routing.h"
 
@@ -69,7 +71,8 @@ struct MuonWithAdamWOptions {
   std::vector<std::pair<std::string, torch::optim::AdamWOptions>> adamw_groups_;
 };
 
-/// Muon + AdamW over a module's named parameters.
+/// Muon + AdamW over a module's named parameters: a `CompositeOptimizer`
+/// with a part "muon" and a part "adamw", built from the routing.
 ///
 ///     muon::MuonWithAdamW opt(model->named_parameters());
 ///     std::cout << opt.routing_table();
@@ -78,29 +81,20 @@ struct MuonWithAdamWOptions {
 ///
 /// Param groups, in order: the default Muon group, the Muon pattern groups,
 /// the default AdamW group, the AdamW pattern groups; empty ones are left
-/// out. Their options (MuonOptions or torch::optim::AdamWOptions) are the
-/// ones in force: each `step` hands them to the two inner optimizers, so LR
-/// schedulers and direct edits take effect. The per-parameter state lives in
-/// the inner optimizers (`muon()`, `adamw()`); this object's own `state()`
-/// stays empty. Groups must not be added after construction.
-class MuonWithAdamW : public torch::optim::Optimizer {
+/// out, and so is a part with no group. Their options (MuonOptions or
+/// torch::optim::AdamWOptions) are the ones in force: each `step` hands them
+/// to the two inner optimizers, so LR schedulers and direct edits take
+/// effect. The per-parameter state lives in the inner optimizers (`muon()`,
+/// `adamw()`); this object's own `state()` stays empty. Groups must not be
+/// added after construction. `save`/`load` use the composite's archive, with
+/// the parameter names of every group checked on load.
+class MuonWithAdamW : public CompositeOptimizer {
  public:
   /// Routes `named_parameters` (e.g. `module->named_parameters()`) and builds
   /// both halves. Raises c10::ValueError for a pattern group that matches no
   /// parameter and for invalid options (the inner optimizers' checks).
   explicit MuonWithAdamW(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                          MuonWithAdamWOptions options = {});
-
-  /// Runs `closure` (if any) once with grad mode enabled, then one Muon step
-  /// and one AdamW step; returns the closure's loss.
-  at::Tensor step(LossClosure closure = nullptr) override;
-
-  /// One archive: every group's options and the routing (names per group),
-  /// plus the state of both halves in nested archives "muon" and "adamw".
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores what `save` wrote into an optimizer with the same routing
-  /// (raises c10::ValueError naming the first difference otherwise).
-  void load(torch::serialize::InputArchive& archive) override;
 
   /// Where each parameter went, in the order given.
   const std::vector<RouteDecision>& routing() const { return routing_; }
@@ -110,21 +104,21 @@ class MuonWithAdamW : public torch::optim::Optimizer {
   /// Whether param group `index` is a Muon group (otherwise an AdamW group).
   bool is_muon_group(size_t index) const;
   /// The inner Muon (nullptr when no parameter was routed to Muon).
-  Muon* muon() { return muon_.get(); }
+  Muon* muon() { return muon_; }
   /// The inner AdamW (nullptr when no parameter was routed to AdamW).
-  torch::optim::AdamW* adamw() { return adamw_.get(); }
-
-  /// Bytes held in optimizer state tensors by both halves.
-  int64_t state_bytes() const;
+  torch::optim::AdamW* adamw() { return adamw_; }
 
  private:
-  void sync_options();
+  // The routing and the two parts, computed before the composite is built.
+  struct Built;
+  static Built build(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                     const MuonWithAdamWOptions& options);
+  explicit MuonWithAdamW(Built built);
 
   std::vector<RouteDecision> routing_;
-  std::vector<std::vector<std::string>> group_names_;  // per param group
-  size_t num_muon_groups_ = 0;                         // groups [0, n) are Muon's
-  std::unique_ptr<Muon> muon_;
-  std::unique_ptr<torch::optim::AdamW> adamw_;
+  size_t num_muon_groups_ = 0;  // groups [0, n) are Muon's
+  Muon* muon_ = nullptr;        // owned by the composite's parts
+  torch::optim::AdamW* adamw_ = nullptr;
 };
 
 }  // namespace muon

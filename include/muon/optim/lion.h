@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "muon/optim/state_bytes.h"
+
 namespace muon {
 
 /// Options of `muon::Lion` (per parameter group), as chained setters.
@@ -79,7 +81,7 @@ struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionPa
 /// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
 /// in LibTorch's own optimizer archive layout (state matched to parameters
 /// by position).
-class Lion : public torch::optim::Optimizer {
+class Lion : public torch::optim::Optimizer, public StateBytes {
  public:
   /// Lion over `param_groups`; groups without options get `defaults`.
   explicit Lion(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -97,7 +99,7 @@ class Lion : public torch::optim::Optimizer {
   void load(torch::serialize::InputArchive& archive) override;
 
   /// Bytes held in the momentum buffers.
-  int64_t state_bytes() const;
+  int64_t state_bytes() const override;
 };
 
 }  // namespace muon

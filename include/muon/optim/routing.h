@@ -11,6 +11,8 @@
 ///   3. `name` matches an embedding pattern → AdamW;
 ///   4. `name` matches an output-head pattern → AdamW;
 ///   5. otherwise → Muon.
+/// Steps 2–4 are `default_routing_rules()`, the one list that the registry's
+/// default override rules (muon/registry.h) follow as well.
 /// Patterns are globs over the whole dotted name: `*` matches any run of
 /// characters (dots included), `?` exactly one.
 #include <ATen/ATen.h>
@@ -29,6 +31,23 @@ enum class Route { kMuon, kAdamW };
 std::string to_string(Route route);
 /// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
 Route parse_route(const std::string& name);
+
+/// A default rule: parameters it matches go to AdamW (the scalar optimizer).
+enum class DefaultRule {
+  /// Fewer than two dimensions (biases, norm gains, scalars).
+  kNdimBelow2,
+  /// The name matches an embedding pattern.
+  kEmbedding,
+  /// The name matches an output-head pattern.
+  kOutputHead,
+};
+
+/// "ndim < 2" | "embedding" | "output head": the start of the decision's reason.
+std::string to_string(DefaultRule rule);
+
+/// The default rules in the order they apply, after the user overrides; a
+/// parameter that none matches goes to Muon.
+const std::vector<DefaultRule>& default_routing_rules();
 
 /// Whether glob `pattern` (`*` any run, `?` one character) matches all of `text`.
 bool glob_match(const std::string& pattern, const std::string& text);
