@@ -16,7 +16,6 @@
 namespace muon {
 namespace {
 
-using detail::batched_addmm;
 using detail::batched_addmm_out;
 using detail::batched_mm_out;
 using detail::syrk;
@@ -38,18 +37,22 @@ struct PolyScratch {
   at::Tensor p32;
 };
 
+// A is in p's dtype, or fp32 for a 16-bit p (a Gram matrix summed over
+// processes).
 void step_polynomial(at::Tensor& p, const at::Tensor& a_mat, const NsCoefficients& k,
                      bool symmetric, PolyScratch& scratch) {
-  if (is_16bit(a_mat)) {
+  if (is_16bit(p)) {
     // b·A + c·A² cancels heavily (polar_express step 1 near σ = 1:
     // −21.6 + 14.6); in 16-bit it loses most digits. B is s×s: form it in
     // fp32 and round once.
-    if (!scratch.a32.defined()) {
-      scratch.a32 = at::empty(a_mat.sizes(), a_mat.options().dtype(at::kFloat));
-      scratch.p32 = at::empty_like(scratch.a32);
+    if (!scratch.p32.defined()) scratch.p32 = at::empty(p.sizes(), p.options().dtype(at::kFloat));
+    const at::Tensor* a32 = &a_mat;
+    if (is_16bit(a_mat)) {
+      if (!scratch.a32.defined()) scratch.a32 = at::empty_like(scratch.p32);
+      scratch.a32.copy_(a_mat);
+      a32 = &scratch.a32;
     }
-    scratch.a32.copy_(a_mat);
-    step_polynomial(scratch.p32, scratch.a32, k, symmetric, scratch);
+    step_polynomial(scratch.p32, *a32, k, symmetric, scratch);
     p.copy_(scratch.p32);
     return;
   }
@@ -77,17 +80,25 @@ void axpy_apply(at::Tensor& out, double alpha, const at::Tensor& b, const at::Te
 // a·I added and rounded once; X ← B·X in bf16. Every product is a bf16 one,
 // A is never rounded before the b·A term, and only upper triangles are
 // computed in fp32 (the bf16 copies are made whole in the same pass).
+// With `sums`, A is completed in fp32 before use (see standard_iteration).
 struct MixedStep {
   at::Tensor a32, a16, p16;
 
-  void run(at::Tensor& next, const at::Tensor& x, const NsCoefficients& k, bool tall) {
+  void run(at::Tensor& next, const at::Tensor& x, const NsCoefficients& k, bool tall,
+           const detail::PartialSums* sums) {
     if (!a32.defined()) {
       const int64_t s = tall ? x.size(2) : x.size(1);
       a32 = at::empty({x.size(0), s, s}, x.options().dtype(at::kFloat));
       a16 = at::empty(a32.sizes(), x.options());
       p16 = at::empty_like(a16);
     }
-    detail::syrk_upper(a32, x, tall, 1.0, 0.0);
+    const bool empty = x.numel() == 0;
+    if (empty) {
+      a32.zero_();
+    } else {
+      detail::syrk_upper(a32, x, tall, 1.0, 0.0);
+    }
+    if (sums != nullptr) sums->reduce_gram(a32);
     if (k.c != 0.0) {
       detail::symmetric_from_upper(a16, a32, 0.0);
       detail::syrk_upper(a32, a16, /*trans=*/false, k.c, k.b);
@@ -95,29 +106,46 @@ struct MixedStep {
       a32.mul_(k.b);
     }
     detail::symmetric_from_upper(p16, a32, k.a);
-    batched_mm_out(next, tall ? x : p16, tall ? p16 : x);
+    if (!empty) batched_mm_out(next, tall ? x : p16, tall ? p16 : x);
   }
 };
 
+// The standard iteration, on the Gram matrix of the columns when `tall`.
+// With `sums`, x is one block of a matrix split over processes: each Gram
+// matrix is completed before use, in fp32 for 16-bit compute (16-bit
+// partial sums would round before they are summed), and a block without
+// rows (columns) forms zeros and no products but joins every reduction.
+// Everything else, the 16-bit policy included, is the same code for one
+// process and for many.
 at::Tensor standard_iteration(at::Tensor x, const std::vector<NsCoefficients>& schedule,
-                              bool tall, bool symmetric) {
+                              bool tall, bool symmetric, const detail::PartialSums* sums) {
   auto next = at::empty_like(x);
   if (symmetric && x.scalar_type() == at::kBFloat16 && detail::accumulates_in_fp32(x)) {
     MixedStep step;
     for (const auto& k : schedule) {
-      step.run(next, x, k, tall);
+      step.run(next, x, k, tall, sums);
       std::swap(x, next);
     }
     return x;
   }
   const int64_t s = tall ? x.size(2) : x.size(1);
-  auto gram = at::empty({x.size(0), s, s}, x.options());
-  auto poly = at::empty_like(gram);
-  PolyScratch scratch;
   const bool fold = is_16bit(x);
+  const bool gram32 = fold && sums != nullptr;
+  auto poly = at::empty({x.size(0), s, s}, x.options());
+  auto gram = at::empty(poly.sizes(), gram32 ? x.options().dtype(at::kFloat) : x.options());
+  const bool empty = x.numel() == 0;
+  PolyScratch scratch;
   for (const auto& k : schedule) {
-    syrk(gram, x, tall, 1.0, 0.0, symmetric);
+    if (empty) {
+      gram.zero_();
+    } else if (gram32 && !detail::accumulates_in_fp32(x)) {
+      syrk(gram, x.to(at::kFloat), tall, 1.0, 0.0, symmetric);
+    } else {
+      syrk(gram, x, tall, 1.0, 0.0, symmetric);
+    }
+    if (sums != nullptr) sums->reduce_gram(gram);
     step_polynomial(poly, gram, k, symmetric, scratch);
+    if (empty) continue;
     if (fold) {
       // 16-bit: the output's own rounding (2⁻⁸) dominates, so a·I goes into
       // the s×s polynomial and the step is one GEMM (16-bit GEMMs with
@@ -229,50 +257,6 @@ at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& sched
   return x;
 }
 
-// X₀ = G / (‖G‖_F·safety + eps) per matrix, in the compute dtype, as a new
-// contiguous tensor. The scaling runs in fp32 (fp64 for fp64 compute) and
-// rounds once. ‖G‖² is summed in fp32 blocks of 256 carried in fp64
-// (sum_of_squares, relative error ≲ 1e-6): LibTorch 1.13's fp32 norm is off
-// by up to ~1e-4 relative on large matrices, a scale error the iteration
-// amplifies, and its mixed-dtype reductions are ~40× slower.
-at::Tensor normalized(const at::Tensor& x3, const NewtonSchulzOptions& options) {
-  const auto compute = options.compute_dtype();
-  const auto norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
-  const double safety = options.coefficients().safety_factor;
-  const double eps = options.eps();
-  auto out = at::empty(x3.sizes(), x3.options().dtype(compute));
-  if (!x3.device().is_cpu()) {
-    auto denom = at::linalg_vector_norm(x3, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true, at::kDouble);
-    denom.mul_(safety).add_(eps);
-    out.copy_(x3.to(norm_dtype).div(denom.to(norm_dtype)));
-    return out;
-  }
-  // CPU: one matrix at a time through a reused buffer (fresh 32 MB buffers
-  // cost more in page faults than the arithmetic).
-  at::Tensor buffer;
-  for (int64_t i = 0; i < x3.size(0); ++i) {
-    auto dst = out.select(0, i);
-    at::Tensor m;
-    if (compute == norm_dtype) {
-      m = dst;  // scale in place in the output
-    } else {
-      if (!buffer.defined()) buffer = at::empty(dst.sizes(), dst.options().dtype(norm_dtype));
-      m = buffer;
-    }
-    m.copy_(x3.select(0, i));
-    double sumsq = 0.0;
-    if (detail::fused_eligible(m)) {
-      sumsq = detail::sum_of_squares(m);  // as muon::Muon's fused step sums
-    } else if (!detail::cblas_sum_of_squares(m, &sumsq)) {
-      sumsq = at::linalg_vector_norm(m, 2, c10::nullopt, false, at::kDouble).item<double>();
-      sumsq *= sumsq;
-    }
-    m.mul_(1.0 / (std::sqrt(sumsq) * safety + eps));
-    if (!m.is_same(dst)) dst.copy_(m);
-  }
-  return out;
-}
-
 void check_input(const at::Tensor& x, const NewtonSchulzOptions& options) {
   TORCH_CHECK_VALUE(x.defined(), "[muon::newton_schulz] x is an undefined tensor");
   TORCH_CHECK_VALUE(x.dim() == 2 || x.dim() == 3,
@@ -343,6 +327,52 @@ void reset_newton_schulz_flops_on_this_thread() { ns_flops_counter = 0; }
 
 namespace detail {
 
+// X₀ = G / (‖G‖_F·safety + eps) per matrix. The scaling runs in fp32 (fp64
+// for fp64 compute) and rounds once. ‖G‖² is summed in fp32 blocks of 256
+// carried in fp64 (sum_of_squares, relative error ≲ 1e-6): LibTorch 1.13's
+// fp32 norm is off by up to ~1e-4 relative on large matrices, a scale error
+// the iteration amplifies, and its mixed-dtype reductions are ~40× slower.
+at::Tensor newton_schulz_input(const at::Tensor& x3, const NewtonSchulzOptions& options,
+                               const PartialSums* sums) {
+  const auto compute = options.compute_dtype();
+  const auto norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
+  const double safety = options.coefficients().safety_factor;
+  const double eps = options.eps();
+  auto out = at::empty(x3.sizes(), x3.options().dtype(compute));
+  if (!x3.device().is_cpu() && sums == nullptr) {
+    auto denom = at::linalg_vector_norm(x3, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true, at::kDouble);
+    denom.mul_(safety).add_(eps);
+    out.copy_(x3.to(norm_dtype).div(denom.to(norm_dtype)));
+    return out;
+  }
+  // CPU: one matrix at a time through a reused buffer (fresh 32 MB buffers
+  // cost more in page faults than the arithmetic).
+  at::Tensor buffer;
+  for (int64_t i = 0; i < x3.size(0); ++i) {
+    auto dst = out.select(0, i);
+    at::Tensor m;
+    if (compute == norm_dtype) {
+      m = dst;  // scale in place in the output
+    } else {
+      if (!buffer.defined()) buffer = at::empty(dst.sizes(), dst.options().dtype(norm_dtype));
+      m = buffer;
+    }
+    m.copy_(x3.select(0, i));
+    double sumsq = sum_of_squares(m);  // fp32: as muon::Muon's fused step sums
+    if (sums != nullptr) sums->reduce_sum_of_squares(sumsq);
+    m.mul_(1.0 / (std::sqrt(sumsq) * safety + eps));
+    if (!m.is_same(dst)) dst.copy_(m);
+  }
+  return out;
+}
+
+at::Tensor standard_newton_schulz(at::Tensor x0, const NewtonSchulzOptions& options, bool columns,
+                                  const PartialSums* sums) {
+  std::optional<SixteenBitCompute> sixteen_bit;
+  if (is_16bit_dtype(options.compute_dtype())) sixteen_bit.emplace();
+  return standard_iteration(std::move(x0), options.schedule(), columns, options.symmetric(), sums);
+}
+
 at::Tensor newton_schulz_normalized(at::Tensor x0, const NewtonSchulzOptions& options) {
   const int64_t rows = x0.size(1);
   const int64_t cols = x0.size(2);
@@ -353,7 +383,7 @@ at::Tensor newton_schulz_normalized(at::Tensor x0, const NewtonSchulzOptions& op
   const auto schedule = options.schedule();
   return resolve_method(rows, cols, options) == NewtonSchulzMethod::kGram
              ? gram_iteration(std::move(x0), schedule, tall, options.symmetric())
-             : standard_iteration(std::move(x0), schedule, tall, options.symmetric());
+             : standard_iteration(std::move(x0), schedule, tall, options.symmetric(), nullptr);
 }
 
 }  // namespace detail
@@ -365,7 +395,7 @@ at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options
 
   const bool batched = x.dim() == 3;
   const auto x3 = batched ? x : x.unsqueeze(0);
-  auto out = detail::newton_schulz_normalized(normalized(x3, options), options);
+  auto out = detail::newton_schulz_normalized(detail::newton_schulz_input(x3, options), options);
   if (out.scalar_type() != x.scalar_type()) out = out.to(x.scalar_type());
   return batched ? out : out.squeeze(0);
 }

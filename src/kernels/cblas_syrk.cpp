@@ -25,20 +25,12 @@ std::string blas_core_name() {
 }
 
 bool cblas_sum_of_squares(const at::Tensor& x, double* out) {
-  if (!x.device().is_cpu() || !x.is_contiguous()) return false;
+  if (!x.device().is_cpu() || !x.is_contiguous() || x.scalar_type() != at::kDouble) return false;
   const int n = static_cast<int>(x.numel());
   if (static_cast<int64_t>(n) != x.numel()) return false;
-  if (x.scalar_type() == at::kFloat) {
-    const float* p = x.data_ptr<float>();
-    *out = cblas_dsdot(n, p, 1, p, 1);
-    return true;
-  }
-  if (x.scalar_type() == at::kDouble) {
-    const double* p = x.data_ptr<double>();
-    *out = cblas_ddot(n, p, 1, p, 1);
-    return true;
-  }
-  return false;
+  const double* p = x.data_ptr<double>();
+  *out = cblas_ddot(n, p, 1, p, 1);
+  return true;
 }
 
 bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/symmetric.h"
+
 namespace muon::detail {
 namespace {
 
@@ -181,9 +183,14 @@ void momentum_step(at::Tensor& buf, const at::Tensor& grad, const MomentumRule& 
 }
 
 double sum_of_squares(const at::Tensor& x) {
-  TORCH_INTERNAL_ASSERT(fused_eligible(x));
-  const float* p = x.data_ptr<float>();
-  return sum_of_squares_of(x.numel(), [p](int64_t i) { return p[i]; });
+  if (fused_eligible(x)) {
+    const float* p = x.data_ptr<float>();
+    return sum_of_squares_of(x.numel(), [p](int64_t i) { return p[i]; });
+  }
+  double sumsq = 0.0;
+  if (cblas_sum_of_squares(x, &sumsq)) return sumsq;
+  const double norm = at::linalg_vector_norm(x, 2, c10::nullopt, false, at::kDouble).item<double>();
+  return norm * norm;
 }
 
 void normalized_update(at::Tensor& out, const at::Tensor& buf, const at::Tensor& grad,

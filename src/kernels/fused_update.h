@@ -1,7 +1,8 @@
 #pragma once
 // One-pass elementwise parts of the Muon step on contiguous CPU fp32
 // tensors: momentum with Nesterov, the normalized Newton–Schulz input
-// written straight into the compute dtype, and the weight-decayed update.
+// written straight into the compute dtype, and the weight-decayed update;
+// and the library's one fp64 sum of squares, which those passes share.
 // Internal.
 #include <ATen/ATen.h>
 
@@ -31,8 +32,12 @@ void momentum_pass(at::Tensor& buf, const at::Tensor& grad, const MomentumRule& 
 void momentum_step(at::Tensor& buf, const at::Tensor& grad, const MomentumRule& rule,
                    at::Tensor* update);
 
-/// Σ x² of a contiguous CPU fp32 tensor, summed as momentum_pass sums u²
-/// (the same values give the same sum, to the bit).
+/// Σ x² of any floating tensor, carried in fp64: the sum behind every
+/// Frobenius norm of the library (newton_schulz's normalization, on one
+/// process or split over many, and the fused Muon step). A contiguous CPU
+/// fp32 tensor is summed as momentum_pass sums u² (the same values give the
+/// same sum, to the bit); contiguous CPU fp64 through the BLAS's ddot;
+/// anything else through LibTorch's fp64 norm.
 double sum_of_squares(const at::Tensor& x);
 
 /// out[i] = u[i]·scale[matrix of i], u recomputed from grad and the updated

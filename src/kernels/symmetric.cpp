@@ -22,9 +22,9 @@ at::Tensor op_rows(const at::Tensor& x, bool trans, int64_t begin, int64_t n) {
 
 // Row panels of the blocked symmetric product: panel i holds rows
 // [i·h, (i+1)·h) and columns [i·h, s), so k panels cost (k+1)/(2k) of one
-// GEMM. oneDNN on CPU keeps its speed down to 128-row panels (2048²·2048
-// bf16 on one thread: 38.4 ms full, 24.9 ms in four panels; fp32: 77.9 and
-// 49.0 ms); other backends get at most two panels of at least 384 rows.
+// GEMM. oneDNN on CPU keeps its speed down to 128-row panels, so four
+// panels save most of the (k+1)/(2k) bound (docs/benchmarks.md); other
+// backends get at most two panels of at least 384 rows.
 int64_t num_panels(int64_t s, bool cpu_dnnl, bool cpu_16bit) {
   if (cpu_dnnl) return std::clamp<int64_t>(s / 128, 1, 4);
   if (cpu_16bit) return 1;  // ATen's bf16 GEMM: one full product beats two panels
@@ -73,8 +73,8 @@ void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doubl
 void batched_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                      double beta) {
   if (out.device().is_cpu() || out.size(0) == 1) {
-    // On CPU a loop of GEMMs beats bmm (LibTorch 1.13 fp32 bmm: ~170 against
-    // ~225 GFLOP/s for 512×512·512×2048 on 2 cores); each GEMM is threaded.
+    // On CPU a loop of GEMMs beats LibTorch 1.13's bmm (docs/benchmarks.md);
+    // each GEMM is threaded.
     for (int64_t i = 0; i < out.size(0); ++i) {
       auto o = out.select(0, i);
       product_2d(o, a.select(0, i), b.select(0, i), alpha, beta);
@@ -224,13 +224,6 @@ void batched_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a
   }
   if (beta != 0.0) out.copy_(c);
   batched_product(out, a, b, alpha, beta);
-}
-
-at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
-                         double beta, double alpha) {
-  auto out = at::empty_like(c, at::MemoryFormat::Contiguous);
-  batched_addmm_out(out, c, a, b, beta, alpha);
-  return out;
 }
 
 namespace {

@@ -81,17 +81,13 @@ void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 void batched_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
                        const at::Tensor& b, double beta, double alpha);
 
-/// beta·c + alpha·a·b for batches of matrices, as a new tensor (one GEMM
-/// per matrix on CPU, baddbmm elsewhere).
-at::Tensor batched_addmm(const at::Tensor& c, const at::Tensor& a, const at::Tensor& b,
-                         double beta, double alpha);
-
 /// CBLAS backend (src/kernels/cblas_syrk.cpp or cblas_none.cpp): handles
 /// contiguous CPU float/double inputs and returns true, or returns false.
 bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta);
 
-/// Σ x² of a contiguous CPU float/double tensor, accumulated in fp64
-/// (cblas_dsdot / cblas_ddot); false when the backend cannot take it.
+/// Σ x² of a contiguous CPU fp64 tensor (cblas_ddot), the fp64 case of
+/// sum_of_squares (kernels/fused_update.h); false when the backend cannot
+/// take it.
 bool cblas_sum_of_squares(const at::Tensor& x, double* out);
 
 /// Whether products of x's dtype on x's device can write fp32 results from
