@@ -5,10 +5,13 @@
 
 #include "archive_util.h"
 #include "expect_util.h"
+#include "reference.h"
+#include "tensor_util.h"
 
 #include <array>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,26 +30,11 @@ using muon::MuonOptions;
 using muon::test::load_from_string;
 using muon::test::save_to_string;
 
-at::Tensor leaf(const at::Tensor& t) { return t.detach().clone().requires_grad_(true); }
+using muon::test::leaf;
 
-// You's quintic schedule (REFERENCE.md), cycled over 5 steps.
-const std::vector<std::array<double, 3>> kQuintic = {{4.0848, -6.8946, 2.9270},
-                                                     {3.9505, -6.3029, 2.6377},
-                                                     {3.7418, -5.5913, 2.3037},
-                                                     {2.8769, -3.1427, 1.2046},
-                                                     {2.8366, -3.0525, 1.2012}};
-
-// Newton–Schulz in fp64, the textbook formula on the short side.
+// Newton–Schulz in fp64, You's quintic schedule, 5 steps (reference.h).
 at::Tensor plain_ns(const at::Tensor& g) {
-  auto x = g.to(at::kDouble);
-  const bool tall = x.size(0) > x.size(1);
-  if (tall) x = x.t();
-  x = x / (x.norm() + 1e-7);
-  for (const auto& abc : kQuintic) {
-    const auto a = x.mm(x.t());
-    x = abc[0] * x + (abc[1] * a + abc[2] * a.mm(a)).mm(x);
-  }
-  return tall ? x.t() : x;
+  return muon::test::reference_newton_schulz(g, muon::test::kQuintic, 5);
 }
 
 struct Ref {
@@ -220,6 +208,26 @@ TEST(AdaptiveMuon, Errors) {
   auto e = leaf(at::randn({2, 4, 6}));
   expect_value_error([&] { AdaptiveMuon opt({e}, MuonOptions().stacked_experts(true)); },
                      {"stacked_experts"});
+}
+
+TEST(AdaptiveMuon, ErrorsNameTheGroupThatCausedThem) {
+  // Checked at construction and again at each step, naming the group.
+  auto a = leaf(at::randn({4, 6}));
+  auto b = leaf(at::randn({6, 4}));
+  std::vector<torch::optim::OptimizerParamGroup> groups{
+      torch::optim::OptimizerParamGroup({a}),
+      torch::optim::OptimizerParamGroup({b}, std::make_unique<MuonOptions>(
+                                                 MuonOptions().split_sizes({3, 3})))};
+  expect_value_error([&] { AdaptiveMuon opt(groups, MuonOptions()); },
+                     {"param group 1", "split_sizes"});
+  AdaptiveMuon opt({torch::optim::OptimizerParamGroup({a}), torch::optim::OptimizerParamGroup({b})},
+                   MuonOptions());
+  static_cast<MuonOptions&>(opt.param_groups()[1].options()).stacked_experts(true);
+  a.mutable_grad() = at::randn({4, 6});
+  b.mutable_grad() = at::randn({6, 4});
+  const auto before = a.detach().clone();
+  expect_value_error([&] { opt.step(); }, {"param group 1", "stacked_experts"});
+  EXPECT_TRUE(at::equal(a.detach(), before));  // rejected before any parameter changed
 }
 
 }  // namespace

@@ -41,10 +41,10 @@ OptimizerConfig config(const std::string& layout) {
   return c;
 }
 
-Named whole_after(int64_t steps) {
+Named whole_after(int64_t steps, const OptimizerConfig& c = config("none")) {
   Named named;
   for (size_t k = 0; k < kModel.size(); ++k) named.insert(kModel[k].first, full_param(k).requires_grad_(true));
-  auto opt = muon::make_optimizer(named, config("none"));
+  auto opt = muon::make_optimizer(named, c);
   for (int64_t s = 0; s < steps; ++s) {
     for (size_t k = 0; k < kModel.size(); ++k) named[kModel[k].first].mutable_grad() = full_grad(k, s);
     opt->step();
@@ -55,6 +55,48 @@ Named whole_after(int64_t steps) {
 double relative(const at::Tensor& got, const at::Tensor& expected, const at::Tensor& whole) {
   if (expected.numel() == 0) return 0;
   return (got - expected).abs().max().item<double>() / whole.abs().max().item<double>();
+}
+
+// Runs `c` for 3 steps on this rank's part of the model in `layout_kind`
+// and checks every parameter against the same part of `reference` (the
+// single-process result). sharded: every tensor split by rows, each matrix a
+// RowShard; tensor_parallel: the block's matrices split column-parallel
+// (dim 0), everything else replicated.
+void expect_layout_equals(const Named& reference, const OptimizerConfig& c,
+                          const std::string& layout_kind, Group& group, const std::string& what) {
+  Named named;
+  DistributedLayout layout;
+  std::vector<std::vector<int64_t>> rows(kModel.size());
+  for (size_t k = 0; k < kModel.size(); ++k) {
+    const bool matrix = kModel[k].second.size() == 2;
+    const bool block_matrix = matrix && kModel[k].first.find("blocks.0.") == 0;
+    auto p = full_param(k);
+    if (layout_kind == "sharded" || block_matrix) {
+      rows[k] = muon::dist::balanced_split_sizes(kModel[k].second[0], 2);
+      p = muon::dist::local_rows(p, rows[k], group.rank());
+    }
+    if (layout_kind == "sharded" && matrix) {
+      layout.row_shards.emplace(kModel[k].first, muon::dist::RowShard(kModel[k].second, group));
+    } else if (layout_kind == "tensor_parallel" && block_matrix) {
+      layout.tensor_parallel.emplace(kModel[k].first, muon::dist::TensorParallelShard(kModel[k].second, 0, group));
+    }
+    named.insert(kModel[k].first, p.requires_grad_(true));
+  }
+  auto opt = muon::dist::make_optimizer(named, c, layout);
+  for (int64_t s = 0; s < 3; ++s) {
+    for (size_t k = 0; k < kModel.size(); ++k) {
+      auto g = full_grad(k, s);
+      if (!rows[k].empty()) g = muon::dist::local_rows(g, rows[k], group.rank());
+      named[kModel[k].first].mutable_grad() = g;
+    }
+    opt->step();
+  }
+  // As the layer-wise test: the same computation up to summation order.
+  for (size_t k = 0; k < kModel.size(); ++k) {
+    const auto& whole = reference[kModel[k].first];
+    const auto expected = rows[k].empty() ? whole.detach() : muon::dist::local_rows(whole.detach(), rows[k], group.rank());
+    EXPECT_LE(relative(named[kModel[k].first].detach(), expected, whole), 1e-5) << what << " " << kModel[k].first;
+  }
 }
 
 TEST(DistMake, LayerwiseFromTheConfigEqualsSingleProcess) {
@@ -85,28 +127,7 @@ TEST(DistMake, LayerwiseFromTheConfigEqualsSingleProcess) {
 TEST(DistMake, ShardedFromTheConfigEqualsSingleProcess) {
   const auto reference = whole_after(3);
   muon::test::run_ranks(2, [&](Group& group) {
-    Named named;
-    DistributedLayout layout;
-    std::vector<std::vector<int64_t>> rows;
-    for (size_t k = 0; k < kModel.size(); ++k) {
-      rows.push_back(muon::dist::balanced_split_sizes(kModel[k].second[0], 2));
-      named.insert(kModel[k].first, muon::dist::local_rows(full_param(k), rows[k], group.rank()).requires_grad_(true));
-      if (kModel[k].second.size() == 2) layout.row_shards.emplace(kModel[k].first, muon::dist::RowShard(kModel[k].second, group));
-    }
-    auto opt = muon::dist::make_optimizer(named, config("sharded"), layout);
-    for (int64_t s = 0; s < 3; ++s) {
-      for (size_t k = 0; k < kModel.size(); ++k) {
-        named[kModel[k].first].mutable_grad() = muon::dist::local_rows(full_grad(k, s), rows[k], group.rank());
-      }
-      opt->step();
-    }
-    for (size_t k = 0; k < kModel.size(); ++k) {
-      const auto& whole = reference[kModel[k].first];
-      EXPECT_LE(relative(named[kModel[k].first].detach(),
-                         muon::dist::local_rows(whole.detach(), rows[k], group.rank()), whole),
-                1e-5)
-          << kModel[k].first;
-    }
+    expect_layout_equals(reference, config("sharded"), "sharded", group, "sharded");
   });
 }
 
@@ -114,36 +135,9 @@ TEST(DistMake, TensorParallelFromTheConfigEqualsSingleProcess) {
   const auto reference = whole_after(3);
   for (const std::string mode : {"duplicated", "distributed"}) {
     muon::test::run_ranks(2, [&](Group& group) {
-      // Matrices split column-parallel (dim 0); everything else replicated.
-      Named named;
-      DistributedLayout layout;
-      std::vector<std::vector<int64_t>> rows(kModel.size());
-      for (size_t k = 0; k < kModel.size(); ++k) {
-        const bool split = kModel[k].first.find("blocks.0.") == 0 && kModel[k].second.size() == 2;
-        auto p = full_param(k);
-        if (split) {
-          rows[k] = muon::dist::balanced_split_sizes(kModel[k].second[0], 2);
-          p = muon::dist::local_rows(p, rows[k], group.rank());
-          layout.tensor_parallel.emplace(kModel[k].first, muon::dist::TensorParallelShard(kModel[k].second, 0, group));
-        }
-        named.insert(kModel[k].first, p.requires_grad_(true));
-      }
       auto c = config("tensor_parallel");
       c.set("muon_tp_mode", mode);
-      auto opt = muon::dist::make_optimizer(named, c, layout);
-      for (int64_t s = 0; s < 3; ++s) {
-        for (size_t k = 0; k < kModel.size(); ++k) {
-          auto g = full_grad(k, s);
-          if (!rows[k].empty()) g = muon::dist::local_rows(g, rows[k], group.rank());
-          named[kModel[k].first].mutable_grad() = g;
-        }
-        opt->step();
-      }
-      for (size_t k = 0; k < kModel.size(); ++k) {
-        const auto& whole = reference[kModel[k].first];
-        const auto expected = rows[k].empty() ? whole.detach() : muon::dist::local_rows(whole.detach(), rows[k], group.rank());
-        EXPECT_LE(relative(named[kModel[k].first].detach(), expected, whole), 1e-5) << mode << " " << kModel[k].first;
-      }
+      expect_layout_equals(reference, c, "tensor_parallel", group, mode);
     });
   }
 }
@@ -180,6 +174,26 @@ TEST(DistMake, LayerwiseSaveLoadThroughTheConfig) {
   });
 }
 
+// adaptive_muon from the config in the sharded and tensor-parallel layouts:
+// AdaptiveMuon with the layout's strategy, its second moment on each rank's
+// part, equal to one process (the bound of the other layouts here).
+TEST(DistMake, AdaptiveMuonInTheShardedAndTensorParallelLayouts) {
+  for (const std::string mode : {"normuon", "adamuon"}) {
+    auto adaptive = [&](const std::string& layout) {
+      auto c = config(layout);
+      c.set("optimizer", "adaptive_muon").set("adaptive_muon_mode", mode);
+      if (layout == "tensor_parallel") c.set("muon_tp_mode", "distributed");
+      return c;
+    };
+    const auto reference = whole_after(3, adaptive("none"));
+    for (const std::string layout_kind : {"sharded", "tensor_parallel"}) {
+      muon::test::run_ranks(2, [&](Group& group) {
+        expect_layout_equals(reference, adaptive(layout_kind), layout_kind, group, mode + " " + layout_kind);
+      });
+    }
+  }
+}
+
 TEST(DistMake, MissingLayoutInformationIsAnError) {
   Named named;
   for (size_t k = 0; k < kModel.size(); ++k) named.insert(kModel[k].first, full_param(k).requires_grad_(true));
@@ -197,10 +211,6 @@ TEST(DistMake, MissingLayoutInformationIsAnError) {
   DistributedLayout stray;
   stray.tensor_parallel.emplace("nope.weight", muon::dist::TensorParallelShard({4, 4}, 0, Group::single()));
   expect_error([&] { muon::dist::make_optimizer(named, config("tensor_parallel"), stray); }, "nope.weight");
-  // adaptive_muon would keep its second moment per shard: rejected.
-  auto adaptive = config("sharded");
-  adaptive.set("optimizer", "adaptive_muon");
-  expect_error([&] { muon::dist::make_optimizer(named, adaptive, {}); }, "adaptive_muon");
   // A TP mode without the tensor_parallel layout.
   auto tp = config("none");
   tp.set("muon_tp_mode", "distributed");

@@ -12,9 +12,11 @@
 #include <tuple>
 #include <utility>
 
+#include "distributed/tensor_parallel_block.h"
 #include "muon/distributed/assignment.h"
 #include "muon/newton_schulz.h"
 #include "muon/scaling.h"
+#include "util/names.h"
 
 namespace muon::dist {
 namespace {
@@ -23,13 +25,13 @@ constexpr const char* kWho = "[muon::dist::ShardedMuon] ";
 
 using torch::optim::OptimizerParamGroup;
 
-int64_t shape_signature(const std::vector<int64_t>& shape) {
-  uint64_t h = 1469598103934665603ULL;
+// FNV-1a over the dims; unsigned, so it wraps instead of overflowing.
+uint64_t shape_signature(uint64_t h, const std::vector<int64_t>& shape) {
   for (const auto d : shape) {
     h ^= static_cast<uint64_t>(d) + 0x9E3779B97F4A7C15ULL;
     h *= 1099511628211ULL;
   }
-  return static_cast<int64_t>(h & 0x7FFFFFFFFFFFFFFFULL);
+  return h;
 }
 
 bool same_group(const Group& a, const Group& b) {
@@ -53,10 +55,8 @@ std::string to_string(ShardedMode mode) {
 }
 
 ShardedMode parse_sharded_mode(const std::string& name) {
-  if (name == "owner_compute") return ShardedMode::kOwnerCompute;
-  if (name == "replicated") return ShardedMode::kReplicated;
-  TORCH_CHECK_VALUE(false, kWho, "unknown sharded mode '", name,
-                    "'; valid: owner_compute, replicated");
+  constexpr ShardedMode kModes[] = {ShardedMode::kOwnerCompute, ShardedMode::kReplicated};
+  return muon::detail::parse_name(name, kModes, kWho, "sharded mode");
 }
 
 ShardedOptions& ShardedOptions::mode(const std::string& name) {
@@ -87,28 +87,51 @@ ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> s
 
 ShardedMuon::ShardedMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
                          ShardedOptions options)
-    : Muon(std::move(param_groups), std::move(defaults), /*allow_empty=*/true),
-      options_(std::move(options)) {
+    : ShardedMuon(std::move(param_groups), std::move(defaults),
+                  make_orthogonalizer(std::move(options))) {}
+
+ShardedMuon::ShardedMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
+                         std::shared_ptr<ShardedOrthogonalizer> strategy)
+    : Muon(std::move(param_groups), std::move(defaults), strategy), strategy_(std::move(strategy)) {}
+
+std::string ShardedMuon::archive_kind() const { return "muon::dist::ShardedMuon"; }
+
+// ---- the strategy ------------------------------------------------------------
+
+ShardedOrthogonalizer::ShardedOrthogonalizer(ShardedOptions options)
+    : options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_.max_in_flight() >= 0, kWho, "max_in_flight must be >= 0, got ",
                     options_.max_in_flight());
+}
+
+std::shared_ptr<ShardedOrthogonalizer> make_orthogonalizer(ShardedOptions options) {
+  return std::make_shared<ShardedOrthogonalizer>(std::move(options));
+}
+
+void ShardedOrthogonalizer::check_options(const MuonOptions& o, size_t group) const {
+  TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ", group,
+                    ": split_sizes and stacked_experts are not supported on row shards");
+}
+
+void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param_groups) {
   std::unordered_map<const void*, size_t> shard_of;
   for (const auto k : c10::irange(options_.shards().size())) {
     shard_of.emplace(options_.shards()[k].first.unsafeGetTensorImpl(), k);
   }
   std::vector<at::Tensor> group_params;
   std::vector<RowShard> shards;
-  for (const auto gi : c10::irange(param_groups_.size())) {
-    const auto& o = static_cast<const MuonOptions&>(param_groups_[gi].options());
-    TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ", gi,
-                      ": split_sizes and stacked_experts are not supported on row shards");
-    for (const auto j : c10::irange(param_groups_[gi].params().size())) {
-      const auto& p = param_groups_[gi].params()[j];
+  std::vector<size_t> param_group_of;
+  for (const auto gi : c10::irange(param_groups.size())) {
+    for (const auto j : c10::irange(param_groups[gi].params().size())) {
+      const auto& p = param_groups[gi].params()[j];
       const auto it = shard_of.find(p.unsafeGetTensorImpl());
       TORCH_CHECK_VALUE(it != shard_of.end(), kWho, "parameter ", j, " of group ", gi, " (shape ",
                         p.sizes(), ") has no RowShard; declare it with ShardedOptions::shard");
       group_params.push_back(p);
       shards.push_back(options_.shards()[it->second].second);
-      index_.emplace_back(gi, j);
+      index_.emplace(p.unsafeGetTensorImpl(), params_.size());
+      params_.push_back(p);
+      param_group_of.push_back(gi);
     }
   }
   // Per parameter: its place, its group; per group: the exchange below.
@@ -127,6 +150,7 @@ ShardedMuon::ShardedMuon(std::vector<OptimizerParamGroup> param_groups, MuonOpti
                       c10::IntArrayRef(global), " must have shape (rows, ",
                       c10::IntArrayRef(global).slice(1), "), got ", p.sizes());
     Layout l;
+    l.param_group = param_group_of[i];
     l.global_shape = global;
     std::tie(l.rows, l.cols) = matrix_dims(c10::IntArrayRef(global));
     l.scale_rows = l.rows;
@@ -169,8 +193,9 @@ ShardedMuon::ShardedMuon(std::vector<OptimizerParamGroup> param_groups, MuonOpti
   // exchange the local row counts. Every mismatch raises on every rank.
   for (const auto g : c10::irange(groups_.size())) {
     const auto& group = groups_[g];
-    int64_t signature = 0;
-    for (const auto i : members[g]) signature = signature * 31 + shape_signature(layout_[i].global_shape);
+    uint64_t hash = 1469598103934665603ULL;
+    for (const auto i : members[g]) hash = shape_signature(hash, layout_[i].global_shape);
+    const auto signature = static_cast<int64_t>(hash & 0x7FFFFFFFFFFFFFFFULL);  // an int64 to send
     const auto heads = group.all_gather_ints({static_cast<int64_t>(members[g].size()), signature});
     for (const auto r : c10::irange(heads.size())) {
       TORCH_CHECK_VALUE(heads[r] == heads[static_cast<size_t>(group.rank())], kWho, "on group '",
@@ -228,65 +253,47 @@ ShardedMuon::ShardedMuon(std::vector<OptimizerParamGroup> param_groups, MuonOpti
   }
 }
 
-std::vector<at::Tensor> ShardedMuon::orthogonalize(const std::vector<size_t>& members,
-                                                   const std::vector<at::Tensor>& matrices) const {
-  const auto& o = options_of(members[0]);  // a batch never mixes param groups
+size_t ShardedOrthogonalizer::index_of(const at::Tensor& param) const {
+  const auto it = index_.find(param.unsafeGetTensorImpl());
+  TORCH_CHECK_VALUE(it != index_.end(), kWho, "a parameter of shape ", param.sizes(),
+                    " was not given at construction; parameters and groups cannot be added");
+  return it->second;
+}
+
+std::vector<at::Tensor> ShardedOrthogonalizer::orthogonalize(
+    const std::vector<size_t>& members, const std::vector<at::Tensor>& matrices,
+    const NewtonSchulzOptions& ns) const {
   const auto& first = layout_[members[0]];
   bool same_shape = true;
   for (const auto& m : matrices) same_shape = same_shape && m.sizes() == matrices[0].sizes();
   if ((!first.tp || first.tp_mode == TensorParallelMode::kBlockwise) && same_shape) {
-    return newton_schulz(at::stack(matrices), o.ns()).unbind(0);  // one batched call
+    return newton_schulz(at::stack(matrices), ns).unbind(0);  // one batched call
   }
   std::vector<at::Tensor> out;
   for (const auto k : c10::irange(members.size())) {
     const auto& l = layout_[members[k]];
-    const auto& block = matrices[k];
-    if (!l.tp || l.tp_mode == TensorParallelMode::kBlockwise) {
-      out.push_back(newton_schulz(block, o.ns()));
-      continue;
+    if (!l.tp) {
+      out.push_back(newton_schulz(matrices[k], ns));
+    } else {
+      out.push_back(
+          detail::orthogonalize_block(matrices[k], l.tp_mode, l.tp_dim, l.tp_group, l.tp_sizes, ns));
     }
-    if (l.tp_mode == TensorParallelMode::kDistributed) {
-      out.push_back(distributed_newton_schulz(block, l.tp_dim, l.tp_group, o.ns()));
-      continue;
-    }
-    // Duplicated: gather the whole matrix over TP, orthogonalize, keep the block.
-    const auto rows_first = l.tp_dim == 0 ? block : block.t().contiguous();
-    auto whole = at::cat(l.tp_group.all_gather_uneven(rows_first));
-    if (l.tp_dim == 1) whole = whole.t();
-    const auto orth = newton_schulz(whole, o.ns());
-    const auto rank = static_cast<size_t>(l.tp_group.rank());
-    const int64_t offset = std::accumulate(l.tp_sizes.begin(), l.tp_sizes.begin() + static_cast<int64_t>(rank), int64_t{0});
-    out.push_back(orth.narrow(l.tp_dim, offset, l.tp_sizes[rank]));
   }
   return out;
 }
 
-std::string ShardedMuon::archive_kind() const { return "muon::dist::ShardedMuon"; }
-
-at::Tensor ShardedMuon::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+void ShardedOrthogonalizer::begin_step(const std::vector<OptimizerParamGroup>& param_groups) {
   size_t count = 0;
-  for (const auto gi : c10::irange(param_groups_.size())) {
-    check_group(gi);
-    const auto& o = static_cast<const MuonOptions&>(param_groups_[gi].options());
-    TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ", gi,
-                      ": split_sizes and stacked_experts are not supported on row shards");
-    count += param_groups_[gi].params().size();
-  }
+  for (const auto& g : param_groups) count += g.params().size();
   TORCH_CHECK_VALUE(count == layout_.size(), kWho, "has ", count, " parameters, was built with ",
                     layout_.size(), "; parameters and groups cannot be added");
-
   // Which parameters step: those with a gradient, the same on every rank.
-  std::vector<size_t> active;
   for (const auto g : c10::irange(groups_.size())) {
     std::vector<int64_t> mask;
     for (const auto i : c10::irange(layout_.size())) {
-      if (layout_[i].group_index == static_cast<int64_t>(g)) mask.push_back(param(i).grad().defined());
+      if (layout_[i].group_index == static_cast<int64_t>(g)) {
+        mask.push_back(params_[i].grad().defined());
+      }
     }
     const auto all = groups_[g].all_gather_ints(mask);
     for (const auto r : c10::irange(all.size())) {
@@ -296,38 +303,57 @@ at::Tensor ShardedMuon::step(LossClosure closure) {
                         "every rank of its group or on none");
     }
   }
-  for (const auto i : c10::irange(layout_.size())) {
-    if (param(i).grad().defined()) active.push_back(i);
-  }
-  std::vector<at::Tensor> updates(layout_.size());
-  for (const auto i : active) updates[i] = momentum_update(param(i), options_of(i)).first;
-
-  if (options_.mode() == ShardedMode::kReplicated) {
-    step_replicated(active, updates);
-  } else {
-    step_owner_compute(active, updates);
-  }
-  return loss;
 }
 
-void ShardedMuon::step_replicated(const std::vector<size_t>& active,
-                                  const std::vector<at::Tensor>& updates) {
+void ShardedOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>& items) {
+  // By parameter, in the flat order every rank shares.
+  std::vector<OrthogonalizeItem*> by_param(layout_.size(), nullptr);
+  for (auto& item : items) {
+    const size_t i = index_of(item.param);
+    TORCH_INTERNAL_ASSERT(by_param[i] == nullptr, "a parameter was stepped twice in one batch");
+    by_param[i] = &item;
+    const auto& l = layout_[i];
+    item.rows = l.scale_rows;
+    item.cols = l.scale_cols;
+    item.alpha = scale_factor(l.scale_rows, l.scale_cols, item.options->scale_mode(),
+                              item.options->extra_scale_factor());
+  }
+  std::vector<size_t> active;
+  for (const auto i : c10::irange(layout_.size())) {
+    if (by_param[i] != nullptr) active.push_back(i);
+  }
+  if (options_.mode() == ShardedMode::kReplicated) {
+    step_replicated(active, by_param);
+  } else {
+    step_owner_compute(active, by_param);
+  }
+}
+
+void ShardedOrthogonalizer::sum_parts(const OrthogonalizeItem& item, at::Tensor& partial,
+                                      PartSum what) const {
+  const auto& l = layout_[index_of(item.param)];
+  // Rows are whole on their rank; the matrix spans the group's ranks.
+  if (what == PartSum::kWholeMatrix) groups_[static_cast<size_t>(l.group_index)].all_reduce_(partial);
+  if (l.tp) detail::sum_block_parts(partial, what, l.tp_mode, l.tp_dim, l.tp_group);
+}
+
+void ShardedOrthogonalizer::step_replicated(const std::vector<size_t>& active,
+                                            std::vector<OrthogonalizeItem*>& items) {
   for (const auto i : active) {
-    const auto& o = options_of(i);
+    auto& item = *items[i];
     const auto& l = layout_[i];
     const auto& group = groups_[static_cast<size_t>(l.group_index)];
-    const auto parts = group.all_gather_uneven(updates[i].reshape({updates[i].size(0), l.cols}));
+    const auto parts = group.all_gather_uneven(item.update.reshape({item.update.size(0), l.cols}));
     const auto full = at::cat(parts).narrow(0, 0, l.rows);
-    const auto orth = orthogonalize({i}, {full})[0];
+    const auto orth = orthogonalize({i}, {full}, item.options->ns())[0];
     const auto rank = static_cast<size_t>(group.rank());
-    const auto mine = rows_padded(orth, l.offsets[rank], l.rows_per_rank[rank]);
-    apply_update(param(i), mine, o.lr(),
-                 scale_factor(l.scale_rows, l.scale_cols, o.scale_mode(), o.extra_scale_factor()));
+    item.orth = rows_padded(orth, l.offsets[rank], l.rows_per_rank[rank]);
   }
 }
 
-void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
-                                     const std::vector<at::Tensor>& updates) {
+void ShardedOrthogonalizer::step_owner_compute(const std::vector<size_t>& active,
+                                               std::vector<OrthogonalizeItem*>& items) {
+  auto update = [&](size_t i) -> const at::Tensor& { return items[i]->update; };
   for (const auto g : c10::irange(groups_.size())) {
     const auto& group = groups_[g];
     const int world = group.size();
@@ -340,11 +366,11 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
     for (const auto i : active) {
       const auto& l = layout_[i];
       if (l.group_index != static_cast<int64_t>(g)) continue;
-      const size_t pg = index_[i].first;
+      const size_t pg = l.param_group;
       const auto key = l.tp ? std::make_tuple(pg, l.scale_rows, l.scale_cols,
-                                              static_cast<int>(updates[i].scalar_type()), int64_t{1},
+                                              static_cast<int>(update(i).scalar_type()), int64_t{1},
                                               static_cast<int64_t>(l.tp_mode), l.tp_dim)
-                            : std::make_tuple(pg, l.rows, l.cols, static_cast<int>(updates[i].scalar_type()),
+                            : std::make_tuple(pg, l.rows, l.cols, static_cast<int>(update(i).scalar_type()),
                                               int64_t{0}, int64_t{0}, int64_t{0});
       const auto [it, fresh] = batch_of.emplace(key, batches.size());
       if (fresh) batches.emplace_back();
@@ -361,8 +387,8 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
       for (int d = 0; d < world; ++d) {
         for (const auto i : batch) {
           if (owners_[i] != d) continue;
-          pieces.push_back(updates[i].reshape({-1}));
-          send[static_cast<size_t>(d)] += updates[i].numel();
+          pieces.push_back(update(i).reshape({-1}));
+          send[static_cast<size_t>(d)] += update(i).numel();
         }
       }
       for (const auto i : batch) {
@@ -371,7 +397,7 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
           recv[static_cast<size_t>(s)] += layout_[i].rows_per_rank[static_cast<size_t>(s)] * layout_[i].cols;
         }
       }
-      auto input = pieces.empty() ? at::empty({0}, updates[batch[0]].options()) : at::cat(pieces);
+      auto input = pieces.empty() ? at::empty({0}, update(batch[0]).options()) : at::cat(pieces);
       return group.all_to_all_async(input, send, recv);
     };
     // Owner: assemble, orthogonalize as one batch, send each rank its rows.
@@ -400,7 +426,7 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
         for (const auto k : c10::irange(mine.size())) {
           full.push_back(at::cat(blocks[k]).narrow(0, 0, layout_[mine[k]].rows));
         }
-        const auto orth = orthogonalize(mine, full);
+        const auto orth = orthogonalize(mine, full, items[mine[0]]->options->ns());
         for (int s = 0; s < world; ++s) {
           for (const auto k : c10::irange(mine.size())) {
             const auto& l = layout_[mine[k]];
@@ -411,23 +437,20 @@ void ShardedMuon::step_owner_compute(const std::vector<size_t>& active,
         }
       }
       for (const auto i : batch) {
-        recv[static_cast<size_t>(owners_[i])] += param(i).size(0) * layout_[i].cols;
+        recv[static_cast<size_t>(owners_[i])] += params_[i].size(0) * layout_[i].cols;
       }
       auto input = out_pieces.empty() ? at::empty({0}, received.options()) : at::cat(out_pieces);
       return group.all_to_all_async(input, send, recv);
     };
-    // Everyone: apply the returned rows of every matrix of the batch.
+    // Everyone: the returned rows of every matrix of the batch.
     auto apply = [&](size_t b, const at::Tensor& returned) {
       const auto& batch = batches[b];
       int64_t offset = 0;
       for (int d = 0; d < world; ++d) {
         for (const auto i : batch) {
           if (owners_[i] != d) continue;
-          const auto& l = layout_[i];
-          const auto& o = options_of(i);
-          const int64_t n = param(i).size(0) * l.cols;
-          apply_update(param(i), returned.narrow(0, offset, n), o.lr(),
-                       scale_factor(l.scale_rows, l.scale_cols, o.scale_mode(), o.extra_scale_factor()));
+          const int64_t n = params_[i].size(0) * layout_[i].cols;
+          items[i]->orth = returned.narrow(0, offset, n);
           offset += n;
         }
       }

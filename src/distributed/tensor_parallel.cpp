@@ -9,11 +9,15 @@
 #include <sstream>
 #include <tuple>
 
+#include "distributed/tensor_parallel_block.h"
 #include "muon/compat.h"
 #include "muon/scaling.h"
+#include "util/names.h"
 
 namespace muon::dist {
 namespace {
+
+using torch::optim::OptimizerParamGroup;
 
 constexpr const char* kWho = "[muon::dist::TensorParallelMuon] ";
 
@@ -52,12 +56,7 @@ std::string to_string(TensorParallelMode mode) {
 }
 
 TensorParallelMode parse_tensor_parallel_mode(const std::string& name) {
-  std::string valid;
-  for (const auto m : kModes) {
-    if (to_string(m) == name) return m;
-    valid += (valid.empty() ? "" : ", ") + to_string(m);
-  }
-  TORCH_CHECK_VALUE(false, kWho, "unknown mode '", name, "'; valid names: ", valid);
+  return muon::detail::parse_name(name, kModes, kWho, "mode");
 }
 
 TensorParallelOptions& TensorParallelOptions::mode(const std::string& name) {
@@ -88,30 +87,44 @@ TensorParallelOptions& TensorParallelOptions::shard(
   return this->shard(*p, std::move(shard));
 }
 
-// ---- TensorParallelMuon ------------------------------------------------------------
+// ---- the strategy ------------------------------------------------------------------
 
-// Empty blocks are allowed (a matrix with fewer rows than ranks); empty
-// parameters that are not shards are rejected in build_layouts.
-TensorParallelMuon::TensorParallelMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                                       MuonOptions defaults, TensorParallelOptions tp)
-    : Muon(std::move(param_groups), std::move(defaults), /*allow_empty=*/true),
-      tp_(std::move(tp)) {
-  build_layouts();
+at::Tensor detail::orthogonalize_block(const at::Tensor& block, TensorParallelMode mode,
+                                       int64_t dim, const Group& group,
+                                       const std::vector<int64_t>& sizes,
+                                       const NewtonSchulzOptions& ns) {
+  switch (mode) {
+    case TensorParallelMode::kDuplicated: {
+      const auto rank = static_cast<size_t>(group.rank());
+      return newton_schulz(gather_matrix(block, dim, group), ns)
+          .narrow(dim, split_offset(sizes, group.rank()), sizes[rank])
+          .contiguous();
+    }
+    case TensorParallelMode::kDistributed:
+      return distributed_newton_schulz(block, dim, group, ns);
+    case TensorParallelMode::kBlockwise:
+      if (block.numel() == 0) return at::zeros_like(block);  // an empty block
+      return newton_schulz(block, ns);
+  }
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
 
-TensorParallelMuon::TensorParallelMuon(std::vector<at::Tensor> params, MuonOptions defaults,
-                                       TensorParallelOptions tp)
-    : TensorParallelMuon(std::vector<torch::optim::OptimizerParamGroup>{
-                             torch::optim::OptimizerParamGroup(std::move(params))},
-                         std::move(defaults), std::move(tp)) {}
+void detail::sum_block_parts(at::Tensor& partial, PartSum what, TensorParallelMode mode,
+                             int64_t dim, const Group& group) {
+  if (mode == TensorParallelMode::kBlockwise) return;  // each block is a matrix of its own
+  if (what == PartSum::kWholeMatrix || dim == 1) group.all_reduce_(partial);
+}
 
-void TensorParallelMuon::build_layouts() {
+TensorParallelOrthogonalizer::TensorParallelOrthogonalizer(TensorParallelOptions tp)
+    : tp_(std::move(tp)), local_(make_local_orthogonalizer()) {}
+
+void TensorParallelOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param_groups) {
   // Which declared shards are parameters of this optimizer, in group order.
   std::unordered_map<const void*, size_t> declared;
   for (size_t i = 0; i < tp_.shards().size(); ++i) declared[impl_key(tp_.shards()[i].first)] = i;
   std::vector<std::tuple<at::Tensor, const MuonOptions*, size_t>> sharded;
-  for (const auto gi : c10::irange(param_groups_.size())) {
-    const auto& group = param_groups_[gi];
+  for (const auto gi : c10::irange(param_groups.size())) {
+    const auto& group = param_groups[gi];
     for (const auto j : c10::irange(group.params().size())) {
       const auto& p = group.params()[j];
       auto it = declared.find(impl_key(p));
@@ -193,40 +206,76 @@ void TensorParallelMuon::build_layouts() {
   }
 }
 
-std::vector<int64_t> TensorParallelMuon::block_sizes(const at::Tensor& param) const {
+const TensorParallelOrthogonalizer::Layout* TensorParallelOrthogonalizer::layout_of(
+    const at::Tensor& param) const {
   const auto it = layouts_.find(impl_key(param));
-  return it == layouts_.end() ? std::vector<int64_t>{} : it->second.sizes;
+  return it == layouts_.end() ? nullptr : &it->second;
 }
 
-at::Tensor TensorParallelMuon::orthogonal_update(const at::Tensor& param, const at::Tensor& update,
-                                                 const MuonOptions& options,
-                                                 MuonParamState& state, double& alpha) {
-  const auto it = layouts_.find(impl_key(param));
-  if (it == layouts_.end()) return Muon::orthogonal_update(param, update, options, state, alpha);
-  const auto& layout = it->second;
-  TORCH_CHECK_VALUE(options.split_sizes().empty() && !options.stacked_experts(), kWho,
-                    "split_sizes and stacked_experts are not supported on sharded parameters");
-  const auto& gs = layout.shard.global_shape();
-  const int64_t dim = layout.shard.partition_dim();
-  const auto& group = layout.shard.group();
-  switch (tp_.mode()) {
-    case TensorParallelMode::kDuplicated: {
-      alpha = scale_factor(gs[0], gs[1], options.scale_mode(), options.extra_scale_factor());
-      const auto whole = gather_matrix(update, dim, group);
-      return newton_schulz(whole, options.ns())
-          .narrow(dim, layout.offset, layout.sizes[static_cast<size_t>(group.rank())])
-          .contiguous();
+std::vector<int64_t> TensorParallelOrthogonalizer::block_sizes(const at::Tensor& param) const {
+  const auto* layout = layout_of(param);
+  return layout == nullptr ? std::vector<int64_t>{} : layout->sizes;
+}
+
+void TensorParallelOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>& items) {
+  for (auto& item : items) {
+    const auto* layout = layout_of(item.param);
+    if (layout == nullptr) {
+      std::vector<OrthogonalizeItem> one{std::move(item)};
+      local_->orthogonalize(one);  // a whole matrix on every TP rank
+      item = std::move(one[0]);
+      continue;
     }
-    case TensorParallelMode::kDistributed:
-      alpha = scale_factor(gs[0], gs[1], options.scale_mode(), options.extra_scale_factor());
-      return distributed_newton_schulz(update, dim, group, options.ns());
-    case TensorParallelMode::kBlockwise:
-      if (update.numel() == 0) return at::zeros_like(update);  // an empty block
-      alpha = scale_factor(update.size(0), update.size(1), options.scale_mode(),
-                           options.extra_scale_factor());
-      return newton_schulz(update, options.ns());
+    const auto& o = *item.options;
+    TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ",
+                      item.group,
+                      ": split_sizes and stacked_experts are not supported on sharded parameters");
+    const auto& gs = layout->shard.global_shape();
+    const int64_t dim = layout->shard.partition_dim();
+    const bool blockwise = tp_.mode() == TensorParallelMode::kBlockwise;
+    item.rows = blockwise ? item.update.size(0) : gs[0];
+    item.cols = blockwise ? item.update.size(1) : gs[1];
+    item.orth = detail::orthogonalize_block(item.update, tp_.mode(), dim, layout->shard.group(),
+                                            layout->sizes, o.ns());
+    item.alpha = item.orth.numel() == 0
+                     ? 1.0
+                     : scale_factor(item.rows, item.cols, o.scale_mode(), o.extra_scale_factor());
   }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
+}
+
+void TensorParallelOrthogonalizer::sum_parts(const OrthogonalizeItem& item, at::Tensor& partial,
+                                             PartSum what) const {
+  const auto* layout = layout_of(item.param);
+  if (layout == nullptr) return;
+  detail::sum_block_parts(partial, what, tp_.mode(), layout->shard.partition_dim(),
+                          layout->shard.group());
+}
+
+std::shared_ptr<TensorParallelOrthogonalizer> make_orthogonalizer(TensorParallelOptions tp) {
+  return std::make_shared<TensorParallelOrthogonalizer>(std::move(tp));
+}
+
+// ---- TensorParallelMuon ------------------------------------------------------------
+
+TensorParallelMuon::TensorParallelMuon(std::vector<OptimizerParamGroup> param_groups,
+                                       MuonOptions defaults, TensorParallelOptions tp)
+    : TensorParallelMuon(std::move(param_groups), std::move(defaults),
+                         make_orthogonalizer(std::move(tp))) {}
+
+TensorParallelMuon::TensorParallelMuon(std::vector<at::Tensor> params, MuonOptions defaults,
+                                       TensorParallelOptions tp)
+    : TensorParallelMuon(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
+                         std::move(defaults), std::move(tp)) {}
+
+TensorParallelMuon::TensorParallelMuon(std::vector<OptimizerParamGroup> param_groups,
+                                       MuonOptions defaults,
+                                       std::shared_ptr<TensorParallelOrthogonalizer> strategy)
+    : Muon(std::move(param_groups), std::move(defaults), strategy), strategy_(std::move(strategy)) {}
+
+const TensorParallelOptions& TensorParallelMuon::tp_options() const { return strategy_->options(); }
+
+std::vector<int64_t> TensorParallelMuon::block_sizes(const at::Tensor& param) const {
+  return strategy_->block_sizes(param);
 }
 
 std::string TensorParallelMuon::archive_kind() const { return "muon::dist::TensorParallelMuon"; }

@@ -10,6 +10,7 @@
 
 #include "muon/newton_schulz.h"
 #include "muon/scaling.h"
+#include "util/names.h"
 
 namespace muon {
 namespace {
@@ -20,12 +21,14 @@ using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::AdaptiveMuon] ";
 
-void check_supported(const MuonOptions& o, size_t group) {
-  TORCH_CHECK_VALUE(!o.stacked_experts(), kWho, "param group ", group,
-                    " has stacked_experts on; AdaptiveMuon supports plain matrices only");
-  TORCH_CHECK_VALUE(o.split_sizes().empty(), kWho, "param group ", group, " has split_sizes ",
-                    c10::IntArrayRef(o.split_sizes()),
-                    "; AdaptiveMuon supports plain matrices only");
+constexpr AdaptiveMode kModes[] = {AdaptiveMode::kNorMuon, AdaptiveMode::kAdaMuon};
+
+// Σ of a statistic over the parts of the item's matrix: one entry.
+at::Tensor summed(const at::Tensor& local, const OrthogonalizeItem& item,
+                  const Orthogonalizer& parts) {
+  auto total = local.reshape({1});
+  parts.sum_parts(item, total, PartSum::kWholeMatrix);
+  return total;
 }
 
 }  // namespace
@@ -35,9 +38,7 @@ std::string to_string(AdaptiveMode mode) {
 }
 
 AdaptiveMode parse_adaptive_mode(const std::string& name) {
-  if (name == "normuon") return AdaptiveMode::kNorMuon;
-  if (name == "adamuon") return AdaptiveMode::kAdaMuon;
-  TORCH_CHECK_VALUE(false, kWho, "unknown mode '", name, "'; valid names: normuon, adamuon");
+  return detail::parse_name(name, kModes, kWho, "mode");
 }
 
 AdaptiveMuonOptions& AdaptiveMuonOptions::mode(const std::string& name) {
@@ -69,53 +70,90 @@ void AdaptiveMuonParamState::serialize(InputArchive& archive) {
   if (archive.try_read("second_moment", v, /*is_buffer=*/true)) second_moment_ = v;
 }
 
-AdaptiveMuon::AdaptiveMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
-                           AdaptiveMuonOptions adaptive)
-    : Muon(std::move(param_groups), std::move(defaults)), adaptive_(adaptive) {
-  adaptive_.validate();
-  for (const auto i : c10::irange(param_groups_.size())) {
-    check_supported(static_cast<const MuonOptions&>(param_groups_[i].options()), i);
-  }
+// ---- the stage ---------------------------------------------------------------
+
+SecondMomentStage::SecondMomentStage(AdaptiveMuonOptions options) : options_(options) {
+  options_.validate();
 }
 
-AdaptiveMuon::AdaptiveMuon(std::vector<at::Tensor> params, MuonOptions defaults,
-                           AdaptiveMuonOptions adaptive)
-    : AdaptiveMuon(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
-                   std::move(defaults), adaptive) {}
+void SecondMomentStage::set_options(const AdaptiveMuonOptions& options) {
+  options.validate();
+  TORCH_CHECK_VALUE(options.mode() == options_.mode(), kWho, "the mode cannot change from ",
+                    to_string(options_.mode()), " to ", to_string(options.mode()));
+  options_ = options;
+}
 
-at::Tensor AdaptiveMuon::orthogonal_update(const at::Tensor& param, const at::Tensor& update,
-                                           const MuonOptions& options, MuonParamState& state,
-                                           double& alpha) {
-  check_supported(options, 0);
-  const auto [rows, cols] = matrix_dims(param.sizes());
-  const auto work = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const auto o = newton_schulz(update.reshape({rows, cols}), options.ns()).to(work);
-  auto& st = static_cast<AdaptiveMuonParamState&>(state);
-  const double beta2 = adaptive_.beta2();
-  const double eps = adaptive_.eps();
-  const bool per_row = adaptive_.mode() == AdaptiveMode::kNorMuon;
+void SecondMomentStage::check_options(const MuonOptions& o, size_t group) const {
+  TORCH_CHECK_VALUE(!o.stacked_experts(), kWho, "param group ", group,
+                    " has stacked_experts on; AdaptiveMuon supports plain matrices only");
+  TORCH_CHECK_VALUE(o.split_sizes().empty(), kWho, "param group ", group, " has split_sizes ",
+                    c10::IntArrayRef(o.split_sizes()),
+                    "; AdaptiveMuon supports plain matrices only");
+}
+
+void SecondMomentStage::apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const {
+  // This process's part of the matrix: its rows × columns as it holds them.
+  const auto [rows, cols] = matrix_dims(item.param.sizes());
+  const auto work = item.param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto o = item.orth.reshape({rows, cols}).to(work);
+  auto& st = static_cast<AdaptiveMuonParamState&>(*item.state);
+  const double beta2 = options_.beta2();
+  const double eps = options_.eps();
+  const bool per_row = options_.mode() == AdaptiveMode::kNorMuon;
   if (!st.second_moment().defined()) {
     st.second_moment(per_row ? at::zeros({rows, 1}, o.options()) : at::zeros({rows, cols}, o.options()));
   }
   auto& v = st.second_moment();
   TORCH_CHECK_VALUE(v.size(0) == rows && v.size(1) == (per_row ? 1 : cols), kWho,
                     "second moment of shape ", v.sizes(), " does not fit mode ",
-                    to_string(adaptive_.mode()), " for a ", rows, "x", cols, " matrix");
+                    to_string(options_.mode()), " for a ", rows, "x", cols, " matrix");
   const auto sq = o.square();
-  v.lerp_(per_row ? sq.mean(1, /*keepdim=*/true) : sq, 1 - beta2);
+  if (per_row) {
+    // Row means over the whole matrix's columns (summed over column blocks).
+    auto row_sums = sq.sum(1, /*keepdim=*/true);
+    parts.sum_parts(item, row_sums, PartSum::kRows);
+    v.lerp_(row_sums.div_(static_cast<double>(item.cols)), 1 - beta2);
+  } else {
+    v.lerp_(sq, 1 - beta2);
+  }
   auto normalized = o / (v.sqrt() + eps);
   // The norm ratios stay on the device (no host sync); the shape scale goes to alpha.
-  const auto out_norm = normalized.norm().clamp_min(eps);
+  const auto out_norm = summed(normalized.square().sum(), item, parts).sqrt_().clamp_min_(eps);
   if (per_row) {
-    normalized.mul_(o.norm() / out_norm);
-    alpha = scale_factor(rows, cols, options.scale_mode(), options.extra_scale_factor());
+    normalized.mul_(summed(sq.sum(), item, parts).sqrt_().div_(out_norm));
+    item.alpha = scale_factor(item.rows, item.cols, item.options->scale_mode(),
+                              item.options->extra_scale_factor());
   } else {
     normalized.mul_(out_norm.reciprocal());
-    alpha = 0.2 * std::sqrt(static_cast<double>(rows) * static_cast<double>(cols)) *
-            options.extra_scale_factor();
+    item.alpha = 0.2 * std::sqrt(static_cast<double>(item.rows) * static_cast<double>(item.cols)) *
+                 item.options->extra_scale_factor();
   }
-  return normalized;
+  item.orth = normalized;
 }
+
+// ---- AdaptiveMuon ------------------------------------------------------------
+
+AdaptiveMuon::AdaptiveMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
+                           AdaptiveMuonOptions adaptive)
+    : AdaptiveMuon(std::move(param_groups), std::move(defaults), adaptive,
+                   make_local_orthogonalizer()) {}
+
+AdaptiveMuon::AdaptiveMuon(std::vector<at::Tensor> params, MuonOptions defaults,
+                           AdaptiveMuonOptions adaptive)
+    : AdaptiveMuon(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
+                   std::move(defaults), adaptive) {}
+
+AdaptiveMuon::AdaptiveMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
+                           AdaptiveMuonOptions adaptive,
+                           std::shared_ptr<Orthogonalizer> orthogonalizer)
+    : AdaptiveMuon(std::move(param_groups), std::move(defaults),
+                   std::make_shared<SecondMomentStage>(adaptive), std::move(orthogonalizer)) {}
+
+AdaptiveMuon::AdaptiveMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
+                           std::shared_ptr<SecondMomentStage> stage,
+                           std::shared_ptr<Orthogonalizer> orthogonalizer)
+    : Muon(std::move(param_groups), std::move(defaults), std::move(orthogonalizer), stage),
+      stage_(std::move(stage)) {}
 
 std::unique_ptr<MuonParamState> AdaptiveMuon::new_state(const at::Tensor& /*param*/) const {
   return std::make_unique<AdaptiveMuonParamState>();
@@ -134,24 +172,29 @@ int64_t AdaptiveMuon::state_bytes() const {
 
 void AdaptiveMuon::save(OutputArchive& archive) const {
   Muon::save(archive);
-  archive.write("adaptive_mode", c10::IValue(to_string(adaptive_.mode())));
-  archive.write("adaptive_beta2", c10::IValue(adaptive_.beta2()));
-  archive.write("adaptive_eps", c10::IValue(adaptive_.eps()));
+  const auto& adaptive = stage_->options();
+  archive.write("adaptive_mode", c10::IValue(to_string(adaptive.mode())));
+  archive.write("adaptive_beta2", c10::IValue(adaptive.beta2()));
+  archive.write("adaptive_eps", c10::IValue(adaptive.eps()));
 }
 
 void AdaptiveMuon::load(InputArchive& archive) {
   c10::IValue mode;
   TORCH_CHECK_VALUE(archive.try_read("adaptive_mode", mode), kWho,
                     "the archive was not written by muon::AdaptiveMuon::save");
-  TORCH_CHECK_VALUE(mode.toStringRef() == to_string(adaptive_.mode()), kWho,
+  const auto& adaptive = stage_->options();
+  TORCH_CHECK_VALUE(mode.toStringRef() == to_string(adaptive.mode()), kWho,
                     "the archive holds mode ", mode.toStringRef(), ", this optimizer's is ",
-                    to_string(adaptive_.mode()));
+                    to_string(adaptive.mode()));
   c10::IValue beta2;
   c10::IValue eps;
   archive.read("adaptive_beta2", beta2);
   archive.read("adaptive_eps", eps);
+  auto loaded = adaptive;
+  loaded.beta2(beta2.toDouble()).eps(eps.toDouble());
+  loaded.validate();
   Muon::load(archive);  // checks everything else before changing anything
-  adaptive_.beta2(beta2.toDouble()).eps(eps.toDouble());
+  stage_->set_options(loaded);
 }
 
 }  // namespace muon

@@ -12,12 +12,19 @@
 /// layout (config field)  needs in DistributedLayout                builds
 ///   none                 nothing                                  muon::make_optimizer
 ///   layerwise            group (the data-parallel group)          LayerwiseOptimizer over the config's optimizer
-///   tensor_parallel      tensor_parallel shards by name           Muon parts as TensorParallelMuon (muon_tp_mode)
-///   sharded              row_shards by name (every Muon matrix)   Muon parts as ShardedMuon (layout_sharded_mode)
+///   tensor_parallel      tensor_parallel shards by name           muon and adaptive_muon parts with the TP strategy (muon_tp_mode)
+///   sharded              row_shards by name (every Muon matrix)   muon and adaptive_muon parts with the row-shard strategy (layout_sharded_mode)
 ///
-/// In the tensor_parallel and sharded layouts the other optimizers (AdamW,
-/// Lion, ...) are element-wise and run on the local shards as they are;
-/// adaptive_muon is rejected there (its second moment is not sharded yet).
+/// The config fields of the layouts (`layout`, `layout_sharded_mode`,
+/// `layout_max_in_flight`, `layout_bucket_mb`, `muon_tp_mode`) belong to this
+/// layer: `register_config_fields` adds them to a registry's schema, and
+/// OptimizerRegistry::global() calls it, so every config has them.
+///
+/// In the tensor_parallel and sharded layouts, muon parts are
+/// TensorParallelMuon / ShardedMuon and adaptive_muon parts AdaptiveMuon with
+/// the same strategy (its second moment lives with the local part and
+/// equals one process); the other optimizers (AdamW, Lion, ...) are
+/// element-wise and run on the local shards as they are.
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 
@@ -45,13 +52,23 @@ struct DistributedLayout {
   std::map<std::string, RowShard> row_shards;
 };
 
+/// Adds the layouts' config fields to `registry` as a ConfigExtension named
+/// "muon::dist": the whole-run `layout` (none | tensor_parallel | sharded |
+/// layerwise), `layout_sharded_mode`, `layout_max_in_flight` and
+/// `layout_bucket_mb`, and Muon's per-parameter `tp_mode` (config field
+/// `muon_tp_mode`: duplicated | distributed | blockwise), with the check that
+/// makes single-process muon::make_optimizer reject a muon_tp_mode other than
+/// "duplicated". The global registry has them; call it on a registry of your
+/// own (after registering "muon") to use that registry here. Raises
+/// c10::ValueError as OptimizerRegistry::extend (e.g. when called twice).
+void register_config_fields(OptimizerRegistry& registry);
+
 /// The optimizer `config` describes over `named_parameters` (this rank's
 /// tensors: whole, TP blocks or row shards as the layout says), laid out as
 /// its `layout` field says (table at the top). Collective for every layout
 /// but none. Raises c10::ValueError for a layout whose information is
 /// missing (an invalid group, a Muon parameter without a row shard, a shard
-/// named after no parameter) and for adaptive_muon in the tensor_parallel
-/// and sharded layouts.
+/// named after no parameter).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const OptimizerConfig& config, const DistributedLayout& layout,

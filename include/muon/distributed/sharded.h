@@ -28,7 +28,9 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "muon/distributed/group.h"
@@ -36,6 +38,7 @@
 #include "muon/distributed/tensor_parallel.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/orthogonalizer.h"
 
 namespace muon::dist {
 
@@ -109,36 +112,37 @@ struct ShardedOptions {
   std::vector<std::pair<at::Tensor, RowShard>> shards_;
 };
 
-/// Muon over row-sharded parameters: each parameter is the local shard of
-/// a matrix described by its RowShard. Construction is collective over every
-/// shard's group: the ranks exchange their row counts and check that they
-/// agree on each global shape (a mismatch raises c10::ValueError on every
-/// rank). `step()` is collective too; a parameter must have a gradient on
-/// every rank of its group or on none. Options per group work as in
-/// muon::Muon (batches never mix groups), except `split_sizes` and
-/// `stacked_experts` (not supported on row shards: give experts as separate
-/// matrices over their expert group).
-class ShardedMuon : public Muon {
+/// The row-shard orthogonalization strategy (muon/optim/orthogonalizer.h):
+/// owner-compute or replicated, batched by shape and overlapped (see the top
+/// of this header). `attach` is collective over every shard's group: the
+/// ranks exchange their row counts and check that they agree on each global
+/// shape (a mismatch raises c10::ValueError on every rank). `begin_step`,
+/// `orthogonalize` and `sum_parts` are collective too; a parameter must have
+/// a gradient on every rank of its group or on none.
+class ShardedOrthogonalizer final : public Orthogonalizer {
  public:
-  /// Over `param_groups` (groups without options get `defaults`); every
-  /// parameter must have a shard in `options`.
-  ShardedMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
-              ShardedOptions options);
-  /// Over one group: `params[i]` is described by `shards[i]`.
-  ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,
-              MuonOptions defaults = {}, ShardedOptions options = {});
+  /// The strategy for the shards `options` declares (every parameter of
+  /// the optimizer needs one).
+  explicit ShardedOrthogonalizer(ShardedOptions options);
 
-  /// One step: local momentum, orthogonalization of the whole matrices by
-  /// their owners (or everywhere, in replicated mode), local update.
-  at::Tensor step(LossClosure closure = nullptr) override;
+  std::string name() const override { return "sharded"; }
+  void attach(const std::vector<torch::optim::OptimizerParamGroup>& groups) override;
+  /// Checks that the parameters are those of `attach` and that every rank of
+  /// each group steps the same ones.
+  void begin_step(const std::vector<torch::optim::OptimizerParamGroup>& groups) override;
+  /// split_sizes and stacked_experts are not supported on row shards.
+  void check_options(const MuonOptions& options, size_t group) const override;
+  /// Shards may be empty (a rank without rows).
+  bool allows_empty() const override { return true; }
+  bool batches() const override { return true; }
+  void orthogonalize(std::vector<OrthogonalizeItem>& items) override;
+  void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
 
-  /// The owner of each parameter: a rank of its shard's group.
+  /// The owner of each parameter (flat order over the param groups): a rank
+  /// of its shard's group.
   const std::vector<int64_t>& owners() const { return owners_; }
   /// Rows of parameter i held by each rank of its group, in rank order.
-  const std::vector<int64_t>& rows_per_rank(size_t i) const { return layout_[i].rows_per_rank; }
-
- protected:
-  std::string archive_kind() const override;
+  const std::vector<int64_t>& rows_per_rank(size_t i) const { return layout_.at(i).rows_per_rank; }
 
  private:
   struct Layout {
@@ -153,25 +157,61 @@ class ShardedMuon : public Muon {
     Group tp_group;
     std::vector<int64_t> tp_sizes;  // every TP rank's block size along tp_dim
     int64_t group_index = 0;  // into groups_
+    size_t param_group = 0;   // the optimizer's param group
     std::vector<int64_t> rows_per_rank;  // local rows of every rank of the group
     std::vector<int64_t> offsets;  // first row of every rank
   };
+  size_t index_of(const at::Tensor& param) const;
   // The owner's orthogonalization of whole (TP block) matrices of one batch.
   std::vector<at::Tensor> orthogonalize(const std::vector<size_t>& members,
-                                        const std::vector<at::Tensor>& matrices) const;
-  void step_owner_compute(const std::vector<size_t>& active, const std::vector<at::Tensor>& updates);
-  void step_replicated(const std::vector<size_t>& active, const std::vector<at::Tensor>& updates);
+                                        const std::vector<at::Tensor>& matrices,
+                                        const NewtonSchulzOptions& ns) const;
+  void step_owner_compute(const std::vector<size_t>& active, std::vector<OrthogonalizeItem*>& items);
+  void step_replicated(const std::vector<size_t>& active, std::vector<OrthogonalizeItem*>& items);
 
   ShardedOptions options_;
   std::vector<Group> groups_;            // distinct groups, in first-use order
   std::vector<Layout> layout_;           // per parameter (flat order over param groups)
   std::vector<int64_t> owners_;          // per parameter
-  std::vector<std::pair<size_t, size_t>> index_;  // per parameter: (param group, index in it)
+  std::vector<at::Tensor> params_;       // per parameter
+  std::unordered_map<const void*, size_t> index_;  // TensorImpl → parameter
+};
 
-  at::Tensor& param(size_t i) { return param_groups_[index_[i].first].params()[index_[i].second]; }
-  const MuonOptions& options_of(size_t i) const {
-    return static_cast<const MuonOptions&>(param_groups_[index_[i].first].options());
-  }
+/// The strategy of `ShardedMuon`, for `muon::Muon`'s and
+/// `muon::AdaptiveMuon`'s strategy constructors.
+std::shared_ptr<ShardedOrthogonalizer> make_orthogonalizer(ShardedOptions options);
+
+/// Muon over row-sharded parameters: a `muon::Muon` holding the
+/// `ShardedOrthogonalizer` strategy; each parameter is the local shard of a
+/// matrix described by its RowShard. Construction and `step()` are
+/// collective (see ShardedOrthogonalizer). Options per group work as in
+/// muon::Muon (batches never mix groups), except `split_sizes` and
+/// `stacked_experts` (not supported on row shards: give experts as separate
+/// matrices over their expert group).
+class ShardedMuon : public Muon {
+ public:
+  /// Over `param_groups` (groups without options get `defaults`); every
+  /// parameter must have a shard in `options`.
+  ShardedMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
+              ShardedOptions options);
+  /// Over one group: `params[i]` is described by `shards[i]`.
+  ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,
+              MuonOptions defaults = {}, ShardedOptions options = {});
+
+  /// The owner of each parameter: a rank of its shard's group.
+  const std::vector<int64_t>& owners() const { return strategy_->owners(); }
+  /// Rows of parameter i held by each rank of its group, in rank order.
+  const std::vector<int64_t>& rows_per_rank(size_t i) const { return strategy_->rows_per_rank(i); }
+
+ protected:
+  /// "muon::dist::ShardedMuon".
+  std::string archive_kind() const override;
+
+ private:
+  ShardedMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
+              std::shared_ptr<ShardedOrthogonalizer> strategy);
+
+  std::shared_ptr<ShardedOrthogonalizer> strategy_;
 };
 
 /// A `muon::MuonFactory` that builds a `ShardedMuon` with `options`, for

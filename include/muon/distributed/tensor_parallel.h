@@ -43,6 +43,7 @@
 #include "muon/newton_schulz.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/orthogonalizer.h"
 
 namespace muon::dist {
 
@@ -85,7 +86,49 @@ struct TensorParallelOptions {
   std::vector<std::pair<at::Tensor, TensorParallelShard>> shards_;
 };
 
-/// Muon over a mix of TP-sharded and whole matrices.
+/// The tensor-parallel orthogonalization strategy (muon/optim/orthogonalizer.h):
+/// declared shards in `tp.mode()`, every other parameter as a whole matrix
+/// on this process. `attach` is collective over every shard's group (the
+/// ranks exchange their block shapes and raise together on a mismatch);
+/// `orthogonalize` and `sum_parts` are collective over a shard's group.
+class TensorParallelOrthogonalizer final : public Orthogonalizer {
+ public:
+  /// The strategy for the shards `tp` declares.
+  explicit TensorParallelOrthogonalizer(TensorParallelOptions tp);
+
+  std::string name() const override { return "tensor_parallel"; }
+  void attach(const std::vector<torch::optim::OptimizerParamGroup>& groups) override;
+  /// Empty blocks are valid (a matrix with fewer rows than ranks); empty
+  /// parameters that are not shards are rejected in `attach`.
+  bool allows_empty() const override { return true; }
+  void orthogonalize(std::vector<OrthogonalizeItem>& items) override;
+  void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
+
+  /// The options given at construction.
+  const TensorParallelOptions& options() const { return tp_; }
+  /// Sizes of every rank's block along the partition dim of sharded
+  /// `param`, in rank order (empty for an unsharded parameter).
+  std::vector<int64_t> block_sizes(const at::Tensor& param) const;
+
+ private:
+  struct Layout {
+    TensorParallelShard shard;
+    std::vector<int64_t> sizes;  // per rank, along partition_dim
+    int64_t offset;              // of this rank's block
+  };
+  const Layout* layout_of(const at::Tensor& param) const;
+
+  TensorParallelOptions tp_;
+  std::shared_ptr<Orthogonalizer> local_;                 // unsharded parameters
+  std::unordered_map<const void*, Layout> layouts_;  // by TensorImpl
+};
+
+/// The strategy of `TensorParallelMuon`, for `muon::Muon`'s and
+/// `muon::AdaptiveMuon`'s strategy constructors.
+std::shared_ptr<TensorParallelOrthogonalizer> make_orthogonalizer(TensorParallelOptions tp);
+
+/// Muon over a mix of TP-sharded and whole matrices: a `muon::Muon` holding
+/// the `TensorParallelOrthogonalizer` strategy.
 ///
 ///     auto [dp, tp] = world.mesh(2, 4);
 ///     muon::dist::TensorParallelOptions tpo;
@@ -115,30 +158,20 @@ class TensorParallelMuon : public Muon {
                      TensorParallelOptions tp);
 
   /// The options given at construction.
-  const TensorParallelOptions& tp_options() const { return tp_; }
+  const TensorParallelOptions& tp_options() const;
   /// Sizes of every rank's block along the partition dim of sharded
   /// `param`, in rank order (empty for an unsharded parameter).
   std::vector<int64_t> block_sizes(const at::Tensor& param) const;
 
  protected:
-  /// Sharded parameters: the mode's orthogonalization; others: Muon's.
-  bool orthogonalizes_by_default() const override { return false; }
-  at::Tensor orthogonal_update(const at::Tensor& param, const at::Tensor& update,
-                               const MuonOptions& options, MuonParamState& state,
-                               double& alpha) override;
   /// "muon::dist::TensorParallelMuon".
   std::string archive_kind() const override;
 
  private:
-  struct Layout {
-    TensorParallelShard shard;
-    std::vector<int64_t> sizes;  // per rank, along partition_dim
-    int64_t offset;              // of this rank's block
-  };
-  void build_layouts();
+  TensorParallelMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                     MuonOptions defaults, std::shared_ptr<TensorParallelOrthogonalizer> strategy);
 
-  TensorParallelOptions tp_;
-  std::unordered_map<const void*, Layout> layouts_;  // by TensorImpl
+  std::shared_ptr<TensorParallelOrthogonalizer> strategy_;
 };
 
 /// A `muon::MuonFactory` that builds a `TensorParallelMuon` with `tp`, for

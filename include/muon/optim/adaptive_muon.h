@@ -36,6 +36,11 @@
 ///
 /// Stacked experts and fused-QKV splits are not supported here (the groups
 /// must leave `stacked_experts` off and `split_sizes` empty).
+///
+/// In a distributed layout (tensor-parallel blocks, row shards), v lives
+/// with the part of the matrix a process holds; NorMuon's row means and
+/// both norms are summed over the parts, so every layout gives the
+/// single-process result.
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 
@@ -44,6 +49,7 @@
 #include <vector>
 
 #include "muon/optim/muon.h"
+#include "muon/optim/orthogonalizer.h"
 
 namespace muon {
 
@@ -95,7 +101,32 @@ struct AdaptiveMuonParamState : public MuonParamState {
   ~AdaptiveMuonParamState() override = default;
 };
 
-/// Muon with a NorMuon or AdaMuon second moment (see the top of this header).
+/// The second-moment stage (muon/optim/orthogonalizer.h): the formulas at the
+/// top of this header on a process's part of each matrix, with the row
+/// statistics and the norms summed over the other parts through the
+/// strategy, so it gives the single-process result in every layout. The
+/// state of each item must be an `AdaptiveMuonParamState`.
+class SecondMomentStage final : public UpdateStage {
+ public:
+  /// A stage with `options` (validated).
+  explicit SecondMomentStage(AdaptiveMuonOptions options);
+
+  /// Stacked experts and fused-QKV splits are not supported.
+  void check_options(const MuonOptions& options, size_t group) const override;
+  void apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const override;
+
+  /// The settings in force.
+  const AdaptiveMuonOptions& options() const { return options_; }
+  /// Replaces the settings (validated; the mode must stay the same).
+  void set_options(const AdaptiveMuonOptions& options);
+
+ private:
+  AdaptiveMuonOptions options_;
+};
+
+/// Muon with a NorMuon or AdaMuon second moment (see the top of this header):
+/// a `muon::Muon` holding a `SecondMomentStage`, over whole matrices or any
+/// distributed layout's strategy.
 ///
 ///     muon::AdaptiveMuon opt(params, muon::MuonOptions(3e-4).scale_mode("spectral"),
 ///                            muon::AdaptiveMuonOptions().mode("normuon"));
@@ -110,9 +141,14 @@ class AdaptiveMuon : public Muon {
   /// AdaptiveMuon over one group of `params`.
   AdaptiveMuon(std::vector<at::Tensor> params, MuonOptions defaults = {},
                AdaptiveMuonOptions adaptive = {});
+  /// AdaptiveMuon whose orthogonalization is `orthogonalizer` (e.g.
+  /// `muon::dist::make_orthogonalizer(...)` for tensor-parallel blocks or row
+  /// shards; construction and steps are then collective as that strategy says).
+  AdaptiveMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
+               AdaptiveMuonOptions adaptive, std::shared_ptr<Orthogonalizer> orthogonalizer);
 
   /// The second-moment settings.
-  const AdaptiveMuonOptions& adaptive_options() const { return adaptive_; }
+  const AdaptiveMuonOptions& adaptive_options() const { return stage_->options(); }
 
   /// Muon's archive plus the adaptive settings.
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -123,18 +159,17 @@ class AdaptiveMuon : public Muon {
   int64_t state_bytes() const override;
 
  protected:
-  /// Newton–Schulz, then the second-moment normalization and rescale.
-  bool orthogonalizes_by_default() const override { return false; }
-  at::Tensor orthogonal_update(const at::Tensor& param, const at::Tensor& update,
-                               const MuonOptions& options, MuonParamState& state,
-                               double& alpha) override;
   /// An empty AdaptiveMuonParamState.
   std::unique_ptr<MuonParamState> new_state(const at::Tensor& param) const override;
   /// "muon::AdaptiveMuon".
   std::string archive_kind() const override;
 
  private:
-  AdaptiveMuonOptions adaptive_;
+  AdaptiveMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
+               std::shared_ptr<SecondMomentStage> stage,
+               std::shared_ptr<Orthogonalizer> orthogonalizer);
+
+  std::shared_ptr<SecondMomentStage> stage_;
 };
 
 }  // namespace muon

@@ -39,6 +39,8 @@
 #include <vector>
 
 #include "muon/newton_schulz.h"
+#include "muon/optim/orthogonalizer.h"
+#include "muon/optim/state_bytes.h"
 #include "muon/scaling.h"
 
 namespace muon {
@@ -193,13 +195,25 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
 /// (a run saved, loaded into a fresh optimizer and continued is bit-identical
 /// to one that never stopped). Validation happens at construction and again
 /// at each step for groups changed or added since.
-class Muon : public torch::optim::Optimizer {
+///
+/// Step 4 runs through the `Orthogonalizer` the optimizer holds
+/// (muon/optim/orthogonalizer.h): whole matrices on this process by
+/// default, tensor-parallel blocks or row shards with the strategies of
+/// muon/distributed/. An optional `UpdateStage` (the NorMuon / AdaMuon second
+/// moment) runs after it, in any layout.
+class Muon : public torch::optim::Optimizer, public StateBytes {
  public:
   /// Muon over `param_groups`; groups without options get `defaults`.
   explicit Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                 MuonOptions defaults = {});
   /// Muon over one group of `params`.
   explicit Muon(std::vector<at::Tensor> params, MuonOptions defaults = {});
+  /// Muon whose orthogonalization is `orthogonalizer` (e.g. a distributed
+  /// layout's; its `attach` runs here, collectively for those), followed by
+  /// `stage` when given.
+  Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
+       std::shared_ptr<Orthogonalizer> orthogonalizer,
+       std::shared_ptr<const UpdateStage> stage = nullptr);
 
   /// One step on every parameter that has a gradient (others are skipped and
   /// get no state). `closure`, if given, runs first with grad mode enabled
@@ -209,66 +223,49 @@ class Muon : public torch::optim::Optimizer {
   /// Writes every group's options and every parameter's state, by position.
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Restores options and state saved by `save` into an optimizer with the
-  /// same groups (same count, parameter counts and shapes); raises
-  /// c10::ValueError otherwise.
+  /// same groups (same count, parameter counts and shapes) and the same
+  /// orthogonalization strategy; raises c10::ValueError otherwise.
   void load(torch::serialize::InputArchive& archive) override;
 
   /// Bytes held in optimizer state tensors (momentum buffers, plus what a
   /// subclass keeps).
-  virtual int64_t state_bytes() const;
+  int64_t state_bytes() const override;
+
+  /// The orthogonalization strategy.
+  const Orthogonalizer& orthogonalizer() const { return *orthogonalizer_; }
 
  protected:
-  /// Extension point for variants of the step (adaptive second moments,
-  /// distributed layouts): the orthogonalized, scaled update of `param` from
-  /// its Nesterov/momentum `update` (param's shape, never aliased with the
-  /// momentum buffer or the gradient), not yet multiplied by -lr. `alpha`
-  /// receives a scale still to apply (1 when the result is fully scaled).
-  /// The default runs `muon::newton_schulz` on the matrices of `param` and
-  /// scales them from their shape.
-  virtual at::Tensor orthogonal_update(const at::Tensor& param, const at::Tensor& update,
-                                       const MuonOptions& options, MuonParamState& state,
-                                       double& alpha);
-  /// Whether orthogonal_update is Muon's own. A subclass that overrides
-  /// orthogonal_update overrides this to return false; while it is true,
-  /// step() may run steps 1–6 of a contiguous fp32 CPU parameter as fused
-  /// passes (momentum and the normalized Newton–Schulz input in one go, the
-  /// decayed update in another) without calling the extension points.
-  virtual bool orthogonalizes_by_default() const { return true; }
   /// A fresh, empty state for `param` (its momentum buffer is created at
   /// first use). Subclasses with more state return their own derived type;
   /// `load` deserializes into it.
   virtual std::unique_ptr<MuonParamState> new_state(const at::Tensor& param) const;
   /// The identifier `save` writes and `load` requires ("muon::Muon").
   virtual std::string archive_kind() const;
-
-  /// Steps 1–3 for `param`, which has a gradient: weight decay (on the
-  /// parameter), momentum (into the state's buffer; the state is created at
-  /// first use and its step count incremented), Nesterov. Returns the tensor
-  /// to orthogonalize (never aliasing the gradient; it is the buffer itself
-  /// without Nesterov) and the parameter's state. For subclasses that
-  /// restructure the step (batched or distributed orthogonalization).
-  std::pair<at::Tensor, MuonParamState*> momentum_update(at::Tensor& param,
-                                                         const MuonOptions& options);
-  /// Step 6: param ← param − lr·alpha·orth, in the parameter's dtype.
-  static void apply_update(at::Tensor& param, at::Tensor orth, double lr, double alpha);
-  /// Validates group `index`: options type and values, parameter shapes.
+  /// Validates group `index`: options type and values, parameter shapes,
+  /// what the strategy and the stage support.
   void check_group(size_t index) const;
-  /// For subclasses whose parameters may be empty on some process (a
-  /// tensor-parallel block or a row shard of zero rows when a matrix has
-  /// fewer rows than ranks): `allow_empty` lifts the zero-size check, and the
-  /// subclass must handle such parameters.
-  Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
-       bool allow_empty);
 
  private:
+  /// Steps 1–3 for `param`, which has a gradient: weight decay (on the
+  /// parameter, or on a copy of the gradient for l2), momentum (into the
+  /// state's buffer; the state is created at first use and its step count
+  /// incremented), Nesterov. Returns the tensor to orthogonalize (never
+  /// aliasing the gradient; the buffer itself without Nesterov) and the
+  /// parameter's state.
+  std::pair<at::Tensor, MuonParamState*> decay_and_momentum(at::Tensor& param,
+                                                            const MuonOptions& options);
+  /// Steps 4–6 for `items`: the strategy, the stage, the update.
+  void orthogonalize_and_apply(std::vector<OrthogonalizeItem>& items);
   /// The state of `param` (its momentum buffer created) when steps 1–6 of
   /// it can run as fused passes; nullptr, touching nothing, when the
-  /// parameter, its gradient or the options are not a case they take.
+  /// strategy, the parameter, its gradient or the options are not a case
+  /// they take.
   MuonParamState* fused_state(at::Tensor& param, const MuonOptions& options);
   /// The parameter's state, created at first use.
   MuonParamState& state_of(const at::Tensor& param);
 
-  bool allow_empty_ = false;
+  std::shared_ptr<Orthogonalizer> orthogonalizer_;
+  std::shared_ptr<const UpdateStage> stage_;
 };
 
 }  // namespace muon

@@ -1,0 +1,126 @@
+#pragma once
+
+/// How `muon::Muon` turns momentum into an orthogonalized update: the one
+/// narrow interface behind which every layout sits.
+///
+/// Steps 1–3 (weight decay, momentum, Nesterov) and 6 (the update) are
+/// element-wise and run on whatever tensor a process holds. Step 4 needs the
+/// whole matrix, and a layout says how to get it. `Muon` holds one
+/// `Orthogonalizer`, chosen when it is built, and hands it the updates of a
+/// step; the strategy returns each one's orthogonalized part and the scale
+/// still to apply:
+///
+///   local (single process)  newton_schulz on each whole matrix   muon::make_local_orthogonalizer
+///   tensor parallel         duplicated | distributed | blockwise  muon::dist::make_orthogonalizer(TensorParallelOptions)
+///   row shards (ZeRO/FSDP)  owner-compute | replicated            muon::dist::make_orthogonalizer(ShardedOptions)
+///
+/// Stages that need statistics of the whole matrix (the NorMuon / AdaMuon
+/// second moment, muon/optim/adaptive_muon.h) work on a process's part and
+/// ask the strategy to sum partial statistics over the other parts
+/// (`sum_parts`), so they compose with every layout.
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace muon {
+
+struct MuonOptions;
+struct MuonParamState;
+
+/// One parameter's orthogonalization in a step: the inputs `Muon` fills in,
+/// and the results the strategy writes.
+struct OrthogonalizeItem {
+  /// This process's tensor of the parameter (a whole matrix, a tensor-parallel
+  /// block or a row shard).
+  at::Tensor param;
+  /// Its Nesterov/momentum update: param's shape, never aliasing the momentum
+  /// buffer or the gradient.
+  at::Tensor update;
+  /// The options of its param group.
+  const MuonOptions* options = nullptr;
+  /// Its param group's index.
+  size_t group = 0;
+  /// Its state (this step already counted).
+  MuonParamState* state = nullptr;
+
+  /// Result: the orthogonalized update of this process's part (param's
+  /// element count), not yet multiplied by −lr·alpha.
+  at::Tensor orth;
+  /// Result: the scale still to apply (1 when `orth` is fully scaled).
+  double alpha = 1.0;
+  /// Result: the shape of the matrix the scale is taken from (the whole
+  /// matrix; a block in blockwise tensor parallelism).
+  int64_t rows = 0;
+  /// See `rows`.
+  int64_t cols = 0;
+};
+
+/// Which parts of a split matrix `Orthogonalizer::sum_parts` sums over.
+enum class PartSum {
+  /// Every part of the matrix: a statistic of the whole matrix (a norm).
+  kWholeMatrix,
+  /// The parts that hold the same rows: a per-row statistic (a row mean).
+  kRows,
+};
+
+/// The strategy that orthogonalizes `Muon`'s updates (see the top of this
+/// header). Implementations are held by the optimizer, not derived from it.
+class Orthogonalizer {
+ public:
+  virtual ~Orthogonalizer() = default;
+
+  /// A short name, written in archives ("local", "tensor_parallel", "sharded").
+  virtual std::string name() const = 0;
+  /// Called once by the optimizer's constructor, after its groups are
+  /// validated. Distributed strategies exchange their layouts here, so it is
+  /// collective for them.
+  virtual void attach(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+  /// Called at the start of every step, before any state changes: checks what
+  /// must hold across processes (collective for distributed strategies).
+  virtual void begin_step(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+  /// Raises c10::ValueError, naming group `group`, for options this strategy
+  /// cannot apply (e.g. fused-QKV splits on row shards).
+  virtual void check_options(const MuonOptions& options, size_t group) const;
+  /// Whether parameters of zero size are valid (empty blocks or shards).
+  virtual bool allows_empty() const { return false; }
+  /// Whether steps 1–6 of a contiguous fp32 CPU parameter may run as Muon's
+  /// fused passes: true only where the update is Muon's own, on whole
+  /// matrices of this process.
+  virtual bool fuses() const { return false; }
+  /// Whether `orthogonalize` takes every parameter of a step in one call (to
+  /// batch and overlap communication); otherwise one parameter a call.
+  virtual bool batches() const { return false; }
+  /// Writes `orth`, `alpha`, `rows` and `cols` of every item. Collective for
+  /// distributed strategies: every process of a group passes its parts of
+  /// the same matrices in the same order.
+  virtual void orthogonalize(std::vector<OrthogonalizeItem>& items) = 0;
+  /// Sums `partial`, a statistic of this process's part of `item`'s matrix,
+  /// over the processes that hold its other parts (see PartSum), in place.
+  /// For a kRows sum, `partial` has one entry per local row. The default
+  /// (whole matrices) leaves it as it is. Collective where parts are split.
+  virtual void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const;
+};
+
+/// Whole matrices on this process: `muon::newton_schulz` on each parameter's
+/// matrices, scaled from their shape, fused passes where they apply. The
+/// strategy of a single-process `muon::Muon`.
+std::shared_ptr<Orthogonalizer> make_local_orthogonalizer();
+
+/// One stage after orthogonalization, run on every item before the update
+/// (e.g. the NorMuon / AdaMuon second moment): may rewrite `orth` and `alpha`.
+/// It sees a process's part and uses `parts.sum_parts` for whole-matrix
+/// statistics, so it works in every layout.
+class UpdateStage {
+ public:
+  virtual ~UpdateStage() = default;
+  /// Raises c10::ValueError, naming group `group`, for options it cannot apply.
+  virtual void check_options(const MuonOptions& options, size_t group) const;
+  /// Rewrites `item.orth` and `item.alpha`.
+  virtual void apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const = 0;
+};
+
+}  // namespace muon

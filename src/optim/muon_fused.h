@@ -1,0 +1,45 @@
+// Muon's fused passes (steps 1–6 of contiguous fp32 CPU parameters without
+// the tensor-op path) and the matrix view every path shares.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "muon/optim/muon.h"
+
+namespace muon::detail {
+
+/// The matrices Muon sees in a parameter: `batch` matrices of rows × cols
+/// (a stack of experts, a conv weight flattened to (out, in·kh·kw), a matrix).
+struct MatrixView {
+  int64_t batch;
+  int64_t rows;
+  int64_t cols;
+};
+
+/// The matrix view of `param` under `options` (stacked_experts).
+MatrixView matrix_view(const at::Tensor& param, const MuonOptions& options);
+
+/// The factor decoupled or independent weight decay multiplies the
+/// parameter by (1 for l2 or no decay).
+double decay_factor(const MuonOptions& options);
+
+/// Steps 1–6 of one parameter as fused passes. Touches only the parameter,
+/// its gradient and its state, so different parameters may run on
+/// different threads.
+struct FusedJob {
+  at::Tensor* param;
+  const MuonOptions* options;
+  MuonParamState* state;
+  MatrixView view;
+};
+
+/// Runs every job: in order on this thread, or side by side on LibTorch's
+/// intra-op threads (one matrix per thread) when that pays; each job gives
+/// the same bits either way. The first error is rethrown after every thread
+/// has stopped.
+void run_fused(std::vector<FusedJob>& jobs);
+
+}  // namespace muon::detail

@@ -1,0 +1,257 @@
+// muon::Muon's options and per-parameter state: names, validation, archives.
+#include <c10/util/Exception.h>
+#include <torch/serialize/archive.h>
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "muon/optim/muon.h"
+#include "util/dtype_names.h"
+#include "util/names.h"
+
+namespace muon {
+namespace {
+
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr const char* kWho = "[muon::Muon] ";
+
+constexpr MomentumStyle kMomentumStyles[] = {MomentumStyle::kEma, MomentumStyle::kClassic};
+constexpr WeightDecayMode kWeightDecayModes[] = {
+    WeightDecayMode::kDecoupled, WeightDecayMode::kIndependent, WeightDecayMode::kL2};
+
+// ---- serialization helpers ---------------------------------------------------
+
+template <typename T>
+T read_value(InputArchive& archive, const char* key) {
+  c10::IValue v;
+  archive.read(key, v);
+  return v.to<T>();
+}
+
+std::string schedule_name(StepSchedule s) {
+  return s == StepSchedule::kCycle ? "cycle" : "repeat_last";
+}
+
+void write_ns(OutputArchive& archive, const NewtonSchulzOptions& ns) {
+  const auto& set = ns.coefficients();
+  std::vector<double> flat;
+  for (const auto& k : set.coefficients) flat.insert(flat.end(), {k.a, k.b, k.c});
+  archive.write("ns_set_name", c10::IValue(set.name));
+  archive.write("ns_set_coefficients", c10::IValue(flat));
+  archive.write("ns_set_schedule", c10::IValue(schedule_name(set.schedule)));
+  archive.write("ns_set_safety_factor", c10::IValue(set.safety_factor));
+  archive.write("ns_set_default_steps", c10::IValue(set.default_steps));
+  archive.write("ns_set_description", c10::IValue(set.description));
+  archive.write("ns_steps", c10::IValue(ns.steps_is_set() ? ns.steps() : int64_t{0}));
+  archive.write("ns_eps", c10::IValue(ns.eps()));
+  archive.write("ns_compute_dtype", c10::IValue(std::string(c10::toString(ns.compute_dtype()))));
+  archive.write("ns_method", c10::IValue(to_string(ns.method())));
+  archive.write("ns_symmetric", c10::IValue(ns.symmetric()));
+}
+
+NewtonSchulzOptions read_ns(InputArchive& archive) {
+  CoefficientSet set;
+  set.name = read_value<std::string>(archive, "ns_set_name");
+  c10::IValue flat_value;
+  archive.read("ns_set_coefficients", flat_value);
+  const auto flat = flat_value.toDoubleVector();
+  TORCH_CHECK_VALUE(flat.size() % 3 == 0 && !flat.empty(), kWho,
+                    "archive holds a malformed coefficient list of length ", flat.size());
+  for (size_t i = 0; i < flat.size(); i += 3) set.coefficients.push_back({flat[i], flat[i + 1], flat[i + 2]});
+  set.schedule = read_value<std::string>(archive, "ns_set_schedule") == "cycle"
+                     ? StepSchedule::kCycle
+                     : StepSchedule::kRepeatLast;
+  set.safety_factor = read_value<double>(archive, "ns_set_safety_factor");
+  set.default_steps = read_value<int64_t>(archive, "ns_set_default_steps");
+  set.description = read_value<std::string>(archive, "ns_set_description");
+
+  NewtonSchulzOptions ns;
+  ns.coefficient_set(std::move(set));
+  const auto steps = read_value<int64_t>(archive, "ns_steps");
+  if (steps > 0) ns.steps(steps);
+  ns.eps(read_value<double>(archive, "ns_eps"));
+  ns.compute_dtype(
+      detail::parse_dtype(read_value<std::string>(archive, "ns_compute_dtype"), kWho, "the archive's ns_compute_dtype"));
+  ns.method(read_value<std::string>(archive, "ns_method"));
+  ns.symmetric(read_value<bool>(archive, "ns_symmetric"));
+  return ns;
+}
+
+}  // namespace
+
+// ---- enums -------------------------------------------------------------------
+
+std::string to_string(MomentumStyle style) {
+  switch (style) {
+    case MomentumStyle::kEma:
+      return "ema";
+    case MomentumStyle::kClassic:
+      return "classic";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
+}
+
+MomentumStyle parse_momentum_style(const std::string& name) {
+  return detail::parse_name(name, kMomentumStyles, kWho, "momentum_style");
+}
+
+std::string to_string(WeightDecayMode mode) {
+  switch (mode) {
+    case WeightDecayMode::kDecoupled:
+      return "decoupled";
+    case WeightDecayMode::kIndependent:
+      return "independent";
+    case WeightDecayMode::kL2:
+      return "l2";
+  }
+  TORCH_INTERNAL_ASSERT(false, "unreachable");
+}
+
+WeightDecayMode parse_weight_decay_mode(const std::string& name) {
+  return detail::parse_name(name, kWeightDecayModes, kWho, "weight_decay_mode");
+}
+
+// ---- MuonOptions -------------------------------------------------------------
+
+MuonOptions::MuonOptions(double lr) : lr_(lr) {}
+
+MuonOptions& MuonOptions::momentum_style(const std::string& name) {
+  momentum_style_ = parse_momentum_style(name);
+  return *this;
+}
+
+MuonOptions& MuonOptions::weight_decay_mode(const std::string& name) {
+  weight_decay_mode_ = parse_weight_decay_mode(name);
+  return *this;
+}
+
+MuonOptions& MuonOptions::scale_mode(const std::string& name) {
+  detail::check_name(name, scale_mode_names(), kWho, "scale_mode");
+  scale_mode_ = parse_scale_mode(name);
+  return *this;
+}
+
+MuonOptions& MuonOptions::ns_coefficients(const std::string& name) {
+  detail::check_name(name, coefficient_set_names(), kWho, "ns_coefficients");
+  ns_.coefficients(name);
+  return *this;
+}
+
+MuonOptions& MuonOptions::ns_steps(int64_t steps) {
+  TORCH_CHECK_VALUE(steps >= kMinNsSteps && steps < kMaxNsSteps, kWho, "ns_steps must be in [",
+                    kMinNsSteps, ", ", kMaxNsSteps, "), got ", steps);
+  ns_.steps(steps);
+  return *this;
+}
+
+MuonOptions& MuonOptions::ns_eps(double eps) {
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, kWho, "ns_eps must be > 0, got ", eps);
+  ns_.eps(eps);
+  return *this;
+}
+
+MuonOptions& MuonOptions::ns_compute_dtype(at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kDouble ||
+                        dtype == at::kHalf,
+                    kWho, "ns_compute_dtype must be Float, BFloat16, Double or Half, got ", dtype);
+  ns_.compute_dtype(dtype);
+  return *this;
+}
+
+void MuonOptions::validate() const {
+  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
+  TORCH_CHECK_VALUE(momentum_ >= 0 && momentum_ < 1, kWho, "momentum must be in [0, 1), got ",
+                    momentum_);
+  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho,
+                    "weight_decay must be >= 0, got ", weight_decay_);
+  TORCH_CHECK_VALUE(std::isfinite(extra_scale_factor_) && extra_scale_factor_ > 0, kWho,
+                    "extra_scale_factor must be finite and > 0, got ", extra_scale_factor_);
+  TORCH_CHECK_VALUE(ns_.steps() >= kMinNsSteps && ns_.steps() < kMaxNsSteps, kWho,
+                    "ns_steps must be in [", kMinNsSteps, ", ", kMaxNsSteps, "), got ", ns_.steps());
+  TORCH_CHECK_VALUE(std::isfinite(ns_.eps()) && ns_.eps() > 0, kWho, "ns_eps must be > 0, got ",
+                    ns_.eps());
+  ns_.validate();
+  TORCH_CHECK_VALUE(num_query_groups_ >= 1, kWho, "num_query_groups must be >= 1, got ",
+                    num_query_groups_);
+  for (size_t i = 0; i < split_sizes_.size(); ++i) {
+    TORCH_CHECK_VALUE(split_sizes_[i] >= 1, kWho, "split_sizes[", i, "] must be >= 1, got ",
+                      split_sizes_[i], " (split_sizes ", c10::IntArrayRef(split_sizes_), ")");
+  }
+  TORCH_CHECK_VALUE(split_sizes_.empty() ? num_query_groups_ == 1 : true, kWho,
+                    "num_query_groups must be 1 when split_sizes is empty, got ",
+                    num_query_groups_);
+}
+
+double MuonOptions::get_lr() const { return lr(); }
+
+void MuonOptions::set_lr(const double lr) { this->lr(lr); }
+
+void MuonOptions::serialize(OutputArchive& archive) const {
+  archive.write("lr", c10::IValue(lr_));
+  archive.write("momentum", c10::IValue(momentum_));
+  archive.write("nesterov", c10::IValue(nesterov_));
+  archive.write("momentum_style", c10::IValue(to_string(momentum_style_)));
+  archive.write("weight_decay", c10::IValue(weight_decay_));
+  archive.write("weight_decay_mode", c10::IValue(to_string(weight_decay_mode_)));
+  write_ns(archive, ns_);
+  archive.write("scale_mode", c10::IValue(to_string(scale_mode_)));
+  archive.write("extra_scale_factor", c10::IValue(extra_scale_factor_));
+  archive.write("stacked_experts", c10::IValue(stacked_experts_));
+  archive.write("split_sizes", c10::IValue(split_sizes_));
+  archive.write("num_query_groups", c10::IValue(num_query_groups_));
+}
+
+void MuonOptions::serialize(InputArchive& archive) {
+  lr_ = read_value<double>(archive, "lr");
+  momentum_ = read_value<double>(archive, "momentum");
+  nesterov_ = read_value<bool>(archive, "nesterov");
+  momentum_style_ = parse_momentum_style(read_value<std::string>(archive, "momentum_style"));
+  weight_decay_ = read_value<double>(archive, "weight_decay");
+  weight_decay_mode_ =
+      parse_weight_decay_mode(read_value<std::string>(archive, "weight_decay_mode"));
+  ns_ = read_ns(archive);
+  scale_mode_ = parse_scale_mode(read_value<std::string>(archive, "scale_mode"));
+  extra_scale_factor_ = read_value<double>(archive, "extra_scale_factor");
+  stacked_experts_ = read_value<bool>(archive, "stacked_experts");
+  c10::IValue split;
+  archive.read("split_sizes", split);
+  split_sizes_ = split.toIntVector();
+  num_query_groups_ = read_value<int64_t>(archive, "num_query_groups");
+}
+
+bool operator==(const MuonOptions& a, const MuonOptions& b) {
+  return a.lr() == b.lr() && a.momentum() == b.momentum() && a.nesterov() == b.nesterov() &&
+         a.momentum_style() == b.momentum_style() && a.weight_decay() == b.weight_decay() &&
+         a.weight_decay_mode() == b.weight_decay_mode() && a.ns() == b.ns() &&
+         a.scale_mode() == b.scale_mode() && a.extra_scale_factor() == b.extra_scale_factor() &&
+         a.stacked_experts() == b.stacked_experts() && a.split_sizes() == b.split_sizes() &&
+         a.num_query_groups() == b.num_query_groups();
+}
+
+// ---- MuonParamState ----------------------------------------------------------
+
+void MuonParamState::serialize(OutputArchive& archive) const {
+  archive.write("step", c10::IValue(step_));
+  if (momentum_buffer_.defined()) archive.write("momentum_buffer", momentum_buffer_, /*is_buffer=*/true);
+}
+
+void MuonParamState::serialize(InputArchive& archive) {
+  step_ = read_value<int64_t>(archive, "step");
+  at::Tensor buf;
+  if (archive.try_read("momentum_buffer", buf, /*is_buffer=*/true)) momentum_buffer_ = buf;
+}
+
+bool operator==(const MuonParamState& a, const MuonParamState& b) {
+  if (a.step() != b.step()) return false;
+  const auto& x = a.momentum_buffer();
+  const auto& y = b.momentum_buffer();
+  if (x.defined() != y.defined()) return false;
+  return !x.defined() || (x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type() &&
+                          at::equal(x, y));
+}
+
+}  // namespace muon

@@ -1,0 +1,198 @@
+// AdaptiveMuon (NorMuon per row, AdaMuon per element) in every distributed
+// layout: its second-moment stage runs on each rank's part of a matrix and
+// sums row statistics and norms over the other parts through the layout's
+// strategy, so tensor-parallel blocks (row- or column-split, uneven, empty),
+// row shards (owner-compute and replicated, uneven, padded, empty) and the
+// 2-D layout all give the parameters of one process on the whole matrices.
+// Ranks are threads over real Gloo groups, world sizes 1–4.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dist_util.h"
+#include "muon/distributed/shard.h"
+#include "muon/distributed/sharded.h"
+#include "muon/distributed/tensor_parallel.h"
+#include "muon/optim/adaptive_muon.h"
+
+namespace {
+
+using muon::AdaptiveMuon;
+using muon::AdaptiveMuonOptions;
+using muon::MuonOptions;
+using muon::dist::Group;
+using muon::dist::RowShard;
+using muon::test::seeded_randn;
+using torch::optim::OptimizerParamGroup;
+
+constexpr int64_t kSteps = 3;
+
+// Each matrix with the dimension its tensor-parallel blocks split. Sizes
+// that no world size of 2–4 divides evenly; 3 rows leave rank 3 of 4 with
+// an empty block or shard.
+struct Matrix {
+  std::vector<int64_t> shape;
+  int64_t dim;
+};
+const std::vector<Matrix> kModel{
+    {{24, 16}, 0}, {{16, 40}, 1}, {{21, 10}, 0}, {{12, 15}, 1}, {{3, 12}, 0}};
+
+at::Tensor full_param(size_t k) { return seeded_randn(kModel[k].shape, 40 + k); }
+at::Tensor full_grad(size_t k, int64_t step) {
+  return seeded_randn(kModel[k].shape, 900 + 17 * static_cast<uint64_t>(step) + k);
+}
+
+MuonOptions options() { return MuonOptions(0.02).weight_decay(0.1).scale_mode("spectral"); }
+
+AdaptiveMuonOptions adaptive(const std::string& mode) {
+  return AdaptiveMuonOptions().mode(mode).beta2(0.9);
+}
+
+// The parameters of one process after kSteps on the whole matrices.
+std::vector<at::Tensor> single_process(const std::string& mode) {
+  std::vector<at::Tensor> params;
+  for (size_t k = 0; k < kModel.size(); ++k) params.push_back(full_param(k).requires_grad_(true));
+  AdaptiveMuon opt(params, options(), adaptive(mode));
+  for (int64_t s = 0; s < kSteps; ++s) {
+    for (size_t k = 0; k < kModel.size(); ++k) params[k].mutable_grad() = full_grad(k, s);
+    opt.step();
+  }
+  return params;
+}
+
+// The layouts differ from one process only in the order of fp32 sums (the
+// Gram matrix, the norm, the row means and the two norms of the stage summed
+// over parts): a few ulps of each update, far below 1e-5 of the parameters
+// after three steps, while a stage that used local statistics (a part's own
+// norm or row mean) is off by a fraction of the update (~1e-3 here).
+void expect_equal(const at::Tensor& got, const at::Tensor& expected, const at::Tensor& whole,
+                  const std::string& what) {
+  if (expected.numel() == 0) return;
+  const double err =
+      (got.detach() - expected).abs().max().item<double>() / whole.abs().max().item<double>();
+  EXPECT_LE(err, 1e-5) << what;
+}
+
+// This rank's block of `full` along `dim` when blocks are balanced over `size` ranks.
+at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
+  const auto sizes = muon::dist::balanced_split_sizes(full.size(dim), size);
+  return full.narrow(dim, muon::dist::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
+      .contiguous();
+}
+
+class AdaptiveLayouts : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AdaptiveLayouts, TensorParallelEqualsOneProcess) {
+  const auto mode = GetParam();
+  const auto reference = single_process(mode);
+  for (const std::string tp_mode : {"duplicated", "distributed"}) {
+    for (int world = 1; world <= 4; ++world) {
+      muon::test::run_ranks(world, [&](Group& group) {
+        std::vector<at::Tensor> params;
+        muon::dist::TensorParallelOptions tp;
+        tp.mode(tp_mode);
+        for (size_t k = 0; k < kModel.size(); ++k) {
+          params.push_back(block_of(full_param(k), kModel[k].dim, group.rank(), world).requires_grad_(true));
+          tp.shard(params.back(), muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+        }
+        AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
+                         muon::dist::make_orthogonalizer(tp));
+        for (int64_t s = 0; s < kSteps; ++s) {
+          for (size_t k = 0; k < kModel.size(); ++k) {
+            params[k].mutable_grad() = block_of(full_grad(k, s), kModel[k].dim, group.rank(), world);
+          }
+          opt.step();
+        }
+        for (size_t k = 0; k < kModel.size(); ++k) {
+          expect_equal(params[k], block_of(reference[k].detach(), kModel[k].dim, group.rank(), world),
+                       reference[k], mode + " tp " + tp_mode + " world " + std::to_string(world) +
+                                         " rank " + std::to_string(group.rank()) + " matrix " +
+                                         std::to_string(k));
+        }
+      });
+    }
+  }
+}
+
+TEST_P(AdaptiveLayouts, RowShardsEqualOneProcess) {
+  const auto mode = GetParam();
+  const auto reference = single_process(mode);
+  for (const std::string sharded_mode : {"owner_compute", "replicated"}) {
+    for (int world = 1; world <= 4; ++world) {
+      muon::test::run_ranks(world, [&](Group& group) {
+        std::vector<at::Tensor> params;
+        std::vector<RowShard> shards;
+        std::vector<std::vector<int64_t>> rows;
+        for (size_t k = 0; k < kModel.size(); ++k) {
+          // Matrix 1 is padded: the last rank holds rows past the end.
+          auto split = muon::dist::balanced_split_sizes(kModel[k].shape[0], world);
+          if (k == 1 && world > 1) split.back() += 2;
+          rows.push_back(split);
+          params.push_back(muon::dist::local_rows(full_param(k), split, group.rank()).requires_grad_(true));
+          shards.emplace_back(kModel[k].shape, group);
+        }
+        muon::dist::ShardedOptions so;
+        so.mode(sharded_mode);
+        for (size_t k = 0; k < kModel.size(); ++k) so.shard(params[k], shards[k]);
+        AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
+                         muon::dist::make_orthogonalizer(so));
+        for (int64_t s = 0; s < kSteps; ++s) {
+          for (size_t k = 0; k < kModel.size(); ++k) {
+            params[k].mutable_grad() = muon::dist::local_rows(full_grad(k, s), rows[k], group.rank());
+          }
+          opt.step();
+        }
+        for (size_t k = 0; k < kModel.size(); ++k) {
+          expect_equal(params[k], muon::dist::local_rows(reference[k].detach(), rows[k], group.rank()),
+                       reference[k], mode + " " + sharded_mode + " world " + std::to_string(world) +
+                                         " rank " + std::to_string(group.rank()) + " matrix " +
+                                         std::to_string(k));
+        }
+      });
+    }
+  }
+}
+
+TEST_P(AdaptiveLayouts, TwoDimensionalEqualsOneProcess) {
+  const auto mode = GetParam();
+  const auto reference = single_process(mode);
+  for (const auto tp_mode :
+       {muon::dist::TensorParallelMode::kDuplicated, muon::dist::TensorParallelMode::kDistributed}) {
+    muon::test::run_ranks(4, [&](Group& world) {
+      const auto [dp, tp] = world.mesh(2, 2);
+      std::vector<at::Tensor> params;
+      std::vector<std::vector<int64_t>> rows;
+      muon::dist::ShardedOptions so;
+      for (size_t k = 0; k < kModel.size(); ++k) {
+        const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
+        rows.push_back(muon::dist::balanced_split_sizes(block.size(0), dp.size()));
+        params.push_back(muon::dist::local_rows(block, rows[k], dp.rank()).requires_grad_(true));
+        so.shard(params[k], RowShard(block.sizes().vec(), dp)
+                                .tensor_parallel(muon::dist::TensorParallelShard(
+                                                     kModel[k].shape, kModel[k].dim, tp),
+                                                 tp_mode));
+      }
+      AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
+                       muon::dist::make_orthogonalizer(so));
+      for (int64_t s = 0; s < kSteps; ++s) {
+        for (size_t k = 0; k < kModel.size(); ++k) {
+          params[k].mutable_grad() = muon::dist::local_rows(
+              block_of(full_grad(k, s), kModel[k].dim, tp.rank(), tp.size()), rows[k], dp.rank());
+        }
+        opt.step();
+      }
+      for (size_t k = 0; k < kModel.size(); ++k) {
+        const auto expected = muon::dist::local_rows(
+            block_of(reference[k].detach(), kModel[k].dim, tp.rank(), tp.size()), rows[k], dp.rank());
+        expect_equal(params[k], expected, reference[k],
+                     mode + " 2-D " + muon::dist::to_string(tp_mode) + " rank " +
+                         std::to_string(world.rank()) + " matrix " + std::to_string(k));
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, AdaptiveLayouts, ::testing::Values("normuon", "adamuon"));
+
+}  // namespace
