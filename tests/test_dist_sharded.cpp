@@ -173,7 +173,8 @@ TEST(Sharded, OrthogonalizingSlicesWouldBeCaught) {
   EXPECT_GT((slice_ns - whole.narrow(0, 0, rows[0])).abs().max().item<double>(), 1e-2);
 }
 
-// Per layer the REFERENCE.md shapes divided by 16 (min(m, n) = 32 for all).
+// Per layer the shapes of bench/bench_distributed_layouts.cpp (d = 512:
+// 1536×512, 512×512, 2048×512, 512×2048) divided by 16 (min(m, n) = 32 for all).
 std::vector<Matrix> balanced_model() {
   std::vector<Matrix> model;
   for (int layer = 0; layer < 8; ++layer) {

@@ -10,7 +10,8 @@
 // another order and, for a row split of a wide matrix, iterates on XᵀX
 // instead of XXᵀ (same polynomial, other rounding); measured ≤ 1.3e-6 here.
 // The duplicated mode runs the single-process code on the gathered matrix
-// and is checked to be bit-identical.
+// and is checked to be bit-identical. distributed_newton_schulz itself is
+// tested in test_dist_newton_schulz.cpp.
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -30,6 +31,7 @@
 #include "muon/distributed/tensor_parallel.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
+#include "tensor_parallel_util.h"
 
 namespace {
 
@@ -41,38 +43,14 @@ using muon::dist::TensorParallelMode;
 using muon::dist::TensorParallelMuon;
 using muon::dist::TensorParallelOptions;
 using muon::dist::TensorParallelShard;
+using muon::test::block_of;
+using muon::test::gradient;
+using muon::test::kFp32Tolerance;
 using muon::test::run_ranks;
 using muon::test::run_ranks_collect;
+using muon::test::uneven_sizes;
 
-constexpr double kFp32Tolerance = 1e-5;
 constexpr int kSteps = 4;
-
-// Deliberately uneven blocks: rank r gets a share proportional to r + 1,
-// the last takes the rest (24 rows over 4 ranks: 2, 4, 7, 11).
-std::vector<int64_t> uneven_sizes(int64_t total, int world) {
-  std::vector<int64_t> sizes;
-  const int64_t weight_sum = static_cast<int64_t>(world) * (world + 1) / 2;
-  int64_t used = 0;
-  for (int r = 0; r + 1 < world; ++r) {
-    sizes.push_back(std::max<int64_t>(1, total * (r + 1) / weight_sum));
-    used += sizes.back();
-  }
-  sizes.push_back(total - used);
-  return sizes;
-}
-
-at::Tensor block_of(const at::Tensor& whole, int64_t dim, const std::vector<int64_t>& sizes,
-                    int rank) {
-  return whole.narrow(dim, muon::dist::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
-      .contiguous();
-}
-
-// The gradient of step `step` for matrix `index` of `shape`: the same on
-// every rank (each thread draws it from its own generator).
-at::Tensor gradient(int step, int index, c10::IntArrayRef shape) {
-  auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 * step + index + 17));
-  return at::randn(shape, gen, at::TensorOptions(at::kFloat));
-}
 
 at::Tensor initial(int index, c10::IntArrayRef shape) {
   auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(index + 5));
@@ -224,78 +202,6 @@ TEST(TensorParallelBlockwise, DiffersFromWholeMatrixMuon) {
     const auto p0 = block_of(initial(0, kShapes[0]), 0, sizes[0], g.rank());
     EXPECT_GT(relative_error(blocks[0], ref, p0), 1e-2);
   });
-}
-
-// ---- distributed_newton_schulz directly --------------------------------------------
-
-TEST(DistributedNewtonSchulz, MatchesNewtonSchulzForEveryCoefficientSetAndBf16) {
-  const auto whole = gradient(0, 99, {20, 36});
-  run_ranks(3, [&](Group& g) {
-    for (const int64_t dim : {0, 1}) {
-      const auto sizes = uneven_sizes(whole.size(dim), g.size());
-      const auto block = block_of(whole, dim, sizes, g.rank());
-      // Default schedule (quintic): within 1e-5 of one process (orthogonalized
-      // entries are O(1/sqrt(20)); reordered fp32 sums stay far below that).
-      const auto ref = block_of(muon::newton_schulz(whole), dim, sizes, g.rank());
-      const auto got = muon::dist::distributed_newton_schulz(block, dim, g);
-      EXPECT_LE((got - ref).abs().max().item<double>() / ref.abs().max().item<double>(),
-                kFp32Tolerance)
-          << "dim " << dim;
-      // Every coefficient set: as accurate as one process, measured against
-      // an fp64 evaluation of the same schedule. Sets with large first
-      // coefficients (cans: 8.5, −25, 18.6) amplify rounding, so fp32 runs
-      // of either kind differ from each other by more than 1e-5 there.
-      for (const auto& name : muon::coefficient_set_names()) {
-        auto ns = muon::NewtonSchulzOptions().coefficients(name);
-        auto ns64 = ns;
-        ns64.compute_dtype(at::kDouble);
-        const auto exact = block_of(muon::newton_schulz(whole.to(at::kDouble), ns64), dim, sizes,
-                                    g.rank());
-        const auto single = block_of(muon::newton_schulz(whole, ns), dim, sizes, g.rank());
-        const auto dist = muon::dist::distributed_newton_schulz(block, dim, g, ns);
-        const double scale = exact.abs().max().item<double>();
-        const double single_err = (single.to(at::kDouble) - exact).abs().max().item<double>() / scale;
-        const double dist_err = (dist.to(at::kDouble) - exact).abs().max().item<double>() / scale;
-        EXPECT_LE(dist_err, 3 * single_err + 1e-6) << name << " dim " << dim;
-        // fp64 compute runs the same way: tight agreement.
-        const auto dist64 = muon::dist::distributed_newton_schulz(block.to(at::kDouble), dim, g, ns64);
-        EXPECT_LE((dist64 - exact).abs().max().item<double>() / scale, 1e-10) << name;
-      }
-      // bf16 compute: within bf16 rounding (2⁻⁸ relative, a few steps) of fp32.
-      auto ns16 = muon::NewtonSchulzOptions().compute_dtype(at::kBFloat16);
-      const auto ref32 = block_of(muon::newton_schulz(whole), dim, sizes, g.rank());
-      const auto got16 = muon::dist::distributed_newton_schulz(block, dim, g, ns16);
-      EXPECT_EQ(got16.scalar_type(), at::kFloat);
-      EXPECT_LE((got16 - ref32).abs().max().item<double>() / ref32.abs().max().item<double>(), 0.05);
-      // ... and at least as accurate as one process in bf16, by the RMS
-      // error against fp64 over the whole matrix (squared errors summed over
-      // the ranks; the max over a few rows is too noisy to compare): its Gram
-      // matrix and polynomial are fp32 where one process rounds them to bf16.
-      // That holds when the Gram is of the short side (dim 1 here: 20×20);
-      // a row split of this wide matrix iterates on the long side's 36×36
-      // Gram, whose bf16 product X·P rounds more: measured 1.7× one
-      // process's RMS error, bound 2×.
-      auto ns64 = muon::NewtonSchulzOptions().compute_dtype(at::kDouble);
-      const auto exact = block_of(muon::newton_schulz(whole.to(at::kDouble), ns64), dim, sizes,
-                                  g.rank());
-      const auto single16 = block_of(muon::newton_schulz(whole, ns16), dim, sizes, g.rank());
-      auto sq = at::stack({(single16.to(at::kDouble) - exact).pow(2).sum(),
-                           (got16.to(at::kDouble) - exact).pow(2).sum()});
-      g.all_reduce_(sq);
-      const double rms_single16 = std::sqrt(sq[0].item<double>() / static_cast<double>(whole.numel()));
-      const double rms_dist16 = std::sqrt(sq[1].item<double>() / static_cast<double>(whole.numel()));
-      EXPECT_LE(rms_dist16, (dim == 1 ? 1.0 : 2.0) * rms_single16) << "dim " << dim << ": bf16 distributed RMS error "
-                                          << rms_dist16 << " vs one process " << rms_single16;
-    }
-  });
-}
-
-TEST(DistributedNewtonSchulz, RejectsBadArguments) {
-  auto single = Group::single();
-  EXPECT_THROW(muon::dist::distributed_newton_schulz(at::ones({3}), 0, single), c10::ValueError);
-  EXPECT_THROW(muon::dist::distributed_newton_schulz(at::ones({3, 4}), 2, single), c10::ValueError);
-  EXPECT_THROW(muon::dist::distributed_newton_schulz(at::ones({3, 4}, at::kLong), 0, single),
-               c10::ValueError);
 }
 
 // ---- construction: validation on every rank ----------------------------------------

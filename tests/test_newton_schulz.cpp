@@ -1,8 +1,8 @@
 // Tests of muon::newton_schulz against independent references:
-//  - the same coefficient schedule evaluated plainly in fp64 (written here),
+//  - the same coefficient schedule evaluated plainly in fp64 (reference.h),
 //  - the exact polar factor from an fp64 SVD, and the scalar polynomial map
 //    that the iteration applies to each singular value,
-//  - the bands of REFERENCE.md, as literals.
+//  - the band each coefficient set maps [1e-3, 1] into, as literals.
 #include <gtest/gtest.h>
 
 #include <muon/newton_schulz.h>
@@ -14,31 +14,14 @@
 #include <tuple>
 #include <vector>
 
+#include "reference.h"
+
 namespace {
 
 using muon::NewtonSchulzMethod;
 using muon::NewtonSchulzOptions;
 
-// The plain formula, written independently of the library: transpose if
-// tall, X /= ‖X‖_F·safety + eps, then per step A = XXᵀ, B = bA + cA²,
-// X = aX + BX. Runs in `dtype` (every op rounds to it), per matrix.
-at::Tensor plain_ns(const at::Tensor& g, const NewtonSchulzOptions& o, at::ScalarType dtype) {
-  if (g.dim() == 3) {
-    std::vector<at::Tensor> outs;
-    for (int64_t i = 0; i < g.size(0); ++i) outs.push_back(plain_ns(g[i], o, dtype));
-    return at::stack(outs);
-  }
-  auto x = g.to(dtype);
-  const bool tall = x.size(0) > x.size(1);
-  if (tall) x = x.t();
-  x = x / (x.norm() * o.coefficients().safety_factor + o.eps());
-  for (const auto& k : o.schedule()) {
-    auto a = at::mm(x, x.t());
-    auto b = k.b * a + k.c * at::mm(a, a);
-    x = k.a * x + at::mm(b, x);
-  }
-  return tall ? x.t() : x;
-}
+using muon::test::reference_newton_schulz;
 
 double rel_err(const at::Tensor& y, const at::Tensor& ref) {
   const auto d = y.to(at::kDouble) - ref.to(at::kDouble);
@@ -106,8 +89,8 @@ TEST_P(AgainstFp64, MatchesSchedule) {
       g = at::matmul(std::get<0>(svd) * sv, std::get<2>(svd));
     }
     auto o = NewtonSchulzOptions().coefficients(set).method(method).compute_dtype(dtype);
-    const auto ref = plain_ns(g, o, at::kDouble);
-    const auto plain = plain_ns(g, o, dtype);
+    const auto ref = reference_newton_schulz(g, o, at::kDouble);
+    const auto plain = reference_newton_schulz(g, o, dtype);
     const auto ours = muon::newton_schulz(g.to(at::kFloat), o);
     ASSERT_EQ(ours.sizes(), g.sizes());
     ASSERT_EQ(ours.scalar_type(), at::kFloat);
@@ -157,7 +140,8 @@ TEST(NewtonSchulz, Fp64ComputeMatchesScheduleToRoundoff) {
     auto o = NewtonSchulzOptions().compute_dtype(at::kDouble).method(method);
     const auto ours = muon::newton_schulz(g, o);
     EXPECT_EQ(ours.scalar_type(), at::kDouble);
-    EXPECT_LE(rel_err(ours, plain_ns(g, o, at::kDouble)), 1e-11) << muon::to_string(method);
+    EXPECT_LE(rel_err(ours, reference_newton_schulz(g, o, at::kDouble)), 1e-11)
+        << muon::to_string(method);
   }
 }
 
@@ -167,14 +151,15 @@ TEST(NewtonSchulz, Fp64ComputeMatchesScheduleToRoundoff) {
 // the singular vectors: X = U·p(Σ/‖G‖)·Vᵀ.
 // ---------------------------------------------------------------------------
 
-// The REFERENCE.md bands of the scalar map over [1e-3, 1], as literals,
-// with half a unit of their last quoted digit.
+// The band of each set's scalar map over [1e-3, 1], as literals written to a
+// few digits independently of the library's coefficient tables, with half a
+// unit of their last digit.
 struct Band {
   const char* set;
   int64_t steps;
   double lo;
   double hi;
-  double quoted;  // half a unit of the last digit REFERENCE.md quotes
+  double quoted;  // half a unit of the last digit of lo and hi
 };
 const Band kBands[] = {
     {"simple", 5, 0.47, 1.20, 5e-3},         {"quintic", 5, 0.475, 1.145, 5e-4},
@@ -201,7 +186,7 @@ std::pair<double, double> scalar_band(const NewtonSchulzOptions& o) {
 
 TEST(NewtonSchulzPolar, CoefficientTablesReproduceReferenceBands) {
   // Checks the coefficient values themselves: their scalar map spans the
-  // bands REFERENCE.md quotes, to the digits it quotes.
+  // bands above, to the digits they are written with.
   for (const auto& band : kBands) {
     const auto [lo, hi] = scalar_band(NewtonSchulzOptions().coefficients(band.set).steps(band.steps));
     EXPECT_NEAR(lo, band.lo, band.quoted) << band.set;
@@ -228,7 +213,7 @@ TEST(NewtonSchulzPolar, SingularValuesFollowScalarMapAndBands) {
       std::vector<double> expected;
       for (int64_t i = 0; i < m; ++i) {
         // σ of the normalized input, expressed before the safety factor
-        // (scalar_map divides by it, as in REFERENCE.md's bands).
+        // (scalar_map divides by it, as the bands above are defined).
         const double sig = s_in[i].item<double>() / (fro * safety + o.eps()) * safety;
         ASSERT_GE(sig, 1e-3) << "test precondition: normalized σ in [1e-3, 1]";
         expected.push_back(scalar_map(sig, o));
@@ -273,8 +258,8 @@ TEST(NewtonSchulzPaths, AllMethodsAgree) {
     at::manual_seed(7);
     const auto g = at::randn(shape);
     auto base = NewtonSchulzOptions().coefficients("polar_express");
-    const auto ref = plain_ns(g.to(at::kDouble), base, at::kDouble);
-    const double tol = 4 * rel_err(plain_ns(g, base, at::kFloat), ref) + 1e-6;
+    const auto ref = reference_newton_schulz(g.to(at::kDouble), base, at::kDouble);
+    const double tol = 4 * rel_err(reference_newton_schulz(g, base, at::kFloat), ref) + 1e-6;
     const auto standard = muon::newton_schulz(g, NewtonSchulzOptions(base).method("standard"));
     const auto no_syrk =
         muon::newton_schulz(g, NewtonSchulzOptions(base).method("standard").symmetric(false));
@@ -350,8 +335,8 @@ TEST(NewtonSchulzPaths, Bf16NoLessAccurateThanPlainBf16Formula) {
           const bool wide = std::max(m, n) >= muon::kGramMinAspect * std::min(m, n);
           if (method == NewtonSchulzMethod::kGram && !wide) continue;
           auto o = NewtonSchulzOptions().coefficients(set).compute_dtype(at::kBFloat16).method(method);
-          const auto ref = plain_ns(g, o, at::kDouble);
-          const double plain = rel_err(plain_ns(g, o, at::kBFloat16), ref);
+          const auto ref = reference_newton_schulz(g, o, at::kDouble);
+          const double plain = rel_err(reference_newton_schulz(g, o, at::kBFloat16), ref);
           const double ours = rel_err(muon::newton_schulz(g.to(at::kFloat), o), ref);
           EXPECT_LE(ours, plain) << set << " " << muon::to_string(method) << " " << m << "x" << n
                                  << (low_rank ? " low-rank" : " log-spaced");
@@ -372,7 +357,8 @@ TEST(NewtonSchulzPaths, FlopCounts) {
                    muon::newton_schulz_plain_flops(100, 300, 5));
   // Gram, 5 steps, phases of 3 and 2 steps (restart before step 4):
   // s²l terms 2 SYRK + 2 GEMM = 6s²l; s³ terms 5 + 7 + 3 + 5 + 3 = 23s³
-  // (REFERENCE.md's cost model), in every dtype.
+  // (Gram Newton–Schulz, Zhang, Amsel, Chen, Dao 2026, a SYRK counted as
+  // half a GEMM), in every dtype.
   const double s = 100, l = 400;
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     EXPECT_DOUBLE_EQ(
@@ -510,7 +496,9 @@ TEST(NewtonSchulzOptions, CustomCoefficients) {
   o.steps(4);
   EXPECT_DOUBLE_EQ(o.schedule()[3].a, 2.0);
   const auto g = at::randn({20, 30});
-  EXPECT_LE(rel_err(muon::newton_schulz(g, o), plain_ns(g.to(at::kDouble), o, at::kDouble)), 1e-4);
+  EXPECT_LE(rel_err(muon::newton_schulz(g, o),
+                    reference_newton_schulz(g.to(at::kDouble), o, at::kDouble)),
+            1e-4);
 }
 
 template <typename F>

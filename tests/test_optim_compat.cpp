@@ -5,14 +5,11 @@
 #include <vector>
 
 #include "muon/compat.h"
+#include "tensor_util.h"
 
 namespace {
 
-at::Tensor leaf(const at::Tensor& values) {
-  auto t = values.detach().clone();
-  t.set_requires_grad(true);
-  return t;
-}
+using muon::test::leaf;
 
 TEST(Compat, StateKeyIsTheKeyLibTorchUses) {
   auto p = leaf(at::randn({3, 3}));

@@ -1,4 +1,5 @@
-// Scale factors against their formulas (REFERENCE.md), and validation.
+// Scale factors against their formulas (Keller Jordan's Muon, Megatron-Core,
+// Moonlight; see muon/scaling.h), and validation.
 #include <gtest/gtest.h>
 
 #include <muon/scaling.h>

@@ -20,6 +20,7 @@
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/routing.h"
+#include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
 #include "muon/scaling.h"
 #include "muon/schedule.h"
