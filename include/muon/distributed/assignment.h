@@ -9,7 +9,7 @@
 namespace muon::dist {
 
 /// Relative Newton–Schulz cost of an m×n matrix: max(m, n)·min(m, n)², the
-/// leading term of every iteration (REFERENCE.md; Megatron-Core's
+/// leading term of every iteration (Megatron-Core's
 /// LayerWiseDistributedOptimizer packs by the same measure).
 double newton_schulz_cost(int64_t rows, int64_t cols);
 

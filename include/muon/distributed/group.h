@@ -71,11 +71,6 @@ namespace detail {
 struct GroupImpl;
 }  // namespace detail
 
-/// A set of ranks that run collectives together. Cheap to copy: copies share
-/// the process group, its byte counter and its sub-group counter.
-///
-/// Collectives are blocking and take or return CPU (Gloo) or CUDA (NCCL)
-/// tensors; on a size-1 group they do no communication at all.
 /// A collective in flight (from `Group::all_gather_async` or
 /// `Group::all_to_all_async`). `wait()` blocks
 /// until it completes and returns its result, raising as the blocking
@@ -101,6 +96,12 @@ class PendingCollective {
   std::function<std::vector<at::Tensor>()> finish_;
 };
 
+/// A set of ranks that run collectives together. Cheap to copy: copies share
+/// the process group, its byte counter and its sub-group counter.
+///
+/// Collectives are blocking unless named `_async`, and take or return CPU
+/// (Gloo) or CUDA (NCCL) tensors; on a size-1 group they do no communication
+/// at all.
 class Group {
  public:
   /// An invalid group (`valid()` is false); every operation raises. Exists so

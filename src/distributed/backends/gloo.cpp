@@ -12,7 +12,9 @@ compat::BackendPtr make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int r
       options.hostname().empty()
           ? c10d::ProcessGroupGloo::createDefaultDevice()
           : c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname()));
-  // One worker thread: the optimizers issue one blocking collective at a time.
+  // One worker thread: collectives of a group run in the order they are
+  // issued, and the optimizers keep at most a few in flight (overlap comes
+  // from computing while they travel, not from running them side by side).
   gloo_options->threads = 1;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
 }
