@@ -10,8 +10,10 @@
 namespace muon {
 namespace {
 
-constexpr NewtonSchulzMethod kMethods[] = {NewtonSchulzMethod::kAuto, NewtonSchulzMethod::kStandard,
-                                           NewtonSchulzMethod::kGram};
+constexpr detail::EnumName<NewtonSchulzMethod> kMethods[] = {
+    {NewtonSchulzMethod::kAuto, "auto"},
+    {NewtonSchulzMethod::kStandard, "standard"},
+    {NewtonSchulzMethod::kGram, "gram"}};
 
 std::vector<CoefficientSet> make_builtin_sets() {
   const NsCoefficients simple{3.4445, -4.7750, 2.0315};
@@ -142,17 +144,7 @@ CoefficientSet custom_coefficient_set(const std::vector<std::vector<double>>& tu
   return set;
 }
 
-std::string to_string(NewtonSchulzMethod method) {
-  switch (method) {
-    case NewtonSchulzMethod::kAuto:
-      return "auto";
-    case NewtonSchulzMethod::kStandard:
-      return "standard";
-    case NewtonSchulzMethod::kGram:
-      return "gram";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
-}
+std::string to_string(NewtonSchulzMethod method) { return detail::name_of(method, kMethods); }
 
 NewtonSchulzMethod parse_newton_schulz_method(const std::string& name) {
   return detail::parse_name(name, kMethods, "[muon::NewtonSchulzOptions] ", "method");

@@ -11,30 +11,21 @@
 namespace muon {
 namespace {
 
-constexpr ScaleMode kScaleModes[] = {ScaleMode::kShapeScaling, ScaleMode::kSpectral,
-                                     ScaleMode::kUnitRmsNorm, ScaleMode::kMatchRmsAdamW};
+constexpr detail::EnumName<ScaleMode> kScaleModes[] = {
+    {ScaleMode::kShapeScaling, "shape_scaling"},
+    {ScaleMode::kSpectral, "spectral"},
+    {ScaleMode::kUnitRmsNorm, "unit_rms_norm"},
+    {ScaleMode::kMatchRmsAdamW, "match_rms_adamw"}};
 
 }  // namespace
 
 std::vector<std::string> scale_mode_names() {
   std::vector<std::string> names;
-  for (const auto m : kScaleModes) names.push_back(to_string(m));
+  for (const auto& m : kScaleModes) names.emplace_back(m.name);
   return names;
 }
 
-std::string to_string(ScaleMode mode) {
-  switch (mode) {
-    case ScaleMode::kShapeScaling:
-      return "shape_scaling";
-    case ScaleMode::kSpectral:
-      return "spectral";
-    case ScaleMode::kUnitRmsNorm:
-      return "unit_rms_norm";
-    case ScaleMode::kMatchRmsAdamW:
-      return "match_rms_adamw";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
-}
+std::string to_string(ScaleMode mode) { return detail::name_of(mode, kScaleModes); }
 
 ScaleMode parse_scale_mode(const std::string& name) {
   return detail::parse_name(name, kScaleModes, "[muon::parse_scale_mode] ", "scale mode");

@@ -11,21 +11,12 @@
 namespace muon {
 namespace {
 constexpr const char* kWho = "[muon::WarmupDecaySchedule] ";
-constexpr DecayStyle kDecayStyles[] = {DecayStyle::kConstant, DecayStyle::kLinear,
-                                       DecayStyle::kCosine};
+constexpr detail::EnumName<DecayStyle> kDecayStyles[] = {{DecayStyle::kConstant, "constant"},
+                                                        {DecayStyle::kLinear, "linear"},
+                                                        {DecayStyle::kCosine, "cosine"}};
 }  // namespace
 
-std::string to_string(DecayStyle style) {
-  switch (style) {
-    case DecayStyle::kConstant:
-      return "constant";
-    case DecayStyle::kLinear:
-      return "linear";
-    case DecayStyle::kCosine:
-      return "cosine";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
-}
+std::string to_string(DecayStyle style) { return detail::name_of(style, kDecayStyles); }
 
 DecayStyle parse_decay_style(const std::string& name) {
   return detail::parse_name(name, kDecayStyles, kWho, "decay style");

@@ -18,19 +18,8 @@
 #include "muon/compat.h"
 #include "muon/optim/adaptive_muon.h"
 
+namespace muon::test {
 namespace {
-
-using muon::test::expect_value_error;
-
-using muon::AdaptiveMode;
-using muon::AdaptiveMuon;
-using muon::AdaptiveMuonOptions;
-using muon::AdaptiveMuonParamState;
-using muon::MuonOptions;
-using muon::test::load_from_string;
-using muon::test::save_to_string;
-
-using muon::test::leaf;
 
 // Newton–Schulz in fp64, You's quintic schedule, 5 steps (reference.h).
 at::Tensor plain_ns(const at::Tensor& g) {
@@ -231,3 +220,4 @@ TEST(AdaptiveMuon, ErrorsNameTheGroupThatCausedThem) {
 }
 
 }  // namespace
+}  // namespace muon::test

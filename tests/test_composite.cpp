@@ -19,18 +19,11 @@
 #include "muon/optim/muon.h"
 #include "muon/optim/state_bytes.h"
 
+namespace muon::test {
 namespace {
 
-using muon::test::expect_value_error;
-
-using muon::CompositeOptimizer;
-using muon::CompositePart;
-using muon::test::load_from_string;
-using muon::test::save_to_string;
 using torch::optim::AdamW;
 using torch::optim::AdamWOptions;
-
-using muon::test::leaf;
 
 struct Params {
   at::Tensor w;  // matrix → Muon
@@ -327,3 +320,4 @@ TEST(Composite, AddedGroupIsAnError) {
 }
 
 }  // namespace
+}  // namespace muon::test

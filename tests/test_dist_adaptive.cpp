@@ -16,14 +16,11 @@
 #include "muon/distributed/tensor_parallel.h"
 #include "muon/optim/adaptive_muon.h"
 
+namespace muon::test {
 namespace {
 
-using muon::AdaptiveMuon;
-using muon::AdaptiveMuonOptions;
-using muon::MuonOptions;
 using muon::dist::Group;
 using muon::dist::RowShard;
-using muon::test::seeded_randn;
 using torch::optim::OptimizerParamGroup;
 
 constexpr int64_t kSteps = 3;
@@ -196,3 +193,4 @@ TEST_P(AdaptiveLayouts, TwoDimensionalEqualsOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Modes, AdaptiveLayouts, ::testing::Values("normuon", "adamuon"));
 
 }  // namespace
+}  // namespace muon::test

@@ -12,14 +12,10 @@
 #include "muon/newton_schulz.h"
 #include "tensor_parallel_util.h"
 
+namespace muon::test {
 namespace {
 
 using muon::dist::Group;
-using muon::test::block_of;
-using muon::test::gradient;
-using muon::test::kFp32Tolerance;
-using muon::test::run_ranks;
-using muon::test::uneven_sizes;
 
 TEST(DistributedNewtonSchulz, MatchesNewtonSchulzForEveryCoefficientSetAndBf16) {
   const auto whole = gradient(0, 99, {20, 36});
@@ -92,3 +88,4 @@ TEST(DistributedNewtonSchulz, RejectsBadArguments) {
 }
 
 }  // namespace
+}  // namespace muon::test

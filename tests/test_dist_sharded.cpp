@@ -18,15 +18,10 @@
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 
+namespace muon::test {
 namespace {
 
-using muon::dist::Group;
-using muon::dist::RowShard;
-using muon::dist::ShardedMode;
-using muon::dist::ShardedMuon;
-using muon::dist::ShardedOptions;
-
-using muon::test::seeded_randn;
+using namespace muon::dist;  // NOLINT(google-build-using-namespace): the module under test
 
 enum class Split { kBalanced, kPadded, kFirstRankOnly };
 
@@ -539,3 +534,4 @@ TEST(Sharded, ReduceScatterRowsAveragesAndKeepsOwnRows) {
 }
 
 }  // namespace
+}  // namespace muon::test

@@ -33,22 +33,10 @@
 #include "muon/optim/muon.h"
 #include "tensor_parallel_util.h"
 
+namespace muon::test {
 namespace {
 
-using muon::Muon;
-using muon::MuonOptions;
-using muon::ScaleMode;
-using muon::dist::Group;
-using muon::dist::TensorParallelMode;
-using muon::dist::TensorParallelMuon;
-using muon::dist::TensorParallelOptions;
-using muon::dist::TensorParallelShard;
-using muon::test::block_of;
-using muon::test::gradient;
-using muon::test::kFp32Tolerance;
-using muon::test::run_ranks;
-using muon::test::run_ranks_collect;
-using muon::test::uneven_sizes;
+using namespace muon::dist;  // NOLINT(google-build-using-namespace): the module under test
 
 constexpr int kSteps = 4;
 
@@ -553,3 +541,4 @@ TEST(TensorParallelHybrid, SaveLoadRoundTripPerRank) {
 }
 
 }  // namespace
+}  // namespace muon::test

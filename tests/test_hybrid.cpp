@@ -19,13 +19,9 @@
 #include "muon/compat.h"
 #include "muon/optim/hybrid.h"
 
+namespace muon::test {
 namespace {
 
-using muon::MuonOptions;
-using muon::MuonWithAdamW;
-using muon::MuonWithAdamWOptions;
-using muon::Route;
-using muon::RoutingRules;
 using torch::optim::AdamWOptions;
 
 // A tiny language-model-shaped network: embedding, one residual MLP block
@@ -280,9 +276,6 @@ TEST(Hybrid, ZeroGradAndClosure) {
   for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
-using muon::test::load_from_string;
-using muon::test::save_to_string;
-
 TEST(Hybrid, ResumedRunIsBitIdentical) {
   auto straight = make_model(6);
   auto first = make_model(7);
@@ -468,3 +461,4 @@ TEST(Hybrid, NoParameterAtAll) {
 }
 
 }  // namespace
+}  // namespace muon::test

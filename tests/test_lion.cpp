@@ -15,16 +15,8 @@
 #include "muon/optim/lion.h"
 #include "tensor_util.h"
 
+namespace muon::test {
 namespace {
-
-using muon::test::expect_value_error;
-
-using muon::Lion;
-using muon::LionOptions;
-using muon::LionParamState;
-using muon::test::leaf;
-using muon::test::load_from_string;
-using muon::test::save_to_string;
 
 // One Lion step of the paper (Chen et al. 2023, Program 1), on plain tensors:
 // u = sign(β1·m + (1 − β1)·g); p ← p·(1 − lr·wd) − lr·u; m ← β2·m + (1 − β2)·g.
@@ -164,3 +156,4 @@ TEST(Lion, LowersTheLossOfALeastSquaresProblem) {
 }
 
 }  // namespace
+}  // namespace muon::test

@@ -12,14 +12,8 @@
 #include "muon/optim/orthogonalizer.h"
 #include "tensor_util.h"
 
+namespace muon::test {
 namespace {
-
-using muon::Muon;
-using muon::MuonOptions;
-using muon::MuonParamState;
-using muon::test::leaf;
-using muon::test::load_from_string;
-using muon::test::save_to_string;
 
 // The update is the plain sign of the momentum (no Newton–Schulz).
 class SignOrthogonalizer : public muon::Orthogonalizer {
@@ -75,3 +69,4 @@ TEST(MuonExtension, SubclassReplacesTheOrthogonalUpdate) {
 }
 
 }  // namespace
+}  // namespace muon::test

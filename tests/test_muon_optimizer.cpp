@@ -20,20 +20,8 @@
 #include "muon_reference.h"
 #include "optim/muon_internal.h"
 
+namespace muon::test {
 namespace {
-
-using muon::test::expect_value_error;
-
-using muon::Muon;
-using muon::MuonOptions;
-using muon::test::kFp64Tol;
-using muon::test::leaf;
-using muon::test::max_diff;
-using muon::test::RefOptions;
-using muon::test::RefParam;
-using muon::test::ref_step;
-using muon::test::state_of;
-using muon::test::to_muon;
 
 // Several threads run the fused parameters side by side, one matrix per
 // thread with every product and loop of that matrix on its thread alone:
@@ -362,3 +350,4 @@ TEST(MuonConvergence, LowersTheLossOfASmallNetwork) {
 }
 
 }  // namespace
+}  // namespace muon::test

@@ -12,15 +12,8 @@
 #include "muon/optim/muon.h"
 #include "muon_reference.h"
 
+namespace muon::test {
 namespace {
-
-using muon::Muon;
-using muon::MuonOptions;
-using muon::test::leaf;
-using muon::test::state_of;
-
-using muon::test::load_from_string;
-using muon::test::save_to_string;
 
 std::vector<torch::optim::OptimizerParamGroup> two_groups(const std::vector<at::Tensor>& p) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -143,3 +136,4 @@ TEST(MuonSaveLoad, StateBytesCountMomentumBuffers) {
 }
 
 }  // namespace
+}  // namespace muon::test

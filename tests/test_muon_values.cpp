@@ -13,23 +13,8 @@
 #include "muon_reference.h"
 #include "reference.h"
 
+namespace muon::test {
 namespace {
-
-using muon::MomentumStyle;
-using muon::Muon;
-using muon::ScaleMode;
-using muon::WeightDecayMode;
-using muon::test::kSimple;
-using muon::test::ref_orth_matrix;
-using muon::test::kFp64Tol;
-using muon::test::leaf;
-using muon::test::max_diff;
-using muon::test::RefOptions;
-using muon::test::RefParam;
-using muon::test::ref_step;
-using muon::test::run_against_reference;
-using muon::test::state_of;
-using muon::test::to_muon;
 
 // ---- exact values over the option combinations -------------------------------
 
@@ -311,3 +296,4 @@ TEST(MuonDtypes, Bf16ComputeOnFp32Parameter) {
 }
 
 }  // namespace
+}  // namespace muon::test

@@ -27,16 +27,8 @@
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
 
+namespace muon::test {
 namespace {
-
-using muon::test::expect_value_error;
-
-using muon::OptimizerConfig;
-using muon::OptimizerEntry;
-using muon::OptimizerRegistry;
-using muon::OverrideRule;
-using muon::test::load_from_string;
-using muon::test::save_to_string;
 
 // A tiny language model: embedding, a fused QKV-like matrix, a norm, an MLP
 // with biases and an output head.
@@ -579,3 +571,4 @@ TEST(Registry, UserRegisteredOptimizerEndToEnd) {
 }
 
 }  // namespace
+}  // namespace muon::test

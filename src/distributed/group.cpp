@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "distributed/backend.h"
+#include "util/names.h"
 
 namespace muon::dist {
 namespace detail {
@@ -99,15 +100,9 @@ std::shared_ptr<GroupImpl> make_impl(const c10::intrusive_ptr<c10d::Store>& stor
 }  // namespace
 
 std::string to_string(Backend backend) {
-  switch (backend) {
-    case Backend::kAuto:
-      return "auto";
-    case Backend::kGloo:
-      return "gloo";
-    case Backend::kNccl:
-      return "nccl";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
+  static constexpr muon::detail::EnumName<Backend> kNames[] = {
+      {Backend::kAuto, "auto"}, {Backend::kGloo, "gloo"}, {Backend::kNccl, "nccl"}};
+  return muon::detail::name_of(backend, kNames);
 }
 
 Group::Group() = default;

@@ -48,14 +48,14 @@ at::Tensor rows_padded(const at::Tensor& matrix, int64_t offset, int64_t count) 
   return out;
 }
 
+constexpr muon::detail::EnumName<ShardedMode> kModes[] = {
+    {ShardedMode::kOwnerCompute, "owner_compute"}, {ShardedMode::kReplicated, "replicated"}};
+
 }  // namespace
 
-std::string to_string(ShardedMode mode) {
-  return mode == ShardedMode::kOwnerCompute ? "owner_compute" : "replicated";
-}
+std::string to_string(ShardedMode mode) { return muon::detail::name_of(mode, kModes); }
 
 ShardedMode parse_sharded_mode(const std::string& name) {
-  constexpr ShardedMode kModes[] = {ShardedMode::kOwnerCompute, ShardedMode::kReplicated};
   return muon::detail::parse_name(name, kModes, kWho, "sharded mode");
 }
 

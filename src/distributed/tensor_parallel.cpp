@@ -21,9 +21,10 @@ using torch::optim::OptimizerParamGroup;
 
 constexpr const char* kWho = "[muon::dist::TensorParallelMuon] ";
 
-constexpr TensorParallelMode kModes[] = {TensorParallelMode::kDuplicated,
-                                         TensorParallelMode::kDistributed,
-                                         TensorParallelMode::kBlockwise};
+constexpr muon::detail::EnumName<TensorParallelMode> kModes[] = {
+    {TensorParallelMode::kDuplicated, "duplicated"},
+    {TensorParallelMode::kDistributed, "distributed"},
+    {TensorParallelMode::kBlockwise, "blockwise"}};
 
 const void* impl_key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
@@ -43,17 +44,7 @@ at::Tensor gather_matrix(const at::Tensor& block, int64_t dim, const Group& grou
 
 // ---- modes -------------------------------------------------------------------------
 
-std::string to_string(TensorParallelMode mode) {
-  switch (mode) {
-    case TensorParallelMode::kDuplicated:
-      return "duplicated";
-    case TensorParallelMode::kDistributed:
-      return "distributed";
-    case TensorParallelMode::kBlockwise:
-      return "blockwise";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
-}
+std::string to_string(TensorParallelMode mode) { return muon::detail::name_of(mode, kModes); }
 
 TensorParallelMode parse_tensor_parallel_mode(const std::string& name) {
   return muon::detail::parse_name(name, kModes, kWho, "mode");

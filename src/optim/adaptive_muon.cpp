@@ -21,7 +21,8 @@ using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::AdaptiveMuon] ";
 
-constexpr AdaptiveMode kModes[] = {AdaptiveMode::kNorMuon, AdaptiveMode::kAdaMuon};
+constexpr detail::EnumName<AdaptiveMode> kModes[] = {{AdaptiveMode::kNorMuon, "normuon"},
+                                                     {AdaptiveMode::kAdaMuon, "adamuon"}};
 
 // Σ of a statistic over the parts of the item's matrix: one entry.
 at::Tensor summed(const at::Tensor& local, const OrthogonalizeItem& item,
@@ -33,9 +34,7 @@ at::Tensor summed(const at::Tensor& local, const OrthogonalizeItem& item,
 
 }  // namespace
 
-std::string to_string(AdaptiveMode mode) {
-  return mode == AdaptiveMode::kNorMuon ? "normuon" : "adamuon";
-}
+std::string to_string(AdaptiveMode mode) { return detail::name_of(mode, kModes); }
 
 AdaptiveMode parse_adaptive_mode(const std::string& name) {
   return detail::parse_name(name, kModes, kWho, "mode");

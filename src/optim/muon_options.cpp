@@ -19,9 +19,12 @@ using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::Muon] ";
 
-constexpr MomentumStyle kMomentumStyles[] = {MomentumStyle::kEma, MomentumStyle::kClassic};
-constexpr WeightDecayMode kWeightDecayModes[] = {
-    WeightDecayMode::kDecoupled, WeightDecayMode::kIndependent, WeightDecayMode::kL2};
+constexpr detail::EnumName<MomentumStyle> kMomentumStyles[] = {{MomentumStyle::kEma, "ema"},
+                                                              {MomentumStyle::kClassic, "classic"}};
+constexpr detail::EnumName<WeightDecayMode> kWeightDecayModes[] = {
+    {WeightDecayMode::kDecoupled, "decoupled"},
+    {WeightDecayMode::kIndependent, "independent"},
+    {WeightDecayMode::kL2, "l2"}};
 
 // ---- serialization helpers ---------------------------------------------------
 
@@ -85,31 +88,13 @@ NewtonSchulzOptions read_ns(InputArchive& archive) {
 
 // ---- enums -------------------------------------------------------------------
 
-std::string to_string(MomentumStyle style) {
-  switch (style) {
-    case MomentumStyle::kEma:
-      return "ema";
-    case MomentumStyle::kClassic:
-      return "classic";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
-}
+std::string to_string(MomentumStyle style) { return detail::name_of(style, kMomentumStyles); }
 
 MomentumStyle parse_momentum_style(const std::string& name) {
   return detail::parse_name(name, kMomentumStyles, kWho, "momentum_style");
 }
 
-std::string to_string(WeightDecayMode mode) {
-  switch (mode) {
-    case WeightDecayMode::kDecoupled:
-      return "decoupled";
-    case WeightDecayMode::kIndependent:
-      return "independent";
-    case WeightDecayMode::kL2:
-      return "l2";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
-}
+std::string to_string(WeightDecayMode mode) { return detail::name_of(mode, kWeightDecayModes); }
 
 WeightDecayMode parse_weight_decay_mode(const std::string& name) {
   return detail::parse_name(name, kWeightDecayModes, kWho, "weight_decay_mode");

@@ -28,34 +28,18 @@ const std::string* first_match(const std::vector<std::string>& patterns, const s
   return nullptr;
 }
 
+constexpr detail::EnumName<Route> kRoutes[] = {{Route::kMuon, "muon"}, {Route::kAdamW, "adamw"}};
+constexpr detail::EnumName<DefaultRule> kDefaultRules[] = {{DefaultRule::kNdimBelow2, "ndim < 2"},
+                                                           {DefaultRule::kEmbedding, "embedding"},
+                                                           {DefaultRule::kOutputHead, "output head"}};
+
 }  // namespace
 
-std::string to_string(Route route) {
-  switch (route) {
-    case Route::kMuon:
-      return "muon";
-    case Route::kAdamW:
-      return "adamw";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
-}
+std::string to_string(Route route) { return detail::name_of(route, kRoutes); }
 
-Route parse_route(const std::string& name) {
-  static constexpr Route kRoutes[] = {Route::kMuon, Route::kAdamW};
-  return detail::parse_name(name, kRoutes, kWho, "route");
-}
+Route parse_route(const std::string& name) { return detail::parse_name(name, kRoutes, kWho, "route"); }
 
-std::string to_string(DefaultRule rule) {
-  switch (rule) {
-    case DefaultRule::kNdimBelow2:
-      return "ndim < 2";
-    case DefaultRule::kEmbedding:
-      return "embedding";
-    case DefaultRule::kOutputHead:
-      return "output head";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
-}
+std::string to_string(DefaultRule rule) { return detail::name_of(rule, kDefaultRules); }
 
 const std::vector<DefaultRule>& default_routing_rules() {
   static const std::vector<DefaultRule> rules{DefaultRule::kNdimBelow2, DefaultRule::kEmbedding,

@@ -29,17 +29,33 @@ std::string join(const Range& items, const char* sep = ", ") {
   return join(items, [](const auto& s) { return std::string(s); }, sep);
 }
 
-/// The value of `values` whose `to_string` is `name`; otherwise raises
-/// c10::ValueError "<who>unknown <what> '<name>'; valid names: a, b, c".
-/// `to_string(Enum)` is found by argument-dependent lookup.
+/// One enum value and its name: a row of the table an enum's `to_string`
+/// and parser both read, so the two cannot disagree.
+template <typename Enum>
+struct EnumName {
+  Enum value;
+  const char* name;
+};
+
+/// The name of `value` in `names`.
 template <typename Enum, std::size_t N>
-Enum parse_name(const std::string& name, const Enum (&values)[N], const char* who,
+std::string name_of(Enum value, const EnumName<Enum> (&names)[N]) {
+  for (const auto& n : names) {
+    if (n.value == value) return n.name;
+  }
+  TORCH_INTERNAL_ASSERT(false, "an enum value without a name: ", static_cast<int>(value));
+}
+
+/// The value named `name` in `names`; otherwise raises c10::ValueError
+/// "<who>unknown <what> '<name>'; valid names: a, b, c".
+template <typename Enum, std::size_t N>
+Enum parse_name(const std::string& name, const EnumName<Enum> (&names)[N], const char* who,
                 const char* what) {
-  for (const auto v : values) {
-    if (to_string(v) == name) return v;
+  for (const auto& n : names) {
+    if (name == n.name) return n.value;
   }
   TORCH_CHECK_VALUE(false, who, "unknown ", what, " '", name, "'; valid names: ",
-                    join(values, [](Enum v) { return to_string(v); }));
+                    join(names, [](const EnumName<Enum>& n) { return std::string(n.name); }));
 }
 
 /// Whether `name` is one of `names`; otherwise raises the same error as
