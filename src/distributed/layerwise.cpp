@@ -1,4 +1,5 @@
 // Layer-wise distributed optimizer: owner updates, bucketed overlapped all-gather.
+#include "distributed/agreement.h"
 #include "muon/distributed/layerwise.h"
 
 #include <c10/util/Exception.h>
@@ -27,15 +28,6 @@ constexpr const char* kWho = "[muon::dist::LayerwiseOptimizer] ";
 constexpr int64_t kAlign = 16;  // byte alignment of each parameter in a bucket
 
 int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-// FNV-1a over the bytes of `text`, folded into `h`.
-uint64_t fnv(uint64_t h, const std::string& text) {
-  for (const char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
 
 // The bytes of a tensor as a flat uint8 view (contiguous input).
 at::Tensor as_bytes(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
@@ -68,25 +60,20 @@ LayerwiseOptimizer::LayerwiseOptimizer(
   const int64_t rank = group_.rank();
 
   // Every rank must describe the same parameters: compare a signature.
-  uint64_t h = 1469598103934665603ULL;
+  uint64_t h = detail::kFnvOffset;
   std::vector<double> costs;
   for (const auto& item : named_parameters) {
     const auto& p = item.value();
     TORCH_CHECK_VALUE(p.defined(), kWho, "parameter '", item.key(), "' is undefined");
-    h = fnv(h, item.key() + ":" + c10::str(p.sizes()) + ":" + c10::toString(p.scalar_type()));
+    h = detail::fnv1a(h, item.key() + ":" + c10::str(p.sizes()) + ":" + c10::toString(p.scalar_type()));
     names_.push_back(item.key());
     params_.push_back(p);
     costs.push_back(cost(item.key(), p));
   }
-  signature_ = static_cast<int64_t>(h & 0x7FFFFFFFFFFFFFFFULL);
-  const auto all = group_.all_gather_ints({static_cast<int64_t>(params_.size()), signature_});
-  for (const auto r : c10::irange(all.size())) {
-    TORCH_CHECK_VALUE(all[r] == all[static_cast<size_t>(rank)], kWho, "rank ", r, " has ",
-                      all[r][0], " parameters with signature ", all[r][1], ", rank ", rank,
-                      " has ", params_.size(), " with signature ", signature_,
-                      ": every rank must pass the same named parameters (names, shapes, "
-                      "dtypes, order)");
-  }
+  signature_ = detail::signature_value(h);
+  detail::check_all_ranks_agree(group_, {static_cast<int64_t>(params_.size()), signature_}, kWho,
+                                "[parameter count, signature] differ; every rank must pass the "
+                                "same named parameters (names, shapes, dtypes, order)");
   owners_ = assign_owners(costs, world);
 
   // Buckets per rank, in parameter order, each up to bucket_bytes.

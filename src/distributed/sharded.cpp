@@ -12,6 +12,7 @@
 #include <tuple>
 #include <utility>
 
+#include "distributed/agreement.h"
 #include "distributed/tensor_parallel_block.h"
 #include "muon/distributed/assignment.h"
 #include "muon/newton_schulz.h"
@@ -25,14 +26,6 @@ constexpr const char* kWho = "[muon::dist::ShardedMuon] ";
 
 using torch::optim::OptimizerParamGroup;
 
-// FNV-1a over the dims; unsigned, so it wraps instead of overflowing.
-uint64_t shape_signature(uint64_t h, const std::vector<int64_t>& shape) {
-  for (const auto d : shape) {
-    h ^= static_cast<uint64_t>(d) + 0x9E3779B97F4A7C15ULL;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
 
 bool same_group(const Group& a, const Group& b) {
   return a.name() == b.name() && a.world_ranks() == b.world_ranks();
@@ -193,17 +186,14 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
   // exchange the local row counts. Every mismatch raises on every rank.
   for (const auto g : c10::irange(groups_.size())) {
     const auto& group = groups_[g];
-    uint64_t hash = 1469598103934665603ULL;
-    for (const auto i : members[g]) hash = shape_signature(hash, layout_[i].global_shape);
-    const auto signature = static_cast<int64_t>(hash & 0x7FFFFFFFFFFFFFFFULL);  // an int64 to send
-    const auto heads = group.all_gather_ints({static_cast<int64_t>(members[g].size()), signature});
-    for (const auto r : c10::irange(heads.size())) {
-      TORCH_CHECK_VALUE(heads[r] == heads[static_cast<size_t>(group.rank())], kWho, "on group '",
-                        group.name(), "' rank ", r, " has ", heads[r][0],
-                        " parameters with global-shape signature ", heads[r][1], ", rank ",
-                        group.rank(), " has ", members[g].size(), " with ", signature,
-                        ": every rank must describe the same parameters in the same order");
+    uint64_t hash = detail::kFnvOffset;
+    for (const auto i : members[g]) {
+      hash = detail::fnv1a(hash, c10::str(c10::IntArrayRef(layout_[i].global_shape), ";"));
     }
+    detail::check_all_ranks_agree(
+        group, {static_cast<int64_t>(members[g].size()), detail::signature_value(hash)}, kWho,
+        "[parameter count, global-shape signature] differ; every rank must describe the same "
+        "parameters in the same order");
     std::vector<int64_t> local;
     for (const auto i : members[g]) local.push_back(group_params[i].size(0));
     const auto rows = group.all_gather_ints(local);
@@ -295,13 +285,9 @@ void ShardedOrthogonalizer::begin_step(const std::vector<OptimizerParamGroup>& p
         mask.push_back(params_[i].grad().defined());
       }
     }
-    const auto all = groups_[g].all_gather_ints(mask);
-    for (const auto r : c10::irange(all.size())) {
-      TORCH_CHECK_VALUE(all[r] == mask, kWho, "on group '", groups_[g].name(), "' rank ", r,
-                        " and rank ", groups_[g].rank(),
-                        " differ in which parameters have a gradient; each must have one on "
-                        "every rank of its group or on none");
-    }
+    detail::check_all_ranks_agree(groups_[g], mask, kWho,
+                                  "the ranks differ in which parameters have a gradient (1: has "
+                                  "one); each must have one on every rank of its group or on none");
   }
 }
 
