@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
+  libre2-dev              # linear-time regexes for override rules
   python3-torch           # plain PyTorch baselines, torchrun
   python3-numpy
   python3-matplotlib      # demo plots

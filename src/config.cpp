@@ -10,8 +10,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <regex>
 #include <sstream>
+
+#include <re2/re2.h>
 
 #include "config_internal.h"
 #include "muon/registry.h"
@@ -19,6 +20,7 @@
 
 namespace muon {
 
+using detail::clip;
 using detail::did_you_mean;
 using detail::format_number;
 using detail::kConfigWho;
@@ -44,6 +46,20 @@ std::string did_you_mean(const std::string& name, const std::vector<std::string>
   const auto best = nearest_name(name, candidates);
   return best.empty() ? std::string() : "; did you mean '" + best + "'?";
 }
+
+std::shared_ptr<const re2::RE2> compile_regex(const std::string& pattern, const std::string& rule) {
+  TORCH_CHECK_VALUE(pattern.size() <= kMaxPatternLength, kConfigWho, "override '", clip(rule),
+                    "' has a regex of ", pattern.size(), " bytes, longer than ", kMaxPatternLength, ": '",
+                    clip(pattern), "'");
+  RE2::Options options;
+  options.set_log_errors(false);  // the error is raised, not logged
+  auto re = std::make_shared<const re2::RE2>(pattern, options);
+  TORCH_CHECK_VALUE(re->ok(), kConfigWho, "override '", clip(rule), "' has an invalid regex '", clip(pattern),
+                    "': ", clip(re->error()), " (RE2 syntax: no backreferences or lookaround)");
+  return re;
+}
+
+bool regex_full_match(const re2::RE2& re, const std::string& name) { return RE2::FullMatch(name, re); }
 
 std::string reference_of(const FieldValue& value) {
   const auto* s = std::get_if<std::string>(&value);
@@ -100,6 +116,9 @@ std::string to_string(const FieldValue& value) {
 }
 
 std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates) {
+  // A name this long is no typo of a field: its distance to every candidate
+  // is its length, and computing it costs length × candidates.
+  if (name.size() > kMaxSuggestedNameLength) return {};
   // Levenshtein distance; '-' and '_' are the same character (flag spellings).
   auto norm = [](char c) { return c == '-' ? '_' : static_cast<char>(std::tolower(c)); };
   std::string best;
@@ -212,7 +231,7 @@ FieldValue FieldSpec::check(const FieldValue& value) const {
     v = static_cast<double>(std::get<int64_t>(v));
   }
   TORCH_CHECK_VALUE(type_of(v) == type, kConfigWho, name, " must be ", requirement(), ", got ",
-                    to_string(value), " (", to_string(type_of(value)), ")");
+                    clip(to_string(value)), " (", to_string(type_of(value)), ")");
   auto in_range = [&](double x) {
     if (std::isnan(x)) return false;
     if (min && (min_exclusive ? !(x > *min) : !(x >= *min))) return false;
@@ -222,7 +241,7 @@ FieldValue FieldSpec::check(const FieldValue& value) const {
   switch (type) {
     case FieldType::kInt:
       TORCH_CHECK_VALUE(in_range(static_cast<double>(std::get<int64_t>(v))), kConfigWho, name, " must be ",
-                        requirement(), ", got ", to_string(v));
+                        requirement(), ", got ", to_string(v));  // an int: short
       break;
     case FieldType::kDouble:
       TORCH_CHECK_VALUE(std::isfinite(std::get<double>(v)) && in_range(std::get<double>(v)), kConfigWho,
@@ -231,13 +250,13 @@ FieldValue FieldSpec::check(const FieldValue& value) const {
     case FieldType::kIntList:
       for (const auto x : std::get<std::vector<int64_t>>(v)) {
         TORCH_CHECK_VALUE(in_range(static_cast<double>(x)), kConfigWho, name, " must be ", requirement(),
-                          ", got ", to_string(v));
+                          ", got ", clip(to_string(v)));
       }
       break;
     case FieldType::kString:
       TORCH_CHECK_VALUE(choices.empty() || std::find(choices.begin(), choices.end(),
                                                      std::get<std::string>(v)) != choices.end(),
-                        kConfigWho, name, " must be one of ", detail::join(choices), ", got ", to_string(v),
+                        kConfigWho, name, " must be one of ", detail::join(choices), ", got ", clip(to_string(v)),
                         did_you_mean(std::get<std::string>(v), choices));
       break;
     default:
@@ -250,15 +269,15 @@ FieldValue FieldSpec::check(const FieldValue& value) const {
 
 std::string ParamMatch::describe() const {
   std::vector<std::string> parts;
-  if (name) parts.push_back("name '" + *name + "'");
-  if (regex) parts.push_back("regex '" + *regex + "'");
+  if (name) parts.push_back("name '" + clip(*name) + "'");
+  if (regex) parts.push_back("regex '" + clip(*regex) + "'");
   if (ndim) parts.push_back("ndim " + std::to_string(*ndim));
   if (max_ndim) parts.push_back("ndim <= " + std::to_string(*max_ndim));
   if (shape) parts.push_back("shape " + to_string(FieldValue(*shape)));
   if (is_bias) parts.push_back(std::string(*is_bias ? "" : "not ") + "bias");
   if (is_embedding) parts.push_back(std::string(*is_embedding ? "" : "not ") + "embedding");
   if (is_head) parts.push_back(std::string(*is_head ? "" : "not ") + "output head");
-  if (optimizer) parts.push_back("optimizer " + *optimizer);
+  if (optimizer) parts.push_back("optimizer " + clip(*optimizer));
   return parts.empty() ? "every parameter" : detail::join(parts);
 }
 
@@ -287,7 +306,7 @@ const FieldSpec& OptimizerConfig::spec(const std::string& key) const {
   if (it == index_.end()) {
     std::vector<std::string> names;
     for (const auto& f : *fields_) names.push_back(f.name);
-    TORCH_CHECK_VALUE(false, kConfigWho, "unknown field '", key, "'", did_you_mean(key, names));
+    TORCH_CHECK_VALUE(false, kConfigWho, "unknown field '", clip(key), "'", did_you_mean(key, names));
   }
   return (*fields_)[it->second];
 }
@@ -336,29 +355,28 @@ const std::vector<int64_t>& OptimizerConfig::get_int_list(const std::string& key
 
 OptimizerConfig& OptimizerConfig::add_override(OverrideRule rule) {
   if (rule.label.empty()) rule.label = "rule " + std::to_string(overrides_.size() + 1);
-  TORCH_CHECK_VALUE(!rule.set_fields.empty(), kConfigWho, "override '", rule.label,
+  TORCH_CHECK_VALUE(!rule.set_fields.empty(), kConfigWho, "override '", clip(rule.label),
                     "' sets no field");
   for (auto& [key, value] : rule.set_fields) {
     const auto& s = spec(key);
-    TORCH_CHECK_VALUE(s.per_parameter, kConfigWho, "override '", rule.label, "' sets ", key,
+    TORCH_CHECK_VALUE(s.per_parameter, kConfigWho, "override '", clip(rule.label), "' sets ", key,
                       ", a whole-run setting that cannot differ per parameter");
     const auto ref = reference_of(value);
     if (!ref.empty()) {
       const auto& target = spec(ref);
-      TORCH_CHECK_VALUE(target.type == s.type, kConfigWho, "override '", rule.label, "' sets ", key,
+      TORCH_CHECK_VALUE(target.type == s.type, kConfigWho, "override '", clip(rule.label), "' sets ", key,
                         " (", to_string(s.type), ") to ${", ref, "} (", to_string(target.type), ")");
     } else {
       value = s.check(value);
     }
   }
-  if (rule.match.regex) {
-    try {
-      std::regex re(*rule.match.regex);
-    } catch (const std::regex_error& e) {
-      TORCH_CHECK_VALUE(false, kConfigWho, "override '", rule.label, "' has an invalid regex '",
-                        *rule.match.regex, "': ", e.what());
-    }
+  if (rule.match.name) {
+    // Matching a glob costs its length times the name's, for every parameter.
+    TORCH_CHECK_VALUE(rule.match.name->size() <= detail::kMaxPatternLength, kConfigWho, "override '",
+                      clip(rule.label), "' has a name glob of ", rule.match.name->size(),
+                      " bytes, longer than ", detail::kMaxPatternLength, ": '", clip(*rule.match.name), "'");
   }
+  if (rule.match.regex) detail::compile_regex(*rule.match.regex, rule.label);
   if (rule.match.optimizer) spec("optimizer").check(*rule.match.optimizer);
   overrides_.push_back(std::move(rule));
   return *this;

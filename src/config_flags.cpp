@@ -9,15 +9,18 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
 
 #include "config_internal.h"
 #include "muon/config.h"
+#include "util/names.h"
 
 namespace muon {
 
+using detail::clip;
 using detail::did_you_mean;
 using detail::kConfigWho;
 using json = nlohmann::json;
@@ -25,18 +28,21 @@ using json = nlohmann::json;
 namespace detail {
 
 FieldValue value_from_text(const FieldSpec& spec, const std::string& text) {
-  auto fail = [&]() -> FieldValue {
-    TORCH_CHECK_VALUE(false, kConfigWho, spec.name, " must be ", spec.requirement(), ", got '", text,
-                      "'");
+  auto fail = [&](const char* why = "") -> FieldValue {
+    TORCH_CHECK_VALUE(false, kConfigWho, spec.name, " must be ", spec.requirement(), ", got '", clip(text),
+                      "'", why);
   };
+  const char* const kIntRange = ", past the range of a 64-bit int";
+  // 0: not an int; -1: an int past the range of int64_t; 1: parsed.
   auto parse_int = [&](const std::string& t, int64_t& out) {
-    if (t.empty()) return false;
+    if (t.empty()) return 0;
     errno = 0;
     char* end = nullptr;
     const long long x = std::strtoll(t.c_str(), &end, 10);
-    if (errno != 0 || end != t.c_str() + t.size()) return false;
+    if (end != t.c_str() + t.size()) return 0;
+    if (errno == ERANGE) return -1;
     out = static_cast<int64_t>(x);
-    return true;
+    return 1;
   };
   switch (spec.type) {
     case FieldType::kBool: {
@@ -48,7 +54,8 @@ FieldValue value_from_text(const FieldSpec& spec, const std::string& text) {
     }
     case FieldType::kInt: {
       int64_t x = 0;
-      if (!parse_int(text, x)) return fail();
+      const int parsed = parse_int(text, x);
+      if (parsed <= 0) return fail(parsed < 0 ? kIntRange : "");
       return spec.check(x);
     }
     case FieldType::kDouble: {
@@ -56,7 +63,10 @@ FieldValue value_from_text(const FieldSpec& spec, const std::string& text) {
       errno = 0;
       char* end = nullptr;
       const double x = std::strtod(text.c_str(), &end);
-      if (errno != 0 || end != text.c_str() + text.size()) return fail();
+      if (end != text.c_str() + text.size()) return fail();
+      // Underflow gives a denormal or zero, which is the number meant;
+      // overflow gives ±HUGE_VAL, which is not.
+      if (errno == ERANGE && std::isinf(x)) return fail(", past the range of a double");
       return spec.check(x);
     }
     case FieldType::kString:
@@ -64,13 +74,7 @@ FieldValue value_from_text(const FieldSpec& spec, const std::string& text) {
     case FieldType::kStringList:
     case FieldType::kIntList: {
       if (!text.empty() && text.front() == '[') {
-        json j;
-        try {
-          j = json::parse(text);
-        } catch (const json::exception&) {
-          return fail();
-        }
-        return value_from_json(spec, j, spec.name);
+        return value_from_json(spec, parse_json(text, spec.name), spec.name);
       }
       std::vector<std::string> parts;
       if (!text.empty()) {
@@ -82,7 +86,8 @@ FieldValue value_from_text(const FieldSpec& spec, const std::string& text) {
       std::vector<int64_t> ints;
       for (const auto& p : parts) {
         int64_t x = 0;
-        if (!parse_int(p, x)) return fail();
+        const int parsed = parse_int(p, x);
+        if (parsed <= 0) return fail(parsed < 0 ? kIntRange : "");
         ints.push_back(x);
       }
       return spec.check(ints);
@@ -158,7 +163,7 @@ bool parse_config_flags(OptimizerConfig& config, const std::vector<std::string>&
   try {
     app.parse(static_cast<int>(argv.size()), argv.data());
   } catch (const CLI::ParseError& e) {
-    TORCH_CHECK_VALUE(false, kConfigWho, "bad flags: ", e.what());
+    TORCH_CHECK_VALUE(false, kConfigWho, "bad flags: ", clip(e.what(), 200));
   }
   if (help) {
     std::cout << config_help(config);
@@ -168,9 +173,9 @@ bool parse_config_flags(OptimizerConfig& config, const std::vector<std::string>&
   for (const auto& extra : extras) {
     if (extra.rfind("--", 0) == 0) {
       const auto flag = extra.substr(0, extra.find('='));
-      TORCH_CHECK_VALUE(false, kConfigWho, "unknown flag '", flag, "'", did_you_mean(flag, flag_names));
+      TORCH_CHECK_VALUE(false, kConfigWho, "unknown flag '", clip(flag), "'", did_you_mean(flag, flag_names));
     }
-    TORCH_CHECK_VALUE(false, kConfigWho, "unexpected argument '", extra, "'");
+    TORCH_CHECK_VALUE(false, kConfigWho, "unexpected argument '", clip(extra), "'");
   }
   OptimizerConfig updated = config;  // all or nothing
   if (!config_file.empty()) load_config_file(updated, config_file);
@@ -178,13 +183,9 @@ bool parse_config_flags(OptimizerConfig& config, const std::vector<std::string>&
     if (options[i]->count() > 0) updated.set_from_string(config.fields()[i].name, storage[i]);
   }
   for (size_t i = 0; i < rules.size(); ++i) {
-    json j;
-    try {
-      j = json::parse(rules[i]);
-    } catch (const json::parse_error& e) {
-      TORCH_CHECK_VALUE(false, kConfigWho, "--override ", rules[i], " is not valid JSON: ", e.what());
-    }
-    updated.add_override(detail::rule_from_json(updated, j, "--override " + std::to_string(i + 1)));
+    const auto where = "--override " + std::to_string(i + 1);
+    const json j = detail::parse_json(rules[i], where + " '" + clip(rules[i], 40) + "'");
+    updated.add_override(detail::rule_from_json(updated, j, where));
   }
   config = std::move(updated);
   return true;

@@ -4,15 +4,46 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "muon/config.h"
 
+namespace re2 {
+class RE2;
+}
+
 namespace muon::detail {
 
 /// Prefix of the config's error messages.
 constexpr const char* kConfigWho = "[muon::OptimizerConfig] ";
+
+/// Deepest nesting of arrays and objects a JSON config may have; a config
+/// needs four levels ({"overrides": [{"match": {"shape": [...]}}]}), and
+/// bounding it keeps every recursive walk of a document (dump, copy)
+/// shallow.
+constexpr int kMaxJsonDepth = 64;
+/// Longest name glob or regex an override rule may hold; parameter names
+/// are far shorter.
+constexpr std::size_t kMaxPatternLength = 1024;
+/// Largest config file read.
+constexpr std::size_t kMaxConfigFileBytes = std::size_t{64} << 20;
+
+/// `text` parsed as JSON, at most kMaxJsonDepth deep. Every error of the
+/// JSON layer (syntax, a number out of range, too deep) raises
+/// c10::ValueError naming `what` (the document: "the config", "--override 1")
+/// and the place in it ("overrides[2].lr").
+nlohmann::json parse_json(const std::string& text, const std::string& what);
+
+/// `pattern` compiled for matching whole parameter names with RE2 (linear
+/// time in the name, bounded memory); raises c10::ValueError naming
+/// `rule` (an override's label) when the pattern is too long or invalid.
+std::shared_ptr<const re2::RE2> compile_regex(const std::string& pattern, const std::string& rule);
+
+/// Whether `re` matches the whole of `name`.
+bool regex_full_match(const re2::RE2& re, const std::string& name);
 
 /// "; did you mean '<nearest>'?" or "" when `candidates` is empty.
 std::string did_you_mean(const std::string& name, const std::vector<std::string>& candidates);

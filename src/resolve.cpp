@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <iomanip>
-#include <regex>
 #include <sstream>
 #include <unordered_map>
 
@@ -17,6 +16,7 @@
 
 namespace muon {
 
+using detail::clip;
 using detail::join;
 using detail::kMakeWho;
 using detail::reference_of;
@@ -43,10 +43,10 @@ Props props_of(const std::string& name, const at::Tensor& p, const RoutingRules&
           any_glob(routing.embedding_patterns(), name), any_glob(routing.head_patterns(), name)};
 }
 
-bool matches(const ParamMatch& m, const std::regex* re, const std::string& name, const Props& p,
+bool matches(const ParamMatch& m, const re2::RE2* re, const std::string& name, const Props& p,
              const std::string& optimizer) {
   if (m.name && !glob_match(*m.name, name)) return false;
-  if (re != nullptr && !std::regex_match(name, *re)) return false;
+  if (re != nullptr && !detail::regex_full_match(*re, name)) return false;
   if (m.ndim && p.ndim != *m.ndim) return false;
   if (m.max_ndim && p.ndim > *m.max_ndim) return false;
   if (m.shape && p.shape != *m.shape) return false;
@@ -69,7 +69,7 @@ std::vector<ResolvedParameter> resolve_rules(const torch::OrderedDict<std::strin
   const auto main = registry.at(config.get_string("optimizer"));
   struct Rule {
     const OverrideRule* rule;
-    std::unique_ptr<std::regex> re;
+    std::shared_ptr<const re2::RE2> re;
     bool user;
     size_t hits = 0;
   };
@@ -77,7 +77,7 @@ std::vector<ResolvedParameter> resolve_rules(const torch::OrderedDict<std::strin
   for (const auto& r : main->default_overrides) rules.push_back({&r, nullptr, false});
   for (const auto& r : config.overrides()) rules.push_back({&r, nullptr, true});
   for (auto& r : rules) {
-    if (r.rule->match.regex) r.re = std::make_unique<std::regex>(*r.rule->match.regex);
+    if (r.rule->match.regex) r.re = detail::compile_regex(*r.rule->match.regex, r.rule->label);
   }
   const RoutingRules routing;
   std::vector<ResolvedParameter> out;
@@ -108,13 +108,13 @@ std::vector<ResolvedParameter> resolve_rules(const torch::OrderedDict<std::strin
       }
     }
     r.optimizer = std::get<std::string>(r.values.at("optimizer"));
-    TORCH_CHECK_VALUE(registry.has(r.optimizer), kMakeWho, "parameter '", r.name,
-                      "' resolves to optimizer '", r.optimizer, "', which is not registered; registered: ",
+    TORCH_CHECK_VALUE(registry.has(r.optimizer), kMakeWho, "parameter '", clip(r.name),
+                      "' resolves to optimizer '", clip(r.optimizer), "', which is not registered; registered: ",
                       join(registry.keys()));
     out.push_back(std::move(r));
   }
   for (const auto& rule : rules) {
-    TORCH_CHECK_VALUE(!rule.user || rule.hits > 0 || allow_unmatched, kMakeWho, "override '", rule.rule->label, "' (",
+    TORCH_CHECK_VALUE(!rule.user || rule.hits > 0 || allow_unmatched, kMakeWho, "override '", clip(rule.rule->label), "' (",
                       rule.rule->match.describe(), ") matches no parameter");
   }
   return out;

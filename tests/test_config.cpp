@@ -182,7 +182,7 @@ TEST(Config, JsonErrorsNameKeyAndValueAndChangeNothing) {
   expect_value_error(apply(R"({"muon_num_ns_steps": 5.5})"), {"muon_num_ns_steps must be an int", "5.5"});
   expect_value_error(apply(R"({"muon_momentum": 1.5})"), {"muon_momentum", "1.5"});
   expect_value_error(apply(R"({"muon_qkv_split_sizes": [1, "a"]})"), {"muon_qkv_split_sizes", "[1,\"a\"]"});
-  expect_value_error(apply(R"({"lr": )"), {"invalid JSON"});
+  expect_value_error(apply(R"({"lr": )"), {"not valid JSON at lr"});
   expect_value_error(apply(R"([1, 2])"), {"must be a JSON object"});
   expect_value_error(apply(R"({"overrides": {}})"), {"overrides must be a list"});
   expect_value_error(apply(R"({"overrides": [{"match": {"nmae": "*"}, "set": {"lr": 1}}]})"),

@@ -23,6 +23,7 @@
 /// output head, the optimizer chosen so far) and sets fields for them. The
 /// chosen optimizer's default rules (registry) apply first, then the user's
 /// rules in order; later rules win. See docs/config.md.
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -107,16 +108,24 @@ struct FieldSpec {
   std::string requirement() const;
 };
 
-/// The name in `candidates` closest to `name` by edit distance (empty when
-/// `candidates` is empty); for "did you mean" messages.
+/// Longest name nearest_name suggests a correction for.
+constexpr std::size_t kMaxSuggestedNameLength = 64;
+
+/// The name in `candidates` closest to `name` by edit distance, for "did you
+/// mean" messages; empty when `candidates` is empty or `name` is longer than
+/// kMaxSuggestedNameLength (no typo of a field is that long, and the search
+/// costs its length times the candidates').
 std::string nearest_name(const std::string& name, const std::vector<std::string>& candidates);
 
 /// Which parameters an override rule applies to. Every criterion given must
 /// hold; a rule with no criterion matches every parameter.
 struct ParamMatch {
-  /// Glob over the dotted name (`*` any run, `?` one character).
+  /// Glob over the dotted name (`*` any run, `?` one character); at most
+  /// 1024 bytes.
   std::optional<std::string> name;
-  /// ECMAScript regular expression that must match the whole name.
+  /// Regular expression (RE2 syntax: matched in time linear in the name;
+  /// no backreferences or lookaround) that must match the whole name; at
+  /// most 1024 bytes.
   std::optional<std::string> regex;
   /// Exact number of dimensions.
   std::optional<int64_t> ndim;
@@ -270,10 +279,16 @@ class OptimizerConfig {
 /// "label": "..."}, ...] (match keys: name, regex, ndim, max_ndim, shape,
 /// is_bias, is_embedding, is_head, optimizer). Unknown keys raise
 /// c10::ValueError suggesting the nearest valid name; wrong types or values
-/// name the key and the value. The config is unchanged on error.
+/// name the key and the value. Every other error of the JSON layer (a
+/// syntax error, a number out of range such as 1e400, nesting deeper than
+/// 64) raises c10::ValueError naming the place ("overrides[2].set.lr");
+/// messages echo at most a bounded prefix of any key or value. The config
+/// is unchanged on error.
 void apply_config_json(OptimizerConfig& config, const std::string& json_text);
 
-/// Reads the JSON file at `path` into `config` (apply_config_json).
+/// Reads the JSON file at `path` into `config` (apply_config_json). A
+/// missing or unreadable path, a directory, or a file over 64 MiB raises
+/// c10::ValueError naming the path.
 void load_config_file(OptimizerConfig& config, const std::string& path);
 
 /// Applies command-line flags to `config`, parsed with CLI11: one flag per

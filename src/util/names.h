@@ -1,5 +1,6 @@
-// Names of options and modes: joining lists for messages, and parsing an
-// enum from its name with one error format for the whole library.
+// Names of options and modes: joining lists for messages, parsing an enum
+// from its name with one error format for the whole library, and clipping
+// user input echoed in messages.
 #pragma once
 
 #include <c10/util/Exception.h>
@@ -9,6 +10,18 @@
 #include <vector>
 
 namespace muon::detail {
+
+/// `text` as echoed in a message: whole when at most `max` bytes, else its
+/// first `max` bytes (not ending inside a UTF-8 sequence) followed by
+/// "… (N bytes)". Error messages echo user input (keys, values, names,
+/// patterns, labels) through it, so their length stays bounded whatever the
+/// input.
+inline std::string clip(const std::string& text, std::size_t max = 80) {
+  if (text.size() <= max) return text;
+  std::size_t end = max;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end) + "\u2026 (" + std::to_string(text.size()) + " bytes)";
+}
 
 /// The items of `items`, each converted with `to_text`, separated by `sep`.
 template <typename Range, typename ToText>
@@ -54,7 +67,7 @@ Enum parse_name(const std::string& name, const EnumName<Enum> (&names)[N], const
   for (const auto& n : names) {
     if (name == n.name) return n.value;
   }
-  TORCH_CHECK_VALUE(false, who, "unknown ", what, " '", name, "'; valid names: ",
+  TORCH_CHECK_VALUE(false, who, "unknown ", what, " '", clip(name), "'; valid names: ",
                     join(names, [](const EnumName<Enum>& n) { return std::string(n.name); }));
 }
 
@@ -65,7 +78,7 @@ inline void check_name(const std::string& name, const std::vector<std::string>& 
   for (const auto& n : names) {
     if (n == name) return;
   }
-  TORCH_CHECK_VALUE(false, who, "unknown ", what, " '", name, "'; valid names: ", join(names));
+  TORCH_CHECK_VALUE(false, who, "unknown ", what, " '", clip(name), "'; valid names: ", join(names));
 }
 
 }  // namespace muon::detail
