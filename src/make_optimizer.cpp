@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "muon/optim/step_guard.h"
 #include "muon/registry.h"
 #include "registry_internal.h"
 #include "util/names.h"
@@ -69,7 +70,9 @@ std::unique_ptr<CompositeOptimizer> make_optimizer(
     if (entry->init_state) entry->init_state(*part.optimizer);
     parts.push_back(std::move(part));
   }
-  return std::make_unique<CompositeOptimizer>(std::move(parts));
+  auto optimizer = std::make_unique<CompositeOptimizer>(std::move(parts));
+  optimizer->set_nonfinite(parse_nonfinite_policy(config.get_string("nonfinite")));
+  return optimizer;
 }
 
 LrScheduleOptions lr_schedule_options(const OptimizerConfig& config) {

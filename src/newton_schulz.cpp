@@ -12,6 +12,7 @@
 #include "kernels/fused_update.h"
 #include "kernels/symmetric.h"
 #include "newton_schulz_internal.h"
+#include "util/threads.h"
 
 namespace muon {
 namespace {
@@ -390,6 +391,7 @@ at::Tensor newton_schulz_normalized(at::Tensor x0, const NewtonSchulzOptions& op
 
 at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options) {
   options.validate();
+  detail::align_blas_threads();  // the BLAS pool no wider than LibTorch's
   check_input(x, options);
   if (x.numel() == 0) return at::zeros_like(x, at::MemoryFormat::Contiguous);
 

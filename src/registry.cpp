@@ -10,11 +10,13 @@
 #include <sstream>
 
 #include "config_internal.h"
+#include "muon/optim/step_guard.h"
 #include "registry_internal.h"
 #include "util/names.h"
 
 namespace muon {
 
+using detail::clip;
 using detail::join;
 using detail::kRegistryWho;
 using detail::reference_of;
@@ -85,6 +87,11 @@ std::vector<FieldSpec> common_fields() {
       FieldSpec::text("lr_decay_style", "constant", "decay after warmup",
                       {"constant", "linear", "cosine"})
           .whole_run(),
+      FieldSpec::text("nonfinite", "error",
+                      "a NaN/Inf gradient: error (raise, nothing applied) | skip_step (skip and "
+                      "count the step on every rank) | propagate (no check)",
+                      nonfinite_policy_names())
+          .whole_run(),
   };
 }
 
@@ -121,7 +128,7 @@ void OptimizerRegistry::add(OptimizerEntry entry) {
   TORCH_CHECK_VALUE(!name.empty(), kRegistryWho, "an optimizer needs a name");
   std::vector<std::string> names;
   for (const auto& e : entries_) names.push_back(e->name);
-  TORCH_CHECK_VALUE(!contains(names, name), kRegistryWho, "optimizer '", name,
+  TORCH_CHECK_VALUE(!contains(names, name), kRegistryWho, "optimizer '", clip(name),
                     "' is already registered; registered: ", join(names));
   TORCH_CHECK_VALUE(entry.make_options != nullptr, kRegistryWho, "optimizer '", name,
                     "' has no make_options");
@@ -156,6 +163,7 @@ void OptimizerRegistry::add(OptimizerEntry entry) {
   for (const auto& rule : entry.default_overrides) {
     TORCH_CHECK_VALUE(!rule.set_fields.empty(), kRegistryWho, "optimizer '", name,
                       "' has a default override that sets nothing");
+    if (rule.match.regex) detail::compile_regex(*rule.match.regex, rule.label);
     for (const auto& [key, value] : rule.set_fields) {
       const auto it = schema.find(key);
       TORCH_CHECK_VALUE(it != schema.end(), kRegistryWho, "optimizer '", name,
@@ -222,7 +230,7 @@ std::shared_ptr<const OptimizerEntry> OptimizerRegistry::at(const std::string& n
       names.push_back(e->name);
     }
   }
-  TORCH_CHECK_VALUE(false, kRegistryWho, "unknown optimizer '", name, "'",
+  TORCH_CHECK_VALUE(false, kRegistryWho, "unknown optimizer '", clip(name), "'",
                     detail::did_you_mean(name, names), " Registered: ", join(names));
 }
 

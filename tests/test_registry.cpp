@@ -137,7 +137,7 @@ TEST(Registry, ExtensionsAddFieldsAndChecks) {
     const auto ib = std::find(names.begin(), names.end(), b);
     return ia != names.end() && ib != names.end() && ia == ib + 1;
   };
-  EXPECT_TRUE(after("layout", "lr_decay_style"));
+  EXPECT_TRUE(after("layout", "nonfinite"));  // right after the common fields
   EXPECT_TRUE(after("muon_tp_mode", "muon_num_query_groups"));
   const auto muon_fields = r.option_fields("muon");
   EXPECT_EQ(muon_fields.back().name, "tp_mode");

@@ -5,6 +5,7 @@
 /// Umbrella header: includes every public header of the library.
 #include "muon/compat.h"
 #include "muon/config.h"
+#include "muon/distributed/agreement.h"
 #include "muon/distributed/assignment.h"
 #include "muon/distributed/group.h"
 #include "muon/distributed/layerwise.h"
@@ -21,6 +22,7 @@
 #include "muon/optim/muon.h"
 #include "muon/optim/routing.h"
 #include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
 #include "muon/registry.h"
 #include "muon/scaling.h"
 #include "muon/schedule.h"

@@ -15,7 +15,9 @@
 
 #include "muon/distributed/assignment.h"
 #include "muon/optim/state_bytes.h"
+#include "distributed/max_over.h"
 #include "muon/scaling.h"
+#include "optim/archive_kind.h"
 
 namespace muon::dist {
 namespace {
@@ -31,6 +33,25 @@ int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; 
 
 // The bytes of a tensor as a flat uint8 view (contiguous input).
 at::Tensor as_bytes(const at::Tensor& t) { return t.reshape({-1}).view(at::kByte); }
+
+std::vector<AgreementItem> layout_items(const LayerwiseOptions& o) {
+  return {{"bucket_bytes of the layer-wise layout", std::to_string(o.bucket_bytes())},
+          {"max_in_flight of the layer-wise layout", std::to_string(o.max_in_flight())}};
+}
+
+// The settings each rank's optimizer would give every parameter: the inner
+// factory over all parameters, read and discarded. Each rank builds its
+// inner optimizer over a different subset, so only this probe shows the
+// ranks the same thing to compare (optimizers allocate state on first step,
+// so it holds none).
+std::vector<AgreementItem> inner_option_items(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+    const InnerOptimizerFactory& make_inner) {
+  if (named_parameters.is_empty()) return {};
+  const auto probe = make_inner(named_parameters);
+  TORCH_CHECK_VALUE(probe != nullptr, kWho, "make_inner returned no optimizer");
+  return detail::optimizer_items(*probe);
+}
 
 }  // namespace
 
@@ -71,9 +92,17 @@ LayerwiseOptimizer::LayerwiseOptimizer(
     costs.push_back(cost(item.key(), p));
   }
   signature_ = detail::signature_value(h);
-  detail::check_all_ranks_agree(group_, {static_cast<int64_t>(params_.size()), signature_}, kWho,
-                                "[parameter count, signature] differ; every rank must pass the "
-                                "same named parameters (names, shapes, dtypes, order)");
+  check_ranks_agree(group_, detail::parameter_items(named_parameters), kWho,
+                    "every rank must pass the same named parameters (names, shapes, dtypes, "
+                    "order)");
+  check_ranks_agree(group_, layout_items(options_), kWho,
+                    "every rank must build the layer-wise layout with the same LayerwiseOptions");
+  check_ranks_agree(group_, inner_option_items(named_parameters, make_inner), kWho,
+                    "every rank must build its optimizer with the same settings");
+  check_ranks_agree(group_, detail::value_items(named_parameters), kWho,
+                    "replicated parameters must start equal on every rank: broadcast them from "
+                    "rank 0 (muon::dist::broadcast_parameters, as DDP does) before building the "
+                    "optimizer");
   owners_ = assign_owners(costs, world);
 
   // Buckets per rank, in parameter order, each up to bucket_bytes.
@@ -147,6 +176,23 @@ void LayerwiseOptimizer::unpack(size_t k, const std::vector<at::Tensor>& gathere
   }
 }
 
+void LayerwiseOptimizer::check_before_step() {
+  sync_options();
+  if (!inner_) return;
+  if (auto* guard = muon::step_guard(*inner_)) {
+    guard->check_before_step();
+  } else {
+    const auto& groups = inner_->param_groups();
+    for (const auto g : c10::irange(groups.size())) {
+      muon::detail::check_torch_options(groups[g].options(), kWho, g);
+    }
+  }
+}
+
+std::pair<int64_t, int64_t> LayerwiseOptimizer::max_over_processes(int64_t code) {
+  return detail::max_over_groups({&group_}, code);
+}
+
 at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure != nullptr) {
@@ -154,7 +200,25 @@ at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
     loss = closure();
   }
   at::NoGradGuard no_grad;
-  sync_options();
+  // This rank checks the parameters it owns; the outcome is agreed over the
+  // group before any rank changes anything. The inner optimizer's own checks
+  // would run once per bucket and only on this rank: they run here instead.
+  static const std::vector<OptimizerParamGroup> kNoGroups;
+  const auto& owned_groups = inner_ ? inner_->param_groups() : kNoGroups;
+  if (inner_) {
+    if (auto* guard = muon::step_guard(*inner_)) guard->checked_by_owner(true);
+  }
+  const auto describe = [&](size_t g, size_t i) {
+    const auto* impl = owned_groups[g].params()[i].unsafeGetTensorImpl();
+    for (const auto k : owned_) {
+      const auto& p = params_[static_cast<size_t>(k)];
+      if (p.unsafeGetTensorImpl() == impl) {
+        return c10::str("parameter '", names_[static_cast<size_t>(k)], "' (shape ", p.sizes(), ")");
+      }
+    }
+    return muon::detail::describe_param(owned_groups[g].params()[i], g, i);
+  };
+  if (!admit_step(owned_groups, kWho, [this] { check_before_step(); }, describe)) return loss;
   const auto& mine = buckets_[static_cast<size_t>(group_.rank())];
   const bool overlap = options_.max_in_flight() > 0 && mine.size() > 1;
   if (inner_ && !overlap) inner_->step();
@@ -224,7 +288,10 @@ void LayerwiseOptimizer::save(OutputArchive& archive) const {
 void LayerwiseOptimizer::load(InputArchive& archive) {
   c10::IValue v;
   TORCH_CHECK_VALUE(archive.try_read("layerwise_format", v) && v.toInt() == 1, kWho,
-                    "the archive was not written by muon::dist::LayerwiseOptimizer::save");
+                    "the archive holds ", muon::detail::describe_archive(archive),
+                    "; this optimizer is muon::dist::LayerwiseOptimizer, rank ", group_.rank(),
+                    " of ", group_.size(), ". Load an archive written in the same layout and "
+                    "world size");
   auto expect = [&](const char* key, int64_t mine, const char* what) {
     c10::IValue value;
     archive.read(key, value);

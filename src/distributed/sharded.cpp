@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <set>
 #include <unordered_map>
 #include <numeric>
 #include <tuple>
 #include <utility>
 
 #include "distributed/agreement.h"
+#include "distributed/max_over.h"
 #include "distributed/tensor_parallel_block.h"
 #include "muon/distributed/assignment.h"
 #include "muon/newton_schulz.h"
@@ -47,6 +49,30 @@ constexpr muon::detail::EnumName<ShardedMode> kModes[] = {
 }  // namespace
 
 std::string to_string(ShardedMode mode) { return muon::detail::name_of(mode, kModes); }
+
+namespace {
+// What the ranks of one group must agree on besides shapes: the layout's
+// options, each member's dtype, and the options of every param group that
+// has a member (lr, momentum, Newton–Schulz, ...).
+std::vector<AgreementItem> settings_items(const ShardedOptions& options,
+                                          const std::vector<size_t>& members,
+                                          const std::vector<at::Tensor>& params,
+                                          const std::vector<size_t>& param_group_of,
+                                          const std::vector<OptimizerParamGroup>& param_groups) {
+  std::vector<AgreementItem> items{
+      {"mode of the sharded layout", to_string(options.mode())},
+      {"max_in_flight of the sharded layout", std::to_string(options.max_in_flight())}};
+  std::vector<size_t> described;
+  for (const auto i : members) {
+    items.push_back({c10::str("dtype of parameter ", i), c10::toString(params[i].scalar_type())});
+    const auto g = param_group_of[i];
+    if (std::find(described.begin(), described.end(), g) != described.end()) continue;
+    described.push_back(g);
+    detail::append_option_items(items, param_groups[g].options(), c10::str("param group ", g));
+  }
+  return items;
+}
+}  // namespace
 
 ShardedMode parse_sharded_mode(const std::string& name) {
   return muon::detail::parse_name(name, kModes, kWho, "sharded mode");
@@ -182,6 +208,7 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
     layout_.push_back(std::move(l));
   }
   owners_.assign(layout_.size(), 0);
+  std::string failure;  // the first disagreement of this rank's groups
   // Per group: agree on the parameters (count and global shapes), then
   // exchange the local row counts. Every mismatch raises on every rank.
   for (const auto g : c10::irange(groups_.size())) {
@@ -190,10 +217,21 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
     for (const auto i : members[g]) {
       hash = detail::fnv1a(hash, c10::str(c10::IntArrayRef(layout_[i].global_shape), ";"));
     }
-    detail::check_all_ranks_agree(
-        group, {static_cast<int64_t>(members[g].size()), detail::signature_value(hash)}, kWho,
-        "[parameter count, global-shape signature] differ; every rank must describe the same "
-        "parameters in the same order");
+    // Every rank of this group raises together here; in a 2-D layout their
+    // tensor-parallel peers (in other groups) learn of it below.
+    try {
+      detail::check_all_ranks_agree(
+          group, {static_cast<int64_t>(members[g].size()), detail::signature_value(hash)}, kWho,
+          "[parameter count, global-shape signature] differ; every rank must describe the same "
+          "parameters in the same order");
+      check_ranks_agree(group, settings_items(options_, members[g], group_params, param_group_of,
+                                              param_groups),
+                        kWho, "every rank of a group must build ShardedMuon with the same "
+                        "settings and parameter dtypes");
+    } catch (const c10::ValueError& e) {
+      if (failure.empty()) failure = e.what_without_backtrace();
+      continue;
+    }
     std::vector<int64_t> local;
     for (const auto i : members[g]) local.push_back(group_params[i].size(0));
     const auto rows = group.all_gather_ints(local);
@@ -217,6 +255,14 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
     const auto owners = assign_owners(costs, group.size());
     for (const auto k : c10::irange(members[g].size())) owners_[members[g][k]] = owners[k];
   }
+  // In a 2-D layout the TP groups learn of a disagreement first, so that no
+  // rank goes on to wait for a tensor-parallel peer that raised.
+  std::vector<const Group*> tp_groups;
+  std::set<std::string> seen;
+  for (const auto& l : layout_) {
+    if (l.tp && seen.insert(l.tp_group.name()).second) tp_groups.push_back(&l.tp_group);
+  }
+  detail::raise_together(failure, tp_groups, kWho, "data-parallel group");
   // 2-D layouts: the TP ranks exchange block sizes and agree on the matrix.
   for (const auto i : c10::irange(layout_.size())) {
     auto& l = layout_[i];
@@ -240,6 +286,12 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
     TORCH_CHECK_VALUE(total == tp.global_shape()[static_cast<size_t>(l.tp_dim)], kWho, "parameter ",
                       i, ": the tensor-parallel blocks add up to ", total, " along dim ", l.tp_dim,
                       ", the matrix has ", tp.global_shape()[static_cast<size_t>(l.tp_dim)]);
+    std::vector<AgreementItem> settings;
+    detail::append_option_items(settings, param_groups[l.param_group].options(),
+                                c10::str("the param group of parameter ", i));
+    check_ranks_agree(l.tp_group, settings, kWho,
+                      "every tensor-parallel rank of a matrix must build ShardedMuon with the "
+                      "same settings");
   }
 }
 
@@ -499,6 +551,20 @@ MuonFactory sharded_muon_factory(ShardedOptions options) {
                    const MuonOptions& defaults) -> std::unique_ptr<Muon> {
     return std::make_unique<ShardedMuon>(std::move(param_groups), defaults, options);
   };
+}
+
+std::pair<int64_t, int64_t> ShardedOrthogonalizer::max_over_processes(int64_t code) const {
+  // Every group a step communicates over: the shard groups, then the TP
+  // groups of a 2-D layout, each once, in the order every rank shares.
+  std::vector<const Group*> groups;
+  std::set<std::string> seen;
+  for (const auto& g : groups_) {
+    if (seen.insert(g.name()).second) groups.push_back(&g);
+  }
+  for (const auto& l : layout_) {
+    if (l.tp && seen.insert(l.tp_group.name()).second) groups.push_back(&l.tp_group);
+  }
+  return detail::max_over_groups(groups, code);
 }
 
 }  // namespace muon::dist

@@ -6,9 +6,12 @@
 
 #include <cmath>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <tuple>
 
+#include "distributed/agreement.h"
+#include "distributed/max_over.h"
 #include "distributed/tensor_parallel_block.h"
 #include "muon/compat.h"
 #include "muon/scaling.h"
@@ -192,6 +195,13 @@ void TensorParallelOrthogonalizer::attach(const std::vector<OptimizerParamGroup>
     TORCH_CHECK_VALUE(total == gs[static_cast<size_t>(dim)], kWho, where, "the blocks' sizes in dim ",
                       dim, " sum to ", total, ", global_shape has ",
                       gs[static_cast<size_t>(dim)], ":", table.str());
+    // Every setting of the step (lr, momentum, Newton–Schulz, ...), so that
+    // the ranks of a block do not update their parts of one matrix differently.
+    std::vector<AgreementItem> settings;
+    detail::append_option_items(settings, o, c10::str("the param group of sharded parameter ", i));
+    check_ranks_agree(g, settings, kWho,
+                      "every rank of a tensor-parallel group must build Muon with the same "
+                      "settings");
     const int64_t offset = split_offset(sizes, g.rank());
     layouts_.emplace(impl_key(p), Layout{shard, std::move(sizes), offset});
   }
@@ -276,6 +286,17 @@ MuonFactory tensor_parallel_muon_factory(TensorParallelOptions tp) {
                               const MuonOptions& defaults) -> std::unique_ptr<Muon> {
     return std::make_unique<TensorParallelMuon>(std::move(groups), defaults, tp);
   };
+}
+
+std::pair<int64_t, int64_t> TensorParallelOrthogonalizer::max_over_processes(int64_t code) const {
+  // The declared shards' groups, each once, in declaration order (the same
+  // on every rank).
+  std::vector<const Group*> groups;
+  std::set<std::string> seen;
+  for (const auto& [param, shard] : tp_.shards()) {
+    if (seen.insert(shard.group().name()).second) groups.push_back(&shard.group());
+  }
+  return detail::max_over_groups(groups, code);
 }
 
 }  // namespace muon::dist

@@ -9,7 +9,9 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "kernels/symmetric.h"
@@ -183,12 +185,16 @@ void momentum_step(at::Tensor& buf, const at::Tensor& grad, const MomentumRule& 
 }
 
 double sum_of_squares(const at::Tensor& x) {
+  double sumsq = 0.0;
   if (fused_eligible(x)) {
     const float* p = x.data_ptr<float>();
-    return sum_of_squares_of(x.numel(), [p](int64_t i) { return p[i]; });
+    sumsq = sum_of_squares_of(x.numel(), [p](int64_t i) { return p[i]; });
+  } else if (!cblas_sum_of_squares(x, &sumsq)) {
+    sumsq = std::numeric_limits<double>::infinity();
   }
-  double sumsq = 0.0;
-  if (cblas_sum_of_squares(x, &sumsq)) return sumsq;
+  if (std::isfinite(sumsq)) return sumsq;
+  // Squares past fp32's range (|x| ≳ 1e19), or no fast path: every element
+  // converted to fp64 before it is squared.
   const double norm = at::linalg_vector_norm(x, 2, c10::nullopt, false, at::kDouble).item<double>();
   return norm * norm;
 }

@@ -11,6 +11,9 @@
 #include <unordered_set>
 #include <utility>
 
+#include "optim/archive_kind.h"
+#include "util/names.h"
+
 namespace muon {
 namespace {
 
@@ -105,7 +108,8 @@ void CompositeOptimizer::adopt(std::vector<CompositePart> parts) {
       }
       for (const auto& p : g.params()) {
         TORCH_CHECK_VALUE(seen_tensors.insert(p.unsafeGetTensorImpl()).second, kWho,
-                          "a tensor of part '", part.name, "' is already in an earlier group");
+                          "some parameters appear in more than one parameter group: a tensor "
+                          "of part '", part.name, "' is already in an earlier group");
       }
     }
   }
@@ -118,7 +122,44 @@ void CompositeOptimizer::adopt(std::vector<CompositePart> parts) {
       names_.push_back(part.group_names.empty() ? std::vector<std::string>{}
                                                 : part.group_names[gi]);
     }
+    // The composite runs the parts' checks, once, before any part steps.
+    if (auto* guard = step_guard(*part.optimizer)) guard->checked_by_owner(true);
   }
+  detail::check_steppable(param_groups_, kWho,
+                          [this](size_t g, size_t i) { return describe(g, i); });
+}
+
+std::string CompositeOptimizer::describe(size_t group, size_t index) const {
+  const auto& p = param_groups_[group].params()[index];
+  if (group < names_.size() && index < names_[group].size()) {
+    return c10::str("parameter '", names_[group][index], "' (shape ", p.sizes(), ")");
+  }
+  return detail::describe_param(p, group, index);
+}
+
+void CompositeOptimizer::check_before_step() {
+  mirror_.hand_options(param_groups_, 0, kWho);
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    detail::check_torch_options(param_groups_[gi].options(), kWho, gi);
+  }
+  for (auto& part : parts_) {
+    if (auto* guard = step_guard(*part.optimizer)) guard->check_before_step();
+  }
+  detail::check_steppable(param_groups_, kWho,
+                          [this](size_t g, size_t i) { return describe(g, i); });
+}
+
+std::pair<int64_t, int64_t> CompositeOptimizer::max_over_processes(int64_t code) {
+  std::pair<int64_t, int64_t> worst{code, 0};
+  for (auto& part : parts_) {
+    auto* guard = step_guard(*part.optimizer);
+    if (guard == nullptr) continue;
+    // The first part whose processes raise the code names the rank; later
+    // parts only see the code already agreed.
+    const auto agreed = guard->max_over_processes(worst.first);
+    if (agreed.first > worst.first) worst = agreed;
+  }
+  return worst;
 }
 
 const std::string& CompositeOptimizer::part_name(size_t i) const {
@@ -158,7 +199,11 @@ at::Tensor CompositeOptimizer::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  mirror_.hand_options(param_groups_, 0, kWho);
+  at::NoGradGuard no_grad;
+  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); },
+                  [this](size_t g, size_t i) { return describe(g, i); })) {
+    return loss;
+  }
   for (auto& part : parts_) part.optimizer->step();
   return loss;
 }
@@ -194,11 +239,19 @@ void CompositeOptimizer::save(OutputArchive& archive) const {
 
 void CompositeOptimizer::load(InputArchive& archive) {
   c10::IValue v;
+  const auto mine = [this] {
+    return c10::str("a muon::CompositeOptimizer of ", parts_.size(), " part",
+                    parts_.size() == 1 ? "" : "s", " (",
+                    detail::join(parts_, [](const CompositePart& p) { return "'" + p.name + "'"; }),
+                    ") on this process");
+  };
   TORCH_CHECK_VALUE(archive.try_read("composite_format", v) && v.toInt() == 1, kWho,
-                    "the archive was not written by muon::CompositeOptimizer::save");
+                    "the archive holds ", detail::describe_archive(archive), "; this optimizer is ",
+                    mine(), ". Load an archive written by the same optimizer in the same layout "
+                    "and world size");
   archive.read("parts/size", v);
-  TORCH_CHECK_VALUE(v.toInt() == static_cast<int64_t>(parts_.size()), kWho, "the archive has ",
-                    v.toInt(), " parts, this optimizer has ", parts_.size());
+  TORCH_CHECK_VALUE(v.toInt() == static_cast<int64_t>(parts_.size()), kWho, "the archive holds ",
+                    detail::describe_archive(archive), "; this optimizer is ", mine());
   for (const auto pi : c10::irange(parts_.size())) {
     archive.read("parts/" + std::to_string(pi) + "/name", v);
     TORCH_CHECK_VALUE(v.toStringRef() == parts_[pi].name, kWho, "part ", pi, " is '",

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "muon/compat.h"
+#include "optim/archive_kind.h"
 
 namespace muon {
 namespace {
@@ -84,12 +85,17 @@ Lion::Lion(std::vector<OptimizerParamGroup> param_groups, LionOptions defaults)
     : Optimizer(param_groups, std::make_unique<LionOptions>(defaults)) {
   defaults.validate();
   compat::reapply_group_options(*this, param_groups);
+  check_before_step();
+}
+
+void Lion::check_before_step() {
   for (const auto i : c10::irange(param_groups_.size())) {
     const auto* o = dynamic_cast<const LionOptions*>(&param_groups_[i].options());
     TORCH_CHECK_VALUE(o != nullptr, kWho, "param group ", i,
                       " has options of another optimizer; give it muon::LionOptions");
     o->validate();
   }
+  detail::check_steppable(param_groups_, kWho);
 }
 
 Lion::Lion(std::vector<at::Tensor> params, LionOptions defaults)
@@ -103,12 +109,13 @@ at::Tensor Lion::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  // A scheduler or a direct edit may have changed options since: every group
+  // is checked before any is stepped.
+  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
   for (auto& group : param_groups_) {
     const auto& o = static_cast<const LionOptions&>(group.options());
-    o.validate();  // a scheduler or a direct edit may have changed it
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      TORCH_CHECK_VALUE(!p.grad().is_sparse(), kWho, "sparse gradients are not supported");
       const auto& grad = p.grad();
       auto& slot = state_[compat::state_key(p)];
       if (!slot) {
@@ -153,8 +160,8 @@ void Lion::save(OutputArchive& archive) const {
 
 void Lion::load(InputArchive& archive) {
   c10::IValue groups;
-  TORCH_CHECK_VALUE(archive.try_read("lion_groups", groups), kWho,
-                    "the archive was not written by muon::Lion::save");
+  TORCH_CHECK_VALUE(archive.try_read("lion_groups", groups), kWho, "the archive holds ",
+                    detail::describe_archive(archive), "; this optimizer is muon::Lion");
   TORCH_CHECK_VALUE(groups.toInt() == static_cast<int64_t>(param_groups_.size()), kWho,
                     "the archive has ", groups.toInt(), " param groups, this optimizer has ",
                     param_groups_.size());

@@ -7,12 +7,12 @@
 
 #include <numeric>
 #include <tuple>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "kernels/fused_update.h"
 #include "muon/compat.h"
+#include "optim/archive_kind.h"
 #include "optim/muon_fused.h"
 
 namespace muon {
@@ -61,8 +61,17 @@ Muon::Muon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
   TORCH_CHECK_VALUE(orthogonalizer_ != nullptr, kWho, "orthogonalizer is null");
   defaults.validate();
   compat::reapply_group_options(*this, param_groups);
-  for (const auto i : c10::irange(param_groups_.size())) check_group(i);
+  check_before_step();
   orthogonalizer_->attach(param_groups_);
+}
+
+void Muon::check_before_step() {
+  for (const auto i : c10::irange(param_groups_.size())) check_group(i);
+  detail::check_steppable(param_groups_, kWho);
+}
+
+std::pair<int64_t, int64_t> Muon::max_over_processes(int64_t code) {
+  return orthogonalizer_->max_over_processes(code);
 }
 
 void Muon::check_group(size_t index) const {
@@ -105,17 +114,17 @@ at::Tensor Muon::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  // A few comparisons: catches options changed or groups added since.
-  for (const auto gi : c10::irange(param_groups_.size())) check_group(gi);
+  // Options changed or groups added since, gradients, non-finite values:
+  // checked for every group before anything changes, agreed over the layout.
+  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
   orthogonalizer_->begin_step(param_groups_);
   const bool fuses = orthogonalizer_->fuses() && stage_ == nullptr;
   const bool batches = orthogonalizer_->batches();
   // Parameters the fused passes take run after the loop, possibly side by
   // side; the others go to the strategy one at a time, or all together when
-  // it batches. A tensor listed in two groups keeps its updates in order.
+  // it batches (a tensor is in one group only: check_steppable).
   std::vector<detail::FusedJob> fused;
   std::vector<OrthogonalizeItem> pending;
-  std::unordered_set<const void*> pending_params;
   for (const auto gi : c10::irange(param_groups_.size())) {
     auto& group = param_groups_[gi];
     const auto& o = static_cast<const MuonOptions&>(group.options());
@@ -126,20 +135,13 @@ at::Tensor Muon::step(LossClosure closure) {
         fused.push_back({&p, &o, st, detail::matrix_view(p, o)});
         continue;
       }
-      if (!pending_params.insert(p.unsafeGetTensorImpl()).second) {
-        orthogonalize_and_apply(pending);
-        pending_params = {p.unsafeGetTensorImpl()};
-      }
       OrthogonalizeItem item;
       std::tie(item.update, item.state) = decay_and_momentum(p, o);
       item.param = p;
       item.options = &o;
       item.group = gi;
       pending.push_back(std::move(item));
-      if (!batches) {
-        orthogonalize_and_apply(pending);
-        pending_params.clear();
-      }
+      if (!batches) orthogonalize_and_apply(pending);
     }
   }
   if (batches) orthogonalize_and_apply(pending);  // collective: called even with no item
@@ -160,7 +162,6 @@ void Muon::orthogonalize_and_apply(std::vector<OrthogonalizeItem>& items) {
 
 std::pair<at::Tensor, MuonParamState*> Muon::decay_and_momentum(at::Tensor& p,
                                                                 const MuonOptions& o) {
-  TORCH_CHECK_VALUE(!p.grad().is_sparse(), kWho, "sparse gradients are not supported");
   at::Tensor grad = p.grad();
   const double mu = o.momentum();
   const double wd = o.weight_decay();
@@ -269,7 +270,8 @@ void Muon::save(OutputArchive& archive) const {
 void Muon::load(InputArchive& archive) {
   c10::IValue format;
   TORCH_CHECK_VALUE(archive.try_read("muon_format", format) && format.toInt() == 1, kWho,
-                    "the archive was not written by muon::Muon::save");
+                    "the archive holds ", detail::describe_archive(archive), "; this optimizer is ",
+                    archive_kind(), " (layout '", orthogonalizer_->name(), "')");
   c10::IValue kind;
   const std::string expected = archive_kind();
   const std::string found = archive.try_read("muon_kind", kind) ? kind.toStringRef() : "muon::Muon";

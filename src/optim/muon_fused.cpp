@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
+#include <c10/util/irange.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,6 +44,13 @@ void run_fused_job(const FusedJob& job) {
                                   o.nesterov()};
   std::vector<double> scale(static_cast<size_t>(v.batch));
   momentum_pass(buf, grad, rule, v.batch, scale.data());
+  // Σu² past fp32's range (|u| ≳ 1e19): u again, exactly, summed in fp64.
+  if (!std::all_of(scale.begin(), scale.end(), [](double s) { return std::isfinite(s); })) {
+    auto u = at::empty({v.batch, v.rows, v.cols}, p.options());
+    const std::vector<double> ones(scale.size(), 1.0);
+    normalized_update(u, buf, grad, rule, v.batch, ones.data());
+    for (const auto m : c10::irange(v.batch)) scale[static_cast<size_t>(m)] = sum_of_squares(u[m]);
+  }
   // 4. X₀ = u / (‖u‖_F·safety + eps), written once in the compute dtype;
   // then the iterations.
   const double safety = o.ns().coefficients().safety_factor;
@@ -67,8 +75,7 @@ constexpr double kMinParallelCost = 4194304.0;
 // thread, while two matrices on two threads never wait on each other. It
 // needs every product on oneDNN (a BLAS keeps its own thread pool) and no
 // matrix with more than its share of the work (it would run alone at the
-// end on one thread). A tensor listed twice (one state, two updates) keeps
-// the updates in order.
+// end on one thread).
 int fused_threads(const std::vector<FusedJob>& jobs) {
   const int threads = at::get_num_threads();
   if (threads < 2 || jobs.size() < 2 || at::in_parallel_region()) return 1;

@@ -17,6 +17,10 @@ void Orthogonalizer::attach(const std::vector<torch::optim::OptimizerParamGroup>
 
 void Orthogonalizer::begin_step(const std::vector<torch::optim::OptimizerParamGroup>& /*groups*/) {}
 
+std::pair<int64_t, int64_t> Orthogonalizer::max_over_processes(int64_t code) const {
+  return {code, 0};
+}
+
 void Orthogonalizer::check_options(const MuonOptions& /*options*/, size_t /*group*/) const {}
 
 void Orthogonalizer::sum_parts(const OrthogonalizeItem& /*item*/, at::Tensor& /*partial*/,

@@ -31,6 +31,7 @@
 #include "muon/distributed/group.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
 
 namespace muon::dist {
 
@@ -49,7 +50,9 @@ struct LayerwiseOptions {
 
 /// Builds the inner optimizer over the parameters a rank owns (names and
 /// tensors in the order given to `LayerwiseOptimizer`); never called with an
-/// empty set.
+/// empty set. At construction it is also called once over all parameters,
+/// on every rank, to read the options it gives each param group (the ranks
+/// compare them); that optimizer is discarded before its first step.
 using InnerOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
     const torch::OrderedDict<std::string, at::Tensor>& owned)>;
 
@@ -63,8 +66,13 @@ double default_parameter_cost(const std::string& name, const at::Tensor& param);
 
 /// One optimizer object over replicated parameters, distributed layer-wise
 /// over `group`. Collective: every rank constructs it with the same named
-/// parameters (names, shapes, dtypes, order); a difference raises
-/// c10::ValueError on every rank. `step`, `save` and `load` are collective
+/// parameters (names, shapes, dtypes, order), the same `options`, an inner
+/// factory that gives every param group the same options, and the same
+/// parameter values (replicated parameters start equal: broadcast them
+/// first, `muon::dist::broadcast_parameters`); a difference raises
+/// c10::ValueError on every rank naming the first one, e.g. "lr of param
+/// group 0 is 0.01 on rank 1, 0.02 on rank 0" (muon/distributed/agreement.h).
+/// `step`, `save` and `load` are collective
 /// too (save/load write and read this rank's own state: one archive per rank).
 ///
 /// `param_groups()` mirror the inner optimizer's groups (`muon::GroupMirror`:
@@ -72,7 +80,7 @@ double default_parameter_cost(const std::string& name, const at::Tensor& param);
 /// optimizer), followed by one group of the parameters other ranks own, so
 /// that `zero_grad()` clears every gradient; that last group's options are
 /// unused.
-class LayerwiseOptimizer : public torch::optim::Optimizer, public StateBytes {
+class LayerwiseOptimizer : public torch::optim::Optimizer, public StateBytes, public StepGuard {
  public:
   LayerwiseOptimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                      Group group, const InnerOptimizerFactory& make_inner,
@@ -81,7 +89,15 @@ class LayerwiseOptimizer : public torch::optim::Optimizer, public StateBytes {
 
   /// Runs `closure` (if any) once with grad mode enabled, updates the owned
   /// parameters bucket by bucket and all-gathers them; returns the loss.
+  /// The checks of muon/optim/step_guard.h run first for the owned
+  /// parameters (the inner optimizer's options, gradients, this optimizer's
+  /// non-finite policy) and are agreed over the group: every rank raises,
+  /// skips or steps together.
   at::Tensor step(LossClosure closure = nullptr) override;
+  /// Hands the group options to the inner optimizer and validates them.
+  void check_before_step() override;
+  /// Collective over the group.
+  std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
 
   /// This rank's inner state and options, with the layout it belongs to.
   void save(torch::serialize::OutputArchive& archive) const override;

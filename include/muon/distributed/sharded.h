@@ -116,7 +116,10 @@ struct ShardedOptions {
 /// owner-compute or replicated, batched by shape and overlapped (see the top
 /// of this header). `attach` is collective over every shard's group: the
 /// ranks exchange their row counts and check that they agree on each global
-/// shape (a mismatch raises c10::ValueError on every rank). `begin_step`,
+/// shape, each dtype, the ShardedOptions and the options of every param
+/// group (lr, momentum, Newton–Schulz, ...; in a 2-D layout also over each
+/// TP group); a mismatch raises c10::ValueError on every rank naming the
+/// first difference (muon/distributed/agreement.h). `begin_step`,
 /// `orthogonalize` and `sum_parts` are collective too; a parameter must have
 /// a gradient on every rank of its group or on none.
 class ShardedOrthogonalizer final : public Orthogonalizer {
@@ -135,6 +138,8 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
   /// Shards may be empty (a rank without rows).
   bool allows_empty() const override { return true; }
   bool batches() const override { return true; }
+  /// Collective over every group of the layout (muon/optim/step_guard.h).
+  std::pair<int64_t, int64_t> max_over_processes(int64_t code) const override;
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override;
   void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
 

@@ -89,7 +89,8 @@ struct TensorParallelOptions {
 /// The tensor-parallel orthogonalization strategy (muon/optim/orthogonalizer.h):
 /// declared shards in `tp.mode()`, every other parameter as a whole matrix
 /// on this process. `attach` is collective over every shard's group (the
-/// ranks exchange their block shapes and raise together on a mismatch);
+/// ranks exchange their block shapes and the options of the shard's param
+/// group, and raise together on a mismatch, naming it);
 /// `orthogonalize` and `sum_parts` are collective over a shard's group.
 class TensorParallelOrthogonalizer final : public Orthogonalizer {
  public:
@@ -101,6 +102,8 @@ class TensorParallelOrthogonalizer final : public Orthogonalizer {
   /// Empty blocks are valid (a matrix with fewer rows than ranks); empty
   /// parameters that are not shards are rejected in `attach`.
   bool allows_empty() const override { return true; }
+  /// Collective over every group of the layout (muon/optim/step_guard.h).
+  std::pair<int64_t, int64_t> max_over_processes(int64_t code) const override;
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override;
   void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
 
@@ -139,8 +142,11 @@ std::shared_ptr<TensorParallelOrthogonalizer> make_orthogonalizer(TensorParallel
 ///
 /// Construction is collective over every shard's group: the ranks exchange
 /// their block shapes, and every rank raises the same c10::ValueError when
-/// they disagree on the global shape, the partition dim or the mode, or
-/// when the blocks do not tile the matrix (never a hang or a wrong result).
+/// they disagree on the global shape, the partition dim, the mode or the
+/// options of a shard's param group (naming the first field that differs,
+/// e.g. "lr of the param group of sharded parameter 0 is 0.01 on rank 1,
+/// 0.02 on rank 0"), or when the blocks do not tile the matrix (never a hang
+/// or a wrong result).
 /// A block may be empty (zero rows or columns: a matrix with fewer rows than
 /// ranks); parameters that are not shards must not be.
 /// `step` is collective too: every rank of a TP group must step the same

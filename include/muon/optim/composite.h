@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
 
 namespace muon {
 
@@ -77,15 +78,24 @@ struct CompositePart {
 /// optimizers, so schedulers and direct edits take effect. Groups and
 /// parameters must not be added after construction. The per-parameter state
 /// lives in the inner optimizers; this object's own `state()` stays empty.
-class CompositeOptimizer : public torch::optim::Optimizer, public StateBytes {
+class CompositeOptimizer : public torch::optim::Optimizer, public StateBytes, public StepGuard {
  public:
   /// Takes ownership of `parts` (at least one, unique non-empty names, no
   /// tensor in two parts; raises c10::ValueError otherwise).
   explicit CompositeOptimizer(std::vector<CompositePart> parts);
 
   /// Runs `closure` (if any) once with grad mode enabled, then steps every
-  /// part in order; returns the closure's loss.
+  /// part in order; returns the closure's loss. The checks of
+  /// muon/optim/step_guard.h run once for all parts first (every part's
+  /// options, parameters and gradients, the composite's non-finite policy),
+  /// so a failure or a skip leaves every part untouched.
   at::Tensor step(LossClosure closure = nullptr) override;
+  /// Hands the composite's group options to the parts and validates them
+  /// all (this library's optimizers check their own; LibTorch's AdamW, Adam,
+  /// SGD, Adagrad and RMSprop options are checked here).
+  void check_before_step() override;
+  /// Agreed over every part that is distributed, in part order.
+  std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
 
   /// One archive: part names, group names and every group's options, plus
   /// each part's own archive nested under "parts/<i>/optimizer".
@@ -122,6 +132,7 @@ class CompositeOptimizer : public torch::optim::Optimizer, public StateBytes {
 
  private:
   void adopt(std::vector<CompositePart> parts);
+  std::string describe(size_t group, size_t index) const;
 
   std::vector<CompositePart> parts_;
   GroupMirror mirror_;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
 
 namespace muon {
 
@@ -81,7 +82,7 @@ struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionPa
 /// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
 /// in LibTorch's own optimizer archive layout (state matched to parameters
 /// by position).
-class Lion : public torch::optim::Optimizer, public StateBytes {
+class Lion : public torch::optim::Optimizer, public StateBytes, public StepGuard {
  public:
   /// Lion over `param_groups`; groups without options get `defaults`.
   explicit Lion(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -90,8 +91,12 @@ class Lion : public torch::optim::Optimizer, public StateBytes {
   explicit Lion(std::vector<at::Tensor> params, LionOptions defaults = {});
 
   /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned.
+  /// first with grad mode enabled and its loss is returned. The checks of
+  /// muon/optim/step_guard.h run first (options of every group, gradients,
+  /// the non-finite policy).
   at::Tensor step(LossClosure closure = nullptr) override;
+  /// Validates every group's options and parameters; raises c10::ValueError.
+  void check_before_step() override;
   /// Writes options and state.
   void save(torch::serialize::OutputArchive& archive) const override;
   /// Restores options and state written by `save` into a Lion with the same

@@ -41,6 +41,7 @@
 #include "muon/newton_schulz.h"
 #include "muon/optim/orthogonalizer.h"
 #include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
 #include "muon/scaling.h"
 
 namespace muon {
@@ -194,14 +195,15 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
 /// LRScheduler drive it), `save`/`load` through torch::serialize archives
 /// (a run saved, loaded into a fresh optimizer and continued is bit-identical
 /// to one that never stopped). Validation happens at construction and again
-/// at each step for groups changed or added since.
+/// at each step, for every group before any is stepped, with the checks of
+/// muon/optim/step_guard.h (gradients, the non-finite policy).
 ///
 /// Step 4 runs through the `Orthogonalizer` the optimizer holds
 /// (muon/optim/orthogonalizer.h): whole matrices on this process by
 /// default, tensor-parallel blocks or row shards with the strategies of
 /// muon/distributed/. An optional `UpdateStage` (the NorMuon / AdaMuon second
 /// moment) runs after it, in any layout.
-class Muon : public torch::optim::Optimizer, public StateBytes {
+class Muon : public torch::optim::Optimizer, public StateBytes, public StepGuard {
  public:
   /// Muon over `param_groups`; groups without options get `defaults`.
   explicit Muon(std::vector<torch::optim::OptimizerParamGroup> param_groups,
@@ -217,8 +219,16 @@ class Muon : public torch::optim::Optimizer, public StateBytes {
 
   /// One step on every parameter that has a gradient (others are skipped and
   /// get no state). `closure`, if given, runs first with grad mode enabled
-  /// and its loss is returned.
+  /// and its loss is returned. Before anything changes, the checks of
+  /// muon/optim/step_guard.h run: a failure raises and a non-finite gradient
+  /// raises or skips the step, under the policy.
   at::Tensor step(LossClosure closure = nullptr) override;
+
+  /// Validates every group (options, parameters, what the strategy and the
+  /// stage support); raises c10::ValueError, changing nothing.
+  void check_before_step() override;
+  /// Agreed through the strategy (collective for distributed ones).
+  std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
 
   /// Writes every group's options and every parameter's state, by position.
   void save(torch::serialize::OutputArchive& archive) const override;

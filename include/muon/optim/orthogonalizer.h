@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace muon {
@@ -82,6 +83,11 @@ class Orthogonalizer {
   /// Called at the start of every step, before any state changes: checks what
   /// must hold across processes (collective for distributed strategies).
   virtual void begin_step(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+  /// The largest `code` over every process this strategy's steps involve, and
+  /// the lowest rank (in its first group) that passed it: how the checks
+  /// before a step (muon/optim/step_guard.h) agree. {code, 0} by default;
+  /// collective for distributed strategies.
+  virtual std::pair<int64_t, int64_t> max_over_processes(int64_t code) const;
   /// Raises c10::ValueError, naming group `group`, for options this strategy
   /// cannot apply (e.g. fused-QKV splits on row shards).
   virtual void check_options(const MuonOptions& options, size_t group) const;
