@@ -1,6 +1,9 @@
 // The train_gpt example's pieces: corpus, vocabulary, batches, model,
 // logs and table, checkpoint resume.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -210,14 +213,20 @@ struct Output {
   std::string text;
 };
 
-Output run_program(const std::string& args) {
-  const std::string cmd = std::string(MUON_TRAIN_GPT_BIN) + " " + args + " 2>&1";
+// A shell command's output (stdout and stderr) and exit status.
+Output run_program_command(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string text;
   char buf[4096];
   while (pipe != nullptr && fgets(buf, sizeof buf, pipe) != nullptr) text += buf;
   const int status = pipe != nullptr ? pclose(pipe) : -1;
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+// muon-train-gpt with `args`.
+Output run_program(const std::string& args) {
+  return run_program_command(std::string(MUON_TRAIN_GPT_BIN) + " " + args);
 }
 
 // A model and budget small enough for seconds per run.
@@ -355,6 +364,156 @@ TEST(TrainGptProgram, BadFlagsFailClearly) {
   const auto range = run_program("--print-config --set muon:muon_momentum=1.5");
   EXPECT_NE(range.status, 0);
   EXPECT_NE(range.text.find("1.5"), std::string::npos) << range.text;
+}
+
+// ---- bad input and ranks that disagree: one clear line, a non-zero exit ----
+
+// The lines of `text` that are not empty.
+size_t line_count(const std::string& text) {
+  size_t n = 0;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    auto end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    if (end > begin) ++n;
+    begin = end + 1;
+  }
+  return n;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A TCP port free at the time of the call (the kernel's choice).
+int free_port() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof a;
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &n);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+// Two ranks started by hand (as a cluster's scheduler would), each with its
+// own flags; their outputs and exit statuses.
+std::vector<Output> run_two_ranks(const std::string& args0, const std::string& args1,
+                                  const std::filesystem::path& dir) {
+  std::string cmd = "export MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                    " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2; ";
+  const std::string args[] = {args0, args1};
+  for (int r = 0; r < 2; ++r) {
+    const auto out = (dir / ("rank" + std::to_string(r) + ".txt")).string();
+    const auto status = (dir / ("status" + std::to_string(r))).string();
+    cmd += "(RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) + " " +
+           MUON_TRAIN_GPT_BIN + " " + args[r] + " > " + out + " 2>&1; echo $? > " + status + ") & ";
+  }
+  cmd += "wait";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  std::vector<Output> outputs;
+  for (int r = 0; r < 2; ++r) {
+    const auto status = read_text(dir / ("status" + std::to_string(r)));
+    outputs.push_back({status.empty() ? -1 : std::stoi(status),
+                       read_text(dir / ("rank" + std::to_string(r) + ".txt"))});
+  }
+  return outputs;
+}
+
+const char* kTinyShape = "--layers 1 --heads 2 --context 32 --chars 60000 --eval-every 5 "
+                         "--eval-windows 16 --no-progress --threads 1 --no-plot --runs muon ";
+
+TEST(TrainGptProgram, ResumeNamesWhatDiffersFromTheCheckpoint) {
+  const auto dir = scratch("resume_mismatch");
+  const auto ckpt = dir / "ckpt";
+  const std::string common = std::string(kTinyShape) + "--out " + (dir / "out").string() + " ";
+  ASSERT_EQ(run_program(common + "--width 32 --batch 8 --nproc 2 --steps 4 --save " + ckpt.string()).status, 0);
+  // On 1 rank: the world size and layout, not an archive-format message.
+  const auto one = run_program(common + "--width 32 --batch 8 --nproc 1 --steps 8 --resume " + ckpt.string());
+  EXPECT_NE(one.status, 0);
+  EXPECT_NE(one.text.find("checkpoint " + (ckpt / "muon.ckpt.rank0").string() +
+                          " was written by 2 ranks (layer-wise), this run has 1"),
+            std::string::npos)
+      << one.text;
+  // Another model shape: the flag and both values.
+  const auto wider = run_program(common + "--width 64 --batch 8 --nproc 2 --steps 8 --resume " + ckpt.string());
+  EXPECT_NE(wider.status, 0);
+  EXPECT_NE(wider.text.find("was written with --width 32, this run has --width 64"), std::string::npos)
+      << wider.text;
+  // On 3 ranks (rank 2 has no file of its own): still the world size.
+  const auto three = run_program(common + "--width 32 --nproc 3 --batch 9 --steps 8 --resume " + ckpt.string());
+  EXPECT_NE(three.status, 0);
+  EXPECT_NE(three.text.find("was written by 2 ranks (layer-wise), this run has 3"), std::string::npos)
+      << three.text;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainGptProgram, PathsThatCannotBeDirectoriesFailInOneLine) {
+  const auto dir = scratch("bad_paths");
+  const auto file = dir / "a_file";
+  std::ofstream(file) << "x";
+  for (const std::string flag : {"--out", "--save"}) {
+    const auto target = (file / "sub").string();
+    const auto out = run_program(std::string(kTiny) + " --nproc 1 --steps 2 --no-plot " + flag + " " + target +
+                                 (flag == "--save" ? " --out " + (dir / "out").string() : ""));
+    EXPECT_EQ(out.status, 1) << out.text;
+    EXPECT_NE(out.text.find(flag + " '" + target + "': cannot create this directory"),
+              std::string::npos)
+        << out.text;
+    EXPECT_EQ(line_count(out.text), 1u) << out.text;
+  }
+  // Nothing was written under it, and the file is untouched.
+  EXPECT_EQ(read_text(file), "x");
+  // A directory given as --config: one line naming the flag.
+  const auto config = run_program("--print-config --config " + dir.string());
+  EXPECT_EQ(config.status, 1) << config.text;
+  EXPECT_NE(config.text.find("--config '" + dir.string() + "' is a directory"), std::string::npos)
+      << config.text;
+  EXPECT_EQ(line_count(config.text), 1u) << config.text;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainGptProgram, RanksStartedWithOtherFlagsFailOnEveryRank) {
+  const auto dir = scratch("rank_flags");
+  const std::string common = std::string(kTinyShape) + "--batch 8 --steps 4 --timeout 60 --out " +
+                             (dir / "out").string() + " ";
+  const auto outs = run_two_ranks(common + "--width 32", common + "--width 16", dir);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(outs[static_cast<size_t>(r)].status, 1) << outs[static_cast<size_t>(r)].text;
+    EXPECT_NE(outs[static_cast<size_t>(r)].text.find("--width is 16 on rank 1, 32 on rank 0"),
+              std::string::npos)
+        << outs[static_cast<size_t>(r)].text;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainGptProgram, AnotherSeedOnOneRankTrainsRankZerosModel) {
+  // Rank 0's initialization is broadcast before the optimizer is built (as
+  // DDP does); without it the layer-wise optimizer refuses parameters whose
+  // values differ between the ranks.
+  const auto dir = scratch("rank_seeds");
+  const std::string common = std::string(kTinyShape) + "--width 32 --batch 8 --steps 4 --timeout 60 --out " +
+                             (dir / "out").string() + " ";
+  const auto outs = run_two_ranks(common + "--seed 1", common + "--seed 2", dir);
+  for (const auto& out : outs) EXPECT_EQ(out.status, 0) << out.text;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainGptProgram, TimeoutFlagBoundsTheWaitForMissingRanks) {
+  // Rank 1 of 2 never starts: rank 0 gives up after --timeout seconds with
+  // one line instead of waiting the default 300 s.
+  const auto dir = scratch("timeout");
+  const std::string cmd = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                          " WORLD_SIZE=2 RANK=0 " + MUON_TRAIN_GPT_BIN + " " + kTinyShape +
+                          "--width 32 --batch 8 --steps 2 --timeout 2 --out " + (dir / "out").string();
+  const auto out = run_program_command(cmd);
+  EXPECT_EQ(out.status, 1) << out.text;
+  EXPECT_NE(out.text.find("waited 2 s"), std::string::npos) << out.text;
+  EXPECT_EQ(line_count(out.text), 1u) << out.text;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 //   muon-train-gpt --nproc 1 --steps 200 --runs muon,lion,adamw
 //   muon-train-gpt --set muon:lr=0.03 --config adamw=my_adamw.json
 //   muon-train-gpt --print-config      # every run's optimizer config as JSON
+//   muon-train-gpt --timeout 30         # ranks wait 30 s for each other, not 300
 //   torchrun --no_python --nproc_per_node 2 muon-train-gpt
 //
 // Each run is an optimizer of muon's registry configured by one
@@ -14,13 +15,18 @@
 // --set RUN:FIELD=VALUE (RUN may be "all"). With --nproc N > 1 and no
 // launcher around it, it starts N ranks of itself through muon-launch; with
 // more than one rank the gradients are averaged and the optimizer runs
-// layer-wise distributed (config field layout = layerwise).
+// layer-wise distributed (config field layout = layerwise). The ranks first
+// compare their flags, and rank 0's model is broadcast to all (as DDP does).
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -31,6 +37,7 @@
 #include "data.h"
 #include "gpt.h"
 #include "muon/config.h"
+#include "muon/distributed/agreement.h"
 #include "muon/distributed/group.h"
 #include "muon/distributed/layerwise.h"
 #include "muon/distributed/make.h"
@@ -56,12 +63,31 @@ struct Flags {
   std::string resume;
   bool plot = true;
   std::string layout = "layerwise";
+  double timeout = 0;  // seconds of the rendezvous and collective timeout; 0: the library's
   // Optimizer configs: JSON files (run name, "" for every run) and field settings.
   std::vector<std::string> configs;
   std::vector<std::string> sets;
   bool print_config = false;
   bool explain = false;
 };
+
+// Text from the command line in a message: at most this many characters.
+constexpr size_t kMaxShown = 200;
+
+std::string clip(const std::string& text) {
+  return text.size() <= kMaxShown ? text : text.substr(0, kMaxShown - 3) + "...";
+}
+
+// The directory `path` of `flag`, created if missing; a path that cannot be
+// a directory (under a regular file, a file itself) raises c10::ValueError
+// naming the flag before anything is written.
+void make_directory(const char* flag, const std::string& path) {
+  std::error_code error;
+  fs::create_directories(path, error);
+  TORCH_CHECK_VALUE(!error && fs::is_directory(path), "[muon-train-gpt] ", flag, " '", clip(path),
+                    "': cannot create this directory: ",
+                    error ? error.message() : "a file of that name exists");
+}
 
 fs::path self_dir() { return fs::canonical("/proc/self/exe").parent_path(); }
 
@@ -121,13 +147,16 @@ muon::OptimizerConfig run_config(const std::string& run, const Flags& f) {
     const auto eq = spec.find('=');
     const std::string who = eq == std::string::npos ? "" : spec.substr(0, eq);
     if (!who.empty() && who != run) continue;
-    muon::load_config_file(c, eq == std::string::npos ? spec : spec.substr(eq + 1));
+    const auto path = eq == std::string::npos ? spec : spec.substr(eq + 1);
+    TORCH_CHECK_VALUE(!fs::is_directory(path), "[muon-train-gpt] --config '", clip(path),
+                      "' is a directory; give a JSON file");
+    muon::load_config_file(c, path);
   }
   for (const auto& spec : f.sets) {
     const auto colon = spec.find(':');
     const auto eq = spec.find('=');
     TORCH_CHECK_VALUE(colon != std::string::npos && eq != std::string::npos && colon < eq,
-                      "[muon-train-gpt] --set takes RUN:FIELD=VALUE, got '", spec, "'");
+                      "[muon-train-gpt] --set takes RUN:FIELD=VALUE, got '", clip(spec), "'");
     const auto who = spec.substr(0, colon);
     if (who != "all" && who != run) continue;
     c.set_from_string(spec.substr(colon + 1, eq - colon - 1), spec.substr(eq + 1));
@@ -145,12 +174,60 @@ std::vector<std::string> split_list(const std::string& text) {
   return out;
 }
 
+// The flags every rank must share, as the ranks compare them: a rank
+// started with another --width or --steps would train another model or
+// leave the others waiting. --seed may differ (rank 0's model is broadcast)
+// and so may --threads.
+std::vector<muon::dist::AgreementItem> shared_flags(const Flags& f) {
+  const auto& t = f.train;
+  std::string configs;
+  for (const auto& c : f.configs) configs += c + " ";
+  std::string sets;
+  for (const auto& s : f.sets) sets += s + " ";
+  return {{"--runs", f.runs},
+          {"--steps", std::to_string(t.steps)},
+          {"--batch", std::to_string(t.global_batch)},
+          {"--eval-every", std::to_string(t.eval_every)},
+          {"--eval-windows", std::to_string(t.eval_windows)},
+          {"--layers", std::to_string(t.model.layers)},
+          {"--width", std::to_string(t.model.width)},
+          {"--heads", std::to_string(t.model.heads)},
+          {"--context", std::to_string(t.model.context)},
+          {"--norm", t.model.norm},
+          {"--data", f.data_file},
+          {"--chars", std::to_string(f.chars)},
+          {"--byte-level", f.byte_level ? "on" : "off"},
+          {"--optimizer-layout", f.layout},
+          {"--config", configs},
+          {"--set", sets},
+          {"--save", f.save},
+          {"--resume", f.resume}};
+}
+
+// An error as one line of output: its lines joined.
+std::string one_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  for (auto& c : text) {
+    if (c == '\n') c = ' ';
+  }
+  return text;
+}
+
 int run_rank(const Flags& f) {
   const bool launched = std::getenv("RANK") != nullptr;
-  auto group = launched ? muon::dist::init_from_env() : muon::dist::Group::single();
+  muon::dist::Group group = muon::dist::Group::single();
+  if (launched && f.timeout > 0) {
+    const auto ms = static_cast<int64_t>(std::llround(f.timeout * 1000));
+    group = muon::dist::init_from_env(
+        muon::dist::GroupOptions().timeout(std::chrono::milliseconds(std::max<int64_t>(ms, 1))));
+  } else if (launched) {
+    group = muon::dist::init_from_env();
+  }
   const int rank = group.rank();
   const int world = group.size();
   at::set_num_threads(static_cast<int>(f.threads));
+  muon::dist::check_ranks_agree(group, shared_flags(f), "[muon-train-gpt] ",
+                                "start every rank with the same flags");
 
   std::string text;
   if (f.data_file.empty()) {
@@ -181,14 +258,17 @@ int run_rank(const Flags& f) {
     muon::dist::all_reduce_gradients(params, group);
   };
 
-  if (rank == 0) fs::create_directories(f.out);
-  if (!f.save.empty() && rank == 0) fs::create_directories(f.save);
+  // Every rank checks the directories (each raises the same error, so none
+  // waits for another), before any run starts.
+  make_directory("--out", f.out);
+  if (!f.save.empty()) make_directory("--save", f.save);
   group.barrier();
   std::vector<train_gpt::RunLog> logs;
   for (const auto& run : split_list(f.runs)) {
     auto o = f.train;
     o.name = run;
     o.out_dir = f.out;
+    o.layout = world == 1 ? "single process" : f.layout == "layerwise" ? "layer-wise" : "replicated";
     if (!f.save.empty()) o.save_checkpoint = (fs::path(f.save) / (run + ".ckpt")).string();
     if (!f.resume.empty()) o.resume = (fs::path(f.resume) / (run + ".ckpt")).string();
     auto config = run_config(run, f);
@@ -196,6 +276,10 @@ int run_rank(const Flags& f) {
     muon::dist::DistributedLayout layout;
     layout.group = group;
     auto factory = [&](train_gpt::Gpt& model) -> std::unique_ptr<torch::optim::Optimizer> {
+      // Replicated parameters start equal, as DDP makes them: rank 0's
+      // initialization (a rank started with another --seed trains the same
+      // model).
+      muon::dist::broadcast_parameters(model->named_parameters(), group);
       if (f.explain && rank == 0) {
         std::printf("run '%s':\n%s\n", run.c_str(), muon::explain(model->named_parameters(), config).c_str());
       }
@@ -260,6 +344,10 @@ int main(int argc, char** argv) {
                  "with several ranks: layerwise (each rank updates its share) or replicated "
                  "(every rank runs the whole optimizer)")
       ->check(CLI::IsMember({"layerwise", "replicated"}));
+  app.add_option("--timeout", f.timeout,
+                 "seconds the ranks wait for each other (rendezvous and each collective); "
+                 "default: MUON_TIMEOUT, else the library's (300)")
+      ->check(CLI::Range(1e-3, 7.0 * 24 * 3600));
   app.add_option("--config", f.configs,
                  "optimizer config JSON (muon::OptimizerConfig fields and overrides) for every "
                  "run, or RUN=FILE for one run; repeatable");
@@ -276,6 +364,8 @@ int main(int argc, char** argv) {
     }
     TORCH_CHECK_VALUE(!split_list(f.runs).empty(), "[muon-train-gpt] --runs names no run");
     if (f.print_config) return 0;
+    make_directory("--out", f.out);
+    if (!f.save.empty()) make_directory("--save", f.save);
     if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
       // Re-run this program as N ranks under the launcher.
       std::vector<std::string> args{find_launcher(), "-n", std::to_string(f.nproc), "--"};
@@ -290,7 +380,10 @@ int main(int argc, char** argv) {
     }
     return run_rank(f);
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "muon-train-gpt: %s\n", e.what_without_backtrace());
+    std::fprintf(stderr, "muon-train-gpt: %s\n", one_line(e.what_without_backtrace()).c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "muon-train-gpt: %s\n", one_line(e.what()).c_str());
     return 1;
   }
 }

@@ -9,7 +9,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace train_gpt {
 namespace {
@@ -45,9 +49,95 @@ std::vector<EvalPoint> tensor_to_points(const at::Tensor& t) {
   return points;
 }
 
+// What a checkpoint says about the run that wrote it, checked before
+// anything is loaded from it.
+struct CheckpointRun {
+  int64_t world = 0;
+  std::string layout;
+  GptConfig model;
+};
+
+constexpr const char* kCheckpointFormat = "train_gpt_checkpoint";
+
+void write_run(torch::serialize::OutputArchive& archive, int64_t world, const std::string& layout,
+               const GptConfig& model) {
+  archive.write(kCheckpointFormat, c10::IValue(int64_t{1}));
+  archive.write("world", c10::IValue(world));
+  archive.write("layout", c10::IValue(layout));
+  archive.write("vocab_size", c10::IValue(model.vocab_size));
+  archive.write("context", c10::IValue(model.context));
+  archive.write("layers", c10::IValue(model.layers));
+  archive.write("heads", c10::IValue(model.heads));
+  archive.write("width", c10::IValue(model.width));
+  archive.write("mlp_ratio", c10::IValue(model.mlp_ratio));
+  archive.write("norm", c10::IValue(model.norm));
+}
+
+CheckpointRun read_run(torch::serialize::InputArchive& archive, const std::string& path) {
+  c10::IValue v;
+  TORCH_CHECK_VALUE(archive.try_read(kCheckpointFormat, v) && v.isInt() && v.toInt() == 1,
+                    "[train_gpt] checkpoint ", path,
+                    " does not say which run wrote it (not written by this muon-train-gpt); "
+                    "start a new run");
+  auto integer = [&](const char* key) {
+    c10::IValue value;
+    archive.read(key, value);
+    return value.toInt();
+  };
+  auto text = [&](const char* key) {
+    c10::IValue value;
+    archive.read(key, value);
+    return value.toStringRef();
+  };
+  CheckpointRun run;
+  run.world = integer("world");
+  run.layout = text("layout");
+  run.model.vocab_size = integer("vocab_size");
+  run.model.context = integer("context");
+  run.model.layers = integer("layers");
+  run.model.heads = integer("heads");
+  run.model.width = integer("width");
+  run.model.mlp_ratio = integer("mlp_ratio");
+  run.model.norm = text("norm");
+  return run;
+}
+
+std::string ranks(int64_t n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
+
+// The checkpoint's run against this one, naming the first difference in the
+// flags that set it.
+void check_run(const CheckpointRun& run, const std::string& path, const TrainOptions& o,
+               const GptConfig& model, int64_t world) {
+  TORCH_CHECK_VALUE(run.world == world, "[train_gpt] checkpoint ", path, " was written by ",
+                    ranks(run.world), " (", run.layout, "), this run has ", world, " (", o.layout,
+                    "); resume with --nproc ", run.world);
+  TORCH_CHECK_VALUE(run.layout == o.layout, "[train_gpt] checkpoint ", path,
+                    " was written with the ", run.layout, " optimizer layout, this run uses ",
+                    o.layout, " (--optimizer-layout)");
+  const std::pair<const char*, std::pair<int64_t, int64_t>> shape[] = {
+      {"--layers", {run.model.layers, model.layers}},
+      {"--width", {run.model.width, model.width}},
+      {"--heads", {run.model.heads, model.heads}},
+      {"--context", {run.model.context, model.context}},
+      {"mlp_ratio", {run.model.mlp_ratio, model.mlp_ratio}}};
+  for (const auto& [flag, values] : shape) {
+    TORCH_CHECK_VALUE(values.first == values.second, "[train_gpt] checkpoint ", path,
+                      " was written with ", flag, " ", values.first, ", this run has ", flag, " ",
+                      values.second);
+  }
+  TORCH_CHECK_VALUE(run.model.norm == model.norm, "[train_gpt] checkpoint ", path,
+                    " was written with --norm ", run.model.norm, ", this run has --norm ",
+                    model.norm);
+  TORCH_CHECK_VALUE(run.model.vocab_size == model.vocab_size, "[train_gpt] checkpoint ", path,
+                    " was written with a vocabulary of ", run.model.vocab_size,
+                    " tokens, this run has ", model.vocab_size,
+                    " (the data: --data, --chars, --byte-level)");
+}
+
 void save_checkpoint(const std::string& path, Gpt& model, const torch::optim::Optimizer& opt,
-                     const RunLog& log, int64_t step) {
+                     const RunLog& log, int64_t step, const TrainOptions& o, int64_t world) {
   torch::serialize::OutputArchive archive;
+  write_run(archive, world, o.layout, model->config());
   torch::serialize::OutputArchive model_archive(archive.compilation_unit());
   model->save(model_archive);
   archive.write("model", model_archive);
@@ -56,13 +146,36 @@ void save_checkpoint(const std::string& path, Gpt& model, const torch::optim::Op
   archive.write("optimizer", opt_archive);
   archive.write("step", c10::IValue(step));
   archive.write("log", log_to_tensor(log));
-  archive.save_to(path);
+  // A whole file or none: a failed write leaves no partial checkpoint.
+  const auto partial = path + ".partial";
+  std::error_code error;
+  try {
+    archive.save_to(partial);
+  } catch (...) {
+    std::filesystem::remove(partial, error);
+    throw;
+  }
+  std::filesystem::rename(partial, path, error);
+  TORCH_CHECK_VALUE(!error, "[train_gpt] cannot write checkpoint ", path, ": ", error.message());
 }
 
-int64_t load_checkpoint(const std::string& path, Gpt& model, torch::optim::Optimizer& opt,
-                        RunLog& log) {
+int64_t load_checkpoint(const std::string& resume, const TrainOptions& o, int64_t rank,
+                        int64_t world, Gpt& model, torch::optim::Optimizer& opt, RunLog& log) {
+  const auto path = rank_path(resume, rank);
+  if (!std::filesystem::is_regular_file(path)) {
+    // Another world size wrote it: rank 0's file says how many ranks.
+    const auto first = rank_path(resume, 0);
+    TORCH_CHECK_VALUE(rank != 0 && std::filesystem::is_regular_file(first), "[train_gpt] checkpoint ",
+                      path, " does not exist (--resume names the directory of a --save)");
+    torch::serialize::InputArchive archive;
+    archive.load_from(first);
+    check_run(read_run(archive, first), first, o, model->config(), world);
+    TORCH_CHECK_VALUE(false, "[train_gpt] checkpoint ", path, " does not exist, though ", first,
+                      " was written by as many ranks as this run has");
+  }
   torch::serialize::InputArchive archive;
   archive.load_from(path);
+  check_run(read_run(archive, path), path, o, model->config(), world);
   torch::serialize::InputArchive model_archive;
   archive.read("model", model_archive);
   model->load(model_archive);
@@ -110,7 +223,20 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
 
   int64_t start = 0;
   if (!o.resume.empty()) {
-    start = load_checkpoint(rank_path(o.resume, dp.rank), model, *opt, log);
+    std::string error;
+    try {
+      start = load_checkpoint(o.resume, o, dp.rank, dp.world, model, *opt, log);
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    }
+    // Every rank learns whether every rank loaded: a rank that could not
+    // would otherwise leave the others waiting in the first collective.
+    std::vector<at::Tensor> failed{at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble)};
+    dp.all_reduce_sum(failed);
+    TORCH_CHECK_VALUE(error.empty(), error);
+    TORCH_CHECK_VALUE(failed[0].item<double>() == 0.0, "[train_gpt] run '", o.name,
+                      "': another rank could not load its checkpoint from ", o.resume,
+                      ".rank<r> (its message says why)");
     log.name = o.name;
     TORCH_CHECK_VALUE(start <= o.steps, "[train_gpt] the checkpoint is at step ", start,
                       ", past steps ", o.steps);
@@ -159,7 +285,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
   }
   if (show) bar.finish();
   if (!o.save_checkpoint.empty()) {
-    save_checkpoint(rank_path(o.save_checkpoint, dp.rank), model, *opt, log, o.steps);
+    save_checkpoint(rank_path(o.save_checkpoint, dp.rank), model, *opt, log, o.steps, o, dp.world);
   }
   if (!o.out_dir.empty() && dp.rank == 0) write_csv(log, o.out_dir + "/" + o.name + ".csv");
   return log;

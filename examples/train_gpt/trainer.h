@@ -51,10 +51,20 @@ struct TrainOptions {
   uint64_t seed = 1;
   /// Where the CSV log goes (written by rank 0; empty: no CSV).
   std::string out_dir;
-  /// Checkpoint written at the end (empty: none); rank r writes `<path>.rank<r>`.
+  /// Checkpoint written at the end (empty: none); rank r writes `<path>.rank<r>`
+  /// (through a temporary file renamed into place, so a failed write leaves
+  /// no partial checkpoint). It records the world size, `layout` and the
+  /// model's shape.
   std::string save_checkpoint;
-  /// Checkpoint to resume from (as written by save_checkpoint, same world size).
+  /// Checkpoint to resume from (as written by save_checkpoint). Its world
+  /// size, layout and model shape must be this run's: a difference raises
+  /// c10::ValueError on every rank naming it ("checkpoint <path> was written
+  /// by 2 ranks (layer-wise), this run has 1 (single process)", "... with
+  /// --width 64, this run has --width 32").
   std::string resume;
+  /// How the optimizer is laid out over the ranks, in words, recorded in
+  /// checkpoints: "single process", "layer-wise" or "replicated".
+  std::string layout = "single process";
   /// Show a progress bar (rank 0).
   bool progress = true;
 };

@@ -6,12 +6,19 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "muon/distributed/agreement.h"
 #include "muon/distributed/group.h"
+
+namespace muon {
+class OptimizerConfig;
+}  // namespace muon
 
 namespace muon::dist::detail {
 
@@ -48,5 +55,46 @@ inline void check_all_ranks_agree(const Group& group, const std::vector<int64_t>
                       ": ", what);
   }
 }
+
+/// Collective over each of `peers` (in order): raises `failure` (a message
+/// this rank caught, empty for none) or, when a rank of one of `peers`
+/// reported one, a c10::ValueError "<who>the ranks disagree: rank r of group
+/// '<g>' found a difference in its <where> (its message names it)". Lets the
+/// ranks of one group that raised together stop their peers in other groups
+/// from waiting for them.
+void raise_together(const std::string& failure, const std::vector<const Group*>& peers,
+                    const char* who, const std::string& where);
+
+// ---- the items the layouts compare (check_ranks_agree) ---------------------------
+
+/// "parameter '<name>'" = "shape [..], <dtype>", one per parameter, in order.
+std::vector<AgreementItem> parameter_items(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters);
+
+/// "the checksum of the values of parameter '<name>'" = 16 hex digits, a
+/// 64-bit hash of the parameter's bytes (copied to the CPU first when elsewhere):
+/// equal values give equal checksums, and any difference of a single
+/// element changes it.
+std::vector<AgreementItem> value_items(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters);
+
+/// Appends the items of one param group's options: "optimizer of <where>"
+/// (the options' type) and "<field> of <where>" for every field the options
+/// write in their archive (serialize), which for muon::MuonOptions,
+/// muon::LionOptions and LibTorch's options is every field that changes the
+/// step (options whose type writes no archive give only the type). Doubles
+/// are written in the shortest text that reads back exactly, so two ranks
+/// whose values differ in the last bit disagree.
+void append_option_items(std::vector<AgreementItem>& out,
+                         const torch::optim::OptimizerOptions& options, const std::string& where);
+
+/// The items of every param group of `optimizer`: append_option_items with
+/// where = "param group <g>", plus "parameters of param group <g>" (their
+/// count and shapes).
+std::vector<AgreementItem> optimizer_items(const torch::optim::Optimizer& optimizer);
+
+/// "config field '<name>'" = its value for every field of `config`, then
+/// "config override rule <i>" = its label, criteria and fields.
+std::vector<AgreementItem> config_items(const OptimizerConfig& config);
 
 }  // namespace muon::dist::detail

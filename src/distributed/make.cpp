@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/agreement.h"
 #include "muon/distributed/layerwise.h"
 #include "muon/distributed/sharded.h"
 #include "muon/distributed/tensor_parallel.h"
@@ -108,6 +109,12 @@ void register_config_fields(OptimizerRegistry& registry) {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named, const OptimizerConfig& config,
     const DistributedLayout& layout, const OptimizerRegistry& registry) {
+  // The same config on every rank first: a difference is then named as the
+  // field the user set, before any layout compares what it built from it.
+  if (layout.group.valid()) {
+    check_ranks_agree(layout.group, detail::config_items(config), kWho,
+                      "every rank must build its optimizer from the same config");
+  }
   const auto& kind = config.get_string("layout");
   if (kind == "none") return muon::make_optimizer(named, config, registry);
 
@@ -115,7 +122,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     TORCH_CHECK_VALUE(layout.group.valid(), kWho,
                       "layout 'layerwise' needs DistributedLayout::group (the data-parallel group)");
     const auto bucket = static_cast<int64_t>(config.get_double("layout_bucket_mb") * (1 << 20));
-    return std::make_unique<LayerwiseOptimizer>(
+    auto optimizer = std::make_unique<LayerwiseOptimizer>(
         named, layout.group,
         [config, &registry](const torch::OrderedDict<std::string, at::Tensor>& owned) {
           BuildContext context;
@@ -123,6 +130,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
           return muon::make_optimizer(owned, config, context, registry);
         },
         LayerwiseOptions().bucket_bytes(std::max<int64_t>(bucket, 1)).max_in_flight(config.get_int("layout_max_in_flight")));
+    optimizer->set_nonfinite(parse_nonfinite_policy(config.get_string("nonfinite")));
+    return optimizer;
   }
 
   // Muon and adaptive_muon hold the layout's strategy; the other optimizers

@@ -66,9 +66,14 @@ void register_config_fields(OptimizerRegistry& registry);
 /// The optimizer `config` describes over `named_parameters` (this rank's
 /// tensors: whole, TP blocks or row shards as the layout says), laid out as
 /// its `layout` field says (table at the top). Collective for every layout
-/// but none. Raises c10::ValueError for a layout whose information is
-/// missing (an invalid group, a Muon parameter without a row shard, a shard
-/// named after no parameter).
+/// but none, and for every layout when `layout.group` is valid: the ranks of
+/// that group first compare their configs (every field and override rule)
+/// and raise c10::ValueError on every rank naming the first field that
+/// differs ("config field 'lr' is 0.01 on rank 1, 0.02 on rank 0"); the
+/// layouts then compare what they built (muon/distributed/agreement.h).
+/// Raises c10::ValueError for a layout whose information is missing (an
+/// invalid group, a Muon parameter without a row shard, a shard named after
+/// no parameter).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const OptimizerConfig& config, const DistributedLayout& layout,
