@@ -200,7 +200,7 @@ class EnvGuard {
  public:
   explicit EnvGuard(std::vector<std::pair<std::string, std::string>> vars) {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                             "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"}) {
+                             "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "MUON_TIMEOUT"}) {
       const char* old = std::getenv(name);
       saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
       unsetenv(name);

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -17,6 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "process_util.h"
+
+namespace muon::test {
 namespace {
 
 struct Result {
@@ -27,78 +32,20 @@ struct Result {
 };
 
 // Runs `args` with stdout and stderr captured; kills it after `limit_s`.
-// `signal_after_s` > 0: sends `sig` to the process at that time.
+// `signal_after_s` > 0: sends `sig` to the process at that time. `env`:
+// changes to this process's environment for the child.
 Result run(const std::vector<std::string>& args, double limit_s = 120, double signal_after_s = 0,
-           int sig = SIGTERM) {
-  int out[2];
-  int err[2];
-  EXPECT_EQ(pipe(out), 0);
-  EXPECT_EQ(pipe(err), 0);
-  const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    dup2(err[1], STDERR_FILENO);
-    close(out[0]);
-    close(err[0]);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
+           int sig = SIGTERM, const EnvChanges& env = {}) {
+  Child child(args, env);
+  if (signal_after_s > 0) {
+    child.read_until([&] { return child.seconds() >= signal_after_s; }, limit_s);
+    kill(child.pid(), sig);
   }
-  close(out[1]);
-  close(err[1]);
   Result result;
-  std::string* sinks[2] = {&result.out, &result.err};
-  int fds[2] = {out[0], err[0]};
-  bool signalled = false;
-  bool killed = false;
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  while (fds[0] >= 0 || fds[1] >= 0) {
-    if (signal_after_s > 0 && !signalled && elapsed() >= signal_after_s) {
-      kill(pid, sig);
-      signalled = true;
-    }
-    if (elapsed() > limit_s && !killed) {
-      kill(pid, SIGKILL);
-      killed = true;
-    }
-    std::vector<pollfd> p;
-    for (const int fd : fds) {
-      if (fd >= 0) p.push_back(pollfd{fd, POLLIN, 0});
-    }
-    if (poll(p.data(), p.size(), 50) <= 0) continue;
-    for (int k = 0; k < 2; ++k) {
-      if (fds[k] < 0) continue;
-      for (const auto& q : p) {
-        if (q.fd != fds[k] || (q.revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-        char buf[4096];
-        const ssize_t n = read(fds[k], buf, sizeof(buf));
-        if (n > 0) {
-          sinks[k]->append(buf, static_cast<size_t>(n));
-        } else {
-          close(fds[k]);
-          fds[k] = -1;
-        }
-      }
-    }
-  }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  result.seconds = elapsed();
-  result.status = killed ? -1 : (WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
-  return result;
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> result;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) result.push_back(line);
-  }
+  result.status = child.wait(limit_s);
+  result.seconds = child.seconds();
+  result.out = child.out();
+  result.err = child.err();
   return result;
 }
 
@@ -120,6 +67,7 @@ int free_port() {
 
 const std::string kLaunch = MUON_LAUNCH_EXE;
 const std::string kProgram = MUON_ALLREDUCE_CHECK_EXE;
+const std::string kEnvCheck = MUON_ENV_CHECK_EXE;
 
 TEST(MuonLaunch, RunsTwoRanksWithPrefixedOutput) {
   const auto r = run({kLaunch, "-n", "2", "--", kProgram});
@@ -128,7 +76,7 @@ TEST(MuonLaunch, RunsTwoRanksWithPrefixedOutput) {
   EXPECT_TRUE(contains(r.out, "[rank 1] rank 1 of 2: all_reduce ok (sum 3)\n")) << r.out;
   EXPECT_TRUE(contains(r.err, "[rank 1] rank 1 of 2: joined (stderr; agent store: False)\n"))
       << r.err;
-  for (const auto& line : lines(r.out)) EXPECT_EQ(line.rfind("[rank ", 0), 0u) << line;
+  for (const auto& line : lines_of(r.out)) EXPECT_EQ(line.rfind("[rank ", 0), 0u) << line;
 }
 
 TEST(MuonLaunch, TensorParallelMuonAcrossProcessesMatchesOneProcess) {
@@ -190,4 +138,160 @@ TEST(Torchrun, RunsTheSameProgramWithNoPython) {
   EXPECT_TRUE(contains(r.out, "rank 1 of 2: all_reduce ok (sum 3)")) << r.out;
 }
 
+// ---- threads per rank ------------------------------------------------------------
+
+// CPUs this process (and so the launcher it starts) may run on.
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+// The test's environment without any thread variable.
+EnvChanges without_thread_variables() {
+  EnvChanges env;
+  for (const char* name :
+       {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "MKL_NUM_THREADS"}) {
+    env[name] = std::nullopt;
+  }
+  return env;
+}
+
+Result run_env_check(int ranks, const EnvChanges& env) {
+  return run({kLaunch, "-n", std::to_string(ranks), "--", kEnvCheck}, 120, 0, SIGTERM, env);
+}
+
+TEST(MuonLaunch, GivesEachRankAShareOfTheCores) {
+  const int cores = usable_cores();
+  const auto k = std::to_string(std::max(1, cores / 2));
+  const auto r = run_env_check(2, without_thread_variables());
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  for (const std::string rank : {"0", "1"}) {
+    // LibTorch's intra-op pool follows OMP_NUM_THREADS, OpenBLAS's pool its own variable.
+    EXPECT_TRUE(contains(r.out, "[rank " + rank + "] start omp=" + k + " openblas=" + k + " mkl=" +
+                                    k + " torch=" + k + " blas="))
+        << r.out;
+    if (!contains(r.out, "blas=none")) {
+      EXPECT_TRUE(contains(r.out, "[rank " + rank + "] start omp=" + k + " openblas=" + k +
+                                      " mkl=" + k + " torch=" + k + " blas=" + k + "\n"))
+          << r.out;
+    }
+  }
+  EXPECT_TRUE(contains(r.err, "muon-launch: 2 ranks on " + std::to_string(cores) +
+                                  " cores: OMP_NUM_THREADS=" + k + " OPENBLAS_NUM_THREADS=" + k +
+                                  " MKL_NUM_THREADS=" + k + " for each rank"))
+      << r.err;
+}
+
+TEST(MuonLaunch, KeepsTheThreadVariablesTheUserSet) {
+  const auto k = std::to_string(std::max(1, usable_cores() / 2));
+  auto env = without_thread_variables();
+  env["OMP_NUM_THREADS"] = "3";  // the BLAS variables follow it, as the libraries themselves do
+  auto r = run_env_check(2, env);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 1] start omp=3 openblas=3 mkl=3 torch=3 ")) << r.out;
+  EXPECT_TRUE(contains(r.err, ": OPENBLAS_NUM_THREADS=3 MKL_NUM_THREADS=3 for each rank "
+                              "(following OMP_NUM_THREADS)"))
+      << r.err;
+
+  env = without_thread_variables();
+  env["OPENBLAS_NUM_THREADS"] = "1";  // kept; the others get the share
+  r = run_env_check(2, env);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] start omp=" + k + " openblas=1 mkl=" + k + " torch=" + k))
+      << r.out;
+
+  env = without_thread_variables();
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}) {
+    env[name] = "2";
+  }
+  r = run_env_check(2, env);  // all set: nothing to do, nothing said
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] start omp=2 openblas=2 mkl=2 torch=2 ")) << r.out;
+  EXPECT_FALSE(contains(r.err, "for each rank")) << r.err;
+
+  r = run_env_check(1, without_thread_variables());  // one rank: the defaults fit the machine
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "[rank 0] start omp=unset openblas=unset mkl=unset ")) << r.out;
+}
+
+// ---- the ranks do not outlive the launcher --------------------------------------
+
+// The pids the ranks printed as "[rank N] pid P".
+std::vector<pid_t> rank_pids(const std::string& out) {
+  std::vector<pid_t> pids;
+  for (const auto& line : lines_of(out)) {
+    const auto at = line.find("] pid ");
+    if (line.rfind("[rank ", 0) == 0 && at != std::string::npos) {
+      pids.push_back(static_cast<pid_t>(std::stol(line.substr(at + 6))));
+    }
+  }
+  return pids;
+}
+
+// Polls until every pid is gone or `limit_s` passes.
+bool all_gone_within(const std::vector<pid_t>& pids, double limit_s) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  while (std::chrono::steady_clock::now() < until) {
+    if (std::all_of(pids.begin(), pids.end(), process_gone)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return std::all_of(pids.begin(), pids.end(), process_gone);
+}
+
+// Kills what is left of the ranks (a failed test must not leave sleepers behind).
+void kill_all(const std::vector<pid_t>& pids) {
+  for (const pid_t pid : pids) {
+    if (!process_gone(pid)) kill(pid, SIGKILL);
+  }
+}
+
+TEST(MuonLaunch, RanksDieWithTheLauncherWhenItIsKilled) {
+  // Each rank prints its pid and sleeps 60 s. SIGKILL cannot be caught or
+  // forwarded: the kernel must take the ranks down with the launcher.
+  Child launcher({kLaunch, "-n", "2", "--", "/bin/sh", "-c", "echo pid $$; exec sleep 60"});
+  std::vector<pid_t> pids;
+  ASSERT_TRUE(launcher.read_until([&] { return (pids = rank_pids(launcher.out())).size() == 2; }, 60))
+      << launcher.out() << launcher.err();
+  kill(launcher.pid(), SIGKILL);
+  EXPECT_EQ(launcher.wait(60), 128 + SIGKILL);
+  // Generous: the signal is immediate; the bound only absorbs a busy machine.
+  EXPECT_TRUE(all_gone_within(pids, 20)) << "the ranks outlived their launcher";
+  kill_all(pids);
+}
+
+TEST(MuonLaunch, RanksThatIgnoreSigtermAreKilledAfterTheGrace) {
+  // The ranks ignore SIGTERM (an ignored signal stays ignored across exec).
+  Child launcher({kLaunch, "-n", "2", "--grace", "2", "--", "/bin/sh", "-c",
+                  "trap '' TERM; echo pid $$; exec sleep 60"});
+  std::vector<pid_t> pids;
+  ASSERT_TRUE(launcher.read_until([&] { return (pids = rank_pids(launcher.out())).size() == 2; }, 60))
+      << launcher.out() << launcher.err();
+  kill(launcher.pid(), SIGTERM);
+  const int status = launcher.wait(60);
+  EXPECT_EQ(status, 128 + SIGTERM) << launcher.err();
+  // 2 s of grace, then SIGKILL; well under the ranks' 60 s of sleep.
+  EXPECT_LT(launcher.seconds(), 30.0);
+  EXPECT_TRUE(all_gone_within(pids, 5));
+  kill_all(pids);
+}
+
+// Ranks started by hand with different WORLD_SIZE: before the group exists,
+// every rank names both values instead of failing inside Gloo's connect.
+TEST(MuonLaunch, RanksWithDifferentWorldSizesNameBoth) {
+  const auto port = std::to_string(free_port());
+  auto env = [&](const char* rank, const char* world) {
+    return EnvChanges{{"RANK", rank}, {"WORLD_SIZE", world}, {"MASTER_ADDR", "127.0.0.1"},
+                      {"MASTER_PORT", port}, {"MUON_TIMEOUT", "20"}};
+  };
+  Child rank0({kEnvCheck, "--join"}, env("0", "2"));
+  Child rank1({kEnvCheck, "--join"}, env("1", "3"));
+  EXPECT_NE(rank0.wait(60), 0);
+  EXPECT_NE(rank1.wait(60), 0);
+  EXPECT_TRUE(contains(rank0.err(), "WORLD_SIZE is 2 on rank 0, 3 on rank 1")) << rank0.err();
+  EXPECT_TRUE(contains(rank1.err(), "WORLD_SIZE is 3 on rank 1, 2 on rank 0")) << rank1.err();
+}
+
 }  // namespace
+}  // namespace muon::test

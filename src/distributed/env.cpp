@@ -3,18 +3,29 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <vector>
 
+#include "distributed/error_line.h"
 #include "muon/distributed/group.h"
+#include "util/names.h"
+#include "util/threads.h"
 
 namespace muon::dist {
 namespace {
 
 constexpr const char* kWho = "[muon::dist::init_from_env] ";
+/// Largest MUON_TIMEOUT accepted, in seconds (one week).
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
+
+using muon::detail::clip;
 
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
@@ -35,9 +46,43 @@ int64_t parse_int(const char* name, const std::string& text, int64_t lo, int64_t
   errno = 0;
   const long long v = std::strtoll(text.c_str(), &end, 10);
   TORCH_CHECK_VALUE(errno == 0 && end != text.c_str() && *end == '\0', kWho, name,
-                    " must be an integer, got '", text, "'");
+                    " must be an integer, got '", clip(text), "'");
   TORCH_CHECK_VALUE(v >= lo && v <= hi, kWho, name, " must be in [", lo, ", ", hi, "], got ", v);
   return v;
+}
+
+// MUON_TIMEOUT: seconds, a decimal number in (0, kMaxTimeoutSeconds].
+std::chrono::milliseconds parse_timeout(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = std::strtod(text.c_str(), &end);
+  TORCH_CHECK_VALUE(errno == 0 && end != text.c_str() && *end == '\0' && std::isfinite(seconds) &&
+                        seconds > 0 && seconds <= kMaxTimeoutSeconds,
+                    kWho, "MUON_TIMEOUT must be a number of seconds in (0, ", kMaxTimeoutSeconds,
+                    "], got '", clip(text), "'");
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000)));
+}
+
+// "5 s", "0.5 s", "2.25 s".
+std::string seconds_text(std::chrono::milliseconds t) {
+  std::ostringstream out;
+  out << static_cast<double>(t.count()) / 1000 << " s";
+  return out.str();
+}
+
+// Ranks started with different WORLD_SIZE would fail inside Gloo's connect
+// with a message about address sizes: compare through the store first (each
+// rank against rank 0, rank 0 against rank 1), naming both values.
+void check_same_world_size(c10d::Store& store, int64_t rank, int64_t world_size) {
+  const auto key = [](int64_t r) { return "muon/world_size/" + std::to_string(r); };
+  const auto text = std::to_string(world_size);
+  store.set(key(rank), std::vector<uint8_t>(text.begin(), text.end()));
+  const int64_t other = rank == 0 ? 1 : 0;
+  const auto bytes = store.get(key(other));
+  const std::string theirs(bytes.begin(), bytes.end());
+  TORCH_CHECK_VALUE(theirs == text, kWho, "WORLD_SIZE is ", text, " on rank ", rank, ", ",
+                    muon::detail::clip(theirs, 20), " on rank ", other,
+                    "; start every rank with the same WORLD_SIZE");
 }
 
 bool is_loopback(const std::string& addr) {
@@ -47,6 +92,10 @@ bool is_loopback(const std::string& addr) {
 }  // namespace
 
 Group init_from_env(GroupOptions options) {
+  muon::detail::align_blas_threads();
+  if (options.timeout() == kDefaultTimeout) {
+    if (auto text = env("MUON_TIMEOUT")) options.timeout(parse_timeout(*text));
+  }
   const auto world_size =
       parse_int("WORLD_SIZE", require("WORLD_SIZE"), 1, std::numeric_limits<int>::max());
   const auto rank = parse_int("RANK", require("RANK"), 0, std::numeric_limits<int>::max());
@@ -74,13 +123,23 @@ Group init_from_env(GroupOptions options) {
   store_options.numWorkers = static_cast<size_t>(world_size);
   store_options.waitWorkers = false;
   store_options.timeout = options.timeout();
+  // Where the ranks meet, for the messages of a rendezvous that fails.
+  const auto where = "MASTER_ADDR:MASTER_PORT = " + clip(addr) + ":" + std::to_string(port);
+  const auto who = "rank " + std::to_string(rank) + " of " + std::to_string(world_size);
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, kWho, "cannot ", store_options.isServer ? "host" : "reach",
-                " the TCPStore at MASTER_ADDR:MASTER_PORT = ", addr, ":", port, " (rank ", rank,
-                " of ", world_size, ", timeout ", options.timeout().count(), " ms): ", e.what());
+    // One line (no backtrace): the cause, and what to check.
+    detail::throw_without_backtrace(
+        std::string(kWho) + who +
+        (store_options.isServer
+             ? " cannot host the store at " + where + ": " + detail::first_line(e) +
+                   " (check that MASTER_PORT is free on MASTER_ADDR)"
+             : " waited " + seconds_text(options.timeout()) + " for the store at " + where + ": " +
+                   detail::first_line(e) +
+                   " (check that every rank started and MASTER_ADDR is reachable; MUON_TIMEOUT "
+                   "sets the wait)"));
   }
   if (agent_store) {
     // torchrun's agent shares its store with the workers under this prefix
@@ -89,7 +148,18 @@ Group init_from_env(GroupOptions options) {
     store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + attempt, store);
   }
   if (!is_loopback(addr) && options.hostname() == "127.0.0.1") options.hostname("");
-  return Group::create(store, static_cast<int>(rank), static_cast<int>(world_size), options);
+  try {
+    check_same_world_size(*store, rank, world_size);
+    return Group::create(store, static_cast<int>(rank), static_cast<int>(world_size), options);
+  } catch (const c10::ValueError&) {
+    throw;
+  } catch (const std::exception& e) {
+    detail::throw_without_backtrace(
+        std::string(kWho) + who + " waited " + seconds_text(options.timeout()) +
+        " for the other ranks at " + where + "; " + detail::first_line(e) +
+        " (check that every rank started and MASTER_ADDR is reachable; MUON_TIMEOUT sets the "
+        "wait)");
+  }
 }
 
 }  // namespace muon::dist

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "distributed/backend.h"
+#include "distributed/error_line.h"
 #include "util/names.h"
 
 namespace muon::dist {
@@ -86,9 +87,12 @@ std::shared_ptr<GroupImpl> make_impl(const c10::intrusive_ptr<c10d::Store>& stor
   } catch (const c10::ValueError&) {
     throw;
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, kWho, "creating group '", impl->name, "' (rank ", rank, " of ", size,
-                ", backend ", to_string(backend), ", timeout ", options.timeout().count(),
-                " ms) failed: ", e.what());
+    // One line: the cause's first line, without the backtraces of the layers below.
+    muon::dist::detail::throw_without_backtrace(
+        std::string(kWho) + "creating group '" + impl->name + "' (rank " + std::to_string(rank) +
+        " of " + std::to_string(size) + ", backend " + to_string(backend) + ", timeout " +
+        std::to_string(options.timeout().count()) +
+        " ms) failed: " + muon::dist::detail::first_line(e));
   }
   impl->backend_name = to_string(backend);
   // NCCL moves CUDA tensors only: integer exchanges (shapes) go through the

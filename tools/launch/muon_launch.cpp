@@ -8,18 +8,31 @@
 // 0 hosts the store, as in muon::dist::init_from_env). Every line a rank
 // writes is prefixed with "[rank N] " (stdout to stdout, stderr to stderr).
 // SIGINT, SIGTERM and SIGHUP are forwarded to every rank. When a rank exits
-// with a non-zero status the others get SIGTERM, then SIGKILL after the grace
-// period, and the launcher exits with the first failing rank's status
-// (128 + signal for a rank killed by a signal).
+// with a non-zero status the others get SIGTERM; after a forwarded signal or
+// a failing rank, ranks still running after the grace period get SIGKILL. The
+// launcher exits with the first failing rank's status (128 + signal for a
+// rank killed by a signal). The ranks die with the launcher: if it is killed
+// (SIGKILL, a crash), the kernel sends each rank SIGKILL (PR_SET_PDEATHSIG).
+//
+// Threads: with several ranks, each rank gets max(1, cores / ranks) threads
+// (cores: the CPUs this process may run on) through OMP_NUM_THREADS,
+// OPENBLAS_NUM_THREADS and MKL_NUM_THREADS, so that LibTorch's intra-op pool
+// and the BLAS pools of all ranks together do not oversubscribe the machine.
+// A variable the user set is kept; when OMP_NUM_THREADS is set, the BLAS
+// variables the user left unset follow it (as OpenBLAS and MKL do
+// themselves). The launcher prints one line saying what it set.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -126,6 +139,37 @@ struct Rank {
   int status = 0;  // exit code, or 128 + signal
 };
 
+bool is_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+// CPUs this process may run on (its affinity mask), at least 1.
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
+}
+
+// Gives every rank a share of the cores through the thread variables the
+// user left unset (see the comment at the top); returns what it set, as
+// "NAME=value ..." ("" when nothing).
+std::string set_thread_variables(int ranks) {
+  if (ranks <= 1) return "";  // one rank: the libraries' defaults fit the machine
+  const std::string value = is_set("OMP_NUM_THREADS")
+                                ? std::string(std::getenv("OMP_NUM_THREADS"))
+                                : std::to_string(std::max(1, usable_cores() / ranks));
+  std::string set;
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}) {
+    if (is_set(name)) continue;
+    setenv(name, value.c_str(), 1);
+    set += (set.empty() ? "" : " ") + std::string(name) + "=" + value;
+  }
+  return set;
+}
+
 void signal_all(std::vector<Rank>& ranks, int sig) {
   for (auto& r : ranks) {
     // Each rank leads its own process group: its children get the signal too.
@@ -172,6 +216,15 @@ int main(int argc, char** argv) {
   for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  const bool user_omp = is_set("OMP_NUM_THREADS");
+  const std::string threads = set_thread_variables(n);
+  if (!threads.empty()) {
+    std::fprintf(stderr, "muon-launch: %d ranks on %d cores: %s for each rank (%s)\n", n,
+                 usable_cores(), threads.c_str(),
+                 user_omp ? "following OMP_NUM_THREADS" : "set these variables to choose otherwise");
+  }
+
+  const pid_t launcher = getpid();
   std::vector<Rank> ranks(static_cast<size_t>(n));
   std::vector<Stream> streams;
   for (int r = 0; r < n; ++r) {
@@ -189,6 +242,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (pid == 0) {
+      // Die with the launcher; if it is already gone (killed between fork
+      // and prctl), the signal will never come: leave now.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(128 + SIGKILL);
       setpgid(0, 0);
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);

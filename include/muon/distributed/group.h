@@ -58,6 +58,12 @@ bool nccl_available();
 /// Options of a group, as chained setters.
 struct GroupOptions {
   /// Timeout of each collective and of the store during creation, > 0.
+  /// It also bounds the rendezvous of `init_from_env`: a rank waits at most
+  /// this long for the store and for the other ranks, then raises c10::Error
+  /// with one line (no C++ backtrace) naming the rank, MASTER_ADDR:MASTER_PORT
+  /// and what to check. `init_from_env` takes the environment variable
+  /// MUON_TIMEOUT (seconds, e.g. "30" or "2.5") instead when this is left at
+  /// kDefaultTimeout, so a program's own setting (a `--timeout` flag) wins.
   TORCH_ARG(std::chrono::milliseconds, timeout) = kDefaultTimeout;
   /// Backend of the process group.
   TORCH_ARG(Backend, backend) = Backend::kAuto;
@@ -114,8 +120,8 @@ class Group {
   /// A group of `size` ranks over `store` (a c10d TCPStore, FileStore or
   /// HashStore the ranks share); this caller is `rank`. Collective: every rank
   /// calls it. Raises c10::ValueError for rank outside [0, size) or
-  /// size < 1, and c10::Error when the others do not connect within the
-  /// timeout.
+  /// size < 1, and c10::Error (one line, no backtrace) when the others do
+  /// not connect within the timeout.
   static Group create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                       GroupOptions options = {});
 
@@ -197,6 +203,11 @@ class Group {
 /// variables raise c10::ValueError naming the variable and its value.
 /// When MASTER_ADDR is not a loopback address and `options.hostname` is the
 /// default "127.0.0.1", Gloo binds to this machine's resolved hostname ("").
+/// MUON_TIMEOUT (seconds) replaces the default timeout when `options` keeps
+/// it; a failed rendezvous raises c10::Error with one line naming the rank,
+/// MASTER_ADDR:MASTER_PORT and what to check; ranks started with different
+/// WORLD_SIZE raise c10::ValueError naming both. Aligns the BLAS threads
+/// (muon::detail::align_blas_threads).
 Group init_from_env(GroupOptions options = {});
 
 }  // namespace muon::dist

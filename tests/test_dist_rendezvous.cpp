@@ -1,0 +1,182 @@
+// init_from_env when the rendezvous fails: a lone rank, an address nobody
+// listens on, a bad MUON_TIMEOUT. The wait is the group's timeout (or
+// MUON_TIMEOUT), and its expiry is one line naming the rank, the address and
+// what to check, without a C++ backtrace.
+#include <arpa/inet.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "expect_util.h"
+#include "muon/distributed/group.h"
+
+namespace muon::test {
+namespace {
+
+// Sets the rendezvous variables for one test and restores them after.
+class ScopedRendezvousEnv {
+ public:
+  explicit ScopedRendezvousEnv(const std::map<std::string, std::string>& vars) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+                             "MUON_TIMEOUT"}) {
+      const char* old = std::getenv(name);
+      saved_[name] = old != nullptr ? std::optional<std::string>(old) : std::nullopt;
+      unsetenv(name);
+    }
+    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~ScopedRendezvousEnv() {
+    for (const auto& [k, v] : saved_) {
+      if (v) {
+        setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        unsetenv(k.c_str());
+      }
+    }
+  }
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+// A loopback port nobody listens on now.
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+struct Failure {
+  std::string what;                    // what(): what a program that prints the error shows
+  std::string what_without_backtrace;
+  bool value_error = false;
+  double seconds = 0;
+};
+
+Failure join_and_fail(const std::map<std::string, std::string>& vars,
+                      const dist::GroupOptions& options) {
+  ScopedRendezvousEnv env(vars);
+  Failure f;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    dist::init_from_env(options);
+    ADD_FAILURE() << "init_from_env returned";
+  } catch (const c10::Error& e) {
+    f.what = e.what();
+    f.what_without_backtrace = e.what_without_backtrace();
+    f.value_error = dynamic_cast<const c10::ValueError*>(&e) != nullptr;
+  }
+  f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return f;
+}
+
+// One line: no newline but (c10's) one at the very end.
+void expect_one_line(const Failure& f) {
+  EXPECT_EQ(f.what_without_backtrace.find('\n'), std::string::npos) << f.what_without_backtrace;
+  const auto nl = f.what.find('\n');
+  EXPECT_TRUE(nl == std::string::npos || nl + 1 == f.what.size()) << f.what;
+  EXPECT_LT(f.what.size(), 1000u) << f.what;
+}
+
+void expect_contains(const std::string& text, const std::string& part) {
+  EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+}
+
+constexpr auto kTwoSeconds = std::chrono::seconds(2);
+// The wait ends at the timeout; the slack covers process scheduling on a
+// busy machine and the store's retry interval (about 1 s), not a second wait.
+constexpr double kSlackSeconds = 8;
+
+TEST(DistRendezvous, LoneClientRankFailsAfterTheTimeoutInOneLine) {
+  // WORLD_SIZE=2, only rank 1 started: no store to connect to.
+  const auto port = std::to_string(free_port());
+  const auto f = join_and_fail(
+      {{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}},
+      dist::GroupOptions().timeout(kTwoSeconds));
+  EXPECT_FALSE(f.value_error);
+  expect_one_line(f);
+  expect_contains(f.what, "[muon::dist::init_from_env] rank 1 of 2 waited 2 s for the store at "
+                          "MASTER_ADDR:MASTER_PORT = 127.0.0.1:" + port);
+  expect_contains(f.what, "check that every rank started and MASTER_ADDR is reachable");
+  EXPECT_LT(f.seconds, 2 + kSlackSeconds);
+}
+
+TEST(DistRendezvous, LoneServerRankFailsAfterTheTimeoutInOneLine) {
+  // Only rank 0 started: it hosts the store and waits for rank 1 to join the group.
+  const auto port = std::to_string(free_port());
+  const auto f = join_and_fail(
+      {{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}},
+      dist::GroupOptions().timeout(kTwoSeconds));
+  EXPECT_FALSE(f.value_error);
+  expect_one_line(f);
+  expect_contains(f.what, "[muon::dist::init_from_env] rank 0 of 2 waited 2 s for the other "
+                          "ranks at MASTER_ADDR:MASTER_PORT = 127.0.0.1:" + port);
+  expect_contains(f.what, "check that every rank started");
+  EXPECT_GE(f.seconds, 1.5);  // it did wait for the others
+  EXPECT_LT(f.seconds, 2 + kSlackSeconds);
+}
+
+TEST(DistRendezvous, UnreachableMasterAddrFailsAfterTheTimeoutInOneLine) {
+  // 192.0.2.1: TEST-NET-1 (RFC 5737), never assigned to a host.
+  const auto f = join_and_fail({{"WORLD_SIZE", "2"},
+                                {"RANK", "1"},
+                                {"MASTER_ADDR", "192.0.2.1"},
+                                {"MASTER_PORT", "29500"}},
+                               dist::GroupOptions().timeout(kTwoSeconds));
+  EXPECT_FALSE(f.value_error);
+  expect_one_line(f);
+  expect_contains(f.what, "rank 1 of 2 waited 2 s for the store at MASTER_ADDR:MASTER_PORT = "
+                          "192.0.2.1:29500");
+  EXPECT_LT(f.seconds, 2 + kSlackSeconds);
+}
+
+TEST(DistRendezvous, MuonTimeoutSetsTheWaitWhenTheProgramSetsNone) {
+  const auto port = std::to_string(free_port());
+  const auto f = join_and_fail({{"WORLD_SIZE", "2"},
+                                {"RANK", "0"},
+                                {"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", port},
+                                {"MUON_TIMEOUT", "2"}},
+                               dist::GroupOptions());
+  expect_one_line(f);
+  expect_contains(f.what, "rank 0 of 2 waited 2 s");
+  EXPECT_LT(f.seconds, 2 + kSlackSeconds);
+}
+
+TEST(DistRendezvous, BadMuonTimeoutRaisesNamingIt) {
+  for (const std::string text : {"soon", "0", "-1", "nan", "1e9"}) {
+    expect_value_error(
+        [&] {
+          ScopedRendezvousEnv env({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"MUON_TIMEOUT", text}});
+          dist::init_from_env();
+        },
+        {"[muon::dist::init_from_env] MUON_TIMEOUT must be a number of seconds", "'" + text + "'"});
+  }
+  // A long value is clipped in the message.
+  const std::string huge(100000, '7');
+  try {
+    ScopedRendezvousEnv env({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"MUON_TIMEOUT", huge}});
+    dist::init_from_env();
+    ADD_FAILURE() << "no exception";
+  } catch (const c10::ValueError& e) {
+    EXPECT_LT(std::string(e.what_without_backtrace()).size(), 500u);
+  }
+}
+
+}  // namespace
+}  // namespace muon::test
