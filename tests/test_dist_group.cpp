@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "dist_util.h"
+#include "env_util.h"
 #include "muon/distributed/group.h"
 
 namespace {
@@ -196,33 +197,9 @@ TEST(DistGroup, DeadRankMakesOthersTimeOut) {
 
 // ---- init_from_env -------------------------------------------------------------
 
-class EnvGuard {
- public:
-  explicit EnvGuard(std::vector<std::pair<std::string, std::string>> vars) {
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                             "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "MUON_TIMEOUT"}) {
-      const char* old = std::getenv(name);
-      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-      unsetenv(name);
-    }
-    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
-  }
-  ~EnvGuard() {
-    for (const auto& [k, v] : saved_) {
-      if (v) {
-        setenv(k.c_str(), v->c_str(), 1);
-      } else {
-        unsetenv(k.c_str());
-      }
-    }
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
 
 std::string init_error(std::vector<std::pair<std::string, std::string>> vars) {
-  EnvGuard guard(std::move(vars));
+  muon::test::ScopedRendezvousEnv guard(std::move(vars));
   try {
     muon::dist::init_from_env();
   } catch (const c10::ValueError& e) {
@@ -252,7 +229,7 @@ TEST(DistInitFromEnv, MissingOrInconsistentVariablesRaiseNamingThem) {
 }
 
 TEST(DistInitFromEnv, WorldSizeOneIsTheSingleRankGroup) {
-  EnvGuard guard({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"LOCAL_RANK", "0"}});
+  muon::test::ScopedRendezvousEnv guard({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"LOCAL_RANK", "0"}});
   auto g = muon::dist::init_from_env();
   EXPECT_EQ(g.size(), 1);
   EXPECT_EQ(g.backend_name(), "none");

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "env_util.h"
 #include "process_util.h"
 
 namespace muon::test {
@@ -53,17 +54,6 @@ bool contains(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
 }
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
 
 const std::string kLaunch = MUON_LAUNCH_EXE;
 const std::string kProgram = MUON_ALLREDUCE_CHECK_EXE;

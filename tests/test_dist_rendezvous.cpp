@@ -2,64 +2,25 @@
 // listens on, a bad MUON_TIMEOUT. The wait is the group's timeout (or
 // MUON_TIMEOUT), and its expiry is one line naming the rank, the address and
 // what to check, without a C++ backtrace.
-#include <arpa/inet.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "env_util.h"
 #include "expect_util.h"
 #include "muon/distributed/group.h"
 
 namespace muon::test {
 namespace {
 
-// Sets the rendezvous variables for one test and restores them after.
-class ScopedRendezvousEnv {
- public:
-  explicit ScopedRendezvousEnv(const std::map<std::string, std::string>& vars) {
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
-                             "MUON_TIMEOUT"}) {
-      const char* old = std::getenv(name);
-      saved_[name] = old != nullptr ? std::optional<std::string>(old) : std::nullopt;
-      unsetenv(name);
-    }
-    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
-  }
-  ~ScopedRendezvousEnv() {
-    for (const auto& [k, v] : saved_) {
-      if (v) {
-        setenv(k.c_str(), v->c_str(), 1);
-      } else {
-        unsetenv(k.c_str());
-      }
-    }
-  }
 
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
-};
-
-// A loopback port nobody listens on now.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
 
 struct Failure {
   std::string what;                    // what(): what a program that prints the error shows
@@ -68,7 +29,7 @@ struct Failure {
   double seconds = 0;
 };
 
-Failure join_and_fail(const std::map<std::string, std::string>& vars,
+Failure join_and_fail(const std::vector<std::pair<std::string, std::string>>& vars,
                       const dist::GroupOptions& options) {
   ScopedRendezvousEnv env(vars);
   Failure f;

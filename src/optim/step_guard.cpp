@@ -217,22 +217,24 @@ void check_beta(double value, const char* who, const char* name, size_t group) {
                     " must be in [0, 1), got ", value);
 }
 
+// AdamW's and Adam's options: the same fields, the same rules.
+template <typename Options>
+void check_adam_like(const Options& o, const char* who, size_t group) {
+  check_finite_at_least(o.lr(), 0, who, "lr", group);
+  check_finite_at_least(o.eps(), 0, who, "eps", group);
+  check_finite_at_least(o.weight_decay(), 0, who, "weight_decay", group);
+  check_beta(std::get<0>(o.betas()), who, "betas[0]", group);
+  check_beta(std::get<1>(o.betas()), who, "betas[1]", group);
+}
+
 }  // namespace
 
 void check_torch_options(const torch::optim::OptimizerOptions& options, const char* who,
                          size_t group) {
   if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    check_finite_at_least(o->lr(), 0, who, "lr", group);
-    check_finite_at_least(o->eps(), 0, who, "eps", group);
-    check_finite_at_least(o->weight_decay(), 0, who, "weight_decay", group);
-    check_beta(std::get<0>(o->betas()), who, "betas[0]", group);
-    check_beta(std::get<1>(o->betas()), who, "betas[1]", group);
+    check_adam_like(*o, who, group);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
-    check_finite_at_least(o->lr(), 0, who, "lr", group);
-    check_finite_at_least(o->eps(), 0, who, "eps", group);
-    check_finite_at_least(o->weight_decay(), 0, who, "weight_decay", group);
-    check_beta(std::get<0>(o->betas()), who, "betas[0]", group);
-    check_beta(std::get<1>(o->betas()), who, "betas[1]", group);
+    check_adam_like(*o, who, group);
   } else if (const auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
     check_finite_at_least(o->lr(), 0, who, "lr", group);
     check_finite_at_least(o->momentum(), 0, who, "momentum", group);
