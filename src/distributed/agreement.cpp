@@ -14,6 +14,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "distributed/max_over.h"
 #include "muon/config.h"
 
 namespace muon::dist {
@@ -168,16 +169,11 @@ namespace detail {
 
 void raise_together(const std::string& failure, const std::vector<const Group*>& peers,
                     const char* who, const std::string& where) {
-  std::string peer;
-  for (const auto* group : peers) {
-    const auto flags = group->all_gather_ints({failure.empty() ? 0 : 1});
-    for (const auto r : c10::irange(flags.size())) {
-      if (flags[r][0] != 0 && peer.empty()) peer = c10::str("rank ", r, " of group '", group->name(), "'");
-    }
-  }
+  const auto [failed, rank] = max_over_groups(peers, failure.empty() ? 0 : 1);
   TORCH_CHECK_VALUE(failure.empty(), failure);
-  TORCH_CHECK_VALUE(peer.empty(), who, "the ranks disagree: ", peer, " found a difference in its ",
-                    where, " (its message names it)");
+  TORCH_CHECK_VALUE(failed == 0, who, "the ranks disagree: rank ", rank, " of group '",
+                    peers.front()->name(), "' found a difference in its ", where,
+                    " (its message names it)");
 }
 
 std::vector<AgreementItem> parameter_items(

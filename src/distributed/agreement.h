@@ -56,10 +56,11 @@ inline void check_all_ranks_agree(const Group& group, const std::vector<int64_t>
   }
 }
 
-/// Collective over each of `peers` (in order): raises `failure` (a message
-/// this rank caught, empty for none) or, when a rank of one of `peers`
-/// reported one, a c10::ValueError "<who>the ranks disagree: rank r of group
-/// '<g>' found a difference in its <where> (its message names it)". Lets the
+/// Collective over each of `peers` (in order, through max_over_groups):
+/// raises `failure` (a message this rank caught, empty for none) or, when a
+/// rank of `peers` reported one, a c10::ValueError "<who>the ranks disagree:
+/// rank r of group '<peers[0]>' found a difference in its <where> (its
+/// message names it)". Lets the
 /// ranks of one group that raised together stop their peers in other groups
 /// from waiting for them.
 void raise_together(const std::string& failure, const std::vector<const Group*>& peers,

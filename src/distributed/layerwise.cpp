@@ -137,6 +137,9 @@ LayerwiseOptimizer::LayerwiseOptimizer(
     inner_ = make_inner(owned);
     TORCH_CHECK_VALUE(inner_ != nullptr, kWho, "make_inner returned no optimizer");
     mirror_.mirror(*inner_, param_groups_);
+    // step() runs the inner optimizer's checks, once for all buckets and
+    // agreed over the group; the inner step skips its own.
+    if (auto* guard = muon::step_guard(*inner_)) guard->checked_by_owner(true);
   }
   // The parameters other ranks own, last: zero_grad() must reach every
   // gradient (backward accumulates into all of them on every rank).
@@ -201,13 +204,9 @@ at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
   }
   at::NoGradGuard no_grad;
   // This rank checks the parameters it owns; the outcome is agreed over the
-  // group before any rank changes anything. The inner optimizer's own checks
-  // would run once per bucket and only on this rank: they run here instead.
+  // group before any rank changes anything.
   static const std::vector<OptimizerParamGroup> kNoGroups;
   const auto& owned_groups = inner_ ? inner_->param_groups() : kNoGroups;
-  if (inner_) {
-    if (auto* guard = muon::step_guard(*inner_)) guard->checked_by_owner(true);
-  }
   const auto describe = [&](size_t g, size_t i) {
     const auto* impl = owned_groups[g].params()[i].unsafeGetTensorImpl();
     for (const auto k : owned_) {
