@@ -328,6 +328,10 @@ void reset_newton_schulz_flops_on_this_thread() { ns_flops_counter = 0; }
 
 namespace detail {
 
+double normalization_factor(double sum_of_squares, const NewtonSchulzOptions& options) {
+  return 1.0 / (std::sqrt(sum_of_squares) * options.coefficients().safety_factor + options.eps());
+}
+
 // X₀ = G / (‖G‖_F·safety + eps) per matrix. The scaling runs in fp32 (fp64
 // for fp64 compute) and rounds once. ‖G‖² is summed in fp32 blocks of 256
 // carried in fp64 (sum_of_squares, relative error ≲ 1e-6): LibTorch 1.13's
@@ -337,12 +341,10 @@ at::Tensor newton_schulz_input(const at::Tensor& x3, const NewtonSchulzOptions& 
                                const PartialSums* sums) {
   const auto compute = options.compute_dtype();
   const auto norm_dtype = compute == at::kDouble ? at::kDouble : at::kFloat;
-  const double safety = options.coefficients().safety_factor;
-  const double eps = options.eps();
   auto out = at::empty(x3.sizes(), x3.options().dtype(compute));
   if (!x3.device().is_cpu() && sums == nullptr) {
     auto denom = at::linalg_vector_norm(x3, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true, at::kDouble);
-    denom.mul_(safety).add_(eps);
+    denom.mul_(options.coefficients().safety_factor).add_(options.eps());
     out.copy_(x3.to(norm_dtype).div(denom.to(norm_dtype)));
     return out;
   }
@@ -361,7 +363,7 @@ at::Tensor newton_schulz_input(const at::Tensor& x3, const NewtonSchulzOptions& 
     m.copy_(x3.select(0, i));
     double sumsq = sum_of_squares(m);  // fp32: as muon::Muon's fused step sums
     if (sums != nullptr) sums->reduce_sum_of_squares(sumsq);
-    m.mul_(1.0 / (std::sqrt(sumsq) * safety + eps));
+    m.mul_(normalization_factor(sumsq, options));
     if (!m.is_same(dst)) dst.copy_(m);
   }
   return out;

@@ -31,6 +31,10 @@ class PartialSums {
 /// (b, m, n) tensor in the compute dtype.
 at::Tensor newton_schulz_normalized(at::Tensor x0, const NewtonSchulzOptions& options);
 
+/// The factor X₀ = G·f that normalizes a matrix with Σ G² = `sum_of_squares`
+/// under `options`: f = 1 / (‖G‖_F·safety + eps).
+double normalization_factor(double sum_of_squares, const NewtonSchulzOptions& options);
+
 /// X₀ = G / (‖G‖_F·safety + eps) per matrix of a (b, m, n) tensor, as a new
 /// contiguous tensor in the compute dtype (the normalization of
 /// muon::newton_schulz). With `sums`, each matrix is a block of a larger

@@ -53,8 +53,7 @@ void run_fused_job(const FusedJob& job) {
   }
   // 4. X₀ = u / (‖u‖_F·safety + eps), written once in the compute dtype;
   // then the iterations.
-  const double safety = o.ns().coefficients().safety_factor;
-  for (auto& s : scale) s = 1.0 / (std::sqrt(s) * safety + o.ns().eps());
+  for (auto& s : scale) s = normalization_factor(s, o.ns());
   auto x0 = at::empty({v.batch, v.rows, v.cols}, p.options().dtype(o.ns().compute_dtype()));
   normalized_update(x0, buf, grad, rule, v.batch, scale.data());
   const auto orth = newton_schulz_normalized(std::move(x0), o.ns()).contiguous();
@@ -105,19 +104,6 @@ MatrixView matrix_view(const at::Tensor& p, const MuonOptions& o) {
   }
   const auto [rows, cols] = matrix_dims(p.sizes());
   return {1, rows, cols};
-}
-
-double decay_factor(const MuonOptions& o) {
-  if (o.weight_decay() == 0) return 1.0;
-  switch (o.weight_decay_mode()) {
-    case WeightDecayMode::kDecoupled:
-      return 1 - o.lr() * o.weight_decay();
-    case WeightDecayMode::kIndependent:
-      return 1 - o.weight_decay();
-    case WeightDecayMode::kL2:
-      break;
-  }
-  return 1.0;
 }
 
 void run_fused(std::vector<FusedJob>& jobs) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "muon/optim/muon.h"
+#include "optim/muon_fused.h"
 #include "util/dtype_names.h"
 #include "util/names.h"
 
@@ -238,5 +239,22 @@ bool operator==(const MuonParamState& a, const MuonParamState& b) {
   return !x.defined() || (x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type() &&
                           at::equal(x, y));
 }
+
+namespace detail {
+
+double decay_factor(const MuonOptions& o) {
+  if (o.weight_decay() == 0) return 1.0;
+  switch (o.weight_decay_mode()) {
+    case WeightDecayMode::kDecoupled:
+      return 1 - o.lr() * o.weight_decay();
+    case WeightDecayMode::kIndependent:
+      return 1 - o.weight_decay();
+    case WeightDecayMode::kL2:
+      break;
+  }
+  return 1.0;
+}
+
+}  // namespace detail
 
 }  // namespace muon
