@@ -121,10 +121,13 @@ at::Tensor Muon::step(LossClosure closure) {
   const bool fuses = orthogonalizer_->fuses() && stage_ == nullptr;
   const bool batches = orthogonalizer_->batches();
   // Parameters the fused passes take run after the loop, possibly side by
-  // side; the others go to the strategy one at a time, or all together when
-  // it batches (a tensor is in one group only: check_steppable).
+  // side; the others go to the strategy one at a time, or together when it
+  // batches: all at once, or in turns of max_pending_elements() (a tensor is
+  // in one group only: check_steppable).
   std::vector<detail::FusedJob> fused;
   std::vector<OrthogonalizeItem> pending;
+  const int64_t limit = batches ? orthogonalizer_->max_pending_elements() : 0;
+  int64_t pending_elements = 0;
   for (const auto gi : c10::irange(param_groups_.size())) {
     auto& group = param_groups_[gi];
     const auto& o = static_cast<const MuonOptions&>(group.options());
@@ -140,8 +143,12 @@ at::Tensor Muon::step(LossClosure closure) {
       item.param = p;
       item.options = &o;
       item.group = gi;
+      pending_elements += p.numel();
       pending.push_back(std::move(item));
-      if (!batches) orthogonalize_and_apply(pending);
+      if (!batches || (limit >= 0 && pending_elements >= limit)) {
+        orthogonalize_and_apply(pending);
+        pending_elements = 0;
+      }
     }
   }
   if (batches) orthogonalize_and_apply(pending);  // collective: called even with no item

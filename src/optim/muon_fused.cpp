@@ -1,4 +1,5 @@
-// Muon's fused passes, over matrices side by side on several threads.
+// Muon's fused passes: parameters of one shape and options orthogonalized
+// as one batch, batches side by side on the persistent worker threads.
 #include "optim/muon_fused.h"
 
 #include <ATen/Parallel.h>
@@ -8,9 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <exception>
-#include <system_error>
-#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -19,81 +17,154 @@
 #include "muon/scaling.h"
 #include "newton_schulz_internal.h"
 #include "optim/muon_internal.h"
+#include "util/worker_pool.h"
 
 namespace muon::detail {
 namespace {
 
-// A job's Newton–Schulz work, for scheduling: batch·rows·cols·min(rows, cols).
-double cost_of(const FusedJob& job) {
-  const auto& v = job.view;
-  return static_cast<double>(v.batch) * static_cast<double>(v.rows) *
-         static_cast<double>(v.cols) * static_cast<double>(std::min(v.rows, v.cols));
+std::atomic<int64_t> side_by_side{0};
+std::atomic<int64_t> batches_run{0};
+
+// Newton–Schulz work of `matrices` matrices of rows × cols, for scheduling:
+// matrices·rows·cols·min(rows, cols).
+double cost_of(int64_t matrices, int64_t rows, int64_t cols) {
+  return static_cast<double>(matrices) * static_cast<double>(rows) * static_cast<double>(cols) *
+         static_cast<double>(std::min(rows, cols));
 }
 
-void run_fused_job(const FusedJob& job) {
-  at::Tensor& p = *job.param;
-  const MuonOptions& o = *job.options;
-  const at::Tensor& grad = p.grad();
-  auto& st = *job.state;
-  st.step(st.step() + 1);
-  auto& buf = st.momentum_buffer();
+// Jobs whose matrices share one shape and one set of Newton–Schulz options,
+// orthogonalized as one batch (a "megabatch" across parameters): the fixed
+// costs of a Newton–Schulz call (dispatch, allocation, one product call per
+// step) are paid once for all of them instead of once per parameter.
+struct Batch {
+  std::vector<const FusedJob*> jobs;
+  int64_t matrices = 0;
+  double cost = 0;
+};
 
-  // 2–3. momentum into the buffer and Σu² of the Nesterov update u, per matrix.
-  const auto& v = job.view;
-  const MomentumRule rule{o.momentum(), o.momentum_style() == MomentumStyle::kEma,
-                                  o.nesterov()};
-  std::vector<double> scale(static_cast<size_t>(v.batch));
-  momentum_pass(buf, grad, rule, v.batch, scale.data());
-  // Σu² past fp32's range (|u| ≳ 1e19): u again, exactly, summed in fp64.
-  if (!std::all_of(scale.begin(), scale.end(), [](double s) { return std::isfinite(s); })) {
-    auto u = at::empty({v.batch, v.rows, v.cols}, p.options());
-    const std::vector<double> ones(scale.size(), 1.0);
-    normalized_update(u, buf, grad, rule, v.batch, ones.data());
-    for (const auto m : c10::irange(v.batch)) scale[static_cast<size_t>(m)] = sum_of_squares(u[m]);
+// A batch holds at most this many elements (8 MB of fp32 input): enough to
+// make per-call costs negligible, small enough that the workspace of a
+// batch stays near that of one large matrix.
+constexpr int64_t kMaxBatchElements = int64_t{1} << 21;
+
+bool same_batch_key(const FusedJob& a, const FusedJob& b) {
+  return a.view.rows == b.view.rows && a.view.cols == b.view.cols &&
+         (a.options == b.options || a.options->ns() == b.options->ns());
+}
+
+// Groups jobs by shape and options, in the order they come; a group is cut
+// into batches of at most kMaxBatchElements, and into at least `ways`
+// batches of whole parameters when it has that many, so that `ways`
+// threads can share it. Composition depends only on the jobs and `ways`.
+std::vector<Batch> make_batches(const std::vector<FusedJob>& jobs, int ways) {
+  std::vector<std::vector<const FusedJob*>> groups;
+  for (const auto& job : jobs) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return same_batch_key(*g.front(), job); });
+    if (it == groups.end()) {
+      groups.push_back({&job});
+    } else {
+      it->push_back(&job);
+    }
   }
-  // 4. X₀ = u / (‖u‖_F·safety + eps), written once in the compute dtype;
-  // then the iterations.
-  for (auto& s : scale) s = normalization_factor(s, o.ns());
-  auto x0 = at::empty({v.batch, v.rows, v.cols}, p.options().dtype(o.ns().compute_dtype()));
-  normalized_update(x0, buf, grad, rule, v.batch, scale.data());
-  const auto orth = newton_schulz_normalized(std::move(x0), o.ns()).contiguous();
-  // 1, 5–6. weight decay, scale and update in one pass.
-  const double decay = decay_factor(o);
-  const double alpha = scale_factor(v.rows, v.cols, o.scale_mode(), o.extra_scale_factor());
-  decay_and_add(p, orth, decay, -o.lr() * alpha);
+  std::vector<Batch> batches;
+  for (const auto& group : groups) {
+    const auto& v0 = group.front()->view;
+    const int64_t per_matrix = v0.rows * v0.cols;
+    int64_t total = 0;
+    for (const auto* job : group) total += job->view.batch;
+    const int64_t share = (total + ways - 1) / ways;
+    const int64_t cap = std::max<int64_t>(1, std::min(kMaxBatchElements / std::max<int64_t>(per_matrix, 1), share));
+    Batch current;
+    for (const auto* job : group) {
+      if (current.matrices > 0 && current.matrices + job->view.batch > cap) {
+        batches.push_back(std::move(current));
+        current = Batch{};
+      }
+      current.jobs.push_back(job);
+      current.matrices += job->view.batch;
+      current.cost += cost_of(job->view.batch, v0.rows, v0.cols);
+    }
+    batches.push_back(std::move(current));
+  }
+  return batches;
 }
 
-// Below this much work in all (batch·rows·cols·min), starting threads costs
-// more than it saves: 2²² is ~0.1 GFLOP of Newton–Schulz.
+// Steps 1–6 of every job of a batch: each job's momentum pass, the
+// normalized inputs of all of them in one tensor, one Newton–Schulz call,
+// then each job's decay and update.
+void run_batch(const Batch& batch) {
+  ++batches_run;
+  const auto& first = *batch.jobs.front();
+  const auto& ns = first.options->ns();
+  const int64_t rows = first.view.rows;
+  const int64_t cols = first.view.cols;
+  auto x0 = at::empty({batch.matrices, rows, cols},
+                      first.param->options().dtype(ns.compute_dtype()));
+  int64_t offset = 0;
+  for (const auto* job : batch.jobs) {
+    at::Tensor& p = *job->param;
+    const MuonOptions& o = *job->options;
+    const at::Tensor& grad = p.grad();
+    auto& st = *job->state;
+    st.step(st.step() + 1);
+    auto& buf = st.momentum_buffer();
+
+    // 2–3. momentum into the buffer and Σu² of the Nesterov update u, per matrix.
+    const int64_t n = job->view.batch;
+    const MomentumRule rule{o.momentum(), o.momentum_style() == MomentumStyle::kEma,
+                            o.nesterov()};
+    std::vector<double> scale(static_cast<size_t>(n));
+    momentum_pass(buf, grad, rule, n, scale.data());
+    // Σu² past fp32's range (|u| ≳ 1e19): u again, exactly, summed in fp64.
+    if (!std::all_of(scale.begin(), scale.end(), [](double s) { return std::isfinite(s); })) {
+      auto u = at::empty({n, rows, cols}, p.options());
+      const std::vector<double> ones(scale.size(), 1.0);
+      normalized_update(u, buf, grad, rule, n, ones.data());
+      for (const auto m : c10::irange(n)) scale[static_cast<size_t>(m)] = sum_of_squares(u[m]);
+    }
+    // 4. X₀ = u / (‖u‖_F·safety + eps), written once in the compute dtype.
+    for (auto& s : scale) s = normalization_factor(s, ns);
+    auto slot = x0.narrow(0, offset, n);
+    normalized_update(slot, buf, grad, rule, n, scale.data());
+    offset += n;
+  }
+  const auto orth = newton_schulz_normalized(std::move(x0), ns).contiguous();
+  // 1, 5–6. weight decay, scale and update in one pass per parameter.
+  offset = 0;
+  for (const auto* job : batch.jobs) {
+    const MuonOptions& o = *job->options;
+    const int64_t n = job->view.batch;
+    const double alpha = scale_factor(rows, cols, o.scale_mode(), o.extra_scale_factor());
+    decay_and_add(*job->param, orth.narrow(0, offset, n), decay_factor(o), -o.lr() * alpha);
+    offset += n;
+  }
+}
+
+// Below this much work in all (batch·rows·cols·min), running on several
+// threads costs more than it saves: 2²² is ~0.1 GFLOP of Newton–Schulz.
 constexpr double kMinParallelCost = 4194304.0;
 
-// How many threads run `jobs` side by side, one matrix per thread and each
-// product on that thread alone; 1: one after another, each product on all of
-// LibTorch's intra-op threads. Side by side wins when there are many
-// matrices of moderate size: a 512-wide product gains little from a second
-// thread, while two matrices on two threads never wait on each other. It
-// needs every product on oneDNN (a BLAS keeps its own thread pool) and no
-// matrix with more than its share of the work (it would run alone at the
-// end on one thread).
-int fused_threads(const std::vector<FusedJob>& jobs) {
+// How many threads may run batches side by side (one batch per thread, each
+// product on that thread alone); 1: one batch after another, each product
+// on all of LibTorch's intra-op threads. Side by side wins when there are
+// many matrices of moderate size: a 512-wide product gains little from a
+// second thread, while two batches on two threads never wait on each other.
+// It needs every product on oneDNN (a BLAS keeps its own thread pool) and
+// enough work.
+int side_by_side_threads(const std::vector<FusedJob>& jobs) {
   const int threads = at::get_num_threads();
   if (threads < 2 || jobs.size() < 2 || at::in_parallel_region()) return 1;
   double total = 0;
-  double largest = 0;
   std::unordered_set<const MuonParamState*> states;
   for (const auto& job : jobs) {
     if (!products_follow_thread_scope(job.options->ns().compute_dtype())) return 1;
     if (!states.insert(job.state).second) return 1;
-    const double cost = cost_of(job);
-    total += cost;
-    largest = std::max(largest, cost);
+    total += cost_of(job.view.batch, job.view.rows, job.view.cols);
   }
-  const int n = std::min<int>(threads, static_cast<int>(jobs.size()));
-  if (total < kMinParallelCost || largest > total / n) return 1;
-  return n;
+  return total < kMinParallelCost ? 1 : threads;
 }
 
-std::atomic<int64_t> side_by_side{0};
 
 }  // namespace
 
@@ -107,43 +178,44 @@ MatrixView matrix_view(const at::Tensor& p, const MuonOptions& o) {
 }
 
 void run_fused(std::vector<FusedJob>& jobs) {
-  const int threads = fused_threads(jobs);
-  if (threads <= 1) {
-    for (const auto& job : jobs) run_fused_job(job);
+  const int ways = side_by_side_threads(jobs);
+  auto batches = make_batches(jobs, ways);
+  // Side by side only when no batch holds more than its share of the work
+  // (it would run alone at the end on one thread).
+  double total = 0;
+  double largest = 0;
+  for (const auto& b : batches) {
+    total += b.cost;
+    largest = std::max(largest, b.cost);
+  }
+  const int threads = std::min<int>(ways, static_cast<int>(batches.size()));
+  if (threads <= 1 || largest > total / threads) {
+    for (const auto& b : batches) run_batch(b);
     return;
   }
-  ++side_by_side;
-  std::stable_sort(jobs.begin(), jobs.end(),
-                   [](const FusedJob& a, const FusedJob& b) { return cost_of(a) > cost_of(b); });
+  std::stable_sort(batches.begin(), batches.end(),
+                   [](const Batch& a, const Batch& b) { return a.cost > b.cost; });
   std::atomic<size_t> next{0};
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
   const at::ThreadLocalState caller;  // grad mode and the rest, as on this thread
-  auto work = [&](size_t w) {
+  auto work = [&](int /*worker*/) {
+    at::ThreadLocalStateGuard same(caller);
+    OneThreadScope one;
     try {
-      at::ThreadLocalStateGuard same(caller);
-      OneThreadScope one;
-      for (size_t i = next++; i < jobs.size(); i = next++) run_fused_job(jobs[i]);
+      for (size_t i = next++; i < batches.size(); i = next++) run_batch(batches[i]);
     } catch (...) {
-      errors[w] = std::current_exception();
-      next = jobs.size();  // the others stop after their current job
+      next = batches.size();  // the others stop after their current batch
+      throw;
     }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (size_t w = 1; w < static_cast<size_t>(threads); ++w) {
-    try {
-      pool.emplace_back(work, w);
-    } catch (const std::system_error&) {
-      break;  // no more threads to be had: the ones started share the jobs
-    }
-  }
-  work(0);
-  for (auto& t : pool) t.join();
-  for (const auto& e : errors) {
-    if (e) std::rethrow_exception(e);
+  if (run_on_workers(threads, work)) {
+    ++side_by_side;
+  } else {
+    for (const auto& b : batches) run_batch(b);  // the pool serves another caller
   }
 }
 
 int64_t side_by_side_steps() { return side_by_side.load(); }
+
+int64_t fused_batches_run() { return batches_run.load(); }
 
 }  // namespace muon::detail

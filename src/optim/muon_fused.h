@@ -36,10 +36,13 @@ struct FusedJob {
   MatrixView view;
 };
 
-/// Runs every job: in order on this thread, or side by side on LibTorch's
-/// intra-op threads (one matrix per thread) when that pays; each job gives
-/// the same bits either way. The first error is rethrown after every thread
-/// has stopped.
+/// Runs every job. Jobs whose matrices have one shape and one set of
+/// Newton–Schulz options are orthogonalized together, as one batched
+/// Newton–Schulz call (batches of at most 2²¹ elements). Batches run in order
+/// on this thread, or side by side on the persistent worker threads
+/// (util/worker_pool.h), one batch per thread, when LibTorch has several
+/// intra-op threads and that pays; each matrix gives the same bits either
+/// way. The first error is rethrown after every thread has stopped.
 void run_fused(std::vector<FusedJob>& jobs);
 
 }  // namespace muon::detail

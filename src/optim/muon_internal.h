@@ -9,4 +9,9 @@ namespace muon::detail {
 /// parameters side by side on several threads (one matrix per thread).
 int64_t side_by_side_steps();
 
+/// How many batches (parameters of one shape and one set of Newton–Schulz
+/// options orthogonalized in one call) muon::Muon's fused passes have run in
+/// this process.
+int64_t fused_batches_run();
+
 }  // namespace muon::detail

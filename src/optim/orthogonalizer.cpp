@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -62,16 +63,71 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
   return out;
 }
 
+// Items whose matrices share one shape, dtype, device and set of
+// Newton–Schulz options are orthogonalized as one batch (at most
+// kMaxBatchElements elements), as Muon's fused passes batch theirs: the
+// fixed costs of a call are paid once per batch. Each matrix gives the bits
+// it would alone.
+constexpr int64_t kMaxBatchElements = int64_t{1} << 21;
+
+bool batchable(const OrthogonalizeItem& item) { return item.options->split_sizes().empty(); }
+
+bool same_batch(const OrthogonalizeItem& a, const MatrixView& va, const OrthogonalizeItem& b,
+                const MatrixView& vb) {
+  return va.rows == vb.rows && va.cols == vb.cols &&
+         a.update.scalar_type() == b.update.scalar_type() &&
+         a.update.device() == b.update.device() &&
+         (a.options == b.options || a.options->ns() == b.options->ns());
+}
+
 class LocalOrthogonalizer final : public Orthogonalizer {
  public:
   std::string name() const override { return "local"; }
   bool fuses() const override { return true; }
+  bool batches() const override { return true; }
+  int64_t max_pending_elements() const override { return 4 * kMaxBatchElements; }
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override {
-    for (auto& item : items) {
-      const auto view = detail::matrix_view(item.param, *item.options);
-      item.orth = scaled_orthogonal(item.update, view, *item.options, item.alpha);
-      item.rows = view.rows;
-      item.cols = view.cols;
+    std::vector<MatrixView> views;
+    views.reserve(items.size());
+    for (auto& item : items) views.push_back(detail::matrix_view(item.param, *item.options));
+    std::vector<bool> done(items.size(), false);
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (done[i]) continue;
+      auto& first = items[i];
+      const auto& v = views[i];
+      first.rows = v.rows;
+      first.cols = v.cols;
+      if (!batchable(first)) {
+        first.orth = scaled_orthogonal(first.update, v, *first.options, first.alpha);
+        done[i] = true;
+        continue;
+      }
+      // This item and the next ones of its kind, up to the batch's size.
+      std::vector<size_t> members{i};
+      int64_t matrices = v.batch;
+      const int64_t cap = std::max<int64_t>(1, kMaxBatchElements / std::max<int64_t>(v.rows * v.cols, 1));
+      for (size_t j = i + 1; j < items.size() && matrices < cap; ++j) {
+        if (done[j] || !batchable(items[j]) || !same_batch(first, v, items[j], views[j]) ||
+            matrices + views[j].batch > cap) {
+          continue;
+        }
+        members.push_back(j);
+        matrices += views[j].batch;
+      }
+      std::vector<at::Tensor> mats;
+      for (const size_t j : members) mats.push_back(items[j].update.reshape({views[j].batch, v.rows, v.cols}));
+      const auto orth = newton_schulz(mats.size() == 1 ? mats[0] : at::cat(mats), first.options->ns());
+      int64_t offset = 0;
+      for (const size_t j : members) {
+        auto& item = items[j];
+        item.rows = v.rows;
+        item.cols = v.cols;
+        item.alpha = scale_factor(v.rows, v.cols, item.options->scale_mode(),
+                                  item.options->extra_scale_factor());
+        item.orth = orth.narrow(0, offset, views[j].batch);
+        offset += views[j].batch;
+        done[j] = true;
+      }
     }
   }
 };

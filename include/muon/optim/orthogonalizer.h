@@ -98,8 +98,13 @@ class Orthogonalizer {
   /// matrices of this process.
   virtual bool fuses() const { return false; }
   /// Whether `orthogonalize` takes every parameter of a step in one call (to
-  /// batch and overlap communication); otherwise one parameter a call.
+  /// batch matrices and overlap communication); otherwise one parameter a call.
   virtual bool batches() const { return false; }
+  /// For a strategy that batches: once the parameters waiting for a call
+  /// hold this many elements, `Muon` hands them over without waiting for
+  /// the rest of the step (bounding the updates alive at once). -1: every
+  /// parameter of a step in one call (collective strategies need that).
+  virtual int64_t max_pending_elements() const { return -1; }
   /// Writes `orth`, `alpha`, `rows` and `cols` of every item. Collective for
   /// distributed strategies: every process of a group passes its parts of
   /// the same matrices in the same order.
