@@ -1,13 +1,24 @@
-// Optimizer step time on the 25M-parameter, 32-matrix set of REFERENCE.md
-// (d = 512, 8 layers; per layer 1536×512, 512×512, 2048×512, 512×2048):
+// Optimizer step time on a set of matrices (--model):
+//   25m          the 25M-parameter, 32-matrix set of REFERENCE.md (d = 512,
+//                8 layers; per layer 1536×512, 512×512, 2048×512, 512×2048)
+//   64x128x128   64 matrices of 128×128
+//   32x256x1024  32 matrices of 256×1024
 // muon::Muon with fp32 and bf16 Newton–Schulz compute, torch::optim::AdamW,
 // and, in the same run, the plain Python Muon step (bench/muon_step_plain.py
 // with the same shapes and schedule). Synthetic fixed gradients; warm-up
 // steps, then the median of timed steps.
 //
-//   bench_optimizer_step [--iters N] [--warmup N] [--threads N]
-//                        [--python /usr/bin/python3] [--script bench/muon_step_plain.py]
-//                        [--no-python]
+// The same run also measures the machine's GEMM rate in each compute dtype,
+// through the products Newton–Schulz itself uses: for every NS shape of the
+// model, X ← P·X on the whole batch of that shape (s×s times s×l), and one
+// 1024³ product. "NS at GEMM rate" is the step's executed Newton–Schulz
+// FLOPs (muon::newton_schulz_flops: a symmetric product counts half) divided
+// by the same-shape rate; "share of peak" divides the executed FLOPs per
+// second of the step by the highest rate measured.
+//
+//   bench_optimizer_step [--model 25m|64x128x128|32x256x1024] [--iters N] [--warmup N]
+//                        [--threads N] [--python /usr/bin/python3]
+//                        [--script bench/muon_step_plain.py] [--no-python]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/optim/adamw.h>
@@ -25,11 +36,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/symmetric.h"
+#include "muon/newton_schulz.h"
 #include "muon/optim/muon.h"
 
 namespace {
 
 struct Args {
+  std::string model = "25m";
   int iters = 5;
   int warmup = 1;
   int threads = 0;  // 0: LibTorch's default
@@ -49,7 +63,9 @@ Args parse_args(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (arg == "--iters") {
+    if (arg == "--model") {
+      a.model = next();
+    } else if (arg == "--iters") {
       a.iters = std::stoi(next());
     } else if (arg == "--warmup") {
       a.warmup = std::stoi(next());
@@ -63,7 +79,7 @@ Args parse_args(int argc, char** argv) {
       a.run_python = false;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--iters N] [--warmup N] [--threads N] [--python PATH] "
+                   "usage: %s [--model 25m|64x128x128|32x256x1024] [--iters N] [--warmup N] [--threads N] [--python PATH] "
                    "[--script PATH] [--no-python]\n",
                    argv[0]);
       std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
@@ -72,15 +88,48 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-// The 32 matrices: (out, in) per layer, 8 layers.
-std::vector<std::vector<int64_t>> shapes() {
+// The matrices of `model`, (out, in) each.
+std::vector<std::vector<int64_t>> shapes(const std::string& model) {
   std::vector<std::vector<int64_t>> out;
-  for (int layer = 0; layer < 8; ++layer) {
-    for (const auto& s : std::vector<std::vector<int64_t>>{{1536, 512}, {512, 512}, {2048, 512}, {512, 2048}}) {
-      out.push_back(s);
+  if (model == "25m") {
+    for (int layer = 0; layer < 8; ++layer) {
+      for (const auto& s : std::vector<std::vector<int64_t>>{{1536, 512}, {512, 512}, {2048, 512}, {512, 2048}}) {
+        out.push_back(s);
+      }
     }
+  } else if (model == "64x128x128") {
+    out.assign(64, {128, 128});
+  } else if (model == "32x256x1024") {
+    out.assign(32, {256, 1024});
+  } else {
+    std::fprintf(stderr, "unknown --model %s (25m, 64x128x128, 32x256x1024)\n", model.c_str());
+    std::exit(2);
   }
   return out;
+}
+
+double seconds_of(const std::function<void()>& f, int reps) {
+  f();  // warm-up
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / reps;
+}
+
+// GFLOP/s of X ← P·X on `count` matrices (s×s times s×l, one product per
+// matrix) in `dtype`, through the products Newton–Schulz runs on.
+double gemm_rate(int64_t count, int64_t s, int64_t l, at::ScalarType dtype) {
+  const auto o = at::TensorOptions().dtype(dtype);
+  auto p = at::randn({count, s, s}).to(dtype);
+  auto x = at::randn({count, s, l}).to(dtype);
+  auto out = at::empty({count, s, l}, o);
+  const double flops = 2.0 * static_cast<double>(count * s * s * l);
+  const int reps = std::max<int>(3, static_cast<int>(2e9 / flops));
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    const double t = seconds_of([&] { muon::detail::batched_mm_out(out, p, x); }, reps);
+    best = std::max(best, flops / t / 1e9);
+  }
+  return best;
 }
 
 struct Model {
@@ -90,10 +139,10 @@ struct Model {
 
 // Same values for every optimizer: parameters N(0, 0.02²), gradients N(0, 1),
 // set once (the gradients stay, as after a backward pass).
-Model make_model() {
+Model make_model(const std::string& model) {
   at::manual_seed(0);
   Model m;
-  for (const auto& s : shapes()) {
+  for (const auto& s : shapes(model)) {
     auto p = at::randn(s) * 0.02;
     p.mutable_grad() = at::randn(s);
     m.numel += p.numel();
@@ -136,7 +185,7 @@ std::map<std::string, double> run_python(const Args& args, int threads) {
   }
   std::ostringstream cmd;
   cmd << args.python << " " << args.script << " --threads " << threads << " --iters " << args.iters
-      << " --warmup " << args.warmup << " --dtype both";
+      << " --warmup " << args.warmup << " --dtype both --model " << args.model;
   FILE* pipe = popen(cmd.str().c_str(), "r");
   if (pipe == nullptr) {
     std::printf("(plain Python step skipped: could not run %s)\n", cmd.str().c_str());
@@ -163,9 +212,9 @@ int main(int argc, char** argv) {
   const int threads = at::get_num_threads();
   at::NoGradGuard no_grad;
 
-  const auto base = make_model();
-  std::printf("optimizer step, %lld parameters in %zu matrices (d=512, 8 layers), fp32 parameters\n",
-              static_cast<long long>(base.numel), base.params.size());
+  const auto base = make_model(args.model);
+  std::printf("optimizer step, model %s: %lld parameters in %zu matrices, fp32 parameters\n",
+              args.model.c_str(), static_cast<long long>(base.numel), base.params.size());
   std::printf("threads %d, %d warm-up + %d timed steps, median\n\n", threads, args.warmup, args.iters);
 
   auto fresh = [&] {
@@ -195,6 +244,29 @@ int main(int argc, char** argv) {
   std::map<std::string, double> py;
   if (args.run_python) py = run_python(args, threads);
 
+  // GEMM rates, and the executed Newton–Schulz FLOPs of one step, per dtype.
+  std::map<std::vector<int64_t>, int64_t> counts;  // (s, l) → matrices
+  for (const auto& p : base.params) {
+    const int64_t r = p.size(0);
+    const int64_t c = p.size(1);
+    ++counts[{std::min(r, c), std::max(r, c)}];
+  }
+  std::map<std::string, double> at_rate_ms;
+  std::map<std::string, double> peak;
+  std::map<std::string, double> flops;
+  for (const auto& [name, dtype] : {std::make_pair(std::string("fp32"), at::kFloat),
+                                    std::make_pair(std::string("bf16"), at::kBFloat16)}) {
+    const auto ns = muon::MuonOptions(muon_options).ns_compute_dtype(dtype).ns();
+    peak[name] = gemm_rate(1, 1024, 1024, dtype);
+    for (const auto& [shape, count] : counts) {
+      const double rate = gemm_rate(count, shape[0], shape[1], dtype);
+      peak[name] = std::max(peak[name], rate);
+      const double f = static_cast<double>(count) * muon::newton_schulz_flops(shape[0], shape[1], ns);
+      flops[name] += f;
+      at_rate_ms[name] += f / rate / 1e6;
+    }
+  }
+
   const double adamw = ms["adamw"];
   auto row = [&](const char* label, double value) {
     std::printf("  %-36s %10.1f ms  %6.2fx AdamW\n", label, value, value / adamw);
@@ -206,10 +278,17 @@ int main(int argc, char** argv) {
   if (py.count("bf16")) row("plain Python Muon step, NS bf16", py["bf16"]);
   std::printf("\n");
   for (const char* d : {"fp32", "bf16"}) {
+    const std::string key = std::string("muon_") + d;
+    std::printf("  NS %s: executed %.3f GFLOP per step; same-shape GEMM rate gives %.1f ms: step / that "
+                "= %.2fx (target <= 1.3x); GEMM peak %.0f GFLOP/s, step reaches %.0f GFLOP/s = %.0f%% "
+                "of it\n",
+                d, flops[d] / 1e9, at_rate_ms[d], ms[key] / at_rate_ms[d], peak[d],
+                flops[d] / ms[key] / 1e6, 100.0 * flops[d] / ms[key] / 1e6 / peak[d]);
+  }
+  for (const char* d : {"fp32", "bf16"}) {
     if (py.count(d)) {
-      std::printf("  muon::Muon vs plain Python step, NS %s: %.2fx faster%s\n", d,
-                  py[d] / ms[std::string("muon_") + d],
-                  std::strcmp(d, "bf16") == 0 ? "  (target >= 2x)" : "");
+      std::printf("  muon::Muon vs plain Python step, NS %s: %.2fx faster\n", d,
+                  py[d] / ms[std::string("muon_") + d]);
     }
   }
   std::printf("  Muon/AdamW step ratio: %.2f (NS fp32), %.2f (NS bf16)\n", ms["muon_fp32"] / adamw,

@@ -1,13 +1,14 @@
 #!/usr/bin/python3
-"""The plain PyTorch Muon step, timed on the 25M-parameter benchmark set.
+"""The plain PyTorch Muon step, timed on the benchmark sets of bench_optimizer_step.
 
 The baseline that bench_optimizer_step compares muon::Muon against: the
 formula as the field writes it in Python (torch.optim.Muon's Newton–Schulz
 with addmm, Keller Jordan's step order), one parameter at a time, with the
 same shapes, schedule and hyper-parameters as the C++ benchmark:
 
-  d = 512, 8 layers, per layer 1536×512, 512×512, 2048×512, 512×2048
-  (32 matrices, 25,165,824 parameters, fp32), synthetic gradients;
+  --model 25m: d = 512, 8 layers, per layer 1536×512, 512×512, 2048×512,
+  512×2048 (32 matrices, 25,165,824 parameters, fp32); 64x128x128: 64
+  matrices of 128×128; 32x256x1024: 32 of 256×1024; synthetic gradients;
   lr 0.02, momentum 0.95 (EMA) with Nesterov, decoupled weight decay 0.01,
   quintic coefficients ×5, eps 1e-7, scale sqrt(max(1, rows/cols)).
 
@@ -27,7 +28,11 @@ QUINTIC = [
     (2.8769, -3.1427, 1.2046),
     (2.8366, -3.0525, 1.2012),
 ]
-SHAPES = [(1536, 512), (512, 512), (2048, 512), (512, 2048)] * 8
+MODELS = {
+    "25m": [(1536, 512), (512, 512), (2048, 512), (512, 2048)] * 8,
+    "64x128x128": [(128, 128)] * 64,
+    "32x256x1024": [(256, 1024)] * 32,
+}
 
 
 def newton_schulz(grad, steps, eps, dtype):
@@ -65,13 +70,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--dtype", choices=["bf16", "fp32", "both"], default="both")
     parser.add_argument("--ns-steps", type=int, default=5)
+    parser.add_argument("--model", choices=sorted(MODELS), default="25m")
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
     gen = torch.Generator().manual_seed(0)
-    params = [torch.randn(s, generator=gen) * 0.02 for s in SHAPES]
-    grads = [torch.randn(s, generator=gen) for s in SHAPES]
+    params = [torch.randn(s, generator=gen) * 0.02 for s in MODELS[args.model]]
+    grads = [torch.randn(s, generator=gen) for s in MODELS[args.model]]
     dtypes = {"bf16": [torch.bfloat16], "fp32": [torch.float32],
               "both": [torch.float32, torch.bfloat16]}[args.dtype]
     for dtype in dtypes:
