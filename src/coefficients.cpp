@@ -4,6 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "util/names.h"
 
@@ -29,14 +32,6 @@ std::vector<CoefficientSet> make_builtin_sets() {
                   StepSchedule::kCycle, 1.0, 5,
                   "Jiacheng You's five tuples, cycled (Megatron-Core default)"});
   sets.push_back({"polar_express",
-                  {{8.156554524902461, -22.48329292557795, 15.878769915207462},
-                   {4.042929935166739, -2.808917465908714, 0.5000178451051316},
-                   {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
-                   {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
-                   {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}},
-                  StepSchedule::kRepeatLast, 1.02, 5,
-                  "Polar Express 5-step (Amsel et al. 2025), safety factor 1.02, last repeats"});
-  sets.push_back({"polar_express_8",
                   {{8.2051, -22.9019, 16.4607},
                    {4.0664, -2.8612, 0.5184},
                    {3.9096, -2.8234, 0.5250},
@@ -46,7 +41,17 @@ std::vector<CoefficientSet> make_builtin_sets() {
                    {1.8564, -1.2132, 0.3568},
                    {1.8750, -1.2500, 0.3750}},
                   StepSchedule::kRepeatLast, 1.0, 8,
-                  "Polar Express 8-step: singular values converge to 1, last repeats"});
+                  "Polar Express (Amsel et al. 2025), the paper's 8 steps, last repeats: singular "
+                  "values converge to 1 (Megatron-Core's and Emerging-Optimizers' polar_express)"});
+  sets.push_back({"polar_express_5",
+                  {{8.156554524902461, -22.48329292557795, 15.878769915207462},
+                   {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+                   {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+                   {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+                   {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}},
+                  StepSchedule::kRepeatLast, 1.02, 5,
+                  "Polar Express 5-step of modded-nanogpt and nanochat, safety factor 1.02, last "
+                  "repeats"});
   sets.push_back({"cans",
                   {{8.4703, -25.1081, 18.6293},
                    {4.1828, -3.1087, 0.5806},
@@ -68,8 +73,27 @@ std::vector<CoefficientSet> make_builtin_sets() {
                   "DeepSeek-V4: simple ×8 then (2, -1.5, 0.5) ×2, last repeats"});
   sets.push_back({"cubic", {{1.5, -0.5, 0.0}}, StepSchedule::kRepeatLast, 1.0, 5,
                   "classical cubic Newton–Schulz (c = 0: one product per step)"});
+  sets.push_back({"cubic5",
+                  {{3.3656576, -3.3420992, 0.0},
+                   {2.5744352, -1.4957376, 0.0},
+                   {2.5368962, -1.4312570, 0.0},
+                   {2.4418906, -1.2764040, 0.0},
+                   {2.2230472, -0.9630650, 0.0}},
+                  StepSchedule::kCycle, 1.0, 5,
+                  "Emerging-Optimizers' relaxed cubic, five tuples cycled (c = 0: one product "
+                  "fewer per step)"});
   return sets;
 }
+
+// Other names of built-in sets: (alias, set name).
+const std::vector<std::pair<std::string, std::string>>& aliases() {
+  static const std::vector<std::pair<std::string, std::string>> list = {
+      {"polar_express_8", "polar_express"}};
+  return list;
+}
+
+constexpr detail::EnumName<NsEpsMode> kEpsModes[] = {{NsEpsMode::kAdd, "add"},
+                                                     {NsEpsMode::kClamp, "clamp"}};
 
 const std::vector<CoefficientSet>& builtin_sets() {
   static const std::vector<CoefficientSet> sets = make_builtin_sets();
@@ -110,11 +134,24 @@ std::vector<std::string> coefficient_set_names() {
   return names;
 }
 
+std::vector<std::pair<std::string, std::string>> coefficient_set_aliases() { return aliases(); }
+
+std::vector<std::string> accepted_coefficient_set_names() {
+  auto names = coefficient_set_names();
+  for (const auto& a : aliases()) names.push_back(a.first);
+  return names;
+}
+
 const CoefficientSet& coefficient_set(const std::string& name) {
-  for (const auto& s : builtin_sets()) {
-    if (s.name == name) return s;
+  std::string target = name;
+  for (const auto& a : aliases()) {
+    if (a.first == name) target = a.second;
   }
-  detail::check_name(name, coefficient_set_names(), "[muon::coefficient_set] ", "coefficient set");
+  for (const auto& s : builtin_sets()) {
+    if (s.name == target) return s;
+  }
+  detail::check_name(name, accepted_coefficient_set_names(), "[muon::coefficient_set] ",
+                     "coefficient set");
   TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
 
@@ -150,6 +187,18 @@ NewtonSchulzMethod parse_newton_schulz_method(const std::string& name) {
   return detail::parse_name(name, kMethods, "[muon::NewtonSchulzOptions] ", "method");
 }
 
+std::string to_string(NsEpsMode mode) { return detail::name_of(mode, kEpsModes); }
+
+NsEpsMode parse_ns_eps_mode(const std::string& name) {
+  return detail::parse_name(name, kEpsModes, "[muon::NewtonSchulzOptions] ", "eps_mode");
+}
+
+std::vector<std::string> ns_eps_mode_names() {
+  std::vector<std::string> names;
+  for (const auto& m : kEpsModes) names.emplace_back(m.name);
+  return names;
+}
+
 NewtonSchulzOptions::NewtonSchulzOptions() : set_(muon::coefficient_set("quintic")) {}
 
 NewtonSchulzOptions& NewtonSchulzOptions::coefficients(const std::string& name) {
@@ -181,6 +230,11 @@ int64_t NewtonSchulzOptions::steps() const { return steps_ > 0 ? steps_ : set_.d
 NewtonSchulzOptions& NewtonSchulzOptions::eps(double eps) {
   check_eps(eps);
   eps_ = eps;
+  return *this;
+}
+
+NewtonSchulzOptions& NewtonSchulzOptions::eps_mode(const std::string& name) {
+  eps_mode_ = parse_ns_eps_mode(name);
   return *this;
 }
 
@@ -230,8 +284,8 @@ bool NewtonSchulzOptions::operator==(const NewtonSchulzOptions& o) const {
     const auto& y = o.set_.coefficients[i];
     if (x.a != y.a || x.b != y.b || x.c != y.c) return false;
   }
-  return steps() == o.steps() && eps_ == o.eps_ && compute_dtype_ == o.compute_dtype_ &&
-         method_ == o.method_ && symmetric_ == o.symmetric_;
+  return steps() == o.steps() && eps_ == o.eps_ && eps_mode_ == o.eps_mode_ &&
+         compute_dtype_ == o.compute_dtype_ && method_ == o.method_ && symmetric_ == o.symmetric_;
 }
 
 }  // namespace muon

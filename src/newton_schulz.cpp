@@ -329,10 +329,12 @@ void reset_newton_schulz_flops_on_this_thread() { ns_flops_counter = 0; }
 namespace detail {
 
 double normalization_factor(double sum_of_squares, const NewtonSchulzOptions& options) {
-  return 1.0 / (std::sqrt(sum_of_squares) * options.coefficients().safety_factor + options.eps());
+  const double scaled = std::sqrt(sum_of_squares) * options.coefficients().safety_factor;
+  return 1.0 / (options.eps_mode() == NsEpsMode::kClamp ? std::max(scaled, options.eps())
+                                                         : scaled + options.eps());
 }
 
-// X₀ = G / (‖G‖_F·safety + eps) per matrix. The scaling runs in fp32 (fp64
+// X₀ = G·normalization_factor per matrix. The scaling runs in fp32 (fp64
 // for fp64 compute) and rounds once. ‖G‖² is summed in fp32 blocks of 256
 // carried in fp64 (sum_of_squares, relative error ≲ 1e-6): LibTorch 1.13's
 // fp32 norm is off by up to ~1e-4 relative on large matrices, a scale error
@@ -344,7 +346,12 @@ at::Tensor newton_schulz_input(const at::Tensor& x3, const NewtonSchulzOptions& 
   auto out = at::empty(x3.sizes(), x3.options().dtype(compute));
   if (!x3.device().is_cpu() && sums == nullptr) {
     auto denom = at::linalg_vector_norm(x3, 2, at::IntArrayRef{1, 2}, /*keepdim=*/true, at::kDouble);
-    denom.mul_(options.coefficients().safety_factor).add_(options.eps());
+    denom.mul_(options.coefficients().safety_factor);
+    if (options.eps_mode() == NsEpsMode::kClamp) {
+      denom.clamp_min_(options.eps());
+    } else {
+      denom.add_(options.eps());
+    }
     out.copy_(x3.to(norm_dtype).div(denom.to(norm_dtype)));
     return out;
   }

@@ -25,17 +25,20 @@ class PartialSums {
   virtual void reduce_gram(at::Tensor& gram) const = 0;
 };
 
-/// The iterations of muon::newton_schulz on x0 = G / (‖G‖_F·safety + eps)
+/// The iterations of muon::newton_schulz on x0 = G·normalization_factor
 /// per matrix, already formed: x0 is a contiguous (b, m, n) tensor in the
 /// compute dtype, and the options are valid. Returns the orthogonalized
 /// (b, m, n) tensor in the compute dtype.
 at::Tensor newton_schulz_normalized(at::Tensor x0, const NewtonSchulzOptions& options);
 
 /// The factor X₀ = G·f that normalizes a matrix with Σ G² = `sum_of_squares`
-/// under `options`: f = 1 / (‖G‖_F·safety + eps).
+/// under `options`: f = 1 / (‖G‖_F·safety + eps) (eps_mode add) or
+/// f = 1 / max(‖G‖_F·safety, eps) (eps_mode clamp). Every path that
+/// normalizes on the CPU (muon::newton_schulz, the distributed iteration,
+/// Muon's fused step) takes it from here.
 double normalization_factor(double sum_of_squares, const NewtonSchulzOptions& options);
 
-/// X₀ = G / (‖G‖_F·safety + eps) per matrix of a (b, m, n) tensor, as a new
+/// X₀ = G·normalization_factor(Σ G²) per matrix of a (b, m, n) tensor, as a new
 /// contiguous tensor in the compute dtype (the normalization of
 /// muon::newton_schulz). With `sums`, each matrix is a block of a larger
 /// one and ‖G‖²_F is completed by sums->reduce_sum_of_squares.

@@ -75,13 +75,20 @@ std::vector<FieldSpec> muon_fields() {
       FieldSpec::text("momentum_style", to_string(d.momentum_style()), "momentum accumulation",
                       {"ema", "classic"}),
       FieldSpec::text("weight_decay_mode", to_string(d.weight_decay_mode()),
-                      "how weight decay enters the step", {"decoupled", "independent", "l2"}),
+                      "how weight decay enters the step",
+                      {"decoupled", "independent", "l2", "palm"}),
       FieldSpec::text("coefficient_type", d.ns().coefficients().name,
-                      "Newton–Schulz coefficient set", coefficient_set_names()),
+                      "Newton–Schulz coefficient set (names as in Megatron-Core; "
+                      "polar_express_8 = polar_express)",
+                      accepted_coefficient_set_names()),
       FieldSpec::integer("num_ns_steps", 0, "Newton–Schulz steps (0: the set's default)", 0.0,
                          static_cast<double>(kMaxNsSteps - 1)),
       FieldSpec::real("ns_eps", d.ns().eps(), "Newton–Schulz normalization epsilon", 0.0)
           .exclusive_min(),
+      FieldSpec::text("ns_eps_mode", to_string(d.ns().eps_mode()),
+                      "where ns_eps enters: add, X/(‖X‖+eps) (Keller Jordan's Muon); clamp, "
+                      "X/max(‖X‖, eps) (torch.optim.Muon, Emerging-Optimizers)",
+                      ns_eps_mode_names()),
       FieldSpec::text("ns_compute_dtype", detail::dtype_name(d.ns().compute_dtype()),
                       "Newton–Schulz compute dtype", detail::dtype_names()),
       FieldSpec::text("scale_mode", to_string(ScaleMode::kSpectral),
@@ -114,6 +121,7 @@ MuonOptions muon_options(const OptimizerSettings& s) {
   o.ns_coefficients(s.get_string("coefficient_type"));
   if (s.get_int("num_ns_steps") > 0) o.ns_steps(s.get_int("num_ns_steps"));
   o.ns_eps(s.get_double("ns_eps"));
+  o.ns_eps_mode(s.get_string("ns_eps_mode"));
   o.ns_compute_dtype(
       detail::parse_dtype(s.get_string("ns_compute_dtype"), "", "muon_ns_compute_dtype"));
   if (s.get_bool("split_qkv")) {

@@ -94,6 +94,7 @@ inline void ref_step(RefParam& s, at::Tensor g, const RefOptions& o) {
   if (o.wd != 0) {
     if (o.wd_mode == WeightDecayMode::kDecoupled) s.p = s.p * (1 - o.lr * o.wd);
     if (o.wd_mode == WeightDecayMode::kIndependent) s.p = s.p * (1 - o.wd);
+    if (o.wd_mode == WeightDecayMode::kPalm) s.p = s.p * (1 - o.lr * o.lr * o.wd);
     if (o.wd_mode == WeightDecayMode::kL2) g = g + o.wd * s.p;
   }
   s.buf = o.ema ? o.mu * s.buf + (1 - o.mu) * g : o.mu * s.buf + g;

@@ -261,6 +261,48 @@ TEST(Config, FlagErrorsNameFlagAndValueAndChangeNothing) {
   EXPECT_DOUBLE_EQ(c.get_double("lr"), 3e-4);
 }
 
+// ---- names and normalization ported from the field --------------------------------
+
+// The Muon options `config` gives a 2-D parameter.
+muon::MuonOptions muon_options_of(const OptimizerConfig& config) {
+  torch::OrderedDict<std::string, at::Tensor> named;
+  named.insert("block.weight", at::randn({8, 4}).requires_grad_());
+  auto opt = muon::make_optimizer(named, config);
+  EXPECT_EQ(opt->part_name(0), "muon");
+  return static_cast<const muon::MuonOptions&>(opt->part(0).param_groups()[0].options());
+}
+
+TEST(Config, NsEpsModeKey) {
+  OptimizerConfig c;
+  EXPECT_EQ(c.get_string("muon_ns_eps_mode"), "add");
+  EXPECT_EQ(muon_options_of(c).ns().eps_mode(), muon::NsEpsMode::kAdd);
+  c.set("muon_ns_eps_mode", "clamp");
+  EXPECT_EQ(muon_options_of(c).ns().eps_mode(), muon::NsEpsMode::kClamp);
+  c.set_from_string("muon_ns_eps_mode", "add");
+  EXPECT_EQ(muon_options_of(c).ns().eps_mode(), muon::NsEpsMode::kAdd);
+  expect_value_error([&] { c.set("muon_ns_eps_mode", "max"); },
+                     {"muon_ns_eps_mode must be one of", "add, clamp", "\"max\""});
+}
+
+TEST(Config, CoefficientNamesAndPalmDecayFromTheField) {
+  OptimizerConfig c;
+  c.set("muon_coefficient_type", "polar_express").set("muon_weight_decay_mode", "palm");
+  auto o = muon_options_of(c);
+  EXPECT_EQ(o.ns().coefficients().name, "polar_express");
+  EXPECT_EQ(o.ns().steps(), 8);  // the paper's 8-step set, as in Megatron-Core
+  EXPECT_EQ(o.weight_decay_mode(), muon::WeightDecayMode::kPalm);
+  // The old name of the 8-step set is an alias: the same options.
+  c.set("muon_coefficient_type", "polar_express_8");
+  EXPECT_TRUE(muon_options_of(c).ns() == o.ns());
+  c.set("muon_coefficient_type", "polar_express_5");
+  EXPECT_DOUBLE_EQ(muon_options_of(c).ns().coefficients().safety_factor, 1.02);
+  c.set("muon_coefficient_type", "cubic5");
+  EXPECT_EQ(muon_options_of(c).ns().coefficients().name, "cubic5");
+  expect_value_error([&] { c.set("muon_coefficient_type", "polar"); },
+                     {"muon_coefficient_type must be one of", "polar_express_5", "cubic5",
+                      "polar_express_8"});
+}
+
 TEST(Config, HelpListsEveryField) {
   OptimizerConfig c;
   const auto help = muon::config_help(c);

@@ -109,6 +109,94 @@ TEST(MuonSaveLoad, OptionsRoundTripWithCustomCoefficients) {
   EXPECT_FALSE(back == MuonOptions(0.03));
 }
 
+// MuonOptions written to an archive and read back.
+MuonOptions round_trip(const MuonOptions& o) {
+  torch::serialize::OutputArchive out;
+  o.serialize(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream in_bytes(bytes.str());
+  torch::serialize::InputArchive in;
+  in.load_from(in_bytes);
+  MuonOptions back(0);
+  back.serialize(in);
+  return back;
+}
+
+TEST(MuonSaveLoad, EpsModeAndPalmDecayRoundTrip) {
+  auto o = MuonOptions(0.03).weight_decay(0.5).weight_decay_mode("palm").ns_eps_mode("clamp");
+  const auto back = round_trip(o);
+  EXPECT_EQ(back.ns().eps_mode(), NsEpsMode::kClamp);
+  EXPECT_EQ(back.weight_decay_mode(), WeightDecayMode::kPalm);
+  EXPECT_EQ(back, o);
+  EXPECT_FALSE(back == MuonOptions(0.03).weight_decay(0.5).weight_decay_mode("palm"));
+}
+
+// The options an archive written before `ns_eps_mode` existed holds, with a
+// coefficient set stored as `name` and `tuples` (every key that version wrote,
+// with MuonOptions' defaults but lr 0.03).
+MuonOptions read_archive_without_eps_mode(const std::string& name,
+                                          const std::vector<NsCoefficients>& tuples,
+                                          double safety, int64_t default_steps) {
+  torch::serialize::OutputArchive out;
+  std::vector<double> flat;
+  for (const auto& k : tuples) flat.insert(flat.end(), {k.a, k.b, k.c});
+  out.write("lr", c10::IValue(0.03));
+  out.write("momentum", c10::IValue(0.95));
+  out.write("nesterov", c10::IValue(true));
+  out.write("momentum_style", c10::IValue(std::string("ema")));
+  out.write("weight_decay", c10::IValue(0.0));
+  out.write("weight_decay_mode", c10::IValue(std::string("decoupled")));
+  out.write("ns_set_name", c10::IValue(name));
+  out.write("ns_set_coefficients", c10::IValue(flat));
+  out.write("ns_set_schedule", c10::IValue(std::string("repeat_last")));
+  out.write("ns_set_safety_factor", c10::IValue(safety));
+  out.write("ns_set_default_steps", c10::IValue(default_steps));
+  out.write("ns_set_description", c10::IValue(std::string("as written then")));
+  out.write("ns_steps", c10::IValue(int64_t{0}));
+  out.write("ns_eps", c10::IValue(1e-7));
+  out.write("ns_compute_dtype", c10::IValue(std::string("Float")));
+  out.write("ns_method", c10::IValue(std::string("auto")));
+  out.write("ns_symmetric", c10::IValue(true));
+  out.write("scale_mode", c10::IValue(std::string("shape_scaling")));
+  out.write("extra_scale_factor", c10::IValue(1.0));
+  out.write("stacked_experts", c10::IValue(false));
+  out.write("split_sizes", c10::IValue(std::vector<int64_t>{}));
+  out.write("num_query_groups", c10::IValue(int64_t{1}));
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream in_bytes(bytes.str());
+  torch::serialize::InputArchive in;
+  in.load_from(in_bytes);
+  MuonOptions back(0);
+  back.serialize(in);
+  return back;
+}
+
+TEST(MuonSaveLoad, OldArchiveKeepsItsNumbersUnderTodaysNames) {
+  // `polar_express` used to name the 5-step set (safety 1.02); such an
+  // archive loads with its coefficients, reported as polar_express_5, and
+  // normalizes by adding eps as it did.
+  const auto& five = coefficient_set("polar_express_5");
+  const auto old = read_archive_without_eps_mode("polar_express", five.coefficients, 1.02, 5);
+  EXPECT_EQ(old.ns().coefficients().name, "polar_express_5");
+  EXPECT_EQ(old.ns().steps(), 5);
+  EXPECT_DOUBLE_EQ(old.ns().coefficients().safety_factor, 1.02);
+  EXPECT_EQ(old.ns().eps_mode(), NsEpsMode::kAdd);
+  EXPECT_EQ(old, MuonOptions(0.03).ns_coefficients("polar_express_5"));
+  // Stored under the alias of the 8-step set, or under its name: polar_express.
+  const auto& eight = coefficient_set("polar_express");
+  for (const char* name : {"polar_express_8", "polar_express"}) {
+    const auto o = read_archive_without_eps_mode(name, eight.coefficients, 1.0, 8);
+    EXPECT_EQ(o, MuonOptions(0.03).ns_coefficients("polar_express")) << name;
+  }
+  // Coefficients no built-in set holds keep the stored name and values.
+  const std::vector<NsCoefficients> own = {{3.0, -3.2, 1.2}};
+  const auto custom = read_archive_without_eps_mode("polar_express", own, 1.0, 1);
+  EXPECT_EQ(custom.ns().coefficients().name, "polar_express");
+  EXPECT_DOUBLE_EQ(custom.ns().schedule()[0].a, 3.0);
+}
+
 TEST(MuonSaveLoad, MismatchedOptimizerIsRejected) {
   auto p = leaf(at::randn({4, 4}));
   Muon opt({p});

@@ -60,7 +60,8 @@ std::vector<Combo> all_combos() {
   std::vector<Combo> out;
   for (bool n : {true, false}) {
     for (auto s : {MomentumStyle::kEma, MomentumStyle::kClassic}) {
-      for (auto w : {WeightDecayMode::kDecoupled, WeightDecayMode::kIndependent, WeightDecayMode::kL2}) {
+      for (auto w : {WeightDecayMode::kDecoupled, WeightDecayMode::kIndependent, WeightDecayMode::kL2,
+                     WeightDecayMode::kPalm}) {
         for (auto m : {ScaleMode::kShapeScaling, ScaleMode::kSpectral, ScaleMode::kUnitRmsNorm,
                        ScaleMode::kMatchRmsAdamW}) {
           out.push_back({n, s, w, m});
@@ -90,9 +91,12 @@ at::Tensor reversed_storage(const at::Tensor& values) {
 // Steps fp32 parameters of `shapes` (N(0, 0.02²), contiguous or not) and
 // the fp64 reference on the same fp32 gradients; returns the largest
 // ‖Δp − Δp_ref‖_F / ‖Δp_ref‖_F over parameters, Δp the change over all steps.
+// `library`, when given, replaces the options the library steps with
+// (to_muon(o)), for a mode the reference spells differently.
 double fp32_error_against_reference(const std::vector<std::vector<int64_t>>& shapes,
                                     const RefOptions& o, bool contiguous,
-                                    at::ScalarType compute, int steps = 3) {
+                                    at::ScalarType compute, int steps = 3,
+                                    const MuonOptions* library = nullptr) {
   at::manual_seed(99);
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> start;
@@ -104,7 +108,7 @@ double fp32_error_against_reference(const std::vector<std::vector<int64_t>>& sha
     start.push_back(values.to(at::kDouble));
     ref.push_back({start.back().clone(), {}});
   }
-  auto options = to_muon(o);
+  auto options = library != nullptr ? *library : to_muon(o);
   options.ns_compute_dtype(compute);
   Muon opt(params, options);
   for (int k = 0; k < steps; ++k) {
@@ -237,6 +241,41 @@ TEST(MuonOptionsTest, OtherCoefficientSetAndSteps) {
   o.coeffs = kSimple;
   o.steps = 3;
   EXPECT_LT(run_against_reference({{10, 6}}, o), kFp64Tol);
+}
+
+TEST(MuonOptionsTest, PalmDecayScalesWithLrSquared) {
+  // Emerging-Optimizers' palm: p ← p·(1 − lr²·wd). The reference applies
+  // that factor as lr-independent decay wd' = lr²·wd; wd = 5 with lr 0.1
+  // shrinks p by 5% a step, far above every tolerance below.
+  RefOptions o;
+  o.lr = 0.1;
+  o.wd = 0.1 * 0.1 * 5.0;
+  o.wd_mode = WeightDecayMode::kIndependent;
+  auto palm = to_muon(o);
+  palm.weight_decay(5.0).weight_decay_mode(WeightDecayMode::kPalm);
+  // fp64 parameters (tensor-op step).
+  at::manual_seed(21);
+  auto p = leaf(at::randn({12, 8}, at::kDouble));
+  RefParam ref{p.detach().clone(), {}};
+  Muon opt({p}, palm);
+  for (int k = 0; k < 3; ++k) {
+    const auto g = at::randn({12, 8}, at::kDouble);
+    p.mutable_grad() = g.clone();
+    ref_step(ref, g, o);
+    opt.step();
+  }
+  EXPECT_LT(max_diff(p, ref.p), kFp64Tol);
+  // fp32 parameters: the fused passes (contiguous) and the tensor-op step.
+  for (const bool contiguous : {true, false}) {
+    EXPECT_LT(fp32_error_against_reference({{24, 16}, {16, 40}}, o, contiguous, at::kFloat, 3,
+                                           &palm),
+              kFp32StepTol)
+        << (contiguous ? "fused passes" : "tensor ops");
+  }
+  // The mode is not decoupled decay (1 − lr·wd would shrink p by 50%).
+  auto decoupled = palm;
+  decoupled.weight_decay_mode(WeightDecayMode::kDecoupled);
+  EXPECT_GT(fp32_error_against_reference({{24, 16}}, o, true, at::kFloat, 3, &decoupled), 1e-2);
 }
 
 TEST(MuonOptionsTest, ZeroMomentumIsPlainOrthogonalizedGradient) {

@@ -5,13 +5,29 @@
 /// `newton_schulz(G)` approximates the polar factor U·Vᵀ of G = U·S·Vᵀ by a
 /// fixed odd-polynomial iteration on the Frobenius-normalized input:
 ///
-///     X₀ = G / (‖G‖_F · safety + eps)
+///     X₀ = G / (‖G‖_F · safety + eps)          (eps_mode add, the default)
+///     X₀ = G / max(‖G‖_F · safety, eps)        (eps_mode clamp)
 ///     A  = X Xᵀ,   X ← a·X + (b·A + c·A²)·X          (one step, coefficients (a, b, c))
 ///
-/// The coefficient schedule is a named set (Jordan's "simple", You's
-/// "quintic", Polar Express (Amsel et al. 2025), CANS, AOL, DeepSeek-V4's
-/// schedule, the classical cubic) or a custom list. Every method below
-/// evaluates the same polynomial schedule:
+/// The coefficient schedule is a named set or a custom list. Each name
+/// means the set it means in Megatron-Core and NVIDIA Emerging-Optimizers
+/// (`coefficient_type`), with the same tuples, schedule and safety factor:
+///
+///   simple           Keller Jordan's tuple, repeated (Muon, torch.optim.Muon)
+///   quintic          Jiacheng You's five tuples, cycled (Megatron-Core's default)
+///   polar_express    Polar Express (Amsel et al. 2025), the paper's 8 steps,
+///                    last repeats, safety 1.0 (alias: polar_express_8)
+///   polar_express_5  the 5-step Polar Express of modded-nanogpt and nanochat,
+///                    safety 1.02, last repeats (called `polar_express` by
+///                    muon-cpp before this name existed)
+///   cans             CANS (Chebyshev-accelerated Newton–Schulz), last repeats
+///   aol              the AOL-preconditioned schedule, four tuples cycled
+///   deepseekv4       DeepSeek-V4: simple ×8, then (2, −1.5, 0.5) ×2
+///   cubic            the classical cubic (1.5, −0.5, 0), repeated
+///   cubic5           Emerging-Optimizers' relaxed cubic: five (a, b, 0)
+///                    tuples, cycled
+///
+/// Every method below evaluates the same polynomial schedule:
 ///
 ///  - standard: the iteration above on the short side (a tall matrix runs on
 ///    XᵀX with right multiplication, without a transposed copy). X·Xᵀ and
@@ -36,6 +52,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace muon {
@@ -69,13 +86,44 @@ struct CoefficientSet {
   NsCoefficients at_step(int64_t k) const;
 };
 
-/// The built-in set called `name` (simple, quintic, polar_express,
-/// polar_express_8, cans, aol, deepseekv4, cubic). Unknown names raise a
-/// c10::ValueError that lists the valid ones.
+/// The built-in set called `name` (one of coefficient_set_names()) or by an
+/// alias (coefficient_set_aliases()); an alias gives the set under its own
+/// name, so options built from either compare equal and archive the same.
+/// Unknown names raise a c10::ValueError that lists the names and aliases.
 const CoefficientSet& coefficient_set(const std::string& name);
 
-/// Names of the built-in coefficient sets, in documentation order.
+/// Names of the built-in coefficient sets, one per set, in documentation
+/// order: simple, quintic, polar_express, polar_express_5, cans, aol,
+/// deepseekv4, cubic, cubic5.
 std::vector<std::string> coefficient_set_names();
+
+/// Other names accepted for built-in sets, as (alias, set name) pairs:
+/// ("polar_express_8", "polar_express"), the name of the 8-step set before
+/// `polar_express` meant it in muon-cpp.
+std::vector<std::pair<std::string, std::string>> coefficient_set_aliases();
+
+/// Every name `coefficient_set` accepts: coefficient_set_names(), then the
+/// aliases (the choices of the config's `muon_coefficient_type`).
+std::vector<std::string> accepted_coefficient_set_names();
+
+/// Where eps enters the normalization X₀ = G·f.
+///
+/// kAdd (default): f = 1 / (‖G‖_F·safety + eps), as Keller Jordan's Muon and
+/// modded-nanogpt; every muon-cpp configuration and archive made before the
+/// option existed uses it. kClamp: f = 1 / max(‖G‖_F·safety, eps), as
+/// torch.optim.Muon and Emerging-Optimizers (F.normalize). The two agree to
+/// eps/‖G‖_F relative in X₀ (1e-7/‖G‖_F with eps 1e-7): identical in
+/// practice for ordinary gradients; after simple ×5, 1.6e-3 apart at
+/// ‖G‖_F = 1e-4 and ~22% at 1e-7. Port a configuration with the mode of its
+/// origin to get its numbers.
+enum class NsEpsMode { kAdd, kClamp };
+
+/// "add" | "clamp".
+std::string to_string(NsEpsMode mode);
+/// Inverse of `to_string`; unknown names raise c10::ValueError listing the valid ones.
+NsEpsMode parse_ns_eps_mode(const std::string& name);
+/// "add", "clamp": every name parse_ns_eps_mode accepts.
+std::vector<std::string> ns_eps_mode_names();
 
 /// A custom set from (a, b, c) tuples. Each tuple must have length 3 and
 /// finite values; the list must not be empty; safety_factor must be > 0.
@@ -106,7 +154,7 @@ constexpr int64_t kMaxNsSteps = 100;
 /// argument and raise c10::ValueError naming it and its value.
 class NewtonSchulzOptions {
  public:
-  /// quintic ×5, eps 1e-7, fp32 compute, method auto, symmetric kernels on.
+  /// quintic ×5, eps 1e-7 added, fp32 compute, method auto, symmetric kernels on.
   NewtonSchulzOptions();
 
   /// A built-in coefficient set by name.
@@ -127,6 +175,15 @@ class NewtonSchulzOptions {
   /// Normalization epsilon, > 0.
   NewtonSchulzOptions& eps(double eps);
   double eps() const { return eps_; }
+
+  /// Where eps enters the normalization (NsEpsMode; add by default).
+  NewtonSchulzOptions& eps_mode(NsEpsMode mode) {
+    eps_mode_ = mode;
+    return *this;
+  }
+  /// eps_mode by name: "add" | "clamp".
+  NewtonSchulzOptions& eps_mode(const std::string& name);
+  NsEpsMode eps_mode() const { return eps_mode_; }
 
   /// Compute dtype: kFloat (default), kBFloat16, kDouble, or kHalf (non-CPU
   /// devices). bf16 matrix products accumulate in fp32 inside the backend;
@@ -159,6 +216,7 @@ class NewtonSchulzOptions {
   CoefficientSet set_;
   int64_t steps_ = 0;  // 0: the set's default
   double eps_ = kDefaultNsEps;
+  NsEpsMode eps_mode_ = NsEpsMode::kAdd;
   at::ScalarType compute_dtype_ = at::kFloat;
   NewtonSchulzMethod method_ = NewtonSchulzMethod::kAuto;
   bool symmetric_ = true;

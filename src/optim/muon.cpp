@@ -186,6 +186,7 @@ std::pair<at::Tensor, MuonParamState*> Muon::decay_and_momentum(at::Tensor& p,
     switch (o.weight_decay_mode()) {
       case WeightDecayMode::kDecoupled:
       case WeightDecayMode::kIndependent:
+      case WeightDecayMode::kPalm:
         p.mul_(detail::decay_factor(o));
         break;
       case WeightDecayMode::kL2:

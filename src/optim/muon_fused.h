@@ -22,7 +22,7 @@ struct MatrixView {
 /// The matrix view of `param` under `options` (stacked_experts).
 MatrixView matrix_view(const at::Tensor& param, const MuonOptions& options);
 
-/// The factor decoupled or independent weight decay multiplies the
+/// The factor decoupled, independent or palm weight decay multiplies the
 /// parameter by (1 for l2 or no decay).
 double decay_factor(const MuonOptions& options);
 

@@ -2,6 +2,7 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -25,7 +26,8 @@ constexpr detail::EnumName<MomentumStyle> kMomentumStyles[] = {{MomentumStyle::k
 constexpr detail::EnumName<WeightDecayMode> kWeightDecayModes[] = {
     {WeightDecayMode::kDecoupled, "decoupled"},
     {WeightDecayMode::kIndependent, "independent"},
-    {WeightDecayMode::kL2, "l2"}};
+    {WeightDecayMode::kL2, "l2"},
+    {WeightDecayMode::kPalm, "palm"}};
 
 // ---- serialization helpers ---------------------------------------------------
 
@@ -52,9 +54,39 @@ void write_ns(OutputArchive& archive, const NewtonSchulzOptions& ns) {
   archive.write("ns_set_description", c10::IValue(set.description));
   archive.write("ns_steps", c10::IValue(ns.steps_is_set() ? ns.steps() : int64_t{0}));
   archive.write("ns_eps", c10::IValue(ns.eps()));
+  archive.write("ns_eps_mode", c10::IValue(to_string(ns.eps_mode())));
   archive.write("ns_compute_dtype", c10::IValue(std::string(c10::toString(ns.compute_dtype()))));
   archive.write("ns_method", c10::IValue(to_string(ns.method())));
   archive.write("ns_symmetric", c10::IValue(ns.symmetric()));
+}
+
+bool same_values(const CoefficientSet& x, const CoefficientSet& y) {
+  if (x.schedule != y.schedule || x.safety_factor != y.safety_factor ||
+      x.coefficients.size() != y.coefficients.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < x.coefficients.size(); ++i) {
+    const auto& p = x.coefficients[i];
+    const auto& q = y.coefficients[i];
+    if (p.a != q.a || p.b != q.b || p.c != q.c) return false;
+  }
+  return true;
+}
+
+// An archive stores a built-in set with the name it had when written. A
+// name the library has since given to another set (`polar_express` was the
+// 5-step set, now `polar_express_5`), or an alias, is resolved by the stored
+// values: the built-in set holding them, under its current name. The stored
+// coefficients are what the run used, so they always win; a set no built-in
+// holds keeps its stored name (a custom set).
+CoefficientSet builtin_or_stored(CoefficientSet stored) {
+  const auto names = accepted_coefficient_set_names();
+  if (std::find(names.begin(), names.end(), stored.name) == names.end()) return stored;
+  if (same_values(coefficient_set(stored.name), stored)) return coefficient_set(stored.name);
+  for (const auto& name : coefficient_set_names()) {
+    if (same_values(coefficient_set(name), stored)) return coefficient_set(name);
+  }
+  return stored;
 }
 
 NewtonSchulzOptions read_ns(InputArchive& archive) {
@@ -74,10 +106,14 @@ NewtonSchulzOptions read_ns(InputArchive& archive) {
   set.description = read_value<std::string>(archive, "ns_set_description");
 
   NewtonSchulzOptions ns;
-  ns.coefficient_set(std::move(set));
+  ns.coefficient_set(builtin_or_stored(std::move(set)));
   const auto steps = read_value<int64_t>(archive, "ns_steps");
   if (steps > 0) ns.steps(steps);
   ns.eps(read_value<double>(archive, "ns_eps"));
+  // Archives written before the eps mode existed normalized by adding eps.
+  c10::IValue eps_mode;
+  ns.eps_mode(archive.try_read("ns_eps_mode", eps_mode) ? parse_ns_eps_mode(eps_mode.toStringRef())
+                                                         : NsEpsMode::kAdd);
   ns.compute_dtype(
       detail::parse_dtype(read_value<std::string>(archive, "ns_compute_dtype"), kWho, "the archive's ns_compute_dtype"));
   ns.method(read_value<std::string>(archive, "ns_method"));
@@ -122,7 +158,7 @@ MuonOptions& MuonOptions::scale_mode(const std::string& name) {
 }
 
 MuonOptions& MuonOptions::ns_coefficients(const std::string& name) {
-  detail::check_name(name, coefficient_set_names(), kWho, "ns_coefficients");
+  detail::check_name(name, accepted_coefficient_set_names(), kWho, "ns_coefficients");
   ns_.coefficients(name);
   return *this;
 }
@@ -137,6 +173,12 @@ MuonOptions& MuonOptions::ns_steps(int64_t steps) {
 MuonOptions& MuonOptions::ns_eps(double eps) {
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, kWho, "ns_eps must be > 0, got ", eps);
   ns_.eps(eps);
+  return *this;
+}
+
+MuonOptions& MuonOptions::ns_eps_mode(const std::string& name) {
+  detail::check_name(name, ns_eps_mode_names(), kWho, "ns_eps_mode");
+  ns_.eps_mode(parse_ns_eps_mode(name));
   return *this;
 }
 
@@ -249,6 +291,8 @@ double decay_factor(const MuonOptions& o) {
       return 1 - o.lr() * o.weight_decay();
     case WeightDecayMode::kIndependent:
       return 1 - o.weight_decay();
+    case WeightDecayMode::kPalm:
+      return 1 - o.lr() * o.lr() * o.weight_decay();
     case WeightDecayMode::kL2:
       break;
   }

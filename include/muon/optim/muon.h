@@ -10,7 +10,7 @@
 /// gradient g, in this order (Megatron-Core / TransformerEngine order):
 ///
 ///   1. weight decay   decoupled: p ← p·(1 − lr·wd); independent: p ← p·(1 − wd);
-///                     l2: g ← g + wd·p (before momentum)
+///                     palm: p ← p·(1 − lr²·wd); l2: g ← g + wd·p (before momentum)
 ///   2. momentum       ema: buf ← buf + (1 − μ)·(g − buf);  classic: buf ← μ·buf + g
 ///   3. nesterov       ema: u = g + μ·(buf − g);  classic: u = g + μ·buf;  else u = buf
 ///   4. orthogonalize  o = newton_schulz(u as matrices, ns)
@@ -68,9 +68,12 @@ enum class WeightDecayMode {
   kIndependent,
   /// g ← g + wd·p before momentum (classic L2 regularization).
   kL2,
+  /// p ← p·(1 − lr²·wd) (Emerging-Optimizers' "palm": the decay shrinks
+  /// with the square of the learning rate, so it fades with the schedule).
+  kPalm,
 };
 
-/// "decoupled" | "independent" | "l2".
+/// "decoupled" | "independent" | "l2" | "palm".
 std::string to_string(WeightDecayMode mode);
 /// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
 WeightDecayMode parse_weight_decay_mode(const std::string& name);
@@ -93,8 +96,9 @@ constexpr double kDefaultMuonMomentum = 0.95;
 ///  - weight_decay 0 (mode decoupled): the optimizer does exactly the Muon
 ///    update unless asked; a good decay depends on lr and model (0.01–0.1
 ///    decoupled in the field).
-///  - ns: quintic ×5, fp32 compute, eps 1e-7 (NewtonSchulzOptions' defaults,
-///    Megatron-Core's schedule): full precision by default. bf16
+///  - ns: quintic ×5, fp32 compute, eps 1e-7 added to the norm
+///    (NewtonSchulzOptions' defaults, Megatron-Core's schedule): full
+///    precision by default. bf16
 ///    (`ns_compute_dtype(at::kBFloat16)`), what Keller's and torch.optim's
 ///    Muon use, is ~1.5× faster where bf16 matrix units exist
 ///    (docs/optimizer.md).
@@ -136,7 +140,7 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
  public:
   /// momentum_style by name: "ema" | "classic".
   MuonOptions& momentum_style(const std::string& name);
-  /// weight_decay_mode by name: "decoupled" | "independent" | "l2".
+  /// weight_decay_mode by name: "decoupled" | "independent" | "l2" | "palm".
   MuonOptions& weight_decay_mode(const std::string& name);
   /// scale_mode by name: "shape_scaling" | "spectral" | "unit_rms_norm" | "match_rms_adamw".
   MuonOptions& scale_mode(const std::string& name);
@@ -148,6 +152,9 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   MuonOptions& ns_steps(int64_t steps);
   /// Newton–Schulz normalization epsilon, > 0.
   MuonOptions& ns_eps(double eps);
+  /// Where the normalization epsilon enters, by name: "add" (default) |
+  /// "clamp" (muon::NsEpsMode).
+  MuonOptions& ns_eps_mode(const std::string& name);
   /// Newton–Schulz compute dtype (kFloat, kBFloat16, kDouble; kHalf off CPU).
   MuonOptions& ns_compute_dtype(at::ScalarType dtype);
 
