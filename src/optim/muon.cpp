@@ -152,7 +152,10 @@ at::Tensor Muon::step(LossClosure closure) {
     }
   }
   if (batches) orthogonalize_and_apply(pending);  // collective: called even with no item
-  detail::run_fused(fused);
+  if (!fused.empty()) {
+    if (!scratch_) scratch_ = std::make_shared<detail::FusedScratch>();
+    detail::run_fused(fused, *scratch_);
+  }
   return loss;
 }
 

@@ -93,14 +93,15 @@ std::vector<Batch> make_batches(const std::vector<FusedJob>& jobs, int ways) {
 // Steps 1–6 of every job of a batch: each job's momentum pass, the
 // normalized inputs of all of them in one tensor, one Newton–Schulz call,
 // then each job's decay and update.
-void run_batch(const Batch& batch) {
+void run_batch(const Batch& batch, Scratch& scratch) {
   ++batches_run;
+  ScratchScope reuse(&scratch);
   const auto& first = *batch.jobs.front();
   const auto& ns = first.options->ns();
   const int64_t rows = first.view.rows;
   const int64_t cols = first.view.cols;
-  auto x0 = at::empty({batch.matrices, rows, cols},
-                      first.param->options().dtype(ns.compute_dtype()));
+  auto x0 = scratch_empty({batch.matrices, rows, cols},
+                          first.param->options().dtype(ns.compute_dtype()));
   int64_t offset = 0;
   for (const auto* job : batch.jobs) {
     at::Tensor& p = *job->param;
@@ -177,7 +178,7 @@ MatrixView matrix_view(const at::Tensor& p, const MuonOptions& o) {
   return {1, rows, cols};
 }
 
-void run_fused(std::vector<FusedJob>& jobs) {
+void run_fused(std::vector<FusedJob>& jobs, FusedScratch& scratch) {
   const int ways = side_by_side_threads(jobs);
   auto batches = make_batches(jobs, ways);
   // Side by side only when no batch holds more than its share of the work
@@ -189,19 +190,22 @@ void run_fused(std::vector<FusedJob>& jobs) {
     largest = std::max(largest, b.cost);
   }
   const int threads = std::min<int>(ways, static_cast<int>(batches.size()));
+  if (scratch.workers.empty()) scratch.workers.resize(1);
   if (threads <= 1 || largest > total / threads) {
-    for (const auto& b : batches) run_batch(b);
+    for (const auto& b : batches) run_batch(b, scratch.workers[0]);
     return;
   }
+  if (scratch.workers.size() < static_cast<size_t>(threads)) scratch.workers.resize(threads);
   std::stable_sort(batches.begin(), batches.end(),
                    [](const Batch& a, const Batch& b) { return a.cost > b.cost; });
   std::atomic<size_t> next{0};
   const at::ThreadLocalState caller;  // grad mode and the rest, as on this thread
-  auto work = [&](int /*worker*/) {
+  auto work = [&](int worker) {
     at::ThreadLocalStateGuard same(caller);
     OneThreadScope one;
     try {
-      for (size_t i = next++; i < batches.size(); i = next++) run_batch(batches[i]);
+      auto& mine = scratch.workers[static_cast<size_t>(worker)];
+      for (size_t i = next++; i < batches.size(); i = next++) run_batch(batches[i], mine);
     } catch (...) {
       next = batches.size();  // the others stop after their current batch
       throw;
@@ -210,7 +214,7 @@ void run_fused(std::vector<FusedJob>& jobs) {
   if (run_on_workers(threads, work)) {
     ++side_by_side;
   } else {
-    for (const auto& b : batches) run_batch(b);  // the pool serves another caller
+    for (const auto& b : batches) run_batch(b, scratch.workers[0]);  // the pool serves another caller
   }
 }
 

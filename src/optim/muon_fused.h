@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "muon/optim/muon.h"
+#include "util/scratch.h"
 
 namespace muon::detail {
 
@@ -36,13 +37,21 @@ struct FusedJob {
   MatrixView view;
 };
 
+/// Buffers reused by run_fused from step to step: one Scratch per thread
+/// that runs batches.
+struct FusedScratch {
+  std::vector<Scratch> workers;
+};
+
 /// Runs every job. Jobs whose matrices have one shape and one set of
 /// Newton–Schulz options are orthogonalized together, as one batched
 /// Newton–Schulz call (batches of at most 2²¹ elements). Batches run in order
 /// on this thread, or side by side on the persistent worker threads
 /// (util/worker_pool.h), one batch per thread, when LibTorch has several
 /// intra-op threads and that pays; each matrix gives the same bits either
-/// way. The first error is rethrown after every thread has stopped.
-void run_fused(std::vector<FusedJob>& jobs);
+/// way. The intermediates of a batch live in `scratch` (one Scratch per
+/// thread), so they are not allocated afresh every step. The first error is
+/// rethrown after every thread has stopped.
+void run_fused(std::vector<FusedJob>& jobs, FusedScratch& scratch);
 
 }  // namespace muon::detail

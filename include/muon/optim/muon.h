@@ -45,6 +45,9 @@
 #include "muon/scaling.h"
 
 namespace muon {
+namespace detail {
+struct FusedScratch;
+}  // namespace detail
 
 /// How the momentum buffer accumulates gradients.
 enum class MomentumStyle {
@@ -283,6 +286,9 @@ class Muon : public torch::optim::Optimizer, public StateBytes, public StepGuard
 
   std::shared_ptr<Orthogonalizer> orthogonalizer_;
   std::shared_ptr<const UpdateStage> stage_;
+  /// Buffers of the fused passes' Newton–Schulz, one per worker thread,
+  /// reused from step to step.
+  std::shared_ptr<detail::FusedScratch> scratch_;
 };
 
 }  // namespace muon
