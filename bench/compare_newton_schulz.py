@@ -52,19 +52,8 @@ COEFFICIENT_SETS = {
         safety=1.0,
         steps=5,
     ),
+    # The paper's 8-step set, as Emerging-Optimizers and Megatron-Core name it.
     "polar_express": dict(
-        coefficients=[
-            (8.156554524902461, -22.48329292557795, 15.878769915207462),
-            (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-            (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-            (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-            (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-        ],
-        schedule="repeat_last",
-        safety=1.02,
-        steps=5,
-    ),
-    "polar_express_8": dict(
         coefficients=[
             (8.2051, -22.9019, 16.4607),
             (4.0664, -2.8612, 0.5184),
@@ -78,6 +67,19 @@ COEFFICIENT_SETS = {
         schedule="repeat_last",
         safety=1.0,
         steps=8,
+    ),
+    # The 5-step set of modded-nanogpt and nanochat (safety factor 1.02).
+    "polar_express_5": dict(
+        coefficients=[
+            (8.156554524902461, -22.48329292557795, 15.878769915207462),
+            (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+            (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+            (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+            (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+        ],
+        schedule="repeat_last",
+        safety=1.02,
+        steps=5,
     ),
     "cans": dict(
         coefficients=[
@@ -109,6 +111,19 @@ COEFFICIENT_SETS = {
         steps=10,
     ),
     "cubic": dict(coefficients=[(1.5, -0.5, 0.0)], schedule="repeat_last", safety=1.0, steps=5),
+    # Emerging-Optimizers' relaxed cubic: c = 0, five tuples cycled.
+    "cubic5": dict(
+        coefficients=[
+            (3.3656576, -3.3420992, 0.0),
+            (2.5744352, -1.4957376, 0.0),
+            (2.5368962, -1.4312570, 0.0),
+            (2.4418906, -1.2764040, 0.0),
+            (2.2230472, -0.9630650, 0.0),
+        ],
+        schedule="cycle",
+        safety=1.0,
+        steps=5,
+    ),
 }
 
 EPS = 1e-7  # the library's default normalization epsilon (kDefaultNsEps)

@@ -8,10 +8,12 @@
 #include <cmath>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "kernels/fused_update.h"
 #include "kernels/symmetric.h"
 #include "newton_schulz_internal.h"
+#include "util/scratch.h"
 #include "util/threads.h"
 
 namespace muon {
@@ -46,10 +48,14 @@ void step_polynomial(at::Tensor& p, const at::Tensor& a_mat, const NsCoefficient
     // b·A + c·A² cancels heavily (polar_express step 1 near σ = 1:
     // −21.6 + 14.6); in 16-bit it loses most digits. B is s×s: form it in
     // fp32 and round once.
-    if (!scratch.p32.defined()) scratch.p32 = at::empty(p.sizes(), p.options().dtype(at::kFloat));
+    if (!scratch.p32.defined()) {
+      scratch.p32 = detail::scratch_empty(p.sizes(), p.options().dtype(at::kFloat));
+    }
     const at::Tensor* a32 = &a_mat;
     if (is_16bit(a_mat)) {
-      if (!scratch.a32.defined()) scratch.a32 = at::empty_like(scratch.p32);
+      if (!scratch.a32.defined()) {
+        scratch.a32 = detail::scratch_empty(scratch.p32.sizes(), scratch.p32.options());
+      }
       scratch.a32.copy_(a_mat);
       a32 = &scratch.a32;
     }
@@ -76,22 +82,30 @@ void axpy_apply(at::Tensor& out, double alpha, const at::Tensor& b, const at::Te
 }
 
 // One standard step in bf16 where products accumulate into fp32 results
-// (oneDNN on CPU): A = X·Xᵀ in fp32 from exact bf16 products; A rounded
-// once to bf16 for A²; B = b·A + c·A² formed in fp32 (in A's buffer),
-// a·I added and rounded once; X ← B·X in bf16. Every product is a bf16 one,
-// A is never rounded before the b·A term, and only upper triangles are
-// computed in fp32 (the bf16 copies are made whole in the same pass).
-// With `sums`, A is completed in fp32 before use (see standard_iteration).
+// (oneDNN on CPU). A = X·Xᵀ is summed in fp32 from exact bf16 products and
+// rounded once to bf16; B = b·A + c·A² is formed in fp32 from that one
+// rounded A in both terms, so that B is a polynomial of one symmetric
+// matrix (an fp32 A in the linear term beside its bf16 rounding in the
+// square adds their difference, unsmoothed, to every step). The step is
+// X ← α·X + (B + (a − α)·I)·X in one bf16 GEMM whose sum post-op adds α·X
+// in fp32 before the one rounding, with α = a + mean(diag B): the rounded
+// s×s matrix then has a diagonal near zero instead of a + B_ii, whose
+// 8-bit rounding would scale each row of X by up to 2⁻⁸ (the directions of
+// small singular values, where p(σ) ≈ a·σ, carry it to the output). Only
+// upper triangles are computed in fp32 (the bf16 copies are made whole in
+// the same pass). With `sums`, A is completed in fp32 before use (see
+// standard_iteration); every process then forms the same B and α.
 struct MixedStep {
   at::Tensor a32, a16, p16;
+  std::vector<double> alpha;
 
   void run(at::Tensor& next, const at::Tensor& x, const NsCoefficients& k, bool tall,
            const detail::PartialSums* sums) {
     if (!a32.defined()) {
       const int64_t s = tall ? x.size(2) : x.size(1);
-      a32 = at::empty({x.size(0), s, s}, x.options().dtype(at::kFloat));
-      a16 = at::empty(a32.sizes(), x.options());
-      p16 = at::empty_like(a16);
+      a32 = detail::scratch_empty({x.size(0), s, s}, x.options().dtype(at::kFloat));
+      a16 = detail::scratch_empty(a32.sizes(), x.options());
+      p16 = detail::scratch_empty(a16.sizes(), a16.options());
     }
     const bool empty = x.numel() == 0;
     if (empty) {
@@ -102,12 +116,47 @@ struct MixedStep {
     if (sums != nullptr) sums->reduce_gram(a32);
     if (k.c != 0.0) {
       detail::symmetric_from_upper(a16, a32, 0.0);
+      a32.copy_(a16);
       detail::syrk_upper(a32, a16, /*trans=*/false, k.c, k.b);
     } else {
       a32.mul_(k.b);
     }
-    detail::symmetric_from_upper(p16, a32, k.a);
-    if (!empty) batched_mm_out(next, tall ? x : p16, tall ? p16 : x);
+    // α ≈ a + mean(diag B) per matrix, B's diagonal shifted by a − α in
+    // place (a32 is a contiguous CPU tensor: a plain loop, no dispatches).
+    // α keeps 5 significant bits: oneDNN bakes the sum post-op's scale into
+    // the primitive, so a coarse α keeps the primitive cache hit from one
+    // call to the next; the diagonal left to round is then at most
+    // |B_ii − mean| + α/32, still far below a + B_ii.
+    const int64_t s = a32.size(1);
+    alpha.resize(static_cast<size_t>(a32.size(0)));
+    float* data = a32.data_ptr<float>();
+    for (int64_t i = 0; i < a32.size(0); ++i) {
+      float* m = data + i * s * s;
+      double sum = 0;
+      for (int64_t j = 0; j < s; ++j) sum += m[j * s + j];
+      const double mean = s > 0 ? sum / static_cast<double>(s) : 0.0;
+      int e = 0;
+      const double frac = std::frexp(k.a + mean, &e);  // α = frac·2^e, |frac| in [0.5, 1)
+      const double a_q = std::ldexp(std::nearbyint(frac * 32.0) / 32.0, e);
+      const auto shift = static_cast<float>(a_q - k.a);
+      for (int64_t j = 0; j < s; ++j) m[j * s + j] -= shift;
+      alpha[static_cast<size_t>(i)] = a_q;
+    }
+    detail::symmetric_from_upper(p16, a32, 0.0);
+    if (empty) return;
+    // One call for the batch when every matrix has the same (coarse) α, as
+    // matrices of similar spectra do; else one call per matrix.
+    if (std::all_of(alpha.begin(), alpha.end(), [&](double v) { return v == alpha[0]; })) {
+      batched_addmm_out(next, x, tall ? x : p16, tall ? p16 : x, alpha[0], 1.0);
+      return;
+    }
+    for (int64_t i = 0; i < x.size(0); ++i) {
+      auto out = next.narrow(0, i, 1);
+      const auto xi = x.narrow(0, i, 1);
+      const auto pi = p16.narrow(0, i, 1);
+      batched_addmm_out(out, xi, tall ? xi : pi, tall ? pi : xi, alpha[static_cast<size_t>(i)],
+                        1.0);
+    }
   }
 };
 
@@ -120,7 +169,7 @@ struct MixedStep {
 // process and for many.
 at::Tensor standard_iteration(at::Tensor x, const std::vector<NsCoefficients>& schedule,
                               bool tall, bool symmetric, const detail::PartialSums* sums) {
-  auto next = at::empty_like(x);
+  auto next = detail::scratch_empty(x.sizes(), x.options());
   if (symmetric && x.scalar_type() == at::kBFloat16 && detail::accumulates_in_fp32(x)) {
     MixedStep step;
     for (const auto& k : schedule) {
@@ -132,8 +181,9 @@ at::Tensor standard_iteration(at::Tensor x, const std::vector<NsCoefficients>& s
   const int64_t s = tall ? x.size(2) : x.size(1);
   const bool fold = is_16bit(x);
   const bool gram32 = fold && sums != nullptr;
-  auto poly = at::empty({x.size(0), s, s}, x.options());
-  auto gram = at::empty(poly.sizes(), gram32 ? x.options().dtype(at::kFloat) : x.options());
+  auto poly = detail::scratch_empty({x.size(0), s, s}, x.options());
+  auto gram =
+      detail::scratch_empty(poly.sizes(), gram32 ? x.options().dtype(at::kFloat) : x.options());
   const bool empty = x.numel() == 0;
   PolyScratch scratch;
   for (const auto& k : schedule) {
@@ -201,11 +251,11 @@ at::Tensor gram_iteration(at::Tensor x, const std::vector<NsCoefficients>& sched
   // allows (oneDNN on CPU), else from an fp32 SYRK of the iterate.
   const bool half = is_16bit(x);
   const auto state = half ? x.options().dtype(at::kFloat) : x.options();
-  auto r = at::empty({x.size(0), s, s}, state);
-  auto z = at::empty_like(r);
-  auto q = at::empty_like(r);
-  auto work = at::empty_like(r);  // Q·M, then R·M
-  auto next = at::empty_like(x);
+  auto r = detail::scratch_empty({x.size(0), s, s}, state);
+  auto z = detail::scratch_empty(r.sizes(), state);
+  auto q = detail::scratch_empty(r.sizes(), state);
+  auto work = detail::scratch_empty(r.sizes(), state);  // Q·M, then R·M
+  auto next = detail::scratch_empty(x.sizes(), x.options());
   PolyScratch scratch;
   bool fresh = true;  // at the start of a phase Q = I, not yet formed
 
@@ -289,33 +339,81 @@ double newton_schulz_plain_flops(int64_t rows, int64_t cols, int64_t steps) {
   return static_cast<double>(steps) * (4.0 * s * s * l + 2.0 * s * s * s);
 }
 
-double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options) {
+namespace {
+
+// The products of a Newton–Schulz call whose cost depends on the kernels.
+enum class Product {
+  kGramOfX,       // X·Xᵀ (or XᵀX): symmetric, s×s from s×l
+  kSquare,        // A·A: symmetric, s×s
+  kStateProduct,  // Gram's Q·Z, R·Z, Z·RZ: commuting, symmetric results
+};
+
+// FLOPs of one call on one m×n matrix; `cost(kind, full)` gives what a
+// product of that kind costs whose full GEMM costs `full`.
+template <typename Cost>
+double schedule_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options, Cost cost) {
   const double s = static_cast<double>(std::min(rows, cols));
   const double l = static_cast<double>(std::max(rows, cols));
-  const double sym = options.symmetric() ? 1.0 : 2.0;  // a SYRK is half a GEMM
+  const double gram_of_x = cost(Product::kGramOfX, 2.0 * s * s * l);
+  const double square = cost(Product::kSquare, 2.0 * s * s * s);
+  const double state = cost(Product::kStateProduct, 2.0 * s * s * s);
   const auto schedule = options.schedule();
   const auto n = static_cast<int64_t>(schedule.size());
   if (resolve_method(rows, cols, options) == NewtonSchulzMethod::kStandard) {
     double f = 0;
-    for (const auto& k : schedule) {
-      f += sym * s * s * l + 2.0 * s * s * l + (k.c != 0.0 ? sym * s * s * s : 0.0);
-    }
+    for (const auto& k : schedule) f += gram_of_x + 2.0 * s * s * l + (k.c != 0.0 ? square : 0.0);
     return f;
   }
   const auto restarts = gram_restarts(n);
-  double f = sym * s * s * l;  // R₀
+  double f = gram_of_x;  // R₀
   bool fresh = true;
   for (int64_t k = 0; k < n; ++k) {
     if (starts_phase(restarts, k)) {
-      f += 2.0 * s * s * l + sym * s * s * l;  // Q·X, new R
+      f += 2.0 * s * s * l + gram_of_x;  // Q·X, new R
       fresh = true;
     }
-    if (schedule[static_cast<size_t>(k)].c != 0.0) f += sym * s * s * s;
-    if (!fresh) f += 2.0 * s * s * s;  // Q·Z
+    if (schedule[static_cast<size_t>(k)].c != 0.0) f += square;
+    if (!fresh) f += state;  // Q·Z
     fresh = false;
-    if (k + 1 < n && !starts_phase(restarts, k + 1)) f += 4.0 * s * s * s;  // R·Z, Z·RZ
+    if (k + 1 < n && !starts_phase(restarts, k + 1)) f += 2.0 * state;  // R·Z, Z·RZ
   }
   return f + 2.0 * s * s * l;  // final Q·X
+}
+
+}  // namespace
+
+double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options) {
+  const double half = options.symmetric() ? 0.5 : 1.0;  // a SYRK is half a GEMM
+  return schedule_flops(rows, cols, options, [&](Product kind, double full) {
+    return kind == Product::kStateProduct ? full : half * full;
+  });
+}
+
+double newton_schulz_executed_flops(int64_t rows, int64_t cols,
+                                    const NewtonSchulzOptions& options) {
+  if (!options.symmetric()) {
+    return schedule_flops(rows, cols, options, [](Product, double full) { return full; });
+  }
+  const int64_t s = std::min(rows, cols);
+  const auto compute = options.compute_dtype();
+  // 16-bit Gram keeps its s×s state in fp32; the standard method forms A²
+  // in the compute dtype.
+  const bool gram = resolve_method(rows, cols, options) == NewtonSchulzMethod::kGram;
+  const auto state_dtype = gram && is_16bit_dtype(compute) ? at::kFloat : compute;
+  const double x_share = detail::symmetric_product_fraction(s, compute, true);
+  const double square_share = detail::symmetric_product_fraction(s, state_dtype, true);
+  const double state_share = detail::symmetric_product_fraction(s, state_dtype, false);
+  return schedule_flops(rows, cols, options, [&](Product kind, double full) {
+    switch (kind) {
+      case Product::kGramOfX:
+        return x_share * full;
+      case Product::kSquare:
+        return square_share * full;
+      case Product::kStateProduct:
+        break;
+    }
+    return state_share * full;
+  });
 }
 
 namespace {

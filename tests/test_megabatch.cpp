@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/symmetric.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/muon.h"
 #include "optim/muon_internal.h"
@@ -155,6 +156,32 @@ TEST(Megabatch, ManySmallMatricesTakeOneNewtonSchulzCall) {
   opt_large.step();
   EXPECT_EQ(detail::fused_batches_run(), before_large + 2);
   at::set_num_threads(before);
+}
+
+// One oneDNN primitive for a whole batch (3-D) gives every matrix the bits
+// of its own 2-D product, for whole matrices and for panels (strided
+// blocks) of them, with and without accumulation: batching is invisible.
+TEST(Megabatch, BatchedProductsGiveEachMatrixItsOwnBits) {
+  if (!detail::dnnl_matmul_available()) GTEST_SKIP() << "no oneDNN";
+  at::manual_seed(9);
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    const auto a = at::randn({5, 48, 300}).to(dtype);
+    const auto b = at::randn({5, 300, 40}).to(dtype);
+    auto c = at::randn({5, 64, 64});  // fp32 results, a 40-wide panel of each
+    auto batched = c.narrow(1, 8, 48).narrow(2, 20, 40);
+    auto single = c.clone();
+    ASSERT_TRUE(detail::dnnl_matmul(batched, a, b, 0.5, 1.5, 1));
+    for (int64_t i = 0; i < 5; ++i) {
+      auto out = single.select(0, i).narrow(0, 8, 48).narrow(1, 20, 40);
+      ASSERT_TRUE(detail::dnnl_matmul(out, a.select(0, i), b.select(0, i), 0.5, 1.5, 1));
+    }
+    EXPECT_TRUE(at::equal(c, single)) << dtype;
+    // Shapes that do not match are refused, touching nothing.
+    auto copy = c.clone();
+    EXPECT_FALSE(detail::dnnl_matmul(batched, a.narrow(0, 0, 4), b, 1.0, 0.0, 1));
+    EXPECT_FALSE(detail::dnnl_matmul(batched, a.select(0, 0), b, 1.0, 0.0, 1));
+    EXPECT_TRUE(at::equal(c, copy));
+  }
 }
 
 TEST(WorkerPool, RunsEveryIndexOnceAndReusesItsThreads) {

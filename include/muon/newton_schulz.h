@@ -237,6 +237,13 @@ NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulz
 /// distributed layouts to balance work and by the benchmarks for GFLOP/s.
 double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
 
+/// Floating-point operations the CPU kernels perform for one such call: as
+/// newton_schulz_flops, but each symmetric product at its kernel's real
+/// share of a GEMM (a CBLAS SYRK half; oneDNN's k row panels (k + 1)/(2k),
+/// so a whole product below 256 rows) and Gram's s×s state products
+/// likewise. What benchmarks divide by a GEMM rate.
+double newton_schulz_executed_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
+
 /// FLOPs of the plain formula (three GEMMs per step) on one m×n matrix; the
 /// denominator benchmarks use for "achieved GFLOP/s" of any method.
 double newton_schulz_plain_flops(int64_t rows, int64_t cols, int64_t steps);

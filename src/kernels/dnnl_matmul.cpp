@@ -19,14 +19,21 @@ namespace {
 
 using dnnl::memory;
 
-bool plain_2d(const at::Tensor& t) {
-  // Each matrix needs one unit stride (row- or column-major, any leading
-  // dimension); the other stride must not overlap it.
-  if (t.dim() != 2) return false;
-  const auto r = t.stride(0);
-  const auto c = t.stride(1);
-  return (c == 1 && r >= std::max<int64_t>(t.size(1), 1)) ||
-         (r == 1 && c >= std::max<int64_t>(t.size(0), 1));
+// A matrix (2-D) or a batch of matrices (3-D) oneDNN can read as it is:
+// each matrix with one unit stride (row- or column-major, any leading
+// dimension), the other stride not overlapping it, and batches apart.
+bool plain(const at::Tensor& t) {
+  if (t.dim() != 2 && t.dim() != 3) return false;
+  const int64_t d = t.dim();
+  const auto r = t.stride(d - 2);
+  const auto c = t.stride(d - 1);
+  const int64_t rows = t.size(d - 2);
+  const int64_t cols = t.size(d - 1);
+  const bool matrix = (c == 1 && r >= std::max<int64_t>(cols, 1)) ||
+                      (r == 1 && c >= std::max<int64_t>(rows, 1));
+  if (!matrix || d == 2 || t.size(0) <= 1) return matrix;
+  const int64_t extent = (rows - 1) * r + (cols - 1) * c + 1;
+  return t.stride(0) >= extent;
 }
 
 constexpr int64_t kFp32Chunk = 128;
@@ -38,8 +45,9 @@ memory::data_type dnnl_dtype(at::ScalarType t) {
 }
 
 memory::desc describe(const at::Tensor& t) {
-  return memory::desc({t.size(0), t.size(1)}, dnnl_dtype(t.scalar_type()),
-                      {t.stride(0), t.stride(1)});
+  const memory::dims dims(t.sizes().begin(), t.sizes().end());
+  const memory::dims strides(t.strides().begin(), t.strides().end());
+  return memory::desc(dims, dnnl_dtype(t.scalar_type()), strides);
 }
 
 const dnnl::engine& cpu_engine() {
@@ -83,15 +91,23 @@ bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
   if (!supported_dtype(in) || b.scalar_type() != in || !supported_dtype(out.scalar_type())) {
     return false;
   }
-  // bf16 results only without accumulation into them (β·C would be rounded
-  // to bf16 before the sum); fp32 inputs only give fp32 results.
-  if (out.scalar_type() == at::kBFloat16 && (in != at::kBFloat16 || beta != 0.0)) return false;
-  if (!plain_2d(a) || !plain_2d(b) || !plain_2d(out) || out.stride(1) != 1) return false;
-  if (a.size(0) != out.size(0) || b.size(1) != out.size(1) || a.size(1) != b.size(0)) {
+  // bf16 results only from bf16 inputs; fp32 inputs only give fp32
+  // results. β·C reads out's own values (bf16 or fp32), scales and adds
+  // them in fp32 before the one rounding of the result.
+  if (out.scalar_type() == at::kBFloat16 && in != at::kBFloat16) return false;
+  const int64_t d = out.dim();
+  if (a.dim() != d || b.dim() != d || !plain(a) || !plain(b) || !plain(out) ||
+      out.stride(d - 1) != 1) {
     return false;
   }
+  if (a.size(d - 2) != out.size(d - 2) || b.size(d - 1) != out.size(d - 1) ||
+      a.size(d - 1) != b.size(d - 2) ||
+      (d == 3 && (a.size(0) != out.size(0) || b.size(0) != out.size(0)))) {
+    return false;
+  }
+  const int64_t k = a.size(d - 1);
   if (out.numel() == 0) return true;
-  if (a.size(1) == 0) {
+  if (k == 0) {
     if (beta == 0.0) {
       out.zero_();
     } else {
@@ -100,16 +116,16 @@ bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
     return true;
   }
   if (at::in_parallel_region()) return false;  // keep oneDNN's threads out of ATen's
-  if (in == at::kFloat && chunk_fp32_k && a.size(1) > kFp32Chunk) {
+  if (in == at::kFloat && chunk_fp32_k && k > kFp32Chunk) {
     // fp32: sum over K in chunks, each added into the result (OpenBLAS
     // blocks K too). oneDNN's kernel otherwise keeps one accumulation chain
     // over all of K, and Newton–Schulz then lands at 1.3–1.45× the plain
     // formula's error against fp64. 1024×4096, quintic ×5: unchunked
     // 1.39e-6, chunks of 256 1.03e-6, of 128 0.79e-6, plain 1.05e-6; the
     // chunks of 128 cost 0–10% more time.
-    for (int64_t k0 = 0; k0 < a.size(1); k0 += kFp32Chunk) {
-      const int64_t kk = std::min(kFp32Chunk, a.size(1) - k0);
-      const bool ok = dnnl_matmul(out, a.narrow(1, k0, kk), b.narrow(0, k0, kk), alpha,
+    for (int64_t k0 = 0; k0 < k; k0 += kFp32Chunk) {
+      const int64_t kk = std::min(kFp32Chunk, k - k0);
+      const bool ok = dnnl_matmul(out, a.narrow(d - 1, k0, kk), b.narrow(d - 2, k0, kk), alpha,
                                   k0 == 0 ? beta : 1.0, threads, false);
       TORCH_INTERNAL_ASSERT(ok || k0 == 0, "oneDNN took one K chunk but not the next");
       if (!ok) return false;

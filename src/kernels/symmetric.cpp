@@ -72,6 +72,10 @@ void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doubl
 // out = beta·out + alpha·a·b for batches of matrices; out may be a view.
 void batched_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                      double beta) {
+  if (out.device().is_cpu() && out.size(0) > 1 && on_dnnl(a.scalar_type()) &&
+      dnnl_matmul(out, a, b, alpha, beta, product_threads(a.scalar_type()), !sixteen_bit_compute)) {
+    return;  // one oneDNN primitive for the whole batch: no per-matrix call costs
+  }
   if (out.device().is_cpu() || out.size(0) == 1) {
     // On CPU a loop of GEMMs beats LibTorch 1.13's bmm (docs/benchmarks.md);
     // each GEMM is threaded.
@@ -255,6 +259,14 @@ bool upper_product(at::Tensor& out, const at::Tensor& x, bool trans, double alph
 }
 
 }  // namespace
+
+double symmetric_product_fraction(int64_t s, at::ScalarType dtype, bool gram) {
+  const bool is16 = dtype == at::kBFloat16 || dtype == at::kHalf;
+  const bool dnnl = on_dnnl(dtype);
+  if (gram && !dnnl && !is16) return 0.5;  // CBLAS SYRK
+  const auto k = static_cast<double>(num_panels(s, dnnl, is16));
+  return (k + 1) / (2 * k);
+}
 
 void commuting_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
                          const at::Tensor& b, double beta, double alpha) {

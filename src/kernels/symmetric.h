@@ -32,6 +32,12 @@ void symmetric_from_upper(at::Tensor& out, at::Tensor& upper, double shift);
 void commuting_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
                          const at::Tensor& b, double beta, double alpha);
 
+/// The share of a full GEMM's FLOPs that a symmetric s×s product on CPU
+/// with inputs of `dtype` performs: 1/2 for a CBLAS SYRK (`gram`: X·Xᵀ or
+/// A·A through syrk), (k + 1)/(2k) for k row panels of the upper triangle
+/// (oneDNN, ATen), 1 for a single panel (small s).
+double symmetric_product_fraction(int64_t s, at::ScalarType dtype, bool gram);
+
 /// While alive on this thread, products serve a 16-bit computation: CPU
 /// products of every dtype run on LibTorch's intra-op threads (as
 /// LibTorch's own bf16 matmul does; its fp32 matmul runs on the BLAS's
@@ -97,10 +103,12 @@ bool accumulates_in_fp32(const at::Tensor& x);
 /// oneDNN backend (src/kernels/dnnl_matmul.cpp or dnnl_none.cpp).
 bool dnnl_matmul_available();
 
-/// out = beta·out + alpha·a·b for 2-D CPU matrices through oneDNN's matmul,
+/// out = beta·out + alpha·a·b for CPU matrices (2-D) or batches of them
+/// (3-D, one primitive for the whole batch) through oneDNN's matmul,
 /// on `threads` OpenMP threads. a and b: both fp32 or both bf16, each with
-/// one unit stride; out: fp32, or bf16 for bf16 inputs with beta = 0,
-/// row-major with any leading dimension (a block of a larger matrix).
+/// one unit stride; out: fp32, or bf16 for bf16 inputs, row-major with any
+/// leading dimension (a block of a larger matrix). beta·out + alpha·a·b is
+/// summed in fp32 and rounded once to out's dtype.
 /// fp32 products sum K in chunks of 128 unless `chunk_fp32_k` is false.
 /// Returns false, touching nothing, when it cannot take the case.
 bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
