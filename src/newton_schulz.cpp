@@ -389,10 +389,16 @@ double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions
   });
 }
 
-double newton_schulz_executed_flops(int64_t rows, int64_t cols,
-                                    const NewtonSchulzOptions& options) {
+namespace {
+
+// newton_schulz_executed_flops, with Gram's s×s state products left out
+// unless `states`.
+double executed_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options,
+                      bool states) {
   if (!options.symmetric()) {
-    return schedule_flops(rows, cols, options, [](Product, double full) { return full; });
+    return schedule_flops(rows, cols, options, [&](Product kind, double full) {
+      return states || kind == Product::kGramOfX ? full : 0.0;
+    });
   }
   const int64_t s = std::min(rows, cols);
   const auto compute = options.compute_dtype();
@@ -408,13 +414,32 @@ double newton_schulz_executed_flops(int64_t rows, int64_t cols,
       case Product::kGramOfX:
         return x_share * full;
       case Product::kSquare:
-        return square_share * full;
+        return states ? square_share * full : 0.0;
       case Product::kStateProduct:
         break;
     }
-    return state_share * full;
+    return states ? state_share * full : 0.0;
   });
 }
+
+}  // namespace
+
+double newton_schulz_executed_flops(int64_t rows, int64_t cols,
+                                    const NewtonSchulzOptions& options) {
+  return executed_flops(rows, cols, options, true);
+}
+
+namespace detail {
+
+double executed_fp32_state_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options) {
+  if (!is_16bit_dtype(options.compute_dtype()) ||
+      resolve_method(rows, cols, options) != NewtonSchulzMethod::kGram) {
+    return 0.0;
+  }
+  return executed_flops(rows, cols, options, true) - executed_flops(rows, cols, options, false);
+}
+
+}  // namespace detail
 
 namespace {
 thread_local double ns_flops_counter = 0;

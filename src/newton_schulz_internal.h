@@ -31,6 +31,11 @@ class PartialSums {
 /// (b, m, n) tensor in the compute dtype.
 at::Tensor newton_schulz_normalized(at::Tensor x0, const NewtonSchulzOptions& options);
 
+/// Of muon::newton_schulz_executed_flops, the FLOPs of products that run
+/// in fp32 although the compute dtype is 16-bit (Gram's s×s state); 0 for
+/// other methods and dtypes. Benchmarks divide them by the fp32 rate.
+double executed_fp32_state_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
+
 /// The factor X₀ = G·f that normalizes a matrix with Σ G² = `sum_of_squares`
 /// under `options`: f = 1 / (‖G‖_F·safety + eps) (eps_mode add) or
 /// f = 1 / max(‖G‖_F·safety, eps) (eps_mode clamp). Every path that

@@ -85,6 +85,25 @@ TEST(MuonSaveLoad, ResumedRunIsBitIdentical) {
   }
 }
 
+// The MuonOptions an archive holds, after a trip through bytes.
+MuonOptions read_options(torch::serialize::OutputArchive& out) {
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream in_bytes(bytes.str());
+  torch::serialize::InputArchive in;
+  in.load_from(in_bytes);
+  MuonOptions back(0);
+  back.serialize(in);
+  return back;
+}
+
+// MuonOptions written to an archive and read back.
+MuonOptions round_trip(const MuonOptions& o) {
+  torch::serialize::OutputArchive out;
+  o.serialize(out);
+  return read_options(out);
+}
+
 TEST(MuonSaveLoad, OptionsRoundTripWithCustomCoefficients) {
   auto o = MuonOptions(0.03)
                .momentum(0.7)
@@ -96,32 +115,11 @@ TEST(MuonSaveLoad, OptionsRoundTripWithCustomCoefficients) {
                .num_query_groups(2);
   o.ns().coefficients({{3.0, -3.2, 1.2}, {2.0, -1.5, 0.5}}, muon::StepSchedule::kRepeatLast, 1.01);
   o.ns().steps(7).eps(1e-6).method("standard").symmetric(false);
-  torch::serialize::OutputArchive out;
-  o.serialize(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  std::istringstream in_bytes(bytes.str());
-  torch::serialize::InputArchive in;
-  in.load_from(in_bytes);
-  MuonOptions back(0);
-  back.serialize(in);
+  const auto back = round_trip(o);
   EXPECT_EQ(back, o);
   EXPECT_FALSE(back == MuonOptions(0.03));
 }
 
-// MuonOptions written to an archive and read back.
-MuonOptions round_trip(const MuonOptions& o) {
-  torch::serialize::OutputArchive out;
-  o.serialize(out);
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  std::istringstream in_bytes(bytes.str());
-  torch::serialize::InputArchive in;
-  in.load_from(in_bytes);
-  MuonOptions back(0);
-  back.serialize(in);
-  return back;
-}
 
 TEST(MuonSaveLoad, EpsModeAndPalmDecayRoundTrip) {
   auto o = MuonOptions(0.03).weight_decay(0.5).weight_decay_mode("palm").ns_eps_mode("clamp");
@@ -163,14 +161,7 @@ MuonOptions read_archive_without_eps_mode(const std::string& name,
   out.write("stacked_experts", c10::IValue(false));
   out.write("split_sizes", c10::IValue(std::vector<int64_t>{}));
   out.write("num_query_groups", c10::IValue(int64_t{1}));
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  std::istringstream in_bytes(bytes.str());
-  torch::serialize::InputArchive in;
-  in.load_from(in_bytes);
-  MuonOptions back(0);
-  back.serialize(in);
-  return back;
+  return read_options(out);
 }
 
 TEST(MuonSaveLoad, OldArchiveKeepsItsNumbersUnderTodaysNames) {
