@@ -42,50 +42,27 @@ struct Batch {
   double cost = 0;
 };
 
-// A batch holds at most this many elements (8 MB of fp32 input): enough to
-// make per-call costs negligible, small enough that the workspace of a
-// batch stays near that of one large matrix.
-constexpr int64_t kMaxBatchElements = int64_t{1} << 21;
-
 bool same_batch_key(const FusedJob& a, const FusedJob& b) {
   return a.view.rows == b.view.rows && a.view.cols == b.view.cols &&
          (a.options == b.options || a.options->ns() == b.options->ns());
 }
 
-// Groups jobs by shape and options, in the order they come; a group is cut
-// into batches of at most kMaxBatchElements, and into at least `ways`
-// batches of whole parameters when it has that many, so that `ways`
-// threads can share it. Composition depends only on the jobs and `ways`.
-std::vector<Batch> make_batches(const std::vector<FusedJob>& jobs, int ways) {
-  std::vector<std::vector<const FusedJob*>> groups;
-  for (const auto& job : jobs) {
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return same_batch_key(*g.front(), job); });
-    if (it == groups.end()) {
-      groups.push_back({&job});
-    } else {
-      it->push_back(&job);
-    }
-  }
+// The fused jobs' megabatches (make_batches), with their sizes and costs.
+std::vector<Batch> batches_of(const std::vector<FusedJob>& jobs, int ways) {
+  const auto runs = make_batches(
+      jobs.size(), [&](size_t i, size_t j) { return same_batch_key(jobs[i], jobs[j]); },
+      [&](size_t i) { return jobs[i].view.batch; },
+      [&](size_t i) { return jobs[i].view.rows * jobs[i].view.cols; }, ways);
   std::vector<Batch> batches;
-  for (const auto& group : groups) {
-    const auto& v0 = group.front()->view;
-    const int64_t per_matrix = v0.rows * v0.cols;
-    int64_t total = 0;
-    for (const auto* job : group) total += job->view.batch;
-    const int64_t share = (total + ways - 1) / ways;
-    const int64_t cap = std::max<int64_t>(1, std::min(kMaxBatchElements / std::max<int64_t>(per_matrix, 1), share));
-    Batch current;
-    for (const auto* job : group) {
-      if (current.matrices > 0 && current.matrices + job->view.batch > cap) {
-        batches.push_back(std::move(current));
-        current = Batch{};
-      }
-      current.jobs.push_back(job);
-      current.matrices += job->view.batch;
-      current.cost += cost_of(job->view.batch, v0.rows, v0.cols);
+  for (const auto& run : runs) {
+    Batch b;
+    for (const size_t i : run) {
+      const auto& v = jobs[i].view;
+      b.jobs.push_back(&jobs[i]);
+      b.matrices += v.batch;
+      b.cost += cost_of(v.batch, v.rows, v.cols);
     }
-    batches.push_back(std::move(current));
+    batches.push_back(std::move(b));
   }
   return batches;
 }
@@ -169,6 +146,44 @@ int side_by_side_threads(const std::vector<FusedJob>& jobs) {
 
 }  // namespace
 
+std::vector<std::vector<size_t>> make_batches(size_t count,
+                                              const std::function<bool(size_t, size_t)>& same,
+                                              const std::function<int64_t(size_t)>& matrices,
+                                              const std::function<int64_t(size_t)>& matrix_elements,
+                                              int ways) {
+  std::vector<std::vector<size_t>> groups;
+  for (size_t j = 0; j < count; ++j) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return same(g.front(), j); });
+    if (it == groups.end()) {
+      groups.push_back({j});
+    } else {
+      it->push_back(j);
+    }
+  }
+  std::vector<std::vector<size_t>> runs;
+  for (const auto& group : groups) {
+    int64_t total = 0;
+    for (const size_t i : group) total += matrices(i);
+    const int64_t share = (total + ways - 1) / std::max(ways, 1);
+    const int64_t fit = kMaxBatchElements / std::max<int64_t>(matrix_elements(group.front()), 1);
+    const int64_t cap = std::max<int64_t>(1, std::min(fit, share));
+    std::vector<size_t> current;
+    int64_t held = 0;
+    for (const size_t i : group) {
+      if (!current.empty() && held + matrices(i) > cap) {
+        runs.push_back(std::move(current));
+        current.clear();
+        held = 0;
+      }
+      current.push_back(i);
+      held += matrices(i);
+    }
+    runs.push_back(std::move(current));
+  }
+  return runs;
+}
+
 MatrixView matrix_view(const at::Tensor& p, const MuonOptions& o) {
   if (o.stacked_experts() && p.dim() >= 3) {
     const auto [rows, cols] = matrix_dims(p.sizes().slice(1));
@@ -180,7 +195,7 @@ MatrixView matrix_view(const at::Tensor& p, const MuonOptions& o) {
 
 void run_fused(std::vector<FusedJob>& jobs, FusedScratch& scratch) {
   const int ways = side_by_side_threads(jobs);
-  auto batches = make_batches(jobs, ways);
+  auto batches = batches_of(jobs, ways);
   // Side by side only when no batch holds more than its share of the work
   // (it would run alone at the end on one thread).
   double total = 0;
@@ -214,7 +229,8 @@ void run_fused(std::vector<FusedJob>& jobs, FusedScratch& scratch) {
   if (run_on_workers(threads, work)) {
     ++side_by_side;
   } else {
-    for (const auto& b : batches) run_batch(b, scratch.workers[0]);  // the pool serves another caller
+    // The pool serves another caller: this thread runs every batch.
+    for (const auto& b : batches) run_batch(b, scratch.workers[0]);
   }
 }
 

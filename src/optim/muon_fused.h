@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "muon/optim/muon.h"
@@ -22,6 +23,25 @@ struct MatrixView {
 
 /// The matrix view of `param` under `options` (stacked_experts).
 MatrixView matrix_view(const at::Tensor& param, const MuonOptions& options);
+
+/// Most elements a batch of matrices orthogonalized in one Newton–Schulz
+/// call holds (8 MB of fp32 input): enough to make per-call costs
+/// negligible, small enough that a batch's workspace stays near that of one
+/// large matrix.
+constexpr int64_t kMaxBatchElements = int64_t{1} << 21;
+
+/// Megabatches: the indices of `count` items, grouped and cut. Item j joins
+/// the group of the first earlier item i with same(i, j), else starts one;
+/// each group, in order, is cut into runs of whole items holding at most
+/// kMaxBatchElements elements and, when the group has that many matrices,
+/// at most 1/`ways` of them (so that `ways` threads can share it). An item
+/// holds matrices(i) matrices of matrix_elements(i) elements. The result
+/// depends only on the items and `ways`.
+std::vector<std::vector<size_t>> make_batches(size_t count,
+                                              const std::function<bool(size_t, size_t)>& same,
+                                              const std::function<int64_t(size_t)>& matrices,
+                                              const std::function<int64_t(size_t)>& matrix_elements,
+                                              int ways);
 
 /// The factor decoupled, independent or palm weight decay multiplies the
 /// parameter by (1 for l2 or no decay).

@@ -64,17 +64,14 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
 }
 
 // Items whose matrices share one shape, dtype, device and set of
-// Newton–Schulz options are orthogonalized as one batch (at most
-// kMaxBatchElements elements), as Muon's fused passes batch theirs: the
-// fixed costs of a call are paid once per batch. Each matrix gives the bits
-// it would alone.
-constexpr int64_t kMaxBatchElements = int64_t{1} << 21;
-
-bool batchable(const OrthogonalizeItem& item) { return item.options->split_sizes().empty(); }
-
+// Newton–Schulz options are orthogonalized as one batch (detail::make_batches),
+// as Muon's fused passes batch theirs: the fixed costs of a call are paid
+// once per batch. Each matrix gives the bits it would alone. Fused-QKV
+// items keep one call per block.
 bool same_batch(const OrthogonalizeItem& a, const MatrixView& va, const OrthogonalizeItem& b,
                 const MatrixView& vb) {
-  return va.rows == vb.rows && va.cols == vb.cols &&
+  return a.options->split_sizes().empty() && b.options->split_sizes().empty() &&
+         va.rows == vb.rows && va.cols == vb.cols &&
          a.update.scalar_type() == b.update.scalar_type() &&
          a.update.device() == b.update.device() &&
          (a.options == b.options || a.options->ns() == b.options->ns());
@@ -85,40 +82,32 @@ class LocalOrthogonalizer final : public Orthogonalizer {
   std::string name() const override { return "local"; }
   bool fuses() const override { return true; }
   bool batches() const override { return true; }
-  int64_t max_pending_elements() const override { return 4 * kMaxBatchElements; }
+  int64_t max_pending_elements() const override { return 4 * detail::kMaxBatchElements; }
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override {
     std::vector<MatrixView> views;
     views.reserve(items.size());
     for (auto& item : items) views.push_back(detail::matrix_view(item.param, *item.options));
-    std::vector<bool> done(items.size(), false);
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (done[i]) continue;
-      auto& first = items[i];
-      const auto& v = views[i];
-      first.rows = v.rows;
-      first.cols = v.cols;
-      if (!batchable(first)) {
+    const auto runs = detail::make_batches(
+        items.size(),
+        [&](size_t i, size_t j) { return same_batch(items[i], views[i], items[j], views[j]); },
+        [&](size_t i) { return views[i].batch; },
+        [&](size_t i) { return views[i].rows * views[i].cols; }, /*ways=*/1);
+    for (const auto& run : runs) {
+      auto& first = items[run.front()];
+      const auto& v = views[run.front()];
+      if (run.size() == 1) {
         first.orth = scaled_orthogonal(first.update, v, *first.options, first.alpha);
-        done[i] = true;
+        first.rows = v.rows;
+        first.cols = v.cols;
         continue;
       }
-      // This item and the next ones of its kind, up to the batch's size.
-      std::vector<size_t> members{i};
-      int64_t matrices = v.batch;
-      const int64_t cap = std::max<int64_t>(1, kMaxBatchElements / std::max<int64_t>(v.rows * v.cols, 1));
-      for (size_t j = i + 1; j < items.size() && matrices < cap; ++j) {
-        if (done[j] || !batchable(items[j]) || !same_batch(first, v, items[j], views[j]) ||
-            matrices + views[j].batch > cap) {
-          continue;
-        }
-        members.push_back(j);
-        matrices += views[j].batch;
-      }
       std::vector<at::Tensor> mats;
-      for (const size_t j : members) mats.push_back(items[j].update.reshape({views[j].batch, v.rows, v.cols}));
-      const auto orth = newton_schulz(mats.size() == 1 ? mats[0] : at::cat(mats), first.options->ns());
+      for (const size_t j : run) {
+        mats.push_back(items[j].update.reshape({views[j].batch, v.rows, v.cols}));
+      }
+      const auto orth = newton_schulz(at::cat(mats), first.options->ns());
       int64_t offset = 0;
-      for (const size_t j : members) {
+      for (const size_t j : run) {
         auto& item = items[j];
         item.rows = v.rows;
         item.cols = v.cols;
@@ -126,7 +115,6 @@ class LocalOrthogonalizer final : public Orthogonalizer {
                                   item.options->extra_scale_factor());
         item.orth = orth.narrow(0, offset, views[j].batch);
         offset += views[j].batch;
-        done[j] = true;
       }
     }
   }
