@@ -193,11 +193,7 @@ NsEpsMode parse_ns_eps_mode(const std::string& name) {
   return detail::parse_name(name, kEpsModes, "[muon::NewtonSchulzOptions] ", "eps_mode");
 }
 
-std::vector<std::string> ns_eps_mode_names() {
-  std::vector<std::string> names;
-  for (const auto& m : kEpsModes) names.emplace_back(m.name);
-  return names;
-}
+std::vector<std::string> ns_eps_mode_names() { return detail::names_of(kEpsModes); }
 
 NewtonSchulzOptions::NewtonSchulzOptions() : set_(muon::coefficient_set("quintic")) {}
 

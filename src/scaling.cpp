@@ -19,11 +19,7 @@ constexpr detail::EnumName<ScaleMode> kScaleModes[] = {
 
 }  // namespace
 
-std::vector<std::string> scale_mode_names() {
-  std::vector<std::string> names;
-  for (const auto& m : kScaleModes) names.emplace_back(m.name);
-  return names;
-}
+std::vector<std::string> scale_mode_names() { return detail::names_of(kScaleModes); }
 
 std::string to_string(ScaleMode mode) { return detail::name_of(mode, kScaleModes); }
 

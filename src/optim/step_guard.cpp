@@ -60,11 +60,7 @@ NonFinitePolicy parse_nonfinite_policy(const std::string& name) {
   return detail::parse_name(name, kPolicies, "[muon] ", "nonfinite policy");
 }
 
-std::vector<std::string> nonfinite_policy_names() {
-  std::vector<std::string> names;
-  for (const auto& p : kPolicies) names.emplace_back(p.name);
-  return names;
-}
+std::vector<std::string> nonfinite_policy_names() { return detail::names_of(kPolicies); }
 
 std::pair<int64_t, int64_t> StepGuard::max_over_processes(int64_t code) { return {code, 0}; }
 

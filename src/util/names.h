@@ -59,6 +59,14 @@ std::string name_of(Enum value, const EnumName<Enum> (&names)[N]) {
   TORCH_INTERNAL_ASSERT(false, "an enum value without a name: ", static_cast<int>(value));
 }
 
+/// Every name in `names`, in table order.
+template <typename Enum, std::size_t N>
+std::vector<std::string> names_of(const EnumName<Enum> (&names)[N]) {
+  std::vector<std::string> out;
+  for (const auto& n : names) out.emplace_back(n.name);
+  return out;
+}
+
 /// The value named `name` in `names`; otherwise raises c10::ValueError
 /// "<who>unknown <what> '<name>'; valid names: a, b, c".
 template <typename Enum, std::size_t N>
