@@ -27,4 +27,17 @@ using CollectiveBackend =
 /// Owning pointer to a backend.
 using BackendPtr = c10::intrusive_ptr<CollectiveBackend>;
 
+/// The backend of an existing process group that runs collectives on
+/// `device`: the process group itself on 1.13, its backend for that device
+/// type on 2.x.
+template <typename PG = c10d::ProcessGroup>
+BackendPtr backend_of(const c10::intrusive_ptr<PG>& process_group, c10::DeviceType device) {
+  if constexpr (std::is_same_v<CollectiveBackend, PG>) {
+    (void)device;
+    return process_group;
+  } else {
+    return process_group->getBackend(device);
+  }
+}
+
 }  // namespace muon::dist::compat

@@ -128,6 +128,34 @@ Group Group::create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int 
   return Group(make_impl(store, rank, size, std::move(ranks), "world", options));
 }
 
+Group Group::wrap(const c10::intrusive_ptr<c10d::ProcessGroup>& process_group, GroupOptions options,
+                  std::vector<int> world_ranks, std::string name) {
+  TORCH_CHECK_VALUE(process_group, kWho, "wrap: process_group is null");
+  TORCH_CHECK_VALUE(options.timeout().count() > 0, kWho, "wrap: timeout must be > 0 ms, got ",
+                    options.timeout().count());
+  auto impl = std::make_shared<GroupImpl>();
+  impl->rank = process_group->getRank();
+  impl->size = process_group->getSize();
+  if (world_ranks.empty()) {
+    world_ranks.resize(static_cast<size_t>(impl->size));
+    std::iota(world_ranks.begin(), world_ranks.end(), 0);
+  }
+  TORCH_CHECK_VALUE(static_cast<int>(world_ranks.size()) == impl->size, kWho, "wrap: world_ranks has ",
+                    world_ranks.size(), " entries, the process group has ", impl->size, " ranks");
+  impl->world_ranks = std::move(world_ranks);
+  impl->name = std::move(name);
+  impl->options = options;
+  const std::string backend = process_group->getBackendName();
+  const bool nccl = backend == "nccl";
+  impl->device = nccl ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  impl->options.backend(nccl ? Backend::kNccl : Backend::kGloo);
+  impl->backend = compat::backend_of(process_group, impl->device.type());
+  TORCH_CHECK_VALUE(impl->backend, kWho, "wrap: process group '", impl->name,
+                    "' has no backend for ", impl->device.type());
+  impl->backend_name = backend;
+  return Group(std::move(impl));
+}
+
 const GroupImpl& Group::impl(const char* op) const {
   TORCH_CHECK_VALUE(impl_ != nullptr, kWho, op,
                     ": this Group is default-constructed (invalid); make one with "
@@ -364,6 +392,9 @@ void Group::barrier() const {
 
 Group Group::split(int color, int key) const {
   const auto& g = impl("split");
+  TORCH_CHECK_VALUE(g.store || g.size == 1, kWho, "split: group '", g.name,
+                    "' wraps a process group made elsewhere and has no store; create the "
+                    "sub-groups there (e.g. torch.distributed.new_group) and wrap those");
   const auto all = all_gather_ints({color, key});
   std::vector<int> members;
   for (int r = 0; r < g.size; ++r) {

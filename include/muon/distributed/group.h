@@ -31,6 +31,7 @@
 
 namespace c10d {
 class Store;
+class ProcessGroup;
 }  // namespace c10d
 
 namespace muon::dist {
@@ -124,6 +125,19 @@ class Group {
   /// not connect within the timeout.
   static Group create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                       GroupOptions options = {});
+
+  /// A group over an existing c10d process group, one the program (or
+  /// torch.distributed, e.g. `dist.new_group`) already made: collectives go
+  /// through it, with this Group's timeouts, messages and byte counts. Not
+  /// collective. `world_ranks` (the members' ranks in the world, in group
+  /// order; default 0..size−1) and `name` (default "process_group") are for
+  /// messages. Such a group cannot `split` (it has no store): make its
+  /// sub-groups where the process group came from and wrap those. Raises
+  /// c10::ValueError for a null process group or world_ranks of the wrong
+  /// length.
+  static Group wrap(const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
+                    GroupOptions options = {}, std::vector<int> world_ranks = {},
+                    std::string name = "process_group");
 
   /// False only for a default-constructed Group.
   bool valid() const { return impl_ != nullptr; }
