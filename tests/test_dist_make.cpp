@@ -4,7 +4,13 @@
 // information. Ranks are threads over real Gloo groups.
 #include <gtest/gtest.h>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
 #include <algorithm>
+#include <thread>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -217,6 +223,145 @@ TEST(DistMake, MissingLayoutInformationIsAnError) {
   expect_error([&] { muon::dist::make_optimizer(named, tp, {}); }, "muon_tp_mode");
   // Unknown layout values are rejected by the config itself.
   EXPECT_THROW(config("zero3"), c10::ValueError);
+}
+
+
+// ---- groups laid out by the caller (make_grouped_optimizer) ----------------------
+
+Named whole_model() {
+  Named named;
+  for (size_t k = 0; k < kModel.size(); ++k) named.insert(kModel[k].first, full_param(k).requires_grad_(true));
+  return named;
+}
+
+void three_steps(Named& named, torch::optim::Optimizer& opt) {
+  for (int64_t s = 0; s < 3; ++s) {
+    for (size_t k = 0; k < kModel.size(); ++k) named[kModel[k].first].mutable_grad() = full_grad(k, s);
+    opt.step();
+  }
+}
+
+TEST(DistMakeGrouped, ThePlanBuiltAsGroupsEqualsMakeOptimizer) {
+  const auto reference = whole_after(3);
+  auto named = whole_model();
+  const auto plan = muon::dist::plan_groups(named, config("none"));
+  ASSERT_EQ(plan.size(), 3u);  // muon (qkv at lr 0.01), muon, adamw
+  EXPECT_EQ(plan[0].optimizer, "muon");
+  EXPECT_EQ(plan.back().optimizer, "adamw");
+  auto built = muon::dist::make_grouped_optimizer(plan, config("none"), DistributedLayout());
+  EXPECT_EQ(built.group_index, (std::vector<int64_t>{0, 1, 2}));
+  three_steps(named, *built.optimizer);
+  // The same optimizers on the same groups: bit-identical.
+  for (const auto& item : reference) EXPECT_TRUE(at::equal(named[item.key()], item.value())) << item.key();
+}
+
+TEST(DistMakeGrouped, EqualGroupsStayApartAndKeepTheirOwnOptions) {
+  auto named = whole_model();
+  muon::dist::GroupSpec a{"muon", {"blocks.0.fc1.weight"}, {named["blocks.0.fc1.weight"]}, {{"lr", 0.02}}};
+  muon::dist::GroupSpec b{"muon", {"blocks.0.fc2.weight"}, {named["blocks.0.fc2.weight"]}, {{"lr", 0.02}}};
+  auto built = muon::dist::make_grouped_optimizer({a, b}, config("none"), DistributedLayout());
+  ASSERT_EQ(built.optimizer->param_groups().size(), 2u);  // not merged although equal
+  built.optimizer->param_groups()[1].options().set_lr(0.0);
+  const auto fc1 = named["blocks.0.fc1.weight"].detach().clone();
+  const auto fc2 = named["blocks.0.fc2.weight"].detach().clone();
+  for (const auto& n : {"blocks.0.fc1.weight", "blocks.0.fc2.weight"}) named[n].mutable_grad() = at::ones_like(named[n]);
+  built.optimizer->step();
+  EXPECT_FALSE(at::equal(named["blocks.0.fc1.weight"], fc1));
+  EXPECT_TRUE(at::equal(named["blocks.0.fc2.weight"], fc2));  // lr 0 in its own group
+}
+
+TEST(DistMakeGrouped, BadSettingsNameTheGroupAndTheKey) {
+  auto named = whole_model();
+  muon::dist::GroupSpec good{"muon", {"blocks.0.fc1.weight"}, {named["blocks.0.fc1.weight"]}, {}};
+  auto typo = good;
+  typo.names = {"blocks.0.fc2.weight"};
+  typo.params = {named["blocks.0.fc2.weight"]};
+  typo.settings = {{"momentun", 0.9}};
+  try {
+    muon::dist::make_grouped_optimizer({good, typo}, config("none"), DistributedLayout());
+    FAIL() << "no error";
+  } catch (const c10::ValueError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("param group 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("did you mean 'momentum'"), std::string::npos) << msg;
+  }
+  typo.settings = {{"momentum", 1.5}};
+  try {
+    muon::dist::make_grouped_optimizer({good, typo}, config("none"), DistributedLayout());
+    FAIL() << "no error";
+  } catch (const c10::ValueError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("momentum"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1.5"), std::string::npos) << msg;
+  }
+  auto twice = good;  // the same tensor in two groups
+  twice.names = {"again"};
+  EXPECT_THROW(muon::dist::make_grouped_optimizer({good, twice}, config("none"), DistributedLayout()),
+               c10::ValueError);
+}
+
+// A c10d process group made outside muon::dist, as a program (or
+// torch.distributed) makes one: Gloo over a shared store.
+template <typename Gloo = c10d::ProcessGroupGloo>
+c10::intrusive_ptr<c10d::ProcessGroup> outside_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                             int rank, int size) {
+  auto options = Gloo::Options::create(muon::test::kThreadRankTimeout);
+  options->devices.push_back(Gloo::createDeviceForHostname("127.0.0.1"));
+  auto gloo = c10::make_intrusive<Gloo>(store, rank, size, options);
+  if constexpr (std::is_base_of_v<c10d::ProcessGroup, Gloo>) {
+    return gloo;  // LibTorch 1.x: the Gloo group is the process group
+  } else {
+    // 2.x: a ProcessGroup holds one backend per device type.
+    using PG = std::conditional_t<sizeof(Gloo) != 0, c10d::ProcessGroup, void>;
+    auto pg = c10::make_intrusive<PG>(store, rank, size);
+    pg->setBackend(c10::DeviceType::CPU, PG::BackendType::GLOO, gloo);
+    pg->setDefaultBackend(PG::BackendType::GLOO);
+    return pg;
+  }
+}
+
+TEST(DistMakeGrouped, LayerwiseOverAWrappedProcessGroupEqualsSingleProcess) {
+  const auto reference = whole_after(3);
+  constexpr int kWorld = 2;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto pg = outside_process_group(c10::make_intrusive<c10d::PrefixStore>("outside", store), r, kWorld);
+        auto group = Group::wrap(pg, muon::dist::GroupOptions().timeout(muon::test::kThreadRankTimeout));
+        EXPECT_EQ(group.rank(), r);
+        EXPECT_EQ(group.size(), kWorld);
+        EXPECT_EQ(group.backend_name(), "gloo");
+        auto t = at::full({3}, static_cast<double>(r + 1));
+        group.all_reduce_(t);
+        EXPECT_TRUE(at::equal(t, at::full({3}, 3.0)));
+        EXPECT_THROW(group.split(0), c10::ValueError);  // no store: split where it came from
+        auto named = whole_model();
+        DistributedLayout layout;
+        layout.group = group;
+        const auto plan = muon::dist::plan_groups(named, config("layerwise"));
+        auto built = muon::dist::make_grouped_optimizer(plan, config("layerwise"), layout);
+        ASSERT_NE(dynamic_cast<muon::dist::LayerwiseOptimizer*>(built.optimizer.get()), nullptr);
+        three_steps(named, *built.optimizer);
+        // One owner per parameter runs the same code on the same data; 1e-5
+        // covers BLAS summation order only (as the layer-wise tests).
+        for (const auto& item : reference) {
+          EXPECT_LE(relative(named[item.key()].detach(), item.value().detach(), item.value()), 1e-5)
+              << item.key() << " rank " << r;
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+}
+
+TEST(DistGroupWrap, RejectsANullProcessGroup) {
+  EXPECT_THROW(Group::wrap(c10::intrusive_ptr<c10d::ProcessGroup>()), c10::ValueError);
 }
 
 }  // namespace

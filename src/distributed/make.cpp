@@ -3,7 +3,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <functional>
+#include <set>
+#include <string>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -63,6 +66,69 @@ void add_strategy_factories(
         std::move(groups), defaults, muon::detail::adaptive_muon_options(settings.at(0)),
         std::move(strategy)));
   };
+}
+
+// The factories that replace Muon's and AdaptiveMuon's for the
+// tensor_parallel and sharded layouts (none for the others): they hold the
+// layout's strategy; the other optimizers are element-wise and run on the
+// local blocks or shards as they are.
+BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& named,
+                            const OptimizerConfig& config, const DistributedLayout& layout) {
+  const auto& kind = config.get_string("layout");
+  BuildContext context;
+  const auto names = names_of(named);
+  if (kind == "tensor_parallel") {
+    check_names(layout.tensor_parallel, named, "DistributedLayout::tensor_parallel");
+    add_strategy_factories<TensorParallelOptions, TensorParallelMuon>(
+        context, [&layout, names](const std::vector<OptimizerParamGroup>& groups,
+                                  const std::vector<OptimizerSettings>& settings) {
+          const auto& mode = settings.at(0).get_string("tp_mode");
+          for (const auto& s : settings) {
+            TORCH_CHECK_VALUE(s.get_string("tp_mode") == mode, kWho,
+                              "muon_tp_mode must be the same for every Muon parameter, got '", mode,
+                              "' and '", s.get_string("tp_mode"), "'");
+          }
+          TensorParallelOptions tp;
+          tp.mode(mode);
+          for (const auto& g : groups) {
+            for (const auto& p : g.params()) {
+              const auto it = layout.tensor_parallel.find(names.at(p.unsafeGetTensorImpl()));
+              if (it != layout.tensor_parallel.end()) tp.shard(p, it->second);
+            }
+          }
+          return tp;
+        });
+    return context;
+  }
+
+  if (kind != "sharded") return context;
+  check_names(layout.row_shards, named, "DistributedLayout::row_shards");
+  const auto mode = config.get_string("layout_sharded_mode");
+  const auto in_flight = config.get_int("layout_max_in_flight");
+  add_strategy_factories<ShardedOptions, ShardedMuon>(
+      context, [&layout, names, mode, in_flight](const std::vector<OptimizerParamGroup>& groups,
+                                                 const std::vector<OptimizerSettings>& settings) {
+        for (const auto& s : settings) {
+          TORCH_CHECK_VALUE(s.get_string("tp_mode") == "duplicated", kWho,
+                            "muon_tp_mode '", s.get_string("tp_mode"),
+                            "' needs TP blocks in the row shards (RowShard::tensor_parallel), which "
+                            "set their own mode; leave muon_tp_mode at 'duplicated'");
+        }
+        ShardedOptions sharded;
+        sharded.mode(mode).max_in_flight(in_flight);
+        for (const auto& g : groups) {
+          for (const auto& p : g.params()) {
+            const auto& name = names.at(p.unsafeGetTensorImpl());
+            const auto it = layout.row_shards.find(name);
+            TORCH_CHECK_VALUE(it != layout.row_shards.end(), kWho, "parameter '", name,
+                              "' goes to Muon but DistributedLayout::row_shards has no RowShard "
+                              "for it");
+            sharded.shard(p, it->second);
+          }
+        }
+        return sharded;
+      });
+  return context;
 }
 
 }  // namespace
@@ -134,62 +200,198 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     return optimizer;
   }
 
-  // Muon and adaptive_muon hold the layout's strategy; the other optimizers
-  // are element-wise and run on the local blocks or shards as they are.
-  BuildContext context;
-  const auto names = names_of(named);
-  if (kind == "tensor_parallel") {
-    check_names(layout.tensor_parallel, named, "DistributedLayout::tensor_parallel");
-    add_strategy_factories<TensorParallelOptions, TensorParallelMuon>(
-        context, [&layout, names](const std::vector<OptimizerParamGroup>& groups,
-                                  const std::vector<OptimizerSettings>& settings) {
-          const auto& mode = settings.at(0).get_string("tp_mode");
-          for (const auto& s : settings) {
-            TORCH_CHECK_VALUE(s.get_string("tp_mode") == mode, kWho,
-                              "muon_tp_mode must be the same for every Muon parameter, got '", mode,
-                              "' and '", s.get_string("tp_mode"), "'");
-          }
-          TensorParallelOptions tp;
-          tp.mode(mode);
-          for (const auto& g : groups) {
-            for (const auto& p : g.params()) {
-              const auto it = layout.tensor_parallel.find(names.at(p.unsafeGetTensorImpl()));
-              if (it != layout.tensor_parallel.end()) tp.shard(p, it->second);
-            }
-          }
-          return tp;
-        });
-    return muon::make_optimizer(named, config, context, registry);
-  }
+  return muon::make_optimizer(named, config, layout_context(named, config, layout), registry);
+}
 
-  TORCH_CHECK_VALUE(kind == "sharded", kWho, "unknown layout '", kind, "'");
-  check_names(layout.row_shards, named, "DistributedLayout::row_shards");
-  const auto mode = config.get_string("layout_sharded_mode");
-  const auto in_flight = config.get_int("layout_max_in_flight");
-  add_strategy_factories<ShardedOptions, ShardedMuon>(
-      context, [&layout, names, mode, in_flight](const std::vector<OptimizerParamGroup>& groups,
-                                                 const std::vector<OptimizerSettings>& settings) {
-        for (const auto& s : settings) {
-          TORCH_CHECK_VALUE(s.get_string("tp_mode") == "duplicated", kWho,
-                            "muon_tp_mode '", s.get_string("tp_mode"),
-                            "' needs TP blocks in the row shards (RowShard::tensor_parallel), which "
-                            "set their own mode; leave muon_tp_mode at 'duplicated'");
-        }
-        ShardedOptions sharded;
-        sharded.mode(mode).max_in_flight(in_flight);
-        for (const auto& g : groups) {
-          for (const auto& p : g.params()) {
-            const auto& name = names.at(p.unsafeGetTensorImpl());
-            const auto it = layout.row_shards.find(name);
-            TORCH_CHECK_VALUE(it != layout.row_shards.end(), kWho, "parameter '", name,
-                              "' goes to Muon but DistributedLayout::row_shards has no RowShard "
-                              "for it");
-            sharded.shard(p, it->second);
+std::vector<FieldSpec> group_fields(const std::string& optimizer, const OptimizerRegistry& registry) {
+  std::vector<FieldSpec> out;
+  for (const auto& f : registry.shared_fields()) {
+    if (f.per_parameter && f.name != "optimizer") out.push_back(f);
+  }
+  const auto entry = registry.at(optimizer);
+  auto add = [&](const std::string& name) {
+    for (auto f : registry.option_fields(name)) {
+      const auto same = [&](const FieldSpec& g) { return g.name == f.name; };
+      const auto it = std::find_if(out.begin(), out.end(), same);
+      if (it == out.end()) {
+        out.push_back(std::move(f));
+      } else {
+        *it = std::move(f);  // the entry's own fields win over those it uses
+      }
+    }
+  };
+  for (const auto& other : entry->uses_fields_of) add(other);
+  add(optimizer);
+  return out;
+}
+
+OptimizerSettings group_settings(const std::string& optimizer,
+                                 const std::map<std::string, FieldValue>& settings,
+                                 const OptimizerConfig& config, const OptimizerRegistry& registry) {
+  const auto entry = registry.at(optimizer);
+  auto values = muon::detail::settings_for(registry, *entry, config.values()).values();
+  const auto fields = group_fields(optimizer, registry);
+  for (const auto& [key, value] : settings) {
+    const auto it = std::find_if(fields.begin(), fields.end(),
+                                 [&](const FieldSpec& f) { return f.name == key; });
+    if (it == fields.end()) {
+      std::vector<std::string> known;
+      for (const auto& f : fields) known.push_back(f.name);
+      const auto near = nearest_name(key, known);
+      TORCH_CHECK_VALUE(false, "unknown setting '", key.substr(0, kMaxSuggestedNameLength),
+                        "' for optimizer '", optimizer, "'",
+                        near.empty() ? std::string() : " (did you mean '" + near + "'?)");
+    }
+    values[key] = it->check(value);
+  }
+  return OptimizerSettings(std::move(values));
+}
+
+std::vector<GroupSpec> plan_groups(const torch::OrderedDict<std::string, at::Tensor>& named,
+                                   const OptimizerConfig& config, const OptimizerRegistry& registry) {
+  TORCH_CHECK_VALUE(!named.is_empty(), kWho, "no parameters given");
+  auto resolved = muon::detail::resolve_rules(named, config, registry);
+  auto builds = muon::detail::group_parameters(named, resolved, registry);
+  std::vector<GroupSpec> out;
+  for (const auto& name : registry.keys()) {  // the composite's group order
+    for (auto& b : builds) {
+      if (b.optimizer != name) continue;
+      GroupSpec spec;
+      spec.optimizer = b.optimizer;
+      spec.names = b.names;
+      spec.params = b.params;
+      for (const auto& f : group_fields(name, registry)) spec.settings[f.name] = b.settings->get(f.name);
+      out.push_back(std::move(spec));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// The composite over those of `groups` whose parameters pass `keep` (a
+// group with none is left out), parts in registry order as make_optimizer
+// builds them; index[i] is group i's place in it or -1.
+std::unique_ptr<CompositeOptimizer> build_groups(
+    const std::vector<GroupSpec>& groups, const std::vector<OptimizerSettings>& settings,
+    const std::function<bool(const at::Tensor&)>& keep, const BuildContext& context,
+    const OptimizerRegistry& registry, std::vector<int64_t>& index) {
+  index.assign(groups.size(), -1);
+  const auto extensions = registry.extensions();
+  std::vector<CompositePart> parts;
+  int64_t next = 0;
+  for (const auto& name : registry.keys()) {
+    const auto entry = registry.at(name);
+    const bool replaced = context.factories.count(name) != 0;
+    std::vector<OptimizerParamGroup> part_groups;
+    std::vector<OptimizerSettings> part_settings;
+    CompositePart part;
+    part.name = name;
+    for (const auto i : c10::irange(groups.size())) {
+      const auto& g = groups[i];
+      if (g.optimizer != name) continue;
+      std::vector<at::Tensor> params;
+      std::vector<std::string> names;
+      for (const auto j : c10::irange(g.params.size())) {
+        if (!keep(g.params[j])) continue;
+        params.push_back(g.params[j]);
+        names.push_back(g.names[j]);
+      }
+      if (params.empty()) continue;
+      try {
+        if (!replaced) {
+          for (const auto& x : extensions) {
+            if (x->check_own_factory) x->check_own_factory(name, settings[i]);
           }
         }
-        return sharded;
-      });
-  return muon::make_optimizer(named, config, context, registry);
+        part_groups.emplace_back(std::move(params), entry->make_options(settings[i]));
+      } catch (const c10::ValueError& e) {
+        TORCH_CHECK_VALUE(false, kWho, "param group ", i, " (", name,
+                          "): ", e.what_without_backtrace());
+      }
+      part_settings.push_back(settings[i]);
+      part.group_names.push_back(std::move(names));
+      index[i] = next++;
+    }
+    if (part_groups.empty()) continue;
+    part.optimizer = replaced ? context.factories.at(name)(std::move(part_groups), part_settings)
+                              : entry->factory(std::move(part_groups), part_settings);
+    TORCH_CHECK_VALUE(part.optimizer != nullptr, kWho, "the factory of '", name, "' returned null");
+    if (entry->init_state) entry->init_state(*part.optimizer);
+    parts.push_back(std::move(part));
+  }
+  TORCH_CHECK_VALUE(!parts.empty(), kWho, "no parameters to optimize");
+  return std::make_unique<CompositeOptimizer>(std::move(parts));
+}
+
+}  // namespace
+
+GroupedOptimizer make_grouped_optimizer(const std::vector<GroupSpec>& groups,
+                                        const OptimizerConfig& config,
+                                        const DistributedLayout& layout,
+                                        const OptimizerRegistry& registry) {
+  TORCH_CHECK_VALUE(!groups.empty(), kWho, "no param groups given");
+  torch::OrderedDict<std::string, at::Tensor> named;
+  std::set<const c10::TensorImpl*> seen;
+  std::vector<OptimizerSettings> settings;
+  for (const auto i : c10::irange(groups.size())) {
+    const auto& g = groups[i];
+    TORCH_CHECK_VALUE(g.names.size() == g.params.size(), kWho, "param group ", i, " has ",
+                      g.params.size(), " parameters but ", g.names.size(), " names");
+    try {
+      settings.push_back(group_settings(g.optimizer, g.settings, config, registry));
+    } catch (const c10::ValueError& e) {
+      TORCH_CHECK_VALUE(false, kWho, "param group ", i, ": ", e.what_without_backtrace());
+    }
+    for (const auto j : c10::irange(g.params.size())) {
+      TORCH_CHECK_VALUE(g.params[j].defined(), kWho, "param group ", i, ": parameter '",
+                        g.names[j], "' is undefined");
+      TORCH_CHECK_VALUE(seen.insert(g.params[j].unsafeGetTensorImpl()).second, kWho,
+                        "parameter '", g.names[j], "' (param group ", i,
+                        ") appears twice; give each tensor once");
+      TORCH_CHECK_VALUE(named.find(g.names[j]) == nullptr, kWho, "two parameters are named '",
+                        g.names[j], "'");
+      named.insert(g.names[j], g.params[j]);
+    }
+  }
+  if (layout.group.valid()) {
+    check_ranks_agree(layout.group, detail::config_items(config), kWho,
+                      "every rank must build its optimizer from the same config");
+  }
+  GroupedOptimizer out;
+  const auto all = [](const at::Tensor&) { return true; };
+  const auto policy = parse_nonfinite_policy(config.get_string("nonfinite"));
+  if (config.get_string("layout") != "layerwise") {
+    auto composite = build_groups(groups, settings, all, layout_context(named, config, layout),
+                                  registry, out.group_index);
+    composite->set_nonfinite(policy);
+    out.optimizer = std::move(composite);
+    return out;
+  }
+  TORCH_CHECK_VALUE(layout.group.valid(), kWho,
+                    "layout 'layerwise' needs DistributedLayout::group (the data-parallel group)");
+  const auto bucket = static_cast<int64_t>(config.get_double("layout_bucket_mb") * (1 << 20));
+  std::vector<int64_t> index;
+  auto optimizer = std::make_unique<LayerwiseOptimizer>(
+      named, layout.group,
+      [&](const torch::OrderedDict<std::string, at::Tensor>& owned) {
+        std::set<const c10::TensorImpl*> mine;
+        for (const auto& item : owned) mine.insert(item.value().unsafeGetTensorImpl());
+        return std::unique_ptr<torch::optim::Optimizer>(build_groups(
+            groups, settings,
+            [&mine](const at::Tensor& p) { return mine.count(p.unsafeGetTensorImpl()) != 0; },
+            BuildContext(), registry, index));
+      },
+      LayerwiseOptions()
+          .bucket_bytes(std::max<int64_t>(bucket, 1))
+          .max_in_flight(config.get_int("layout_max_in_flight")));
+  optimizer->set_nonfinite(policy);
+  // The factory's last call built the inner optimizer (the first probes all
+  // parameters); without owned parameters there is none.
+  if (optimizer->inner() == nullptr) index.assign(groups.size(), -1);
+  out.group_index = std::move(index);
+  out.optimizer = std::move(optimizer);
+  return out;
 }
 
 }  // namespace muon::dist
