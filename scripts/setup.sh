@@ -13,7 +13,9 @@ packages=(
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
   libre2-dev              # linear-time regexes for override rules
-  python3-torch           # plain PyTorch baselines, torchrun
+  python3-torch           # the Python package's torch, plain PyTorch baselines, torchrun
+  python3-dev pybind11-dev  # the Python package muon_cpp (python/)
+  python3-pytest          # its tests
   python3-numpy
   python3-matplotlib      # demo plots
 )

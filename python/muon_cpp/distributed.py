@@ -1,0 +1,200 @@
+"""Distributed layouts over ``torch.distributed`` process groups.
+
+A layout is given to an optimizer (``layout=...``); each equals
+single-process Muon on the whole matrices (docs/distributed.md):
+
+* ``Layerwise(group)``: replicated (DDP) parameters; each rank owns a
+  subset, steps it (optimizer state ≈ 1/W per rank) and all-gathers the
+  updated parameters. Gradients must be averaged first (DDP, or
+  ``all_reduce_gradients``).
+* ``TensorParallel({param: TensorParallelShard(...)})``: tensor-parallel
+  blocks, orthogonalized as whole matrices (Muon option ``tp_mode``:
+  duplicated | distributed | blockwise).
+* ``Sharded({param: RowShard(...)})``: ZeRO/FSDP row shards, each matrix
+  orthogonalized by one owner rank (``mode="owner_compute"``) or by every
+  rank (``"replicated"``); expert groups and 2-D (TP × sharded) layouts are
+  row shards over the expert group, or with ``tensor_parallel=``.
+
+Groups are ``torch.distributed`` process groups (``None``: the default
+group); any backend torch has, gloo on CPU.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["Layerwise", "TensorParallel", "TensorParallelShard", "Sharded", "RowShard", "wrap",
+           "broadcast_parameters", "all_reduce_gradients"]
+
+_wrapped = {}
+
+
+def _timeout_s():
+    try:
+        return float(os.environ.get("MUON_TIMEOUT", "300"))
+    except ValueError:
+        raise ValueError(f"MUON_TIMEOUT must be a number of seconds, got "
+                         f"{os.environ['MUON_TIMEOUT']!r}") from None
+
+
+def _group_ranks(pg):
+    if hasattr(dist, "get_process_group_ranks"):
+        return list(dist.get_process_group_ranks(pg))
+    ranks = dist.distributed_c10d._pg_group_ranks.get(pg)  # torch 1.13
+    if ranks is None:
+        return []
+    return [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
+
+
+def wrap(process_group=None):
+    """The engine's Group over a torch.distributed process group (None: the
+    default group). One Group per process group, reused."""
+    if isinstance(process_group, _C.Group):
+        return process_group
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("torch.distributed is not initialized: call "
+                         "dist.init_process_group(...) before building a distributed layout")
+    pg = dist.group.WORLD if process_group is None else process_group
+    # A new default group (destroy_process_group, then init again) retires
+    # the Groups over the old ones.
+    if _wrapped and _wrapped.get("world") is not dist.group.WORLD:
+        _wrapped.clear()
+    _wrapped["world"] = dist.group.WORLD
+    key = id(pg)
+    if key not in _wrapped:
+        name = "world" if pg is dist.group.WORLD else f"process_group{len(_wrapped) - 1}"
+        _wrapped[key] = (pg, _C.Group.wrap(pg, timeout_s=_timeout_s(), world_ranks=_group_ranks(pg),
+                                           name=name))
+    return _wrapped[key][1]
+
+
+def TensorParallelShard(global_shape, partition_dim, group=None):
+    """This rank's block of a tensor-parallel parameter of ``global_shape``,
+    split along ``partition_dim`` over ``group``."""
+    return _C.TensorParallelShard(list(global_shape), int(partition_dim), wrap(group))
+
+
+def RowShard(global_shape, group=None, tensor_parallel=None, tp_mode="duplicated"):
+    """This rank's rows of a ``global_shape`` parameter split over ``group``
+    (the data-parallel or expert group); with ``tensor_parallel`` (a
+    TensorParallelShard) the sharded matrix is itself a TP block of a larger
+    one (2-D layout), orthogonalized in ``tp_mode``."""
+    shard = _C.RowShard(list(global_shape), wrap(group))
+    if tensor_parallel is not None:
+        shard = shard.with_tensor_parallel(tensor_parallel, tp_mode)
+    return shard
+
+
+class _Layout:
+    kind = "none"
+
+    def apply_to(self, config):
+        config.set("layout", self.kind)
+
+    def build(self, names):
+        return _C.DistributedLayout()
+
+
+class _NoLayout(_Layout):
+    def apply_to(self, config):
+        pass
+
+
+class Layerwise(_Layout):
+    """Layer-wise ownership of replicated parameters over ``group`` (the
+    data-parallel group; None: the default group)."""
+
+    kind = "layerwise"
+
+    def __init__(self, group=None, bucket_mb=8.0, max_in_flight=2):
+        self.group = group
+        self.bucket_mb = bucket_mb
+        self.max_in_flight = max_in_flight
+
+    def apply_to(self, config):
+        super().apply_to(config)
+        config.set("layout_bucket_mb", float(self.bucket_mb))
+        config.set("layout_max_in_flight", int(self.max_in_flight))
+
+    def build(self, names):
+        layout = _C.DistributedLayout()
+        layout.group = wrap(self.group)
+        return layout
+
+
+def _by_name(shards, names, what):
+    out = {}
+    for p, shard in shards.items():
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"{what}: keys must be the parameter tensors, got {type(p).__name__}")
+        if id(p) not in names:
+            raise ValueError(f"{what}: a tensor of shape {tuple(p.shape)} is not among the "
+                             f"optimizer's parameters")
+        out[names[id(p)]] = shard
+    return out
+
+
+class TensorParallel(_Layout):
+    """Tensor-parallel blocks: ``shards`` maps parameter tensors to
+    ``TensorParallelShard``s (parameters without one are whole)."""
+
+    kind = "tensor_parallel"
+
+    def __init__(self, shards):
+        self.shards = dict(shards)
+
+    def build(self, names):
+        layout = _C.DistributedLayout()
+        layout.tensor_parallel = _by_name(self.shards, names, "TensorParallel shards")
+        return layout
+
+
+class Sharded(_Layout):
+    """Row shards: ``shards`` maps every Muon parameter tensor to its
+    ``RowShard``; ``mode`` "owner_compute" (default) or "replicated"."""
+
+    kind = "sharded"
+
+    def __init__(self, shards, mode="owner_compute", max_in_flight=2):
+        self.shards = dict(shards)
+        self.mode = mode
+        self.max_in_flight = max_in_flight
+
+    def apply_to(self, config):
+        super().apply_to(config)
+        config.set("layout_sharded_mode", self.mode)
+        config.set("layout_max_in_flight", int(self.max_in_flight))
+
+    def build(self, names):
+        layout = _C.DistributedLayout()
+        layout.row_shards = _by_name(self.shards, names, "Sharded shards")
+        return layout
+
+
+def _layout_of(layout, config):
+    if layout is None:
+        kind = config.get("layout")
+        if kind == "layerwise":
+            return Layerwise(None, config.get("layout_bucket_mb"), config.get("layout_max_in_flight"))
+        if kind != "none":
+            raise ValueError(f"config layout '{kind}' needs its shards: pass "
+                             f"layout=muon_cpp.distributed.{'TensorParallel' if kind == 'tensor_parallel' else 'Sharded'}(...)")
+        return _NoLayout()
+    if not isinstance(layout, _Layout):
+        raise TypeError(f"layout must be a muon_cpp.distributed layout (Layerwise, TensorParallel, "
+                        f"Sharded), got {type(layout).__name__}")
+    return layout
+
+
+def broadcast_parameters(named_parameters, group=None, root=0):
+    """Copies rank ``root``'s parameters into every rank's (checks names and shapes first)."""
+    items = list(named_parameters)
+    _C.broadcast_parameters([n for n, _ in items], [p.data for _, p in items], wrap(group), root)
+
+
+def all_reduce_gradients(params, group=None, bucket_mb=32.0):
+    """Averages the gradients of ``params`` over ``group`` in place (training
+    without DDP)."""
+    _C.all_reduce_gradients([p for p in params], wrap(group), int(bucket_mb * (1 << 20)))

@@ -1,0 +1,369 @@
+"""The optimizers: ``torch.optim.Optimizer`` subclasses over the C++ engine.
+
+Every optimizer here keeps torch.optim's data model:
+
+* ``param_groups``: a list of dicts with ``params``, ``names``, ``optimizer``
+  (the registry name), ``lr``, ``weight_decay`` and the optimizer's option
+  keys (``option_fields(name)``). User code and ``torch.optim.lr_scheduler``
+  edit them; the next ``step()`` takes the edit. A bad value raises
+  ValueError at that step, naming the group and the key, and changes nothing.
+* ``state[p]``: a dict of ordinary tensors (``momentum_buffer``, ``exp_avg``,
+  ...) plus ``step``: the very tensors the C++ step updates in place.
+* ``state_dict()`` / ``load_state_dict()`` in torch.optim's format.
+* ``step(closure=None)``: one call into C++ for every parameter, with the
+  GIL released.
+"""
+import json
+import os
+
+import torch
+
+from . import _C
+from . import distributed as _dist
+
+__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "MuonWithAdamW", "make_optimizer",
+           "explain", "option_fields"]
+
+# Keys of a param group that are not options.
+_STRUCTURAL = ("params", "names", "optimizer")
+
+
+def option_fields(optimizer):
+    """The option keys of a param group of ``optimizer`` (a registry name): a list
+    of dicts with name, type, default, doc, choices, requirement, per_parameter."""
+    return _C.group_fields(optimizer)
+
+
+def _is_named(item):
+    return (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)
+            and isinstance(item[1], torch.Tensor))
+
+
+def _split_named(items, where):
+    """(names or None, tensors) of an iterable of tensors or of (name, tensor) pairs."""
+    items = list(items)
+    if all(_is_named(i) for i in items) and items:
+        return [i[0] for i in items], [i[1] for i in items]
+    for i in items:
+        if not isinstance(i, torch.Tensor):
+            raise TypeError(f"{where}: expected tensors or (name, tensor) pairs, got "
+                            f"{type(i).__name__}")
+    return None, items
+
+
+def _normalize_groups(params):
+    """torch.optim's params argument (tensors, named pairs, or dicts of either)
+    as a list of dicts with 'params' (tensors) and 'names' (unique strings)."""
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params must be an iterable of tensors, (name, tensor) pairs or dicts, "
+                        "got a single tensor")
+    items = list(params)
+    if not items:
+        raise ValueError("params: the optimizer got an empty parameter list")
+    groups = items if isinstance(items[0], dict) else [{"params": items}]
+    out = []
+    for gi, g in enumerate(groups):
+        if not isinstance(g, dict) or "params" not in g:
+            raise TypeError(f"params[{gi}]: a param group must be a dict with 'params'")
+        ps = g["params"]
+        ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+        names, tensors = _split_named(ps, f"param group {gi}")
+        if names is None:
+            names = list(g.get("names") or [f"param_groups.{gi}.{j}" for j in range(len(tensors))])
+        if len(names) != len(tensors):
+            raise ValueError(f"param group {gi}: {len(names)} names for {len(tensors)} params")
+        rest = {k: v for k, v in g.items() if k not in ("params", "names")}
+        out.append(dict(rest, params=tensors, names=names))
+    return out
+
+
+def _config_of(config):
+    """A _C.Config from a dict, a JSON file path, or a _C.Config."""
+    c = _C.Config()
+    if config is None:
+        return c
+    if isinstance(config, _C.Config):
+        c.apply_json(config.to_json())
+    elif isinstance(config, dict):
+        c.apply_json(json.dumps(config))
+    elif isinstance(config, (str, os.PathLike)):
+        c.load_file(os.fspath(config))
+    else:
+        raise TypeError(f"config must be a dict, a JSON file path or a muon_cpp config, "
+                        f"got {type(config).__name__}")
+    return c
+
+
+class Optimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer whose step runs in the muon-cpp engine.
+
+    Built by the classes below and by ``make_optimizer``; groups are never
+    added after construction.
+    """
+
+    def __init__(self, groups, config, layout=None):
+        # groups: dicts with params, names, optimizer and complete settings.
+        self._engine = None
+        layout = _dist._layout_of(layout, config)
+        layout.apply_to(config)
+        names = {}
+        for g in groups:
+            for n, p in zip(g["names"], g["params"]):
+                names[id(p)] = n
+        c_layout = layout.build(names)
+        super().__init__(groups, {})
+        self._config = config
+        self._layout = layout
+        specs = []
+        for g in self.param_groups:
+            specs.append({
+                "optimizer": g["optimizer"],
+                "names": list(g["names"]),
+                "params": list(g["params"]),
+                "settings": {k: v for k, v in g.items() if k not in _STRUCTURAL},
+            })
+        self._engine = _C.Engine(specs, config, c_layout)
+
+    # ---- construction helpers -------------------------------------------------------
+
+    @staticmethod
+    def _complete(kind, groups, defaults, config):
+        """Each group's settings: `defaults` then the group's own keys, checked
+        and completed by the engine (ValueError naming a bad key or value)."""
+        fields = {f["name"]: f for f in _C.group_fields(kind)}
+        out = []
+        for gi, g in enumerate(groups):
+            given = dict(defaults)
+            given.update({k: v for k, v in g.items() if k not in _STRUCTURAL})
+            try:
+                settings = _C.group_settings(kind, given, config)
+            except ValueError as e:
+                raise ValueError(f"param group {gi}: {e}" if len(groups) > 1 else str(e)) from None
+            out.append(dict(settings, params=g["params"], names=g["names"], optimizer=kind))
+        # Whole-run options hold for every group of the optimizer.
+        for key, f in fields.items():
+            if not f["per_parameter"]:
+                values = {repr(g[key]) for g in out}
+                if len(values) > 1:
+                    raise ValueError(f"{key} is a whole-run option of {kind} and must be the same "
+                                     f"in every param group, got {sorted(values)}")
+        return out
+
+    # ---- torch.optim.Optimizer -------------------------------------------------------
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_engine", None) is not None:
+            raise ValueError("muon_cpp optimizers cannot add param groups after construction; "
+                             "build a new optimizer with every group")
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of every parameter with a gradient; ``closure`` (re-evaluates
+        the loss) runs first with grad enabled and its loss is returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._engine.step(self.param_groups, self.state)
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none=set_to_none)
+
+    def load_state_dict(self, state_dict):
+        """torch.optim's load_state_dict; the state and the group values go to
+        the engine, checked before anything changes (on error, nothing did)."""
+        saved_groups = state_dict.get("param_groups", [])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, this "
+                             f"optimizer has {len(self.param_groups)}")
+        for i, (mine, theirs) in enumerate(zip(self.param_groups, saved_groups)):
+            if len(mine["params"]) != len(theirs.get("params", ())):
+                raise ValueError(f"loaded state dict's param group {i} has "
+                                 f"{len(theirs.get('params', ()))} parameters, this optimizer's "
+                                 f"has {len(mine['params'])}")
+            if "optimizer" in theirs and theirs["optimizer"] != mine["optimizer"]:
+                raise ValueError(f"loaded state dict's param group {i} is for optimizer "
+                                 f"'{theirs['optimizer']}', this one's is '{mine['optimizer']}'")
+        old_groups = [dict(g) for g in self.param_groups]
+        old_state = {p: dict(s) for p, s in self.state.items()}
+        try:
+            super().load_state_dict(state_dict)
+            # Keep the construction's names: they identify parameters in the engine.
+            for g, old in zip(self.param_groups, old_groups):
+                g["names"] = old["names"]
+                g["optimizer"] = old["optimizer"]
+            self._engine.apply_groups(self.param_groups)
+            self._engine.load_state({p: s for p, s in self.state.items() if s})
+        except Exception:
+            self.param_groups[:] = old_groups
+            self.state.clear()
+            self.state.update(old_state)
+            self._engine.apply_groups(self.param_groups)
+            raise
+        self._refresh_state()
+
+    def _refresh_state(self):
+        self.state.clear()
+        for g in self.param_groups:
+            for p in g["params"]:
+                s = self._engine.state_of(p)
+                if s is not None:
+                    self.state[p] = s
+
+    # ---- extras ----------------------------------------------------------------------
+
+    def state_bytes(self):
+        """Bytes of optimizer state this rank holds."""
+        return self._engine.state_bytes()
+
+    def steps_here(self, param):
+        """Whether this rank steps ``param`` (False for parameters another rank
+        owns in the layer-wise layout)."""
+        return self._engine.steps_here(param)
+
+    def owners(self):
+        """Layer-wise layout: the rank owning each parameter, in order; else []."""
+        return self._engine.owners()
+
+
+class _OneOptimizer(Optimizer):
+    """An optimizer of one registry kind over torch.optim-style params."""
+
+    _kind = None
+    _defaults = {}
+
+    def __init__(self, params, lr, weight_decay, layout, nonfinite, options):
+        config = _C.Config()
+        config.set("optimizer", self._kind)
+        config.set("nonfinite", nonfinite)
+        defaults = dict(self._defaults)
+        defaults.update(options)
+        defaults["lr"] = lr
+        defaults["weight_decay"] = weight_decay
+        groups = self._complete(self._kind, _normalize_groups(params), defaults, config)
+        super().__init__(groups, config, layout)
+
+
+class Muon(_OneOptimizer):
+    """Muon: SGD-momentum whose update is orthogonalized by Newton–Schulz.
+
+    ``Muon(params, lr=0.02, weight_decay=0.0, *, layout=None, nonfinite="error",
+    **options)``: the options are the C++ registry's muon fields without the
+    ``muon_`` prefix (``option_fields("muon")``): momentum=0.95, nesterov=True,
+    momentum_style ("ema" | "classic"), weight_decay_mode ("decoupled" |
+    "independent" | "l2" | "palm"), coefficient_type ("quintic", ...),
+    num_ns_steps (0: the set's default), ns_eps, ns_eps_mode ("add" | "clamp"),
+    ns_compute_dtype ("float32" | "bfloat16" | "float64"), scale_mode
+    ("shape_scaling" by default, as muon::MuonOptions), extra_scale_factor,
+    stacked_experts, split_qkv, qkv_split_sizes, num_query_groups, tp_mode.
+    Parameters must have at least 2 dimensions. ``layout``: a layout of
+    ``muon_cpp.distributed``.
+    """
+
+    _kind = "muon"
+    _defaults = {"scale_mode": "shape_scaling"}
+
+    def __init__(self, params, lr=0.02, weight_decay=0.0, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class AdaptiveMuon(_OneOptimizer):
+    """Muon with a NorMuon (per row, ``mode="normuon"``) or AdaMuon (per element,
+    ``mode="adamuon"``) second moment; ``beta2`` and ``eps`` are its decay and
+    epsilon (the same in every group). Other options as ``Muon``."""
+
+    _kind = "adaptive_muon"
+    _defaults = {"scale_mode": "shape_scaling"}
+
+    def __init__(self, params, lr=0.02, weight_decay=0.0, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class Lion(_OneOptimizer):
+    """Lion: the sign of an interpolated momentum, decoupled weight decay
+    (options beta1=0.9, beta2=0.99)."""
+
+    _kind = "lion"
+
+    def __init__(self, params, lr=1e-4, weight_decay=0.0, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+def _named(named_parameters):
+    items = list(named_parameters)
+    if not items or not all(_is_named(i) for i in items):
+        raise TypeError("named_parameters must be (name, tensor) pairs, e.g. "
+                        "model.named_parameters()")
+    return [i[0] for i in items], [i[1] for i in items]
+
+
+_ADAMW_ARGS = {"lr": "adamw_lr", "weight_decay": "adamw_weight_decay", "beta1": "adamw_betas[0]",
+               "beta2": "adamw_betas[1]", "eps": "adamw_eps"}
+
+
+class MuonWithAdamW(Optimizer):
+    """Muon for the matrices, AdamW for 1-D parameters, embeddings and the output
+    head (the registry's routing rules), in one optimizer.
+
+    ``MuonWithAdamW(named_parameters, lr=0.02, weight_decay=0.0, *,
+    adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-8,
+    adamw_weight_decay=0.0, layout=None, nonfinite="error", **muon_options)``.
+    """
+
+    def __init__(self, named_parameters, lr=0.02, weight_decay=0.0, *, adamw_lr=3e-4,
+                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0, layout=None,
+                 nonfinite="error", **muon_options):
+        names, params = _named(named_parameters)
+        if not (isinstance(adamw_betas, (tuple, list)) and len(adamw_betas) == 2):
+            raise ValueError(f"adamw_betas must be a pair (beta1, beta2), got {adamw_betas!r}")
+        config = _C.Config()
+        config.set("optimizer", "muon")
+        config.set("scalar_optimizer", "adamw")
+        config.set("nonfinite", nonfinite)
+        muon = {"scale_mode": "shape_scaling"}
+        muon.update(muon_options)
+        muon.update(lr=lr, weight_decay=weight_decay)
+        muon = _C.group_settings("muon", muon, config)  # checks the names and values
+        try:
+            adamw = _C.group_settings("adamw", {"lr": adamw_lr, "weight_decay": adamw_weight_decay,
+                                                "beta1": adamw_betas[0], "beta2": adamw_betas[1],
+                                                "eps": adamw_eps}, config)
+        except ValueError as e:
+            # Name the argument the caller passed, not the AdamW group's key.
+            text = str(e).split("] ", 1)[-1]
+            key, _, rest = text.partition(" ")
+            raise ValueError(f"{_ADAMW_ARGS.get(key, key)} {rest}") from None
+        groups = []
+        for plan in _C.plan_groups(names, params, config):
+            settings = muon if plan["optimizer"] == "muon" else adamw
+            groups.append(dict(settings, params=plan["params"], names=plan["names"],
+                               optimizer=plan["optimizer"]))
+        super().__init__(groups, config, layout)
+
+
+def make_optimizer(named_parameters, config, layout=None):
+    """The optimizer ``config`` describes (a dict of config fields with optional
+    "overrides", or a JSON file path; see docs/config.md) over
+    ``named_parameters``: parameters grouped by their resolved settings, one
+    param group per distinct setting. ``layout``: a layout of
+    ``muon_cpp.distributed`` (or set by the config's own ``layout`` field when
+    it needs nothing more)."""
+    names, params = _named(named_parameters)
+    c = _config_of(config)
+    groups = []
+    for plan in _C.plan_groups(names, params, c):
+        groups.append(dict(plan["settings"], params=plan["params"], names=plan["names"],
+                           optimizer=plan["optimizer"]))
+    return Optimizer(groups, c, layout)
+
+
+def explain(named_parameters, config):
+    """One line per parameter: its optimizer, group, and the settings that differ
+    from the config's (the override rules that matched)."""
+    names, params = _named(named_parameters)
+    return _C.explain(names, params, _config_of(config))

@@ -1,0 +1,133 @@
+// Bindings of <muon/config.h>, <muon/registry.h> and the grouping half of
+// <muon/distributed/make.h>: configs from dicts or JSON files, the groups a
+// config makes, explain(), and each optimizer's option fields.
+#include <torch/ordered_dict.h>
+
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "muon/config.h"
+#include "muon/distributed/make.h"
+#include "muon/registry.h"
+
+namespace muon::python {
+
+namespace {
+
+torch::OrderedDict<std::string, at::Tensor> named_of(const std::vector<std::string>& names,
+                                                     const std::vector<at::Tensor>& params) {
+  TORCH_CHECK_VALUE(names.size() == params.size(), "got ", names.size(), " names for ",
+                    params.size(), " parameters");
+  torch::OrderedDict<std::string, at::Tensor> named;
+  for (size_t i = 0; i < names.size(); ++i) {
+    TORCH_CHECK_VALUE(named.find(names[i]) == nullptr, "two parameters are named '", names[i], "'");
+    named.insert(names[i], params[i]);
+  }
+  return named;
+}
+
+py::dict field_dict(const FieldSpec& f) {
+  py::dict d;
+  d["name"] = f.name;
+  d["type"] = to_string(f.type);
+  d["default"] = from_field_value(f.default_value);
+  d["doc"] = f.doc;
+  d["choices"] = f.choices;
+  d["requirement"] = f.requirement();
+  d["per_parameter"] = f.per_parameter;
+  return d;
+}
+
+}  // namespace
+
+void bind_config(py::module_& m) {
+  py::class_<OptimizerConfig>(m, "Config", "A muon::OptimizerConfig (every field has a value).")
+      .def(py::init<>())
+      .def(
+          "apply_json", [](OptimizerConfig& c, const std::string& text) { apply_config_json(c, text); },
+          py::arg("text"), "Applies a JSON document (fields and 'overrides').")
+      .def(
+          "load_file", [](OptimizerConfig& c, const std::string& path) { load_config_file(c, path); },
+          py::arg("path"), "Applies a JSON file.")
+      .def(
+          "set",
+          [](OptimizerConfig& c, const std::string& key, const py::handle& value) {
+            c.set(key, to_field_value(value, "config field '" + key + "'"));
+          },
+          py::arg("key"), py::arg("value"))
+      .def(
+          "get", [](const OptimizerConfig& c, const std::string& key) { return from_field_value(c.get(key)); },
+          py::arg("key"))
+      .def(
+          "values",
+          [](const OptimizerConfig& c) {
+            py::dict d;
+            for (const auto& [k, v] : c.values()) d[py::str(k)] = from_field_value(v);
+            return d;
+          },
+          "Every field's value.")
+      .def("to_json", &OptimizerConfig::to_json, "The config as JSON (fields and rules).");
+
+  m.def(
+      "plan_groups",
+      [](const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
+         const OptimizerConfig& config) {
+        const auto plans = dist::plan_groups(named_of(names, params), config);
+        py::list out;
+        for (const auto& p : plans) {
+          py::dict settings;
+          for (const auto& [k, v] : p.settings) settings[py::str(k)] = from_field_value(v);
+          py::dict g;
+          g["optimizer"] = p.optimizer;
+          g["names"] = p.names;
+          g["params"] = p.params;
+          g["settings"] = settings;
+          out.append(g);
+        }
+        return out;
+      },
+      py::arg("names"), py::arg("params"), py::arg("config"),
+      "The param groups make_optimizer builds from `config`: dicts with optimizer, names, "
+      "params and settings.");
+  m.def(
+      "explain",
+      [](const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
+         const OptimizerConfig& config) { return explain(named_of(names, params), config); },
+      py::arg("names"), py::arg("params"), py::arg("config"),
+      "One line per parameter: its optimizer, group and the settings that differ.");
+  m.def(
+      "group_fields",
+      [](const std::string& optimizer) {
+        py::list out;
+        for (const auto& f : dist::group_fields(optimizer)) out.append(field_dict(f));
+        return out;
+      },
+      py::arg("optimizer"),
+      "The keys of a param group of `optimizer`: lr, weight_decay and its options.");
+  m.def(
+      "group_settings",
+      [](const std::string& optimizer, const py::dict& settings, const OptimizerConfig& config) {
+        const auto full = dist::group_settings(optimizer, to_field_map(settings, "setting"), config);
+        py::dict out;
+        for (const auto& f : dist::group_fields(optimizer)) {
+          out[py::str(f.name)] = from_field_value(full.get(f.name));
+        }
+        return out;
+      },
+      py::arg("optimizer"), py::arg("settings"), py::arg("config"),
+      "A group's settings completed from the config and checked (ValueError naming the key).");
+  m.def(
+      "optimizer_names", [] { return OptimizerRegistry::global().keys(); },
+      "The registered optimizers.");
+  m.def(
+      "config_fields",
+      [] {
+        py::list out;
+        for (const auto& f : OptimizerRegistry::global().fields()) out.append(field_dict(f));
+        return out;
+      },
+      "Every config field (the JSON keys).");
+}
+
+}  // namespace muon::python

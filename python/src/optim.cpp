@@ -1,0 +1,341 @@
+// Bindings of the optimizers: one `Engine` holds the C++ optimizer that a
+// Python muon_cpp optimizer (a torch.optim.Optimizer, python/muon_cpp/optim.py)
+// drives. Python keeps param_groups (dicts) and state (dicts of tensors) as
+// torch.optim does; the engine takes edited group values at each step, runs
+// the step in one call with the GIL released, and shares its state tensors
+// with Python (the same tensor objects, updated in place by the step).
+#include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "muon/compat.h"
+#include "muon/distributed/layerwise.h"
+#include "muon/distributed/make.h"
+#include "muon/optim/adaptive_muon.h"
+#include "muon/optim/composite.h"
+#include "muon/optim/lion.h"
+#include "muon/optim/muon.h"
+#include "muon/optim/state_bytes.h"
+#include "muon/registry.h"
+
+namespace muon::python {
+
+namespace {
+
+using torch::optim::Optimizer;
+using torch::optim::OptimizerParamState;
+
+// Keys a group cannot change after construction: the layouts laid their
+// work out from them, and whole-run fields are shared by every group.
+const std::set<std::string> kFixedKeys = {"tp_mode", "stacked_experts", "split_qkv",
+                                          "qkv_split_sizes", "num_query_groups"};
+
+// The fields of a C++ parameter state, by their torch.optim names.
+struct StateFields {
+  int64_t* step = nullptr;
+  std::vector<std::pair<const char*, at::Tensor*>> tensors;
+};
+
+template <typename S>
+void adam_fields(S& s, StateFields& f) {
+  f.step = &s.step();
+  f.tensors = {{"exp_avg", &s.exp_avg()}, {"exp_avg_sq", &s.exp_avg_sq()},
+               {"max_exp_avg_sq", &s.max_exp_avg_sq()}};
+}
+
+StateFields fields_of(OptimizerParamState& st) {
+  StateFields f;
+  if (auto* s = dynamic_cast<AdaptiveMuonParamState*>(&st)) {
+    f.step = &s->step();
+    f.tensors = {{"momentum_buffer", &s->momentum_buffer()}, {"second_moment", &s->second_moment()}};
+  } else if (auto* s = dynamic_cast<MuonParamState*>(&st)) {
+    f.step = &s->step();
+    f.tensors = {{"momentum_buffer", &s->momentum_buffer()}};
+  } else if (auto* s = dynamic_cast<LionParamState*>(&st)) {
+    f.step = &s->step();
+    f.tensors = {{"exp_avg", &s->exp_avg()}};
+  } else if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&st)) {
+    adam_fields(*s, f);
+  } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&st)) {
+    adam_fields(*s, f);
+  } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(&st)) {
+    f.tensors = {{"momentum_buffer", &s->momentum_buffer()}};
+  } else {
+    TORCH_CHECK_TYPE(false, "muon_cpp: no Python form for the state type ", typeid(st).name());
+  }
+  return f;
+}
+
+std::unique_ptr<OptimizerParamState> new_state_for(Optimizer& leaf) {
+  if (dynamic_cast<AdaptiveMuon*>(&leaf)) return std::make_unique<AdaptiveMuonParamState>();
+  if (dynamic_cast<Muon*>(&leaf)) return std::make_unique<MuonParamState>();
+  if (dynamic_cast<Lion*>(&leaf)) return std::make_unique<LionParamState>();
+  if (dynamic_cast<torch::optim::AdamW*>(&leaf)) return std::make_unique<torch::optim::AdamWParamState>();
+  if (dynamic_cast<torch::optim::Adam*>(&leaf)) return std::make_unique<torch::optim::AdamParamState>();
+  if (dynamic_cast<torch::optim::SGD*>(&leaf)) return std::make_unique<torch::optim::SGDParamState>();
+  TORCH_CHECK_TYPE(false, "muon_cpp: cannot load state into optimizer type ", typeid(leaf).name());
+}
+
+// The optimizer whose state() holds each parameter's state: composites and
+// the layer-wise layout hold theirs in parts and in the inner optimizer.
+void find_leaves(Optimizer& opt, std::unordered_map<const void*, Optimizer*>& out) {
+  if (auto* c = dynamic_cast<CompositeOptimizer*>(&opt)) {
+    for (size_t i = 0; i < c->num_parts(); ++i) find_leaves(c->part(i), out);
+    return;
+  }
+  if (auto* l = dynamic_cast<dist::LayerwiseOptimizer*>(&opt)) {
+    if (l->inner() != nullptr) find_leaves(*l->inner(), out);
+    return;
+  }
+  for (const auto& g : opt.param_groups()) {
+    for (const auto& p : g.params()) out[p.unsafeGetTensorImpl()] = &opt;
+  }
+}
+
+struct GroupRecord {
+  std::string optimizer;
+  std::vector<std::pair<std::string, bool>> keys;  // key, fixed after construction
+  std::map<std::string, FieldValue> values;        // as last applied
+  size_t num_params = 0;
+  int64_t index = -1;                               // in the optimizer's param_groups
+};
+
+class Engine {
+ public:
+  Engine(const py::list& groups, const OptimizerConfig& config, const dist::DistributedLayout& layout)
+      : config_(config) {
+    std::vector<dist::GroupSpec> specs;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const auto g = groups[i].cast<py::dict>();
+      dist::GroupSpec spec;
+      spec.optimizer = g["optimizer"].cast<std::string>();
+      spec.names = g["names"].cast<std::vector<std::string>>();
+      spec.params = g["params"].cast<std::vector<at::Tensor>>();
+      spec.settings = to_field_map(g["settings"].cast<py::dict>(),
+                                   "param_groups[" + std::to_string(i) + "]");
+      specs.push_back(std::move(spec));
+    }
+    auto built = dist::make_grouped_optimizer(specs, config_, layout);
+    optimizer_ = std::move(built.optimizer);
+    find_leaves(*optimizer_, leaves_);
+    const auto& registry = OptimizerRegistry::global();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      GroupRecord r;
+      r.optimizer = specs[i].optimizer;
+      const auto settings = dist::group_settings(r.optimizer, specs[i].settings, config_);
+      for (const auto& f : dist::group_fields(r.optimizer, registry)) {
+        r.keys.emplace_back(f.name, !f.per_parameter || kFixedKeys.count(f.name) != 0);
+        r.values[f.name] = settings.get(f.name);
+      }
+      r.num_params = specs[i].params.size();
+      r.index = built.group_index[i];
+      records_.push_back(std::move(r));
+      for (const auto& p : specs[i].params) params_.push_back(p);
+    }
+  }
+
+  // Takes the values of `param_groups` (edited by the user or a scheduler),
+  // checked for every group before any is applied, then steps with the GIL
+  // released and refreshes `state` (torch.optim's dict of dicts).
+  void step(const py::list& param_groups, const py::object& state) {
+    apply_groups(param_groups);
+    {
+      py::gil_scoped_release release;
+      optimizer_->step();
+    }
+    if (!state.is_none()) refresh_state(state);
+  }
+
+  // Checks and applies the group values without stepping.
+  void apply_groups(const py::list& param_groups) {
+    TORCH_CHECK_VALUE(param_groups.size() == records_.size(), "muon_cpp: the optimizer was built with ",
+                      records_.size(), " param groups, param_groups has ", param_groups.size(),
+                      "; groups cannot be added or removed after construction");
+    std::vector<std::pair<size_t, std::map<std::string, FieldValue>>> changed;
+    for (size_t i = 0; i < records_.size(); ++i) {
+      const auto& r = records_[i];
+      const auto g = param_groups[i].cast<py::dict>();
+      const std::string where = "param_groups[" + std::to_string(i) + "]";
+      TORCH_CHECK_VALUE(g.contains("params") && py::len(g["params"]) == r.num_params, "muon_cpp: ",
+                        where, " was built with ", r.num_params,
+                        " parameters; parameters cannot be added or removed after construction");
+      std::map<std::string, FieldValue> values;
+      bool differs = false;
+      for (const auto& [key, fixed] : r.keys) {
+        TORCH_CHECK_VALUE(g.contains(key.c_str()), "muon_cpp: ", where, " has no key '", key, "'");
+        auto v = to_field_value(g[key.c_str()], where + "['" + key + "']");
+        const auto& old = r.values.at(key);
+        // An int where a double was is the same value (lr = 1 after lr = 1.0).
+        if (std::holds_alternative<double>(old) && std::holds_alternative<int64_t>(v)) {
+          v = FieldValue(static_cast<double>(std::get<int64_t>(v)));
+        }
+        if (!(v == old)) {
+          TORCH_CHECK_VALUE(!fixed, "muon_cpp: ", where, "['", key, "'] is fixed at construction (",
+                            to_string(old), "), got ", to_string(v).substr(0, 80),
+                            "; build a new optimizer to change it");
+          differs = true;
+        }
+        values[key] = std::move(v);
+      }
+      if (differs) changed.emplace_back(i, std::move(values));
+    }
+    if (changed.empty()) return;
+    // Every changed group is checked and its options built before any is set.
+    std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
+    const auto& registry = OptimizerRegistry::global();
+    for (auto& [i, values] : changed) {
+      const auto& r = records_[i];
+      try {
+        const auto settings = dist::group_settings(r.optimizer, values, config_);
+        options.push_back(registry.at(r.optimizer)->make_options(settings));
+        if (auto* muon_options = dynamic_cast<MuonOptions*>(options.back().get())) muon_options->validate();
+      } catch (const c10::ValueError& e) {
+        TORCH_CHECK_VALUE(false, "muon_cpp: param_groups[", i, "]: ", e.what_without_backtrace());
+      }
+    }
+    for (size_t k = 0; k < changed.size(); ++k) {
+      auto& r = records_[changed[k].first];
+      if (r.index >= 0) {
+        optimizer_->param_groups()[static_cast<size_t>(r.index)].set_options(std::move(options[k]));
+      }
+      r.values = std::move(changed[k].second);
+    }
+  }
+
+  // The state of `param` as a dict, or None when it has none (no step yet,
+  // or another rank holds it).
+  py::object state_of(const at::Tensor& param) const {
+    auto* st = find_state(param);
+    if (st == nullptr) return py::none();
+    py::dict d;
+    fill(*st, d);
+    return std::move(d);
+  }
+
+  // Replaces every parameter's state with `states` (param → dict of
+  // torch.optim's keys), checked entirely before anything changes.
+  void load_state(const py::dict& states) {
+    std::vector<std::pair<Optimizer*, std::pair<compat::StateKey, std::unique_ptr<OptimizerParamState>>>> fresh;
+    for (const auto& [key, value] : states) {
+      const auto param = key.cast<at::Tensor>();
+      const auto it = leaves_.find(param.unsafeGetTensorImpl());
+      TORCH_CHECK_VALUE(it != leaves_.end(), "muon_cpp: load_state_dict: state for a parameter of shape ",
+                        param.sizes(), " that this optimizer does not step on this rank");
+      auto st = new_state_for(*it->second);
+      auto f = fields_of(*st);
+      const auto d = value.cast<py::dict>();
+      for (const auto& [k, v] : d) {
+        const auto name = k.cast<std::string>();
+        if (name == "step") {
+          if (f.step == nullptr) continue;
+          const auto as_int = py::module_::import("builtins").attr("int");
+          *f.step = as_int(v).cast<int64_t>();
+          continue;
+        }
+        bool known = false;
+        for (auto& [field, tensor] : f.tensors) {
+          if (name != field) continue;
+          known = true;
+          if (v.is_none()) break;
+          auto t = v.cast<at::Tensor>();
+          TORCH_CHECK_VALUE(t.device() == param.device(), "muon_cpp: load_state_dict: '", name,
+                            "' is on ", t.device(), ", the parameter on ", param.device());
+          TORCH_CHECK_VALUE(name == std::string("second_moment") || t.sizes() == param.sizes(),
+                            "muon_cpp: load_state_dict: '", name, "' has shape ", t.sizes(),
+                            ", the parameter ", param.sizes());
+          *tensor = t;
+        }
+        TORCH_CHECK_VALUE(known, "muon_cpp: load_state_dict: unknown state key '",
+                          name.substr(0, 60), "' for this optimizer");
+      }
+      fresh.emplace_back(it->second, std::make_pair(compat::state_key(param), std::move(st)));
+    }
+    std::set<Optimizer*> seen;
+    for (const auto& [p, leaf] : leaves_) {
+      if (seen.insert(leaf).second) leaf->state().clear();
+    }
+    for (auto& [leaf, entry] : fresh) leaf->state()[entry.first] = std::move(entry.second);
+  }
+
+  std::vector<int64_t> group_index() const {
+    std::vector<int64_t> out;
+    for (const auto& r : records_) out.push_back(r.index);
+    return out;
+  }
+
+  int64_t state_bytes() const {
+    if (const auto* s = dynamic_cast<const StateBytes*>(optimizer_.get())) return s->state_bytes();
+    return 0;
+  }
+
+  std::vector<int64_t> owners() const {
+    if (const auto* l = dynamic_cast<const dist::LayerwiseOptimizer*>(optimizer_.get())) return l->owners();
+    return {};
+  }
+
+  bool steps_here(const at::Tensor& param) const {
+    return leaves_.count(param.unsafeGetTensorImpl()) != 0;
+  }
+
+ private:
+  OptimizerParamState* find_state(const at::Tensor& param) const {
+    const auto it = leaves_.find(param.unsafeGetTensorImpl());
+    if (it == leaves_.end()) return nullptr;
+    auto& map = it->second->state();
+    const auto s = map.find(compat::state_key(param));
+    return s == map.end() ? nullptr : s->second.get();
+  }
+
+  static void fill(OptimizerParamState& st, py::dict& d) {
+    const auto f = fields_of(st);
+    if (f.step != nullptr) d["step"] = *f.step;
+    for (const auto& [name, tensor] : f.tensors) {
+      if (tensor->defined()) d[name] = *tensor;
+    }
+  }
+
+  void refresh_state(const py::object& state) const {
+    for (const auto& p : params_) {
+      auto* st = find_state(p);
+      if (st == nullptr) continue;
+      auto entry = state[py::cast(p)];  // torch.optim's state is a defaultdict(dict)
+      auto d = py::reinterpret_borrow<py::dict>(entry);
+      fill(*st, d);
+    }
+  }
+
+  OptimizerConfig config_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unordered_map<const void*, Optimizer*> leaves_;
+  std::vector<GroupRecord> records_;
+  std::vector<at::Tensor> params_;
+};
+
+}  // namespace
+
+void bind_optim(py::module_& m) {
+  py::class_<Engine>(m, "Engine",
+                     "The C++ optimizer behind a muon_cpp optimizer (see muon_cpp.optim).")
+      .def(py::init<const py::list&, const OptimizerConfig&, const dist::DistributedLayout&>(),
+           py::arg("groups"), py::arg("config"), py::arg("layout"))
+      .def("step", &Engine::step, py::arg("param_groups"), py::arg("state"),
+           "Applies edited group values, steps (GIL released) and refreshes `state`.")
+      .def("apply_groups", &Engine::apply_groups, py::arg("param_groups"))
+      .def("state_of", &Engine::state_of, py::arg("param"))
+      .def("load_state", &Engine::load_state, py::arg("states"))
+      .def("group_index", &Engine::group_index)
+      .def("state_bytes", &Engine::state_bytes)
+      .def("owners", &Engine::owners)
+      .def("steps_here", &Engine::steps_here, py::arg("param"));
+}
+
+}  // namespace muon::python
