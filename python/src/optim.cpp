@@ -9,6 +9,7 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <chrono>
 #include <memory>
 #include <set>
 #include <string>
@@ -150,7 +151,9 @@ class Engine {
     apply_groups(param_groups);
     {
       py::gil_scoped_release release;
+      const auto start = std::chrono::steady_clock::now();
       optimizer_->step();
+      last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     if (!state.is_none()) refresh_state(state);
   }
@@ -282,6 +285,10 @@ class Engine {
     return {};
   }
 
+  // Seconds the last step spent inside the C++ optimizer (for measuring
+  // what the Python side adds around it).
+  double last_step_seconds() const { return last_step_seconds_; }
+
   bool steps_here(const at::Tensor& param) const {
     return leaves_.count(param.unsafeGetTensorImpl()) != 0;
   }
@@ -318,6 +325,7 @@ class Engine {
   std::unordered_map<const void*, Optimizer*> leaves_;
   std::vector<GroupRecord> records_;
   std::vector<at::Tensor> params_;
+  double last_step_seconds_ = 0.0;
 };
 
 }  // namespace
@@ -335,7 +343,9 @@ void bind_optim(py::module_& m) {
       .def("group_index", &Engine::group_index)
       .def("state_bytes", &Engine::state_bytes)
       .def("owners", &Engine::owners)
-      .def("steps_here", &Engine::steps_here, py::arg("param"));
+      .def("steps_here", &Engine::steps_here, py::arg("param"))
+      .def("last_step_seconds", &Engine::last_step_seconds,
+           "Seconds the last step spent inside the C++ optimizer.");
 }
 
 }  // namespace muon::python
