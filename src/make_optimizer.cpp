@@ -2,6 +2,8 @@
 // schedule it describes.
 #include <c10/util/Exception.h>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +19,58 @@ namespace muon {
 using detail::join;
 using detail::kMakeWho;
 using torch::optim::OptimizerParamGroup;
+
+namespace detail {
+
+std::unique_ptr<CompositeOptimizer> build_composite(const std::vector<ParamGroupPlan>& groups,
+                                                    const BuildContext& context,
+                                                    const OptimizerRegistry& registry,
+                                                    const char* who,
+                                                    const std::function<std::string(size_t)>& describe,
+                                                    std::vector<int64_t>& index) {
+  index.assign(groups.size(), -1);
+  const auto extensions = registry.extensions();
+  std::vector<CompositePart> parts;
+  int64_t next = 0;
+  for (const auto& name : registry.keys()) {
+    const auto entry = registry.at(name);
+    std::vector<OptimizerParamGroup> part_groups;
+    std::vector<OptimizerSettings> settings;
+    CompositePart part;
+    part.name = name;
+    const bool replaced = context.factories.count(name) != 0;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const auto& b = groups[i];
+      if (b.optimizer != name) continue;
+      try {
+        if (!replaced) {
+          for (const auto& x : extensions) {
+            if (x->check_own_factory) x->check_own_factory(name, *b.settings);
+          }
+        }
+        part_groups.emplace_back(b.params, entry->make_options(*b.settings));
+      } catch (const c10::ValueError& e) {
+        TORCH_CHECK_VALUE(false, who, describe(i), ": ", e.what_without_backtrace());
+      }
+      settings.push_back(*b.settings);
+      part.group_names.push_back(b.names);
+      index[i] = next++;
+    }
+    if (part_groups.empty()) continue;
+    try {
+      part.optimizer = replaced ? context.factories.at(name)(std::move(part_groups), settings)
+                                : entry->factory(std::move(part_groups), settings);
+    } catch (const c10::ValueError& e) {
+      TORCH_CHECK_VALUE(false, who, "optimizer '", name, "': ", e.what_without_backtrace());
+    }
+    TORCH_CHECK_VALUE(part.optimizer != nullptr, who, "the factory of '", name, "' returned null");
+    if (entry->init_state) entry->init_state(*part.optimizer);
+    parts.push_back(std::move(part));
+  }
+  return std::make_unique<CompositeOptimizer>(std::move(parts));
+}
+
+}  // namespace detail
 
 std::unique_ptr<CompositeOptimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named, const OptimizerConfig& config,
@@ -34,43 +88,11 @@ std::unique_ptr<CompositeOptimizer> make_optimizer(
   }
   auto resolved = detail::resolve_rules(named, config, registry, context.allow_unmatched_rules);
   const auto builds = detail::group_parameters(named, resolved, registry);
-  const auto extensions = registry.extensions();
-  std::vector<CompositePart> parts;
-  for (const auto& name : registry.keys()) {
-    const auto entry = registry.at(name);
-    std::vector<OptimizerParamGroup> groups;
-    std::vector<OptimizerSettings> settings;
-    CompositePart part;
-    part.name = name;
-    const bool replaced = context.factories.count(name) != 0;
-    for (const auto& b : builds) {
-      if (b.optimizer != name) continue;
-      try {
-        if (!replaced) {
-          for (const auto& x : extensions) {
-            if (x->check_own_factory) x->check_own_factory(name, *b.settings);
-          }
-        }
-        groups.emplace_back(b.params, entry->make_options(*b.settings));
-      } catch (const c10::ValueError& e) {
-        TORCH_CHECK_VALUE(false, kMakeWho, "optimizer '", name, "' for parameters ", join(b.names),
-                          ": ", e.what_without_backtrace());
-      }
-      settings.push_back(*b.settings);
-      part.group_names.push_back(b.names);
-    }
-    if (groups.empty()) continue;
-    try {
-      part.optimizer = replaced ? context.factories.at(name)(std::move(groups), settings)
-                                : entry->factory(std::move(groups), settings);
-    } catch (const c10::ValueError& e) {
-      TORCH_CHECK_VALUE(false, kMakeWho, "optimizer '", name, "': ", e.what_without_backtrace());
-    }
-    TORCH_CHECK_VALUE(part.optimizer != nullptr, kMakeWho, "the factory of '", name, "' returned null");
-    if (entry->init_state) entry->init_state(*part.optimizer);
-    parts.push_back(std::move(part));
-  }
-  auto optimizer = std::make_unique<CompositeOptimizer>(std::move(parts));
+  std::vector<int64_t> index;
+  auto optimizer = detail::build_composite(
+      builds, context, registry, kMakeWho,
+      [&](size_t i) { return "optimizer '" + builds[i].optimizer + "' for parameters " + join(builds[i].names); },
+      index);
   optimizer->set_nonfinite(parse_nonfinite_policy(config.get_string("nonfinite")));
   return optimizer;
 }

@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <torch/ordered_dict.h>
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,5 +58,18 @@ struct ParamGroupPlan {
 std::vector<ParamGroupPlan> group_parameters(
     const torch::OrderedDict<std::string, at::Tensor>& named,
     std::vector<ResolvedParameter>& resolved, const OptimizerRegistry& registry);
+
+/// The composite over `groups`, one param group each (never merged), parts
+/// in registry order, each part's groups in the order given; built by
+/// `context`'s factory where it has one, else the entry's (after the
+/// extensions' check_own_factory). `index[i]` receives group i's place in
+/// the composite. A bad setting raises c10::ValueError "<who><describe(i)>:
+/// <cause>"; a factory's error "<who>optimizer '<name>': <cause>".
+std::unique_ptr<CompositeOptimizer> build_composite(const std::vector<ParamGroupPlan>& groups,
+                                                    const BuildContext& context,
+                                                    const OptimizerRegistry& registry,
+                                                    const char* who,
+                                                    const std::function<std::string(size_t)>& describe,
+                                                    std::vector<int64_t>& index);
 
 }  // namespace muon::detail

@@ -28,7 +28,8 @@ from . import _C
 __all__ = ["Layerwise", "TensorParallel", "TensorParallelShard", "Sharded", "RowShard", "wrap",
            "broadcast_parameters", "all_reduce_gradients"]
 
-_wrapped = {}
+_wrapped = {}  # id(process group) -> (process group, Group), for the current default group
+_wrapped_world = None
 
 
 def _timeout_s():
@@ -59,12 +60,13 @@ def wrap(process_group=None):
     pg = dist.group.WORLD if process_group is None else process_group
     # A new default group (destroy_process_group, then init again) retires
     # the Groups over the old ones.
-    if _wrapped and _wrapped.get("world") is not dist.group.WORLD:
+    global _wrapped_world
+    if _wrapped_world is not dist.group.WORLD:
         _wrapped.clear()
-    _wrapped["world"] = dist.group.WORLD
+        _wrapped_world = dist.group.WORLD
     key = id(pg)
     if key not in _wrapped:
-        name = "world" if pg is dist.group.WORLD else f"process_group{len(_wrapped) - 1}"
+        name = "world" if pg is dist.group.WORLD else f"process_group{len(_wrapped)}"
         _wrapped[key] = (pg, _C.Group.wrap(pg, timeout_s=_timeout_s(), world_ranks=_group_ranks(pg),
                                            name=name))
     return _wrapped[key][1]

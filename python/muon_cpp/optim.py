@@ -296,10 +296,11 @@ class Lion(_OneOptimizer):
 
 def _named(named_parameters):
     items = list(named_parameters)
-    if not items or not all(_is_named(i) for i in items):
+    names, params = _split_named(items, "named_parameters") if items else (None, [])
+    if names is None:
         raise TypeError("named_parameters must be (name, tensor) pairs, e.g. "
                         "model.named_parameters()")
-    return [i[0] for i in items], [i[1] for i in items]
+    return names, params
 
 
 _ADAMW_ARGS = {"lr": "adamw_lr", "weight_decay": "adamw_weight_decay", "beta1": "adamw_betas[0]",

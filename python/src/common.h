@@ -6,8 +6,11 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <torch/ordered_dict.h>
+
 #include <map>
 #include <string>
+#include <vector>
 
 #include "muon/config.h"
 
@@ -22,6 +25,10 @@ FieldValue to_field_value(const py::handle& value, const std::string& what);
 py::object from_field_value(const FieldValue& value);
 /// A dict of str → value as config values (ValueError naming the bad key).
 std::map<std::string, FieldValue> to_field_map(const py::dict& values, const std::string& what);
+/// Names and tensors as named parameters (ValueError for unequal lengths or
+/// a repeated name).
+torch::OrderedDict<std::string, at::Tensor> named_parameters(const std::vector<std::string>& names,
+                                                             const std::vector<at::Tensor>& params);
 /// A torch.dtype or a dtype name ("float32", "bfloat16", ...) as a ScalarType.
 at::ScalarType to_dtype(const py::handle& value, const std::string& what);
 

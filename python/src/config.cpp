@@ -1,8 +1,6 @@
 // Bindings of <muon/config.h>, <muon/registry.h> and the grouping half of
 // <muon/distributed/make.h>: configs from dicts or JSON files, the groups a
 // config makes, explain(), and each optimizer's option fields.
-#include <torch/ordered_dict.h>
-
 #include <string>
 #include <vector>
 
@@ -14,18 +12,6 @@
 namespace muon::python {
 
 namespace {
-
-torch::OrderedDict<std::string, at::Tensor> named_of(const std::vector<std::string>& names,
-                                                     const std::vector<at::Tensor>& params) {
-  TORCH_CHECK_VALUE(names.size() == params.size(), "got ", names.size(), " names for ",
-                    params.size(), " parameters");
-  torch::OrderedDict<std::string, at::Tensor> named;
-  for (size_t i = 0; i < names.size(); ++i) {
-    TORCH_CHECK_VALUE(named.find(names[i]) == nullptr, "two parameters are named '", names[i], "'");
-    named.insert(names[i], params[i]);
-  }
-  return named;
-}
 
 py::dict field_dict(const FieldSpec& f) {
   py::dict d;
@@ -73,7 +59,7 @@ void bind_config(py::module_& m) {
       "plan_groups",
       [](const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
          const OptimizerConfig& config) {
-        const auto plans = dist::plan_groups(named_of(names, params), config);
+        const auto plans = dist::plan_groups(named_parameters(names, params), config);
         py::list out;
         for (const auto& p : plans) {
           py::dict settings;
@@ -93,7 +79,7 @@ void bind_config(py::module_& m) {
   m.def(
       "explain",
       [](const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
-         const OptimizerConfig& config) { return explain(named_of(names, params), config); },
+         const OptimizerConfig& config) { return explain(named_parameters(names, params), config); },
       py::arg("names"), py::arg("params"), py::arg("config"),
       "One line per parameter: its optimizer, group and the settings that differ.");
   m.def(

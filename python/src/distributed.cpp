@@ -95,8 +95,7 @@ void bind_distributed(py::module_& m) {
       "broadcast_parameters",
       [](const std::vector<std::string>& names, const std::vector<at::Tensor>& params, const Group& g,
          int root) {
-        torch::OrderedDict<std::string, at::Tensor> named;
-        for (size_t i = 0; i < names.size() && i < params.size(); ++i) named.insert(names[i], params[i]);
+        const auto named = named_parameters(names, params);
         py::gil_scoped_release release;
         dist::broadcast_parameters(named, g, root);
       },

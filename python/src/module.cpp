@@ -76,6 +76,18 @@ std::map<std::string, FieldValue> to_field_map(const py::dict& values, const std
   return out;
 }
 
+torch::OrderedDict<std::string, at::Tensor> named_parameters(const std::vector<std::string>& names,
+                                                             const std::vector<at::Tensor>& params) {
+  TORCH_CHECK_VALUE(names.size() == params.size(), "got ", names.size(), " names for ", params.size(),
+                    " parameters");
+  torch::OrderedDict<std::string, at::Tensor> named;
+  for (size_t i = 0; i < names.size(); ++i) {
+    TORCH_CHECK_VALUE(named.find(names[i]) == nullptr, "two parameters are named '", names[i], "'");
+    named.insert(names[i], params[i]);
+  }
+  return named;
+}
+
 at::ScalarType to_dtype(const py::handle& value, const std::string& what) {
   if (THPDtype_Check(value.ptr())) return reinterpret_cast<THPDtype*>(value.ptr())->scalar_type;
   TORCH_CHECK_VALUE(py::isinstance<py::str>(value), what, " must be a torch.dtype or a dtype name, got ",

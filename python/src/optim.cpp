@@ -240,8 +240,8 @@ class Engine {
         const auto name = k.cast<std::string>();
         if (name == "step") {
           if (f.step == nullptr) continue;
-          const auto as_int = py::module_::import("builtins").attr("int");
-          *f.step = as_int(v).cast<int64_t>();
+          // An int, or torch.optim's 0-d tensor.
+          *f.step = py::int_(py::reinterpret_borrow<py::object>(v)).cast<int64_t>();
           continue;
         }
         bool known = false;

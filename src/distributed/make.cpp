@@ -2,12 +2,13 @@
 #include "muon/distributed/make.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/irange.h>
 
 #include <algorithm>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
-#include <memory>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -66,6 +67,14 @@ void add_strategy_factories(
         std::move(groups), defaults, muon::detail::adaptive_muon_options(settings.at(0)),
         std::move(strategy)));
   };
+}
+
+// The layer-wise layout's options from the config's layout fields.
+LayerwiseOptions layerwise_options(const OptimizerConfig& config) {
+  const auto bucket = static_cast<int64_t>(config.get_double("layout_bucket_mb") * (1 << 20));
+  return LayerwiseOptions()
+      .bucket_bytes(std::max<int64_t>(bucket, 1))
+      .max_in_flight(config.get_int("layout_max_in_flight"));
 }
 
 // The factories that replace Muon's and AdaptiveMuon's for the
@@ -187,7 +196,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
   if (kind == "layerwise") {
     TORCH_CHECK_VALUE(layout.group.valid(), kWho,
                       "layout 'layerwise' needs DistributedLayout::group (the data-parallel group)");
-    const auto bucket = static_cast<int64_t>(config.get_double("layout_bucket_mb") * (1 << 20));
     auto optimizer = std::make_unique<LayerwiseOptimizer>(
         named, layout.group,
         [config, &registry](const torch::OrderedDict<std::string, at::Tensor>& owned) {
@@ -195,7 +203,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
           context.allow_unmatched_rules = true;  // a rank owns a subset
           return muon::make_optimizer(owned, config, context, registry);
         },
-        LayerwiseOptions().bucket_bytes(std::max<int64_t>(bucket, 1)).max_in_flight(config.get_int("layout_max_in_flight")));
+        layerwise_options(config));
     optimizer->set_nonfinite(parse_nonfinite_policy(config.get_string("nonfinite")));
     return optimizer;
   }
@@ -269,59 +277,46 @@ std::vector<GroupSpec> plan_groups(const torch::OrderedDict<std::string, at::Ten
 
 namespace {
 
-// The composite over those of `groups` whose parameters pass `keep` (a
-// group with none is left out), parts in registry order as make_optimizer
-// builds them; index[i] is group i's place in it or -1.
+// Those of `groups`' parameters that pass `keep`, as the registry's group
+// plans (a group left with none is left out; index maps plans to groups).
+std::vector<muon::detail::ParamGroupPlan> plans_of(const std::vector<GroupSpec>& groups,
+                                                   const std::vector<OptimizerSettings>& settings,
+                                                   const std::function<bool(const at::Tensor&)>& keep,
+                                                   std::vector<size_t>& index) {
+  std::vector<muon::detail::ParamGroupPlan> plans;
+  index.clear();
+  for (const auto i : c10::irange(groups.size())) {
+    muon::detail::ParamGroupPlan plan;
+    plan.optimizer = groups[i].optimizer;
+    for (const auto j : c10::irange(groups[i].params.size())) {
+      if (!keep(groups[i].params[j])) continue;
+      plan.params.push_back(groups[i].params[j]);
+      plan.names.push_back(groups[i].names[j]);
+    }
+    if (plan.params.empty()) continue;
+    plan.settings = std::make_unique<OptimizerSettings>(settings[i]);
+    plans.push_back(std::move(plan));
+    index.push_back(i);
+  }
+  return plans;
+}
+
+// The composite over the parameters of `groups` that pass `keep`; out[i] is
+// group i's place in it or -1.
 std::unique_ptr<CompositeOptimizer> build_groups(
     const std::vector<GroupSpec>& groups, const std::vector<OptimizerSettings>& settings,
     const std::function<bool(const at::Tensor&)>& keep, const BuildContext& context,
-    const OptimizerRegistry& registry, std::vector<int64_t>& index) {
-  index.assign(groups.size(), -1);
-  const auto extensions = registry.extensions();
-  std::vector<CompositePart> parts;
-  int64_t next = 0;
-  for (const auto& name : registry.keys()) {
-    const auto entry = registry.at(name);
-    const bool replaced = context.factories.count(name) != 0;
-    std::vector<OptimizerParamGroup> part_groups;
-    std::vector<OptimizerSettings> part_settings;
-    CompositePart part;
-    part.name = name;
-    for (const auto i : c10::irange(groups.size())) {
-      const auto& g = groups[i];
-      if (g.optimizer != name) continue;
-      std::vector<at::Tensor> params;
-      std::vector<std::string> names;
-      for (const auto j : c10::irange(g.params.size())) {
-        if (!keep(g.params[j])) continue;
-        params.push_back(g.params[j]);
-        names.push_back(g.names[j]);
-      }
-      if (params.empty()) continue;
-      try {
-        if (!replaced) {
-          for (const auto& x : extensions) {
-            if (x->check_own_factory) x->check_own_factory(name, settings[i]);
-          }
-        }
-        part_groups.emplace_back(std::move(params), entry->make_options(settings[i]));
-      } catch (const c10::ValueError& e) {
-        TORCH_CHECK_VALUE(false, kWho, "param group ", i, " (", name,
-                          "): ", e.what_without_backtrace());
-      }
-      part_settings.push_back(settings[i]);
-      part.group_names.push_back(std::move(names));
-      index[i] = next++;
-    }
-    if (part_groups.empty()) continue;
-    part.optimizer = replaced ? context.factories.at(name)(std::move(part_groups), part_settings)
-                              : entry->factory(std::move(part_groups), part_settings);
-    TORCH_CHECK_VALUE(part.optimizer != nullptr, kWho, "the factory of '", name, "' returned null");
-    if (entry->init_state) entry->init_state(*part.optimizer);
-    parts.push_back(std::move(part));
-  }
-  TORCH_CHECK_VALUE(!parts.empty(), kWho, "no parameters to optimize");
-  return std::make_unique<CompositeOptimizer>(std::move(parts));
+    const OptimizerRegistry& registry, std::vector<int64_t>& out) {
+  std::vector<size_t> source;
+  const auto plans = plans_of(groups, settings, keep, source);
+  std::vector<int64_t> index;
+  auto composite = muon::detail::build_composite(
+      plans, context, registry, kWho,
+      [&](size_t k) { return "param group " + std::to_string(source[k]) + " (" + plans[k].optimizer + ")"; },
+      index);
+  out.assign(groups.size(), -1);
+  for (const auto k : c10::irange(plans.size())) out[source[k]] = index[k];
+  return composite;
 }
 
 }  // namespace
@@ -370,7 +365,6 @@ GroupedOptimizer make_grouped_optimizer(const std::vector<GroupSpec>& groups,
   }
   TORCH_CHECK_VALUE(layout.group.valid(), kWho,
                     "layout 'layerwise' needs DistributedLayout::group (the data-parallel group)");
-  const auto bucket = static_cast<int64_t>(config.get_double("layout_bucket_mb") * (1 << 20));
   std::vector<int64_t> index;
   auto optimizer = std::make_unique<LayerwiseOptimizer>(
       named, layout.group,
@@ -382,9 +376,7 @@ GroupedOptimizer make_grouped_optimizer(const std::vector<GroupSpec>& groups,
             [&mine](const at::Tensor& p) { return mine.count(p.unsafeGetTensorImpl()) != 0; },
             BuildContext(), registry, index));
       },
-      LayerwiseOptions()
-          .bucket_bytes(std::max<int64_t>(bucket, 1))
-          .max_in_flight(config.get_int("layout_max_in_flight")));
+      layerwise_options(config));
   optimizer->set_nonfinite(policy);
   // The factory's last call built the inner optimizer (the first probes all
   // parameters); without owned parameters there is none.
