@@ -20,7 +20,8 @@ class ScopedRendezvousEnv {
  public:
   explicit ScopedRendezvousEnv(const std::vector<std::pair<std::string, std::string>>& vars) {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                             "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "MUON_TIMEOUT"}) {
+                             "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "MUON_TIMEOUT",
+                             "USE_LIBUV"}) {
       const char* old = std::getenv(name);
       saved_.emplace_back(name, old != nullptr ? std::optional<std::string>(old) : std::nullopt);
       unsetenv(name);

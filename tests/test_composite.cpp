@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "muon/compat.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/lion.h"
@@ -106,9 +107,15 @@ TEST(Composite, ClosureRunsOnceAndZeroGradClearsEveryPart) {
   });
   EXPECT_EQ(calls, 1);
   EXPECT_TRUE(loss.defined());
-  composite->zero_grad();
+  // In place (1.13's only behaviour), then to undefined (2.x's default):
+  // either way it reaches the parameters of both parts.
+  muon::compat::zero_grad(*composite, /*set_to_none=*/false);
+  ASSERT_TRUE(p.w.grad().defined());
   EXPECT_EQ(p.w.grad().abs().sum().item<double>(), 0.0);
   EXPECT_EQ(p.b.grad().abs().sum().item<double>(), 0.0);
+  muon::compat::zero_grad(*composite, /*set_to_none=*/true);
+  EXPECT_FALSE(p.w.grad().defined());
+  EXPECT_FALSE(p.b.grad().defined());
 }
 
 TEST(Composite, ResumedRunIsBitIdenticalWithOptionsRestored) {

@@ -139,5 +139,36 @@ TEST(DistRendezvous, BadMuonTimeoutRaisesNamingIt) {
   }
 }
 
+TEST(DistRendezvous, UseLibuvMustBeZeroOrOne) {
+  // torch's USE_LIBUV picks the TCPStore backend; anything but 0 or 1 is an
+  // error before any socket is opened.
+  const auto port = std::to_string(free_port());
+  for (const std::string text : {"yes", "", "2"}) {
+    expect_value_error(
+        [&] {
+          ScopedRendezvousEnv env({{"WORLD_SIZE", "2"},
+                                   {"RANK", "0"},
+                                   {"MASTER_ADDR", "127.0.0.1"},
+                                   {"MASTER_PORT", port},
+                                   {"USE_LIBUV", text}});
+          dist::init_from_env(dist::GroupOptions().timeout(kTwoSeconds));
+        },
+        {"[muon::dist::init_from_env] USE_LIBUV must be 0 or 1", "'" + text + "'"});
+  }
+}
+
+TEST(DistRendezvous, ClassicStoreWithUseLibuvZero) {
+  // USE_LIBUV=0 asks for the classic backend, which every LibTorch has: a
+  // lone server rank gets as far as waiting for the others.
+  const auto port = std::to_string(free_port());
+  const auto f = join_and_fail({{"WORLD_SIZE", "2"},
+                                {"RANK", "0"},
+                                {"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", port},
+                                {"USE_LIBUV", "0"}},
+                               dist::GroupOptions().timeout(kTwoSeconds));
+  expect_contains(f.what, "rank 0 of 2 waited 2 s for the other ranks");
+}
+
 }  // namespace
 }  // namespace muon::test

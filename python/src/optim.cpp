@@ -221,7 +221,7 @@ class Engine {
     if (st == nullptr) return py::none();
     py::dict d;
     fill(*st, d);
-    return std::move(d);
+    return py::object(std::move(d));
   }
 
   // Replaces every parameter's state with `states` (param → dict of

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/compat.h"
 #include "distributed/error_line.h"
 #include "muon/distributed/group.h"
 #include "util/names.h"
@@ -126,9 +127,25 @@ Group init_from_env(GroupOptions options) {
   // Where the ranks meet, for the messages of a rendezvous that fails.
   const auto where = "MASTER_ADDR:MASTER_PORT = " + clip(addr) + ":" + std::to_string(port);
   const auto who = "rank " + std::to_string(rank) + " of " + std::to_string(world_size);
+  // The TCPStore backend: torch's USE_LIBUV (0 or 1) when set; otherwise
+  // LibTorch's default (libuv from 2.4), falling back to the classic backend
+  // when this LibTorch was built without libuv (Debian's 2.6 is).
+  const auto use_libuv = env("USE_LIBUV");
+  if (use_libuv) {
+    TORCH_CHECK_VALUE(*use_libuv == "0" || *use_libuv == "1", kWho,
+                      "USE_LIBUV must be 0 or 1, got '", clip(*use_libuv), "'");
+    compat::set_use_libuv(store_options, *use_libuv == "1");
+  }
   c10::intrusive_ptr<c10d::Store> store;
   try {
-    store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+    } catch (const std::exception& e) {
+      const bool no_libuv = std::string(e.what()).find("without libuv") != std::string::npos;
+      if (!compat::uses_libuv(store_options) || !no_libuv || use_libuv.value_or("") == "1") throw;
+      compat::set_use_libuv(store_options, false);
+      store = c10::make_intrusive<c10d::TCPStore>(addr, store_options);
+    }
   } catch (const std::exception& e) {
     // One line (no backtrace): the cause, and what to check.
     detail::throw_without_backtrace(

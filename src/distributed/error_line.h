@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <exception>
 #include <string>
+#include <type_traits>
 
 #include "util/names.h"
 
@@ -27,9 +28,16 @@ inline std::string first_line(const std::exception& e, std::size_t max_chars = k
 }
 
 /// Throws c10::Error with `message` and no backtrace: its what() is the
-/// message itself (c10 appends one newline).
-[[noreturn]] inline void throw_without_backtrace(const std::string& message) {
-  throw c10::Error(message, /*backtrace=*/"");
+/// message itself (c10 appends one newline). LibTorch 1.13 takes the
+/// backtrace as a string (empty: none); 2.x as a lazily computed value
+/// (null: none), the default.
+template <typename E = c10::Error>
+[[noreturn]] void throw_without_backtrace(const std::string& message) {
+  if constexpr (std::is_constructible_v<E, std::string, std::string>) {
+    throw E(message, std::string());
+  } else {
+    throw E(message);
+  }
 }
 
 }  // namespace muon::dist::detail
