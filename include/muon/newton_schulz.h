@@ -55,6 +55,15 @@
 #include <utility>
 #include <vector>
 
+/// The reference returned by `coefficient_set` is to a registry entry that
+/// lives for the whole program, never to the name argument: g++ 14's
+/// -Wdangling-reference guesses otherwise when the name is a temporary.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 14
+#define MUON_NO_DANGLING [[gnu::no_dangling]]
+#else
+#define MUON_NO_DANGLING
+#endif
+
 namespace muon {
 
 /// Coefficients of one Newton–Schulz step: X ← a·X + (b·A + c·A²)·X.
@@ -90,7 +99,7 @@ struct CoefficientSet {
 /// alias (coefficient_set_aliases()); an alias gives the set under its own
 /// name, so options built from either compare equal and archive the same.
 /// Unknown names raise a c10::ValueError that lists the names and aliases.
-const CoefficientSet& coefficient_set(const std::string& name);
+MUON_NO_DANGLING const CoefficientSet& coefficient_set(const std::string& name);
 
 /// Names of the built-in coefficient sets, one per set, in documentation
 /// order: simple, quintic, polar_express, polar_express_5, cans, aol,

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -81,6 +82,17 @@ void check_same_world_size(c10d::Store& store, int64_t rank, int64_t world_size)
   const int64_t other = rank == 0 ? 1 : 0;
   const auto bytes = store.get(key(other));
   const std::string theirs(bytes.begin(), bytes.end());
+  const auto read_key = [](int64_t r) { return "muon/world_size_read/" + std::to_string(r); };
+  store.set(read_key(rank), std::vector<uint8_t>{1});
+  if (theirs != text && rank == 0) {
+    // Rank 0 usually hosts the store: it stays until rank 1 has read its
+    // value too, so that both ranks report the mismatch (not a closed socket).
+    try {
+      store.wait({read_key(other)}, std::chrono::seconds(10));
+    } catch (const std::exception&) {
+      // Rank 1 is gone or slow: report from here alone.
+    }
+  }
   TORCH_CHECK_VALUE(theirs == text, kWho, "WORLD_SIZE is ", text, " on rank ", rank, ", ",
                     muon::detail::clip(theirs, 20), " on rank ", other,
                     "; start every rank with the same WORLD_SIZE");
