@@ -111,21 +111,55 @@ TEST(MuonLaunch, BadUsageExitsWithTwo) {
   EXPECT_TRUE(contains(r.err, "--master-port must be an integer in [1, 65535], got '99999'")) << r.err;
 }
 
-TEST(Torchrun, RunsTheSameProgramWithNoPython) {
-  const std::string torchrun = MUON_TORCHRUN_EXE;
-  if (torchrun.empty()) GTEST_SKIP() << "torchrun not found at configure time";
-  // "--no_python": the spelling of torchrun 1.13 (2.x accepts it and "--no-python").
-  // "--redirects/--tee 0:1,1:1" (stdout to a log, copied to the console)
-  // works around Debian's torchrun 1.13 on Python 3.11, whose default "0"
-  // ("no redirect") parses to None there and crashes the agent.
-  const auto r = run({torchrun, "--no_python", "--nproc_per_node", "2", "--master_port",
-                      std::to_string(free_port()), "--redirects", "0:1,1:1", "--tee", "0:1,1:1",
-                      kProgram});
+// torchrun's arguments for the 2-rank check program. "--no_python": the
+// spelling of torchrun 1.13 (2.x accepts it and "--no-python").
+// "--redirects/--tee 0:1,1:1" (stdout to a log, copied to the console) works
+// around Debian's torchrun 1.13 on Python 3.11, whose default "0" ("no
+// redirect") parses to None there and crashes the agent.
+std::vector<std::string> torchrun_args(std::vector<std::string> launcher) {
+  for (const std::string a : {"--no_python", "--nproc_per_node", "2", "--master_port"}) {
+    launcher.push_back(a);
+  }
+  launcher.push_back(std::to_string(free_port()));
+  for (const std::string a : {"--redirects", "0:1,1:1", "--tee", "0:1,1:1"}) launcher.push_back(a);
+  launcher.push_back(kProgram);
+  return launcher;
+}
+
+void expect_two_ranks_ran(const Result& r) {
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   // torchrun's agent hosts the store: every rank connected as a client.
   EXPECT_TRUE(contains(r.err, "rank 1 of 2: joined (stderr; agent store: True)")) << r.err;
   EXPECT_TRUE(contains(r.out, "rank 0 of 2: all_reduce ok (sum 3)")) << r.out;
   EXPECT_TRUE(contains(r.out, "rank 1 of 2: all_reduce ok (sum 3)")) << r.out;
+}
+
+// What Debian's torch 2.6 (built without libuv) says when torchrun's
+// rendezvous asks for a libuv store, as every torch >= 2.4 torchrun does.
+constexpr const char* kNoLibuv = "use_libuv was requested but PyTorch was build without libuv support";
+
+TEST(Torchrun, RunsTheSameProgramWithNoPython) {
+  const std::string torchrun = MUON_TORCHRUN_EXE;
+  if (torchrun.empty()) GTEST_SKIP() << "torchrun not found at configure time";
+  const auto r = run(torchrun_args({torchrun}));
+  if (r.status != 0 && contains(r.out + r.err, kNoLibuv)) {
+    // Not this project's defect, and not a pass: the same job runs through
+    // muon_cpp.torchrun below.
+    GTEST_SKIP() << "this torchrun cannot start any job: its torch asks for a libuv TCPStore and "
+                    "was built without libuv (Debian 13's torch 2.6); "
+                    "Torchrun.MuonCppTorchrunRunsItWhereTorchrunCannot runs the same job";
+  }
+  expect_two_ranks_ran(r);
+}
+
+TEST(Torchrun, MuonCppTorchrunRunsItWhereTorchrunCannot) {
+  // python3 -m muon_cpp.torchrun: torchrun with the classic store where
+  // torch has no libuv (docs/python.md), from the build tree.
+  const std::string python = MUON_PYTHON_EXE;
+  if (python.empty()) GTEST_SKIP() << "built without the Python package (MUON_BUILD_PYTHON=OFF)";
+  const auto r = run(torchrun_args({python, "-m", "muon_cpp.torchrun"}), 120, 0, SIGTERM,
+                     {{"PYTHONPATH", MUON_PYTHON_PATH}});
+  expect_two_ranks_ran(r);
 }
 
 // ---- threads per rank ------------------------------------------------------------
