@@ -26,7 +26,7 @@ import torch.distributed as dist
 from . import _C
 
 __all__ = ["Layerwise", "TensorParallel", "TensorParallelShard", "Sharded", "RowShard", "wrap",
-           "broadcast_parameters", "all_reduce_gradients"]
+           "broadcast_parameters", "all_reduce_gradients", "enable_fsdp2_on_cpu"]
 
 _wrapped = {}  # id(process group) -> (process group, Group), for the current default group
 _wrapped_world = None
@@ -155,14 +155,30 @@ class TensorParallel(_Layout):
 
 class Sharded(_Layout):
     """Row shards: ``shards`` maps every Muon parameter tensor to its
-    ``RowShard``; ``mode`` "owner_compute" (default) or "replicated"."""
+    ``RowShard``; ``mode`` "owner_compute" (default) or "replicated".
+
+    DTensor parameters (FSDP2's ``fully_shard``) describe their own shards:
+    leave ``shards`` out (an optimizer over DTensor parameters uses this
+    layout without being asked)."""
 
     kind = "sharded"
 
-    def __init__(self, shards, mode="owner_compute", max_in_flight=2):
-        self.shards = dict(shards)
+    def __init__(self, shards=None, mode="owner_compute", max_in_flight=2):
+        self.shards = None if shards is None else dict(shards)
         self.mode = mode
         self.max_in_flight = max_in_flight
+
+    def _with_dtensor_shards(self, shards):
+        if not shards:
+            return self if self.shards is not None else Sharded({}, self.mode, self.max_in_flight)
+        given = self.shards or {}
+        both = [p for p in given if any(p is q for q in shards)]
+        if both:
+            raise ValueError("Sharded shards: a DTensor parameter describes its own RowShard; "
+                             f"leave the {len(both)} DTensor parameter(s) out of shards")
+        out = Sharded(dict(given), self.mode, self.max_in_flight)
+        out.shards.update(shards)
+        return out
 
     def apply_to(self, config):
         super().apply_to(config)
@@ -170,12 +186,30 @@ class Sharded(_Layout):
         config.set("layout_max_in_flight", int(self.max_in_flight))
 
     def build(self, names):
+        if self.shards is None:
+            raise ValueError("Sharded(): no shards given and no DTensor parameters to take them "
+                             "from; pass {param: RowShard(...)} for every Muon parameter")
         layout = _C.DistributedLayout()
         layout.row_shards = _by_name(self.shards, names, "Sharded shards")
         return layout
 
 
-def _layout_of(layout, config):
+def _layout_of(layout, config, dtensor_shards=None):
+    """The layout an optimizer is built with. ``dtensor_shards`` (None without
+    DTensor parameters): the RowShards DTensor parameters describe, which
+    make the layout sharded."""
+    if dtensor_shards is not None:
+        if layout is None:
+            kind = config.get("layout")
+            if kind not in ("none", "sharded"):
+                raise ValueError(f"config layout '{kind}' cannot step DTensor (FSDP2) parameters: "
+                                 f"they are row-sharded; use layout 'sharded' or none")
+            return Sharded(None, config.get("layout_sharded_mode"),
+                           config.get("layout_max_in_flight"))._with_dtensor_shards(dtensor_shards)
+        if not isinstance(layout, Sharded):
+            raise ValueError(f"{type(layout).__name__} cannot step DTensor (FSDP2) parameters: "
+                             f"they are row-sharded; use muon_cpp.distributed.Sharded() or no layout")
+        return layout._with_dtensor_shards(dtensor_shards)
     if layout is None:
         kind = config.get("layout")
         if kind == "layerwise":
@@ -200,3 +234,76 @@ def all_reduce_gradients(params, group=None, bucket_mb=32.0):
     """Averages the gradients of ``params`` over ``group`` in place (training
     without DDP)."""
     _C.all_reduce_gradients([p for p in params], wrap(group), int(bucket_mb * (1 << 20)))
+
+
+class _CpuEvent:
+    """What FSDP2 needs of an event on the CPU, where work is synchronous."""
+
+    def synchronize(self):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+    def query(self):
+        return True
+
+
+def _gloo_average(collective):
+    """`collective` (dist.reduce_scatter_tensor or dist.all_reduce) with
+    ReduceOp.AVG on a gloo group done as SUM, then a division by the group's
+    size: gloo before torch 2.8 has no AVG (reduce_scatter_tensor silently
+    sums, all_reduce raises)."""
+
+    def averaged(*args, **kwargs):
+        op = kwargs.get("op")
+        group = kwargs.get("group")
+        if (op != dist.ReduceOp.AVG or kwargs.get("async_op")
+                or dist.get_backend(group) != dist.Backend.GLOO):
+            return collective(*args, **kwargs)
+        kwargs["op"] = dist.ReduceOp.SUM
+        result = collective(*args, **kwargs)
+        out = kwargs.get("output", kwargs.get("tensor", args[0] if args else None))
+        out.div_(dist.get_world_size(group))
+        return result
+
+    averaged._muon_gloo_average = True
+    averaged.__wrapped__ = collective
+    return averaged
+
+
+def enable_fsdp2_on_cpu():
+    """Lets torch 2.6's FSDP2 (``fully_shard``) run on CPU over gloo, with the
+    gradients it promises; a no-op where there is nothing to change.
+
+    torch 2.6 on CPU lacks three things FSDP2 relies on (torch 2.7 and 2.8
+    added them):
+
+    * ``torch.cpu.Stream.record_event``/``wait_event``, which FSDP2 calls
+      around its collectives (no-ops here, as in torch 2.7: CPU collectives
+      are synchronous);
+    * ``ReduceOp.AVG`` on gloo: FSDP2 averages gradients with
+      ``reduce_scatter_tensor(op=AVG)``, which gloo silently turns into a sum
+      (every gradient W times too large: Muon and AdamW updates hide it,
+      their optimizer state does not), and HSDP's ``all_reduce(op=AVG)``
+      raises. Synchronous AVG calls on gloo groups become SUM and a division
+      by the group size;
+    * re-gathering parameters in backward trips autograd's version check on
+      CPU: shard with ``reshard_after_forward=False`` there (not something
+      this function can change).
+
+    Call it once per process before the first forward. Returns whether it
+    changed anything."""
+    changed = False
+    stream = getattr(getattr(torch, "cpu", None), "Stream", None)
+    if stream is not None and not hasattr(stream, "record_event"):
+        stream.record_event = lambda self, event=None: _CpuEvent()
+        stream.wait_event = lambda self, event: None
+        changed = True
+    if dist.is_available():
+        for name in ("reduce_scatter_tensor", "all_reduce"):
+            fn = getattr(dist, name, None)
+            if fn is not None and not getattr(fn, "_muon_gloo_average", False):
+                setattr(dist, name, _gloo_average(fn))
+                changed = True
+    return changed

@@ -19,6 +19,7 @@ import os
 import torch
 
 from . import _C
+from . import _dtensor as _dt
 from . import distributed as _dist
 
 __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "MuonWithAdamW", "make_optimizer",
@@ -26,6 +27,8 @@ __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "MuonWithAdamW", "make_o
 
 # Keys of a param group that are not options.
 _STRUCTURAL = ("params", "names", "optimizer")
+# Optimizers whose matrices the sharded layout orthogonalizes whole.
+_ROW_SHARDED = ("muon", "adaptive_muon")
 
 
 def option_fields(optimizer):
@@ -104,12 +107,16 @@ class Optimizer(torch.optim.Optimizer):
     def __init__(self, groups, config, layout=None):
         # groups: dicts with params, names, optimizer and complete settings.
         self._engine = None
-        layout = _dist._layout_of(layout, config)
-        layout.apply_to(config)
         names = {}
         for g in groups:
             for n, p in zip(g["names"], g["params"]):
                 names[id(p)] = n
+        # DTensor (FSDP2) parameters: the engine steps their local tensors in
+        # the sharded layout, each matrix's rows split as the DTensor says.
+        self._dtensors = {id(p): _dt.Local(p, names[id(p)])
+                          for g in groups for p in g["params"] if _dt.is_dtensor(p)}
+        layout = _dist._layout_of(layout, config, self._dtensor_shards(groups))
+        layout.apply_to(config)
         c_layout = layout.build(names)
         super().__init__(groups, {})
         self._config = config
@@ -119,10 +126,27 @@ class Optimizer(torch.optim.Optimizer):
             specs.append({
                 "optimizer": g["optimizer"],
                 "names": list(g["names"]),
-                "params": list(g["params"]),
+                "params": [self._engine_param(p) for p in g["params"]],
                 "settings": {k: v for k, v in g.items() if k not in _STRUCTURAL},
             })
         self._engine = _C.Engine(specs, config, c_layout)
+
+    def _dtensor_shards(self, groups):
+        """RowShards of the DTensor parameters that go to a Muon-family optimizer."""
+        shards = {}
+        for g in groups:
+            if g["optimizer"] not in _ROW_SHARDED:
+                continue
+            for p in g["params"]:
+                local = self._dtensors.get(id(p))
+                if local is not None:
+                    shards[p] = _dist.RowShard(tuple(p.shape), local.group)
+        return shards if self._dtensors else None
+
+    def _engine_param(self, p):
+        """The tensor the engine steps for ``p``: its local alias for a DTensor."""
+        local = self._dtensors.get(id(p))
+        return p if local is None else local.held
 
     # ---- construction helpers -------------------------------------------------------
 
@@ -165,7 +189,17 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._engine.step(self.param_groups, self.state)
+        if self._dtensors:
+            for local in self._dtensors.values():
+                local.sync()
+            try:
+                self._engine.step(self.param_groups, None)
+            finally:
+                for local in self._dtensors.values():
+                    local.held.grad = None  # the DTensor keeps its gradient
+            self._refresh_state()
+        else:
+            self._engine.step(self.param_groups, self.state)
         return loss
 
     def zero_grad(self, set_to_none=True):
@@ -195,7 +229,8 @@ class Optimizer(torch.optim.Optimizer):
                 g["names"] = old["names"]
                 g["optimizer"] = old["optimizer"]
             self._engine.apply_groups(self.param_groups)
-            self._engine.load_state({p: s for p, s in self.state.items() if s})
+            self._engine.load_state({self._engine_param(p): self._local_state(p, s)
+                                     for p, s in self.state.items() if s})
         except Exception:
             self.param_groups[:] = old_groups
             self.state.clear()
@@ -204,13 +239,23 @@ class Optimizer(torch.optim.Optimizer):
             raise
         self._refresh_state()
 
+    def _local_state(self, p, s):
+        local = self._dtensors.get(id(p))
+        if local is None:
+            return s
+        return {k: local.local_state(k, v) for k, v in s.items()}
+
     def _refresh_state(self):
         self.state.clear()
         for g in self.param_groups:
             for p in g["params"]:
-                s = self._engine.state_of(p)
-                if s is not None:
-                    self.state[p] = s
+                local = self._dtensors.get(id(p))
+                s = self._engine.state_of(p if local is None else local.held)
+                if s is None:
+                    continue
+                if local is not None:
+                    s = {k: local.wrap_state(k, v) for k, v in s.items()}
+                self.state[p] = s
 
     # ---- extras ----------------------------------------------------------------------
 
@@ -221,7 +266,7 @@ class Optimizer(torch.optim.Optimizer):
     def steps_here(self, param):
         """Whether this rank steps ``param`` (False for parameters another rank
         owns in the layer-wise layout)."""
-        return self._engine.steps_here(param)
+        return self._engine.steps_here(self._engine_param(param))
 
     def owners(self):
         """Layer-wise layout: the rank owning each parameter, in order; else []."""

@@ -115,12 +115,19 @@ def run_rank(rank, world, port, case, outdir, kwargs):
     ends the other ranks)."""
     torch.set_num_threads(1)
     # MUON_TIMEOUT: the engine's own wait on a collective, as gloo's (seconds).
+    # USE_LIBUV=0: the classic TCPStore, which every torch has (torch 2.4+
+    # defaults to libuv, which Debian's 2.6 was built without).
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), MUON_TIMEOUT=str(int(TIMEOUT.total_seconds())))
+                      WORLD_SIZE=str(world), MUON_TIMEOUT=str(int(TIMEOUT.total_seconds())),
+                      USE_LIBUV="0")
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=TIMEOUT)
         try:
-            result = CASES[case](rank, world, **kwargs)
+            if case.startswith("fsdp2_"):
+                import fsdp2_cases  # torch >= 2.4 only
+                result = fsdp2_cases.CASES[case](rank, world, **kwargs)
+            else:
+                result = CASES[case](rank, world, **kwargs)
             torch.save(result, os.path.join(outdir, "rank%d.pt" % rank))
         finally:
             dist.destroy_process_group()

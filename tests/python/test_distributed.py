@@ -39,78 +39,23 @@ deadline (DEADLINE_S) ends ranks that hang. The last test runs dist_cases.py
 under real torchrun.
 """
 import json
-import multiprocessing
 import os
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_cases as dc  # noqa: E402
+from ranks import DEADLINE_S, free_port, run_ranks  # noqa: E402
 
 import muon_cpp  # noqa: E402,F401  (fails collection when the package is not importable)
 from muon_cpp import distributed as mdist  # noqa: E402,F401
 
-# Longest a case may take before its ranks are killed and the test fails (a
-# case takes 0.5-3 s here; the gloo and engine timeouts inside are 60 s).
-DEADLINE_S = 120
-
-# Ranks fork from a forkserver that has imported torch and muon_cpp once (a
-# fresh interpreter that has run nothing else, so forking it is safe): each
-# start then costs a fork instead of two interpreters importing torch.
-START_METHOD = os.environ.get("MUON_DIST_TEST_START_METHOD", "forkserver")
-multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "muon_cpp", "dist_cases"])
-
 FP32_LAYOUT_TOL = 1e-5  # docs/distributed.md's bound; reasoning in the module docstring
 BLOCKWISE_TOL = 1e-6  # tests/test_dist_tensor_parallel.cpp: same ops, same data
 WRONG_ORTHOGONALIZATION = 1e-2  # what NS on a slice instead of the matrix is off by, at least
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(case, world, **kwargs):
-    """Runs dist_cases.CASES[case](rank, world, **kwargs) on `world` processes;
-    returns their results by rank. When a rank fails, raises AssertionError with
-    every failed rank's traceback (by rank: the cause and the ranks that failed
-    because of it); AssertionError too when ranks still run after DEADLINE_S."""
-    with tempfile.TemporaryDirectory(prefix="muon_dist_") as outdir:
-        ctx = mp.start_processes(dc.run_rank, args=(world, free_port(), case, outdir, kwargs),
-                                 nprocs=world, join=False, start_method=START_METHOD)
-        deadline = time.monotonic() + DEADLINE_S
-        failure = None
-        try:
-            # join() returns True when all ranks ended, False on its timeout, and
-            # raises (ending the other ranks) as soon as one rank fails.
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    failure = "ranks still running after %d s" % DEADLINE_S
-                    break
-        except Exception as e:  # noqa: BLE001 - re-raised below with every rank's error
-            failure = "%s: %s" % (type(e).__name__, e)
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-        if failure is not None:
-            errors = []
-            for r in range(world):
-                path = os.path.join(outdir, "rank%d.err" % r)
-                if os.path.exists(path):
-                    with open(path) as f:
-                        errors.append("---- rank %d of %d raised:\n%s" % (r, world, f.read()))
-            raise AssertionError("case %r %s failed: %s\n%s" % (case, kwargs, failure, "\n".join(errors)))
-        return [torch.load(os.path.join(outdir, "rank%d.pt" % r)) for r in range(world)]
 
 
 def max_abs(t):
@@ -442,7 +387,9 @@ def test_torchrun_training_script():
     pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(muon_cpp.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in [env.get("PYTHONPATH")] if p])
     env["MUON_TIMEOUT"] = "60"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    # muon_cpp.torchrun: torchrun, with the classic TCPStore where torch has no
+    # libuv (Debian 13's 2.6 cannot start a job otherwise; docs/python.md).
+    cmd = [sys.executable, "-m", "muon_cpp.torchrun", "--nproc_per_node", "2",
            "--master_port", str(free_port()), "--monitor_interval", "0.5",
            # Debian's torchrun 1.13 on Python 3.11 crashes with the default
            # --redirects 0 --tee 0 (docs/distributed.md); per-rank values avoid it.
