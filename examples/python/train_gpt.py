@@ -10,11 +10,19 @@ and the biases to AdamW and the hidden matrices to Muon), the same presets
 (Muon lr 0.02 with shape_scaling, AdamW 4e-3, beta2 0.95, no weight decay,
 5% linear warmup then cosine decay to 10%) and the same table.
 
-Data parallel with torch DDP over gloo (gradients averaged in backward); the
-Muon run's optimizer is layer-wise distributed (muon_cpp.distributed.Layerwise:
-each rank updates the parameters it owns and all-gathers them).
+Data parallel over gloo, in one of two ways (--parallel):
 
-    PYTHONPATH=build/python torchrun --nproc_per_node 2 examples/python/train_gpt.py
+* ddp (default): torch DDP (gradients averaged in backward); the Muon run's
+  optimizer is layer-wise distributed (muon_cpp.distributed.Layerwise: each
+  rank updates the parameters it owns and all-gathers them).
+* fsdp2 (torch >= 2.6): every block and the root sharded with
+  torch.distributed.fsdp.fully_shard; parameters and gradients are DTensors
+  of this rank's rows, and muon_cpp runs the sharded owner-compute layout on
+  them (each matrix orthogonalized whole by one owner rank). The AdamW run
+  is torch.optim.AdamW on the same DTensors.
+
+    PYTHONPATH=build/python python3 -m muon_cpp.torchrun --nproc_per_node 2 examples/python/train_gpt.py
+    PYTHONPATH=build/python python3 -m muon_cpp.torchrun --nproc_per_node 2 examples/python/train_gpt.py --parallel fsdp2
     PYTHONPATH=build/python /usr/bin/python3 examples/python/train_gpt.py --steps 50   # one process
 
 Rank 0 prints a progress line every 10% of a run, then the table (final
@@ -55,6 +63,9 @@ def parse_args(argv=None):
                    help="torch and OpenBLAS threads per rank (0: the cores over the ranks on this "
                         "machine, at least 1)")
     p.add_argument("--out", default="train_gpt_py_out", help="directory of the CSV logs")
+    p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp2"),
+                   help="data parallelism with several ranks: DDP (the Muon run layer-wise) or "
+                        "FSDP2's fully_shard (the Muon run sharded, owner-compute)")
     args = p.parse_args(argv)
     runs = [r for r in args.runs.split(",") if r]
     bad = [r for r in runs if r not in RUNS]
@@ -397,7 +408,9 @@ def make_optimizer(run, model, args, world):
     except ImportError as e:
         raise SystemExit(f"train_gpt.py: the muon run needs muon_cpp ({e}); build it and set "
                          "PYTHONPATH=<build>/python") from e
-    layout = mdist.Layerwise(dist.group.WORLD) if world > 1 else None
+    # DDP: layer-wise over the replicas. FSDP2: no layout to give; the
+    # DTensor parameters make it the sharded layout.
+    layout = mdist.Layerwise(dist.group.WORLD) if world > 1 and args.parallel == "ddp" else None
     # Matrices to Muon; embeddings, head, norm gains and biases to AdamW.
     return muon_cpp.MuonWithAdamW(model.named_parameters(), lr=args.lr_muon, weight_decay=0.0,
                                   adamw_lr=args.lr_adamw, adamw_betas=(0.9, 0.95), adamw_eps=1e-8,
@@ -406,6 +419,26 @@ def make_optimizer(run, model, args, world):
 
 
 # ---- one run --------------------------------------------------------------------------
+
+def fully_shard_gpt(model, world):
+    """FSDP2: each block, then the root (embeddings, final norm, head), sharded
+    by rows over a 1-D CPU mesh of the ranks. Every rank built the same model
+    from the same seed, so the shards are of one model."""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError as e:
+        raise SystemExit(f"train_gpt.py: --parallel fsdp2 needs torch >= 2.6 (fully_shard); this "
+                         f"torch is {torch.__version__}") from e
+    from muon_cpp import distributed as mdist
+
+    mdist.enable_fsdp2_on_cpu()  # torch 2.6's CPU streams (a no-op from 2.7)
+    mesh = init_device_mesh("cpu", (world,))
+    # reshard_after_forward=False: on CPU, torch 2.6 cannot re-gather in backward.
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=False)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=False)
+
 
 def all_reduce_sum(values, world):
     t = torch.tensor(values, dtype=torch.float64)
@@ -419,8 +452,13 @@ def train(run, args, vocab_size, train_tokens, windows, rank, world):
     (step, tokens, train_loss, valid_loss, seconds, optimizer_seconds)."""
     torch.manual_seed(args.seed)
     model = GPT(vocab_size, args.d_model, args.layers, args.heads, args.seq, args.tie_head)
-    # DDP broadcasts rank 0's parameters and averages the gradients in backward.
-    net = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False) if world > 1 else model
+    if world > 1 and args.parallel == "fsdp2":
+        net = model = fully_shard_gpt(model, world)
+    elif world > 1:
+        # DDP broadcasts rank 0's parameters and averages the gradients in backward.
+        net = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    else:
+        net = model
     opt = make_optimizer(run, model, args, world)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args.steps))
     local_windows = windows[rank::world]
@@ -428,7 +466,9 @@ def train(run, args, vocab_size, train_tokens, windows, rank, world):
     def evaluate():
         model.eval()
         with torch.no_grad():
-            s = lm_loss(model, local_windows).item() * len(local_windows) if len(local_windows) else 0.0
+            # Under FSDP2 every rank runs the forward (its all-gathers are collective).
+            s = (lm_loss(model, local_windows).item() * len(local_windows)
+                 if len(local_windows) else 0.0)
         model.train()
         return all_reduce_sum([s], world)[0] / len(windows)
 
@@ -509,6 +549,9 @@ def main(args):
     if world > 1:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
+    if world > 1 and args.parallel == "fsdp2" and args.eval_windows < world:
+        raise SystemExit(f"train_gpt.py: --parallel fsdp2 needs --eval-windows >= the world size "
+                         f"{world} (every rank evaluates), got {args.eval_windows}")
     if args.batch % world:
         raise SystemExit(f"train_gpt.py: --batch {args.batch} must be a multiple of the world size {world}")
     vocab, train_tokens, valid_tokens = make_dataset(generate_corpus(args.chars))
@@ -520,7 +563,8 @@ def main(args):
         torch.manual_seed(0)
         n = sum(p.numel() for p in GPT(len(vocab), args.d_model, args.layers, args.heads, args.seq,
                                        args.tie_head).parameters())
-        print(f"train_gpt.py: {world} rank(s), {THREADS} thread(s) each, {n} parameters, "
+        mode = f" ({args.parallel})" if world > 1 else ""
+        print(f"train_gpt.py: {world} rank(s){mode}, {THREADS} thread(s) each, {n} parameters, "
               f"vocab {len(vocab)}, {train_tokens.numel()} train / {valid_tokens.numel()} valid tokens",
               flush=True)
     logs = {}

@@ -1,8 +1,9 @@
 """examples/python/train_gpt.py: the GPT example under torchrun, and its data.
 
 The run test starts the example as a real 2-rank torchrun job (gloo over
-sockets, DDP, muon_cpp.MuonWithAdamW with the layer-wise layout against
-torch.optim.AdamW) at a tiny size and checks what it prints and writes.
+sockets; DDP with muon_cpp.MuonWithAdamW in the layer-wise layout, or FSDP2's
+fully_shard with the sharded layout, against torch.optim.AdamW) at a tiny
+size and checks what it prints and writes.
 The data test checks the Python port of the C++ main job's corpus and
 batches against numbers recorded from the C++ build
 (examples/train_gpt/data.cpp), so the two jobs train on the same tokens.
@@ -49,7 +50,21 @@ def _example_module():
 TABLE_ROW = re.compile(r"^(adamw|muon)\s+(\S+)\s+(\S+)\s+(\S+)%\s+(.+)$")
 
 
-def test_two_rank_run_prints_the_table_and_muon_lowers_the_loss(tmp_path):
+def _has_fsdp2():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except Exception:  # noqa: BLE001 - ImportError, or 1.13's FSDP failing on Python 3.11
+        return False
+    return True
+
+
+@pytest.mark.parametrize("parallel", [
+    "ddp",
+    pytest.param("fsdp2", marks=pytest.mark.skipif(
+        not _has_fsdp2(), reason="FSDP2 (fully_shard) needs torch >= 2.6; this torch is %s"
+        % torch.__version__)),
+])
+def test_two_rank_run_prints_the_table_and_muon_lowers_the_loss(tmp_path, parallel):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_dir(), env.get("PYTHONPATH")) if p)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -58,16 +73,18 @@ def test_two_rank_run_prints_the_table_and_muon_lowers_the_loss(tmp_path):
     # a free port for its static rendezvous; "--redirects 2 --tee 2" (stderr
     # to a log, copied to the console) works around Debian's torchrun 1.13 on
     # Python 3.11, whose default "0" parses to None and crashes the agent.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    # muon_cpp.torchrun: torchrun, with the classic TCPStore where torch has no
+    # libuv (Debian 13's 2.6 cannot start a job otherwise; docs/python.md).
+    cmd = [sys.executable, "-m", "muon_cpp.torchrun", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
            "--redirects", "2", "--tee", "2", "--log_dir", str(tmp_path / "logs"),
            EXAMPLE, "--steps", "6", "--runs", "adamw,muon", "--d-model", "32", "--layers", "1",
            "--heads", "2", "--seq", "16", "--batch", "4", "--eval-every", "3",
-           "--eval-windows", "8", "--chars", "20000", "--out", str(out)]
+           "--eval-windows", "8", "--chars", "20000", "--out", str(out), "--parallel", parallel]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
-    assert "2 rank(s)" in r.stdout, text
+    assert "2 rank(s) (%s)" % parallel in r.stdout, text
 
     # The table: a header, then one row per run with finite numbers.
     assert re.search(r"run\s+val loss\s+ms/step\s+opt share\s+steps to adamw's loss", r.stdout), text
