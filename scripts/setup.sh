@@ -18,6 +18,7 @@ packages=(
   python3-pytest          # its tests
   python3-numpy
   python3-matplotlib      # demo plots
+  debootstrap             # scripts/test-torch2.sh: the Debian 13 root of the 2.6 suite
 )
 
 missing=()
