@@ -93,9 +93,10 @@ def main(argv=None):
 
 def _with_redirects(args):
     """Debian's torch 1.13 on Python 3.11 fails to parse torchrun's default
-    ``--redirects 0 --tee 0`` and crashes in the agent; without those flags,
-    give it 3 and 3 (each rank's output to its log and copied to the
-    console). Only the launcher's own flags (before the .py script) count."""
+    ``--redirects 0 --tee 0`` (and 3) and crashes in the agent; without
+    those flags, give it 2 and 2 (each rank's stderr to its log and copied
+    to the console; stdout goes to the console as it does by default). Only
+    the launcher's own flags (before the .py script) count."""
     import torch
 
     if not torch.__version__.startswith("1."):
@@ -107,7 +108,7 @@ def _with_redirects(args):
         launcher.append(a)
     if any(a.split("=")[0] in ("--redirects", "-r", "--tee", "-t") for a in launcher):
         return args
-    return ["--redirects", "3", "--tee", "3"] + args
+    return ["--redirects", "2", "--tee", "2"] + args
 
 
 if __name__ == "__main__":
