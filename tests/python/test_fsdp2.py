@@ -50,8 +50,14 @@ def rel(p, ref):
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
 def trained(request):
+    # One start of the ranks per optimizer kind: each run is one model and
+    # one optimizer in fresh processes.
     world = request.param
-    return world, run_ranks("fsdp2_train", world, kinds=KINDS)
+    results = [dict() for _ in range(world)]
+    for kind in KINDS:
+        for r, res in enumerate(run_ranks("fsdp2_train", world, kinds=[kind])):
+            results[r].update(res)
+    return world, results
 
 
 @pytest.mark.parametrize("kind", KINDS)
