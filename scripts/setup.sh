@@ -13,10 +13,12 @@ packages=(
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
   libre2-dev              # linear-time regexes for override rules
+  libxxhash-dev           # checkpoint chunk checksums (XXH3-64)
   python3-torch           # the Python package's torch, plain PyTorch baselines, torchrun
   python3-dev pybind11-dev  # the Python package muon_cpp (python/)
   python3-pytest          # its tests
   python3-numpy
+  python3-xxhash          # the Python checkpoint reader's checksums
   python3-matplotlib      # demo plots
   debootstrap             # scripts/test-torch2.sh: the Debian 13 root of the 2.6 suite
 )
