@@ -7,6 +7,8 @@
 // flips never load a different state. Ranks are threads over real Gloo
 // groups; the kill loop runs real processes (test_checkpoint_kill.cpp).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -15,95 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "dist_util.h"
+#include "checkpoint_model.h"
+#include "process_util.h"
 #include "distributed/checkpoint_state.h"
-#include "muon/distributed/checkpoint.h"
-#include "muon/distributed/make.h"
-#include "muon/distributed/shard.h"
-#include "muon/distributed/sharded.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using muon::OptimizerConfig;
-using muon::dist::CheckpointOptions;
-using muon::dist::DistributedLayout;
-using muon::dist::Group;
-using muon::test::seeded_randn;
-using Named = torch::OrderedDict<std::string, at::Tensor>;
-
-// Matrices go to Muon, vectors and embeddings to AdamW (the hybrid).
-const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{
-    {"wte.weight", {40, 16}},       {"blocks.0.qkv.weight", {48, 16}}, {"blocks.0.norm.weight", {16}},
-    {"blocks.0.fc1.weight", {64, 16}}, {"blocks.0.fc1.bias", {64}},    {"blocks.0.fc2.weight", {16, 64}},
-    {"lm_head.weight", {40, 16}}};
-
-at::Tensor full_param(size_t k) { return seeded_randn(kModel[k].second, 10 + k); }
-at::Tensor full_grad(size_t k, int64_t step) { return seeded_randn(kModel[k].second, 500 + 13 * step + k); }
-
-OptimizerConfig config(const std::string& layout, const std::string& optimizer = "muon") {
-  OptimizerConfig c;
-  c.set("optimizer", optimizer).set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
-  return c;
-}
-
-// One rank's model and optimizer in a layout: "none" (whole, one process),
-// "layerwise" (whole, one owner per parameter), "sharded" (every tensor's
-// rows split over the ranks), "tp" (the block's matrices split over the
-// ranks along dim 0 (qkv, fc1) or dim 1 (fc2); the rest replicated).
-struct Rank {
-  Named named;
-  DistributedLayout layout;
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  std::vector<std::function<at::Tensor(const at::Tensor&)>> local;  // whole → this rank's part
-  CheckpointOptions options;
-
-  Rank(const std::string& kind, const Group& group, const std::string& optimizer = "muon") {
-    const int world = group.size();
-    const int rank = group.rank();
-    for (size_t k = 0; k < kModel.size(); ++k) {
-      const auto& [name, shape] = kModel[k];
-      std::function<at::Tensor(const at::Tensor&)> part = [](const at::Tensor& t) { return t; };
-      const bool block = name.find("blocks.0.") == 0 && shape.size() == 2;
-      if (kind == "sharded") {
-        const auto rows = muon::dist::balanced_split_sizes(shape[0], world);
-        part = [rows, rank](const at::Tensor& t) { return muon::dist::local_rows(t, rows, rank); };
-        layout.row_shards.emplace(name, muon::dist::RowShard(shape, group));
-      } else if (kind == "tp" && block) {
-        const int64_t dim = name.find("fc2") != std::string::npos ? 1 : 0;
-        const auto sizes = muon::dist::balanced_split_sizes(shape[static_cast<size_t>(dim)], world);
-        const auto offset = muon::dist::split_offset(sizes, rank);
-        part = [dim, offset, sizes, rank](const at::Tensor& t) {
-          return t.narrow(dim, offset, sizes[static_cast<size_t>(rank)]).contiguous();
-        };
-        layout.tensor_parallel.emplace(name, muon::dist::TensorParallelShard(shape, dim, group));
-      }
-      local.push_back(part);
-      named.insert(name, part(full_param(k)).requires_grad_(true));
-    }
-    layout.group = group;
-    options.group(group);
-    const auto layout_field = kind == "tp" ? "tensor_parallel" : kind;
-    opt = muon::dist::make_optimizer(named, config(layout_field, optimizer), layout);
-  }
-
-  // Steps [from, to) with the whole model's gradients, each rank its part.
-  void train(int64_t from, int64_t to) {
-    for (int64_t s = from; s < to; ++s) {
-      for (size_t k = 0; k < kModel.size(); ++k) named[kModel[k].first].mutable_grad() = local[k](full_grad(k, s));
-      opt->step();
-    }
-  }
-
-  std::string save(const std::string& dir, int64_t step, int64_t keep = 2) {
-    auto o = options;
-    return muon::dist::save_checkpoint(dir, named, *opt, step, layout, "extra " + std::to_string(step),
-                                       o.keep(keep));
-  }
-  muon::dist::CheckpointInfo load(const std::string& dir) {
-    return muon::dist::load_checkpoint(dir, named, *opt, layout, options);
-  }
-};
+using namespace muon::test::checkpoint;  // NOLINT(google-build-using-namespace): the tests' model
 
 // The single-process model after `steps` steps.
 Named whole_after(int64_t steps, const std::string& optimizer = "muon") {
@@ -225,10 +146,10 @@ TEST(Checkpoint, ReshardsAcrossWorldSizesAndLayouts) {
   const auto dir = fresh_dir("reshard");
   const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
   // 4 → 2 → 1 → 3, through sharded, layer-wise, single and back to sharded.
-  leg("sharded", 4, "", d("a"), 0, 2, {}, "sharded W=4");
-  leg("layerwise", 2, d("a"), d("b"), 2, 3, {}, "layer-wise W=2 from sharded W=4");
-  leg("none", 1, d("b"), d("c"), 3, 4, {}, "single from layer-wise W=2");
-  leg("sharded", 3, d("c"), d("e"), 4, 5, {}, "sharded W=3 from single");
+  leg("sharded", 4, "", d("a"), 0, 2, Named(), "sharded W=4");
+  leg("layerwise", 2, d("a"), d("b"), 2, 3, Named(), "layer-wise W=2 from sharded W=4");
+  leg("none", 1, d("b"), d("c"), 3, 4, Named(), "single from layer-wise W=2");
+  leg("sharded", 3, d("c"), d("e"), 4, 5, Named(), "sharded W=3 from single");
   leg("layerwise", 3, d("e"), d("f"), 5, 6, reference, "layer-wise W=3 from sharded W=3");
   leg("none", 1, d("f"), d("g"), 6, 6, reference, "single from layer-wise W=3");
   fs::remove_all(dir);
@@ -237,10 +158,364 @@ TEST(Checkpoint, ReshardsAcrossWorldSizesAndLayouts) {
 TEST(Checkpoint, ReshardsTensorParallelToOneProcess) {
   const auto reference = whole_after(4);
   const auto dir = fresh_dir("tp");
-  leg("tp", 2, "", (dir / "a").string(), 0, 2, {}, "TP 2");
+  leg("tp", 2, "", (dir / "a").string(), 0, 2, Named(), "TP 2");
   leg("none", 1, (dir / "a").string(), (dir / "b").string(), 2, 4, reference, "TP 1 from TP 2");
-  leg("tp", 2, (dir / "b").string(), (dir / "c").string(), 4, 4, {}, "TP 2 from TP 1");
+  leg("tp", 2, (dir / "b").string(), (dir / "c").string(), 4, 4, Named(), "TP 2 from TP 1");
   leg("sharded", 2, (dir / "c").string(), (dir / "d").string(), 4, 4, whole_after(4), "sharded from TP 2");
+  fs::remove_all(dir);
+}
+
+// ---- damage, other models, and what a failed load leaves ---------------------------
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+// The data file of rank `rank` in checkpoint directory `step_dir`.
+fs::path rank_file(const fs::path& step_dir, int rank) {
+  const auto prefix = "rank-0000" + std::to_string(rank) + "-";
+  for (const auto& e : fs::directory_iterator(step_dir)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) return e.path();
+  }
+  ADD_FAILURE() << "no file of rank " << rank << " in " << step_dir;
+  return {};
+}
+
+// Byte offset of the first chunk of `key` in the manifest of `step_dir`.
+int64_t chunk_offset(const fs::path& step_dir, const std::string& key, int chunk) {
+  const auto text = read_file(step_dir / "manifest.json");
+  const auto m = nlohmann::json::parse(text);
+  return m["tensors"][key]["chunks"][chunk]["offset"].get<int64_t>();
+}
+
+// Loads `dir` into a model in `kind` at `world` ranks that trained one step
+// (so its state differs from the checkpoint's); expects every rank to raise
+// a message containing each of `expected`, and every rank's parameters and
+// optimizer state to be unchanged.
+void expect_load_fails(const std::string& kind, int world, const fs::path& dir,
+                       const std::vector<std::string>& expected, const std::string& what) {
+  const auto errors = muon::test::run_ranks_collect(world, [&](Group& group) {
+    Rank r(kind, group);
+    r.train(0, 1);
+    const auto before = snapshot(r);
+    try {
+      r.load(dir.string());
+    } catch (...) {
+      EXPECT_TRUE(same(before, snapshot(r))) << what << ": rank " << group.rank() << " changed";
+      throw;
+    }
+  });
+  for (size_t rank = 0; rank < errors.size(); ++rank) {
+    ASSERT_FALSE(errors[rank].empty()) << what << ": rank " << rank << " loaded";
+    EXPECT_LT(errors[rank].size(), 1000u) << errors[rank];
+    for (const auto& e : expected) {
+      EXPECT_NE(errors[rank].find(e), std::string::npos) << what << ": rank " << rank << ": '" << e
+                                                         << "' not in: " << errors[rank];
+    }
+  }
+}
+
+TEST(Checkpoint, DamageIsAnErrorNamingTheFileAndTensorAndChangesNothingOnAnyRank) {
+  const auto dir = fresh_dir("damage");
+  muon::test::run_ranks(2, [&](Group& group) {
+    Rank r("sharded", group);
+    r.train(0, 2);
+    r.save((dir / "good").string(), 2);
+    r.train(2, 3);
+    r.save((dir / "other").string(), 3);
+  });
+  const auto good = dir / "good" / "step-00000002";
+  const auto key = std::string("model/blocks.0.fc1.weight");
+  auto damaged = [&](const char* name) {
+    const auto d = dir / name;
+    fs::create_directories(d);
+    fs::copy(good, d / "step-00000002", fs::copy_options::recursive);
+    return d / "step-00000002";
+  };
+  {
+    // One flipped bit in rank 1's part of fc1: only rank 1 reads it in the
+    // same layout; rank 0 must fail too, and change nothing.
+    const auto d = damaged("flip");
+    const auto file = rank_file(d, 1);
+    auto bytes = read_file(file);
+    bytes[static_cast<size_t>(chunk_offset(d, key, 1) + 37)] ^= 0x10;
+    write_file(file, bytes);
+    expect_load_fails("sharded", 2, d, {file.filename().string(), key, "checksum"}, "bit flip");
+    expect_load_fails("none", 1, d, {file.filename().string(), key, "checksum"}, "bit flip, resharded");
+  }
+  {
+    const auto d = damaged("truncated");
+    const auto file = rank_file(d, 0);
+    fs::resize_file(file, fs::file_size(file) - 100);
+    expect_load_fails("sharded", 2, d, {file.filename().string(), "truncated"}, "truncated");
+  }
+  {
+    const auto d = damaged("missing");
+    const auto file = rank_file(d, 1);
+    fs::remove(file);
+    expect_load_fails("sharded", 2, d, {file.filename().string(), "cannot be opened"}, "missing");
+  }
+  {
+    // Rank 1's file of the step-3 save under the step-2 save's name.
+    const auto d = damaged("mixed");
+    const auto file = rank_file(d, 1);
+    fs::copy_file(rank_file(dir / "other" / "step-00000003", 1), file, fs::copy_options::overwrite_existing);
+    expect_load_fails("sharded", 2, d, {file.filename().string(), "step 3", "mixed"}, "mixed saves");
+  }
+  {
+    const auto d = damaged("manifest");
+    auto text = read_file(d / "manifest.json");
+    const auto at = text.find("\"step\": 2");
+    ASSERT_NE(at, std::string::npos);
+    text[at + 8] = '4';  // "step": 4, still valid JSON
+    write_file(d / "manifest.json", text);
+    expect_load_fails("sharded", 2, d, {"manifest.json", "checksum"}, "manifest edited");
+  }
+  expect_load_fails("sharded", 2, dir / "nothing", {"nothing", "not a directory"}, "no directory");
+  fs::create_directories(dir / "empty" / "step-00000001");
+  expect_load_fails("sharded", 2, dir / "empty", {"no complete checkpoint"}, "unfinished only");
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, AnotherModelOrOptimizerIsAnErrorNamingTheFirstDifference) {
+  const auto dir = fresh_dir("other_model");
+  muon::test::run_ranks(1, [&](Group& group) {
+    Rank r("none", group);
+    r.train(0, 1);
+    r.save(dir.string(), 1);
+  });
+  auto load_into = [&](const Named& named, const std::string& optimizer) {
+    auto opt = muon::make_optimizer(named, config("none", optimizer));
+    const auto before = named[kModel[0].first].detach().clone();
+    try {
+      muon::dist::load_checkpoint(dir.string(), named, *opt);
+    } catch (const c10::Error& e) {
+      EXPECT_TRUE(at::equal(before, named[kModel[0].first])) << "the model changed";
+      EXPECT_TRUE(opt->state().empty()) << "the optimizer changed";
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("loaded");
+  };
+  Named wider;
+  for (size_t k = 0; k < kModel.size(); ++k) {
+    auto shape = kModel[k].second;
+    if (kModel[k].first == "blocks.0.fc1.weight") shape[0] = 72;
+    wider.insert(kModel[k].first, at::zeros(shape).requires_grad_(true));
+  }
+  const auto wide = load_into(wider, "muon");
+  EXPECT_NE(wide.find("parameter 'blocks.0.fc1.weight' has shape [72, 16] in this model, [64, 16] in the "
+                      "checkpoint"),
+            std::string::npos)
+      << wide;
+  Named fewer;
+  for (size_t k = 0; k + 1 < kModel.size(); ++k) fewer.insert(kModel[k].first, full_param(k).requires_grad_(true));
+  const auto few = load_into(fewer, "muon");
+  EXPECT_NE(few.find("the checkpoint has parameter 'lm_head.weight', which this model does not"), std::string::npos)
+      << few;
+  Named same_model;
+  for (size_t k = 0; k < kModel.size(); ++k) same_model.insert(kModel[k].first, full_param(k).requires_grad_(true));
+  const auto kind = load_into(same_model, "lion");
+  EXPECT_NE(kind.find("has adamw state in the checkpoint, but this optimizer steps it with lion"), std::string::npos)
+      << kind;
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, RandomBitFlipsNeverLoadADifferentState) {
+  const auto dir = fresh_dir("flips");
+  std::vector<at::Tensor> clean;
+  muon::test::run_ranks(1, [&](Group& group) {
+    Rank r("none", group);
+    r.train(0, 2);
+    r.save((dir / "good").string(), 2);
+    Rank loaded("none", group);
+    loaded.load((dir / "good").string());
+    clean = snapshot(loaded);
+  });
+  const auto good = dir / "good" / "step-00000002";
+  std::vector<std::pair<std::string, std::string>> files;
+  int64_t total = 0;
+  for (const auto& e : fs::directory_iterator(good)) {
+    files.emplace_back(e.path().filename().string(), read_file(e.path()));
+    total += static_cast<int64_t>(files.back().second.size());
+  }
+  std::mt19937_64 rng(1234);
+  int errors = 0;
+  int equal = 0;
+  constexpr int kTrials = 200;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    auto damaged = files;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < flips; ++f) {
+      auto at = static_cast<int64_t>(rng() % static_cast<uint64_t>(total));
+      for (auto& [name, bytes] : damaged) {
+        if (at < static_cast<int64_t>(bytes.size())) {
+          bytes[static_cast<size_t>(at)] ^= static_cast<char>(1 << (rng() % 8));
+          break;
+        }
+        at -= static_cast<int64_t>(bytes.size());
+      }
+    }
+    const auto d = dir / ("t" + std::to_string(trial)) / "step-00000002";
+    fs::create_directories(d);
+    for (const auto& [name, bytes] : damaged) write_file(d / name, bytes);
+    muon::test::run_ranks(1, [&](Group& group) {
+      Rank r("none", group);
+      try {
+        r.load(d.string());
+      } catch (const c10::Error&) {
+        ++errors;
+        return;
+      }
+      // Loaded: only bytes no reader uses (alignment padding, reserved header
+      // bytes) may have changed, and the state is the clean one.
+      EXPECT_TRUE(same(clean, snapshot(r))) << "trial " << trial << ": a damaged checkpoint loaded another state";
+      ++equal;
+    });
+    fs::remove_all(d.parent_path());
+  }
+  EXPECT_EQ(errors + equal, kTrials);
+  EXPECT_GT(errors, kTrials * 9 / 10);
+  std::printf("bit flips: %d of %d trials raised, %d loaded the clean state (flips in unused bytes)\n", errors,
+              kTrials, equal);
+  fs::remove_all(dir);
+}
+
+// ---- the directory: keep K, unfinished saves, unwritable paths ----------------------
+
+TEST(Checkpoint, KeepsTheNewestKAndIgnoresUnfinishedSaves) {
+  const auto dir = fresh_dir("keep");
+  muon::test::run_ranks(2, [&](Group& group) {
+    Rank r("layerwise", group);
+    for (int64_t s = 0; s < 5; ++s) {
+      r.train(s, s + 1);
+      r.save(dir.string(), s + 1, 2);
+    }
+  });
+  auto steps = [&]() {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  EXPECT_EQ(steps(), (std::vector<std::string>{"step-00000004", "step-00000005"}));
+  // A save killed before its commit: data files, no manifest. Ignored.
+  fs::create_directories(dir / "step-00000009");
+  fs::copy_file(rank_file(dir / "step-00000005", 0), dir / "step-00000009" / "rank-00000-0000000000000000.bin");
+  fs::create_directories(dir / "step-00000003");
+  const auto latest = muon::dist::latest_checkpoint(dir.string());
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->step, 5);
+  muon::test::run_ranks(1, [&](Group& group) {
+    Rank r("none", group);
+    EXPECT_EQ(r.load(dir.string()).step, 5);
+    // Saving step 5 again replaces it: one manifest, one set of files.
+    r.save(dir.string(), 5, 2);
+    EXPECT_EQ(r.load(dir.string()).world_size, 1);
+    int files = 0;
+    for (const auto& e : fs::directory_iterator(dir / "step-00000005")) files += e.path().extension() == ".bin";
+    EXPECT_EQ(files, 1);
+    r.train(5, 6);
+    r.save(dir.string(), 6, 2);
+  });
+  // The older unfinished save is removed; the newer one (after the newest
+  // complete checkpoint) stays until a save passes it.
+  EXPECT_EQ(steps(), (std::vector<std::string>{"step-00000005", "step-00000006", "step-00000009"}));
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, AnUnwritableDirectoryIsAnErrorOnEveryRankBeforeAnythingIsWritten) {
+  const auto dir = fresh_dir("unwritable");
+  fs::create_directories(dir);
+  write_file(dir / "file", "x");
+  const auto bad = (dir / "file" / "ckpt").string();
+  try {
+    muon::dist::check_checkpoint_dir(bad);
+    ADD_FAILURE() << "check_checkpoint_dir accepted a path under a file";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find(bad), std::string::npos) << e.what_without_backtrace();
+  }
+  EXPECT_NO_THROW(muon::dist::check_checkpoint_dir((dir / "ok").string()));
+  EXPECT_TRUE(fs::is_empty(dir / "ok"));
+  const auto errors = muon::test::run_ranks_collect(2, [&](Group& group) {
+    Rank r("sharded", group);
+    r.save(bad, 1);
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("cannot create"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
+// ---- kills at random moments (real processes) ---------------------------------------
+
+// checkpoint_writer (2 thread ranks, sharded) saves after every step and,
+// after the last step, saves that step again and again; it is killed with
+// SIGKILL at a random moment 50 times, resuming each time from what it
+// left. After every kill the newest complete checkpoint loads, is never
+// older than the one before the kill, and holds exactly the state of an
+// uninterrupted run at its step.
+TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
+  const auto dir = fresh_dir("kill");
+  const std::string writer = MUON_CHECKPOINT_WRITER_EXE;
+  constexpr int64_t kSteps = 12;
+  {
+    muon::test::Child ref({writer, (dir / "ref").string(), "2", "sharded", std::to_string(kSteps), "--keep", "100"});
+    ASSERT_EQ(ref.wait(120), 0) << ref.err();
+  }
+  std::vector<std::vector<at::Tensor>> expected(kSteps + 1);
+  muon::test::run_ranks(1, [&](Group& group) {
+    for (int64_t s = 1; s <= kSteps; ++s) {
+      Rank r("none", group);
+      char name[32];
+      std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(s));
+      r.load((dir / "ref" / name).string());
+      expected[static_cast<size_t>(s)] = snapshot(r);
+    }
+  });
+  std::mt19937_64 rng(99);
+  int64_t newest = 0;
+  int loaded = 0;
+  int during_saves = 0;
+  constexpr int kKills = 50;
+  for (int i = 0; i < kKills; ++i) {
+    muon::test::Child child({writer, (dir / "run").string(), "2", "sharded", std::to_string(kSteps), "--forever"});
+    // Half the kills at a random moment from the start (loading, training,
+    // saving), half a random moment after a save finished (inside the next).
+    const bool after_save = i % 2 == 1;
+    const double delay = static_cast<double>(rng() % 1000) / 1000.0 * (after_save ? 0.05 : 0.6);
+    double saved_at = -1;
+    child.read_until(
+        [&]() {
+          if (after_save && saved_at < 0 && child.out().find("saved") != std::string::npos) saved_at = child.seconds();
+          return after_save ? saved_at >= 0 && child.seconds() >= saved_at + delay : child.seconds() >= delay;
+        },
+        60);
+    if (child.out().find("saved") != std::string::npos) ++during_saves;
+    kill(child.pid(), SIGKILL);
+    EXPECT_EQ(child.wait(30), 128 + SIGKILL) << child.err();
+    const auto latest = muon::dist::latest_checkpoint((dir / "run").string());
+    if (!latest.has_value()) {
+      EXPECT_EQ(newest, 0) << "kill " << i << ": the checkpoints are gone";
+      continue;
+    }
+    EXPECT_GE(latest->step, newest) << "kill " << i << ": the newest checkpoint went back";
+    newest = latest->step;
+    muon::test::run_ranks(1, [&](Group& group) {
+      Rank r("none", group);
+      EXPECT_EQ(r.load((dir / "run").string()).step, newest) << "kill " << i;
+      EXPECT_TRUE(same(expected[static_cast<size_t>(newest)], snapshot(r)))
+          << "kill " << i << ": step " << newest << " differs from the uninterrupted run";
+    });
+    ++loaded;
+  }
+  EXPECT_EQ(newest, kSteps);
+  EXPECT_GE(loaded, kKills - 5);
+  EXPECT_GE(during_saves, kKills / 2);
+  std::printf("kills: %d, loaded after %d, newest step %lld\n", kKills, loaded, static_cast<long long>(newest));
   fs::remove_all(dir);
 }
 

@@ -405,20 +405,23 @@ Manifest parse_manifest(const fs::path& dir) {
   std::stringstream text;
   text << in.rdbuf();
   const auto raw = text.str();
+  // The last line holds the checksum of every byte before it; checked
+  // before the text is parsed.
+  auto end = raw.size();
+  while (end > 0 && raw[end - 1] == '\n') --end;
+  const auto last = end == 0 ? std::string::npos : raw.rfind('\n', end - 1);
+  const std::string seal = last == std::string::npos ? "" : raw.substr(last + 1, end - last - 1);
+  const std::string prefix = "\"xxh3\": \"";
+  TORCH_CHECK_VALUE(seal.size() == prefix.size() + 18 && seal.rfind(prefix, 0) == 0 &&
+                        seal.substr(prefix.size() + 16) == "\"}" &&
+                        seal.substr(prefix.size(), 16) == hex64(hash_bytes(raw.data(), last)),
+                    where, " does not match its checksum (the manifest is damaged)");
   json j;
   try {
     j = json::parse(raw);
   } catch (const json::exception& e) {
-    TORCH_CHECK_VALUE(false, where, " is not valid JSON (damaged?): ", shown(e.what()));
+    TORCH_CHECK_VALUE(false, where, " is not valid JSON: ", shown(e.what()));
   }
-  // The last line holds the checksum of everything before it.
-  auto end = raw.size();
-  while (end > 0 && raw[end - 1] == '\n') --end;
-  const auto last = raw.rfind('\n', end == 0 ? 0 : end - 1);
-  TORCH_CHECK_VALUE(j.is_object() && j.contains("xxh3") && j["xxh3"].is_string() &&
-                        last != std::string::npos &&
-                        hex64(hash_bytes(raw.data(), last)) == j["xxh3"].get<std::string>(),
-                    where, " does not match its checksum (the manifest is damaged)");
   Manifest m;
   m.dir = dir;
   try {

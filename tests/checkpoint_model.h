@@ -1,0 +1,99 @@
+#pragma once
+// The small model of the checkpoint tests and of tests/dist/checkpoint_writer:
+// one rank's parameters and optimizer in a layout, trained on seeded
+// gradients of the whole model (each rank takes its part), saved and loaded
+// with muon::dist checkpoints.
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist_util.h"
+#include "muon/distributed/checkpoint.h"
+#include "muon/distributed/make.h"
+#include "muon/distributed/shard.h"
+#include "muon/distributed/sharded.h"
+
+namespace muon::test::checkpoint {
+
+using muon::OptimizerConfig;
+using muon::dist::CheckpointOptions;
+using muon::dist::DistributedLayout;
+using muon::dist::Group;
+using Named = torch::OrderedDict<std::string, at::Tensor>;
+
+// Matrices go to Muon, vectors and embeddings to AdamW (the hybrid).
+inline const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{
+    {"wte.weight", {40, 16}},       {"blocks.0.qkv.weight", {48, 16}}, {"blocks.0.norm.weight", {16}},
+    {"blocks.0.fc1.weight", {64, 16}}, {"blocks.0.fc1.bias", {64}},    {"blocks.0.fc2.weight", {16, 64}},
+    {"lm_head.weight", {40, 16}}};
+
+inline at::Tensor full_param(size_t k) { return muon::test::seeded_randn(kModel[k].second, 10 + k); }
+inline at::Tensor full_grad(size_t k, int64_t step) { return muon::test::seeded_randn(kModel[k].second, 500 + 13 * step + k); }
+
+inline OptimizerConfig config(const std::string& layout, const std::string& optimizer = "muon") {
+  OptimizerConfig c;
+  c.set("optimizer", optimizer).set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
+  return c;
+}
+
+// One rank's model and optimizer in a layout: "none" (whole, one process),
+// "layerwise" (whole, one owner per parameter), "sharded" (every tensor's
+// rows split over the ranks), "tp" (the block's matrices split over the
+// ranks along dim 0 (qkv, fc1) or dim 1 (fc2); the rest replicated).
+struct Rank {
+  Named named;
+  DistributedLayout layout;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  std::vector<std::function<at::Tensor(const at::Tensor&)>> local;  // whole → this rank's part
+  CheckpointOptions options;
+
+  Rank(const std::string& kind, const Group& group, const std::string& optimizer = "muon") {
+    const int world = group.size();
+    const int rank = group.rank();
+    for (size_t k = 0; k < kModel.size(); ++k) {
+      const auto& [name, shape] = kModel[k];
+      std::function<at::Tensor(const at::Tensor&)> part = [](const at::Tensor& t) { return t; };
+      const bool block = name.find("blocks.0.") == 0 && shape.size() == 2;
+      if (kind == "sharded") {
+        const auto rows = muon::dist::balanced_split_sizes(shape[0], world);
+        part = [rows, rank](const at::Tensor& t) { return muon::dist::local_rows(t, rows, rank); };
+        layout.row_shards.emplace(name, muon::dist::RowShard(shape, group));
+      } else if (kind == "tp" && block) {
+        const int64_t dim = name.find("fc2") != std::string::npos ? 1 : 0;
+        const auto sizes = muon::dist::balanced_split_sizes(shape[static_cast<size_t>(dim)], world);
+        const auto offset = muon::dist::split_offset(sizes, rank);
+        part = [dim, offset, sizes, rank](const at::Tensor& t) {
+          return t.narrow(dim, offset, sizes[static_cast<size_t>(rank)]).contiguous();
+        };
+        layout.tensor_parallel.emplace(name, muon::dist::TensorParallelShard(shape, dim, group));
+      }
+      local.push_back(part);
+      named.insert(name, part(full_param(k)).requires_grad_(true));
+    }
+    layout.group = group;
+    options.group(group);
+    const auto layout_field = kind == "tp" ? "tensor_parallel" : kind;
+    opt = muon::dist::make_optimizer(named, config(layout_field, optimizer), layout);
+  }
+
+  // Steps [from, to) with the whole model's gradients, each rank its part.
+  void train(int64_t from, int64_t to) {
+    for (int64_t s = from; s < to; ++s) {
+      for (size_t k = 0; k < kModel.size(); ++k) named[kModel[k].first].mutable_grad() = local[k](full_grad(k, s));
+      opt->step();
+    }
+  }
+
+  std::string save(const std::string& dir, int64_t step, int64_t keep = 2) {
+    auto o = options;
+    return muon::dist::save_checkpoint(dir, named, *opt, step, layout, "extra " + std::to_string(step),
+                                       o.keep(keep));
+  }
+  muon::dist::CheckpointInfo load(const std::string& dir) {
+    return muon::dist::load_checkpoint(dir, named, *opt, layout, options);
+  }
+};
+
+}  // namespace muon::test::checkpoint
