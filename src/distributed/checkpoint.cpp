@@ -199,53 +199,80 @@ struct Place {
   Shape sizes;
 };
 
-// Offset of this rank's block along a dimension: the sizes of the blocks of
-// the ranks before it in `group`.
-int64_t offset_in(const Group& group, int64_t local) {
-  const auto all = group.all_gather_ints({local});
-  int64_t offset = 0;
-  for (int r = 0; r < group.rank(); ++r) offset += all[static_cast<size_t>(r)][0];
-  return offset;
-}
-
-// Where `local`, the tensor of parameter `name` on this rank, sits in the
-// global parameter. Collective over the parameter's shard groups.
-Place place_parameter(const std::string& name, const at::Tensor& local, const DistributedLayout& layout,
-                      const char* who) {
-  Place p{local.sizes().vec(), Shape(static_cast<size_t>(local.dim()), 0), local.sizes().vec()};
-  const auto row = layout.row_shards.find(name);
-  const auto tp = layout.tensor_parallel.find(name);
-  if (row != layout.row_shards.end()) {
-    const auto& shard = row->second;
-    TORCH_CHECK_VALUE(local.dim() >= 1 && static_cast<size_t>(local.dim()) == shard.global_shape().size(),
-                      who, "parameter '", shown(name), "' has shape ", local.sizes(),
-                      ", its row shard a global shape ", shape_text(shard.global_shape()));
-    p.global = shard.global_shape();
-    p.offsets[0] = offset_in(shard.group(), local.size(0));
-    if (shard.has_tensor_parallel()) {
-      const auto& t = shard.tp();
+// Where each parameter (this rank's tensor of it) sits in the global
+// parameter. Collective over the parameters' shard groups: one all-gather of
+// block sizes per group (in the order the groups first appear, the same on
+// every rank).
+std::vector<Place> place_parameters(const torch::OrderedDict<std::string, at::Tensor>& named,
+                                    const DistributedLayout& layout, const char* who) {
+  struct Request {
+    size_t param;
+    size_t dim;
+    int64_t local;
+  };
+  std::vector<Place> places;
+  std::vector<std::pair<Group, std::vector<Request>>> groups;
+  auto request = [&](const Group& g, size_t param, size_t dim, int64_t local) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& e) {
+      return e.first.name() == g.name() && e.first.world_ranks() == g.world_ranks();
+    });
+    if (it == groups.end()) it = groups.insert(groups.end(), {g, {}});
+    it->second.push_back({param, dim, local});
+  };
+  std::vector<Shape> tp_global(named.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& name = named[i].key();
+    const auto& local = named[i].value();
+    places.push_back({local.sizes().vec(), Shape(static_cast<size_t>(local.dim()), 0), local.sizes().vec()});
+    auto& p = places.back();
+    const auto row = layout.row_shards.find(name);
+    const auto tp = layout.tensor_parallel.find(name);
+    if (row != layout.row_shards.end()) {
+      const auto& shard = row->second;
+      TORCH_CHECK_VALUE(local.dim() >= 1 && static_cast<size_t>(local.dim()) == shard.global_shape().size(),
+                        who, "parameter '", shown(name), "' has shape ", local.sizes(),
+                        ", its row shard a global shape ", shape_text(shard.global_shape()));
+      p.global = shard.global_shape();
+      request(shard.group(), i, 0, local.size(0));
+      if (shard.has_tensor_parallel()) {
+        const auto& t = shard.tp();
+        const auto d = static_cast<size_t>(t.partition_dim());
+        TORCH_CHECK_VALUE(t.global_shape().size() == p.global.size() && d < p.global.size(), who,
+                          "parameter '", shown(name), "': its tensor-parallel global shape ",
+                          shape_text(t.global_shape()), " does not fit its block ", shape_text(p.global));
+        request(t.group(), i, d, p.global[d]);
+        tp_global[i] = t.global_shape();
+      }
+    } else if (tp != layout.tensor_parallel.end()) {
+      const auto& t = tp->second;
       const auto d = static_cast<size_t>(t.partition_dim());
-      TORCH_CHECK_VALUE(t.global_shape().size() == p.global.size() && d < p.global.size(), who,
-                        "parameter '", shown(name), "': its tensor-parallel global shape ",
-                        shape_text(t.global_shape()), " does not fit its block ", shape_text(p.global));
-      p.offsets[d] += offset_in(t.group(), p.global[d]);
+      TORCH_CHECK_VALUE(t.global_shape().size() == static_cast<size_t>(local.dim()) && d < p.global.size(),
+                        who, "parameter '", shown(name), "' has shape ", local.sizes(),
+                        ", its tensor-parallel shard a global shape ", shape_text(t.global_shape()));
+      request(t.group(), i, d, local.size(static_cast<int64_t>(d)));
       p.global = t.global_shape();
     }
-  } else if (tp != layout.tensor_parallel.end()) {
-    const auto& t = tp->second;
-    const auto d = static_cast<size_t>(t.partition_dim());
-    TORCH_CHECK_VALUE(t.global_shape().size() == static_cast<size_t>(local.dim()) && d < p.global.size(),
-                      who, "parameter '", shown(name), "' has shape ", local.sizes(),
-                      ", its tensor-parallel shard a global shape ", shape_text(t.global_shape()));
-    p.offsets[d] = offset_in(t.group(), local.size(static_cast<int64_t>(d)));
-    p.global = t.global_shape();
   }
-  for (size_t d = 0; d < p.global.size(); ++d) {
-    TORCH_CHECK_VALUE(p.offsets[d] + p.sizes[d] <= p.global[d], who, "parameter '", shown(name),
-                      "': the blocks of the ranks exceed its global shape ", shape_text(p.global),
-                      " in dim ", d);
+  for (const auto& [group, requests] : groups) {
+    std::vector<int64_t> sizes;
+    for (const auto& r : requests) sizes.push_back(r.local);
+    const auto all = group.all_gather_ints(sizes);
+    for (size_t j = 0; j < requests.size(); ++j) {
+      for (int r = 0; r < group.rank(); ++r) {
+        places[requests[j].param].offsets[requests[j].dim] += all[static_cast<size_t>(r)][j];
+      }
+    }
   }
-  return p;
+  for (size_t i = 0; i < named.size(); ++i) {
+    auto& p = places[i];
+    if (!tp_global[i].empty()) p.global = tp_global[i];
+    for (size_t d = 0; d < p.global.size(); ++d) {
+      TORCH_CHECK_VALUE(p.offsets[d] + p.sizes[d] <= p.global[d], who, "parameter '", shown(named[i].key()),
+                        "': the blocks of the ranks exceed its global shape ", shape_text(p.global),
+                        " in dim ", d);
+    }
+  }
+  return places;
 }
 
 // The matrix view of a place: dim 0 × the rest (only where the rest is whole).
@@ -672,10 +699,7 @@ std::string save_checkpoint(const std::string& dir,
                             const CheckpointOptions& options) {
   const auto group = checkpoint_group(layout, options, kSaveWho);
   // Placement first: its collectives run on every rank whatever else fails.
-  std::vector<Place> places;
-  for (const auto& item : named_parameters) {
-    places.push_back(place_parameter(item.key(), item.value(), layout, kSaveWho));
-  }
+  const auto places = place_parameters(named_parameters, layout, kSaveWho);
   const auto step_dir = fs::path(dir) / step_dir_name(std::max<int64_t>(step, 0));
   std::vector<Piece> pieces;
   std::map<std::string, std::string> kinds;
@@ -920,10 +944,7 @@ CheckpointInfo load_checkpoint(const std::string& path,
                                torch::optim::Optimizer& optimizer, const DistributedLayout& layout,
                                const CheckpointOptions& options) {
   const auto group = checkpoint_group(layout, options, kLoadWho);
-  std::vector<Place> places;
-  for (const auto& item : named_parameters) {
-    places.push_back(place_parameter(item.key(), item.value(), layout, kLoadWho));
-  }
+  const auto places = place_parameters(named_parameters, layout, kLoadWho);
   // Staged: nothing is changed until every rank has read and verified all.
   std::vector<at::Tensor> values;
   struct StagedState {
