@@ -4,6 +4,7 @@
 // gradients of the whole model (each rank takes its part), saved and loaded
 // with muon::dist checkpoints.
 #include <functional>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <utility>
@@ -41,7 +42,9 @@ inline OptimizerConfig config(const std::string& layout, const std::string& opti
 // One rank's model and optimizer in a layout: "none" (whole, one process),
 // "layerwise" (whole, one owner per parameter), "sharded" (every tensor's
 // rows split over the ranks), "tp" (the block's matrices split over the
-// ranks along dim 0 (qkv, fc1) or dim 1 (fc2); the rest replicated).
+// ranks along dim 0 (qkv, fc1) or dim 1 (fc2); the rest replicated), "2d"
+// (a (dp, tp = 2) mesh: the block's TP blocks split by rows over dp, the
+// rest split by rows over dp).
 struct Rank {
   Named named;
   DistributedLayout layout;
@@ -52,6 +55,10 @@ struct Rank {
   Rank(const std::string& kind, const Group& group, const std::string& optimizer = "muon") {
     const int world = group.size();
     const int rank = group.rank();
+    // 2-D: a (dp, tp) mesh, tp = 2.
+    Group dp;
+    Group tp;
+    if (kind == "2d") std::tie(dp, tp) = group.mesh(world / 2, 2);
     for (size_t k = 0; k < kModel.size(); ++k) {
       const auto& [name, shape] = kModel[k];
       std::function<at::Tensor(const at::Tensor&)> part = [](const at::Tensor& t) { return t; };
@@ -68,13 +75,34 @@ struct Rank {
           return t.narrow(dim, offset, sizes[static_cast<size_t>(rank)]).contiguous();
         };
         layout.tensor_parallel.emplace(name, muon::dist::TensorParallelShard(shape, dim, group));
+      } else if (kind == "2d") {
+        // Block matrices: the TP block (as "tp", over tp), then its rows over
+        // dp; the rest: rows over dp (the same on both TP ranks).
+        const int64_t dim = !block ? 0 : name.find("fc2") != std::string::npos ? 1 : 0;
+        const auto tp_sizes = muon::dist::balanced_split_sizes(shape[static_cast<size_t>(dim)], block ? 2 : 1);
+        const auto tp_rank = block ? tp.rank() : 0;
+        const auto offset = muon::dist::split_offset(tp_sizes, tp_rank);
+        auto block_shape = shape;
+        block_shape[static_cast<size_t>(dim)] = tp_sizes[static_cast<size_t>(tp_rank)];
+        const auto rows = muon::dist::balanced_split_sizes(block_shape[0], dp.size());
+        const auto dp_rank = dp.rank();
+        part = [dim, offset, block_shape, rows, dp_rank](const at::Tensor& t) {
+          const auto b = t.narrow(dim, offset, block_shape[static_cast<size_t>(dim)]);
+          return muon::dist::local_rows(b.contiguous(), rows, dp_rank);
+        };
+        auto shard = muon::dist::RowShard(block_shape, dp);
+        if (block) {
+          shard.tensor_parallel(muon::dist::TensorParallelShard(shape, dim, tp),
+                                muon::dist::TensorParallelMode::kDistributed);
+        }
+        layout.row_shards.emplace(name, shard);
       }
       local.push_back(part);
       named.insert(name, part(full_param(k)).requires_grad_(true));
     }
     layout.group = group;
     options.group(group);
-    const auto layout_field = kind == "tp" ? "tensor_parallel" : kind;
+    const auto layout_field = kind == "tp" ? "tensor_parallel" : kind == "2d" ? "sharded" : kind;
     opt = muon::dist::make_optimizer(named, config(layout_field, optimizer), layout);
   }
 

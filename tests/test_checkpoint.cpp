@@ -112,7 +112,8 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, SameLayout,
                          ::testing::Values(std::make_pair(std::string("none"), 1),
                                            std::make_pair(std::string("layerwise"), 2),
                                            std::make_pair(std::string("sharded"), 3),
-                                           std::make_pair(std::string("tp"), 2)),
+                                           std::make_pair(std::string("tp"), 2),
+                                           std::make_pair(std::string("2d"), 4)),
                          [](const auto& info) { return info.param.first + std::to_string(info.param.second); });
 
 // ---- resharding ------------------------------------------------------------------
@@ -155,13 +156,15 @@ TEST(Checkpoint, ReshardsAcrossWorldSizesAndLayouts) {
   fs::remove_all(dir);
 }
 
-TEST(Checkpoint, ReshardsTensorParallelToOneProcess) {
+TEST(Checkpoint, ReshardsTensorParallelAndTwoDimensional) {
   const auto reference = whole_after(4);
   const auto dir = fresh_dir("tp");
   leg("tp", 2, "", (dir / "a").string(), 0, 2, Named(), "TP 2");
   leg("none", 1, (dir / "a").string(), (dir / "b").string(), 2, 4, reference, "TP 1 from TP 2");
   leg("tp", 2, (dir / "b").string(), (dir / "c").string(), 4, 4, Named(), "TP 2 from TP 1");
   leg("sharded", 2, (dir / "c").string(), (dir / "d").string(), 4, 4, whole_after(4), "sharded from TP 2");
+  leg("2d", 4, (dir / "d").string(), (dir / "e").string(), 4, 5, Named(), "2-D (dp 2 x tp 2) from sharded");
+  leg("none", 1, (dir / "e").string(), (dir / "f").string(), 5, 5, whole_after(5), "single from 2-D");
   fs::remove_all(dir);
 }
 

@@ -7,6 +7,7 @@
 #include "muon/config.h"
 #include "muon/distributed/agreement.h"
 #include "muon/distributed/assignment.h"
+#include "muon/distributed/checkpoint.h"
 #include "muon/distributed/group.h"
 #include "muon/distributed/layerwise.h"
 #include "muon/distributed/make.h"
