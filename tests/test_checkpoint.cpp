@@ -453,6 +453,26 @@ TEST(Checkpoint, AnUnwritableDirectoryIsAnErrorOnEveryRankBeforeAnythingIsWritte
   fs::remove_all(dir);
 }
 
+TEST(Checkpoint, RanksThatDisagreeAreAnErrorOnEveryRankNotAHang) {
+  const auto dir = fresh_dir("disagree");
+  auto errors = muon::test::run_ranks_collect(2, [&](Group& group) {
+    Rank r("sharded", group);
+    r.save(dir.string(), 1 + group.rank());
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("rank 1 saves step 2"), std::string::npos) << e;
+  EXPECT_FALSE(muon::dist::latest_checkpoint(dir.string()).has_value());
+  // 2-D with only the data-parallel group: the TP peers would write a
+  // second manifest into the same directory.
+  errors = muon::test::run_ranks_collect(4, [&](Group& group) {
+    Rank r("2d", group);
+    const auto dp = r.layout.row_shards.begin()->second.group();
+    muon::dist::save_checkpoint(dir.string(), r.named, *r.opt, 1, r.layout, "",
+                                CheckpointOptions().group(dp));
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("pass the world as CheckpointOptions::group"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
 // ---- kills at random moments (real processes) ---------------------------------------
 
 // checkpoint_writer (2 thread ranks, sharded) saves after every step and,

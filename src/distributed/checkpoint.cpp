@@ -368,12 +368,21 @@ const std::string& name_of_slot(const std::unordered_map<const void*, std::strin
 
 Group checkpoint_group(const DistributedLayout& layout, const CheckpointOptions& options, const char* who) {
   Group g = options.group().valid() ? options.group() : layout.group.valid() ? layout.group : Group::single();
+  // Every rank a parameter is split over must take part (one manifest, one
+  // writer per chunk): its shard groups lie inside the checkpoint's group.
+  const auto& members = g.world_ranks();
   auto check = [&](const Group& shard_group, const std::string& name) {
-    TORCH_CHECK_VALUE(shard_group.size() <= g.size(), who, "parameter '", shown(name),
-                      "' is split over ", shard_group.size(), " ranks but the checkpoint's group has ",
-                      g.size(), "; pass the world as CheckpointOptions::group");
+    for (const int r : shard_group.world_ranks()) {
+      TORCH_CHECK_VALUE(std::find(members.begin(), members.end(), r) != members.end(), who, "parameter '",
+                        shown(name), "' is split over group '", shard_group.name(), "', whose rank ", r,
+                        " is not in the checkpoint's group '", g.name(),
+                        "'; pass the world as CheckpointOptions::group");
+    }
   };
-  for (const auto& [name, shard] : layout.row_shards) check(shard.group(), name);
+  for (const auto& [name, shard] : layout.row_shards) {
+    check(shard.group(), name);
+    if (shard.has_tensor_parallel()) check(shard.tp().group(), name);
+  }
   for (const auto& [name, shard] : layout.tensor_parallel) check(shard.group(), name);
   return g;
 }
@@ -745,7 +754,7 @@ std::string save_checkpoint(const std::string& dir,
         pieces.push_back({key, name, data, *place, dtype_name(data.scalar_type()), hash_of(data)});
       }
     }
-    json meta{{"pieces", json::array()}, {"state", kinds}};
+    json meta{{"pieces", json::array()}, {"state", kinds}, {"dir", dir}, {"step", step}};
     for (const auto& p : pieces) {
       meta["pieces"].push_back({{"key", p.key},
                                 {"dtype", p.dtype},
@@ -763,6 +772,13 @@ std::string save_checkpoint(const std::string& dir,
   });
   std::vector<json> metas;
   for (const auto& m : metas_text) metas.push_back(json::parse(m));
+  for (size_t r = 1; r < metas.size(); ++r) {
+    TORCH_CHECK_VALUE(metas[r].at("dir") == metas[0].at("dir") && metas[r].at("step") == metas[0].at("step"),
+                      kSaveWho, "rank ", r, " saves step ", metas[r].at("step").dump(), " to '",
+                      shown(metas[r].at("dir").get<std::string>()), "', rank 0 step ",
+                      metas[0].at("step").dump(), " to '", shown(metas[0].at("dir").get<std::string>()),
+                      "': every rank must pass the same directory (on a file system they share) and step");
+  }
   const auto nonce = metas[0].at("nonce").get<std::string>();
   // Every rank plans the same (or raises the same error).
   const auto plan = plan_writers(metas);
