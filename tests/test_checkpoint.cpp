@@ -14,7 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint_model.h"
@@ -475,7 +477,45 @@ TEST(Checkpoint, RanksThatDisagreeAreAnErrorOnEveryRankNotAHang) {
 
 // ---- kills at random moments (real processes) ---------------------------------------
 
-// checkpoint_writer (2 thread ranks, sharded) saves after every step and,
+// Whether no process runs `exe` (within `limit_s`): ranks killed with their
+// launcher are gone before the directory is read.
+bool writers_gone(const std::string& exe, double limit_s) {
+  const auto target = fs::canonical(exe);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < limit_s) {
+    bool any = false;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/proc", ec)) {
+      std::error_code link_error;
+      const auto linked = fs::read_symlink(e.path() / "exe", link_error);
+      if (!link_error && linked == target && !muon::test::process_gone(std::stoi(e.path().filename().string()))) {
+        any = true;
+      }
+    }
+    if (!any) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Whether `dir` holds what a save killed before its commit leaves: a step
+// directory without a manifest, or files its manifest does not name.
+bool save_interrupted(const fs::path& dir) {
+  if (!fs::exists(dir)) return false;
+  for (const auto& step : fs::directory_iterator(dir)) {
+    if (!fs::exists(step.path() / "manifest.json")) return true;
+    const auto m = nlohmann::json::parse(read_file(step.path() / "manifest.json"));
+    std::set<std::string> named{"manifest.json"};
+    for (const auto& f : m["files"]) named.insert(f["name"].get<std::string>());
+    for (const auto& f : fs::directory_iterator(step.path())) {
+      if (named.count(f.path().filename().string()) == 0) return true;
+    }
+  }
+  return false;
+}
+
+// checkpoint_writer (2 ranks, sharded: threads of one process, or two
+// processes under muon-launch) saves after every step and,
 // after the last step, saves that step again and again; it is killed with
 // SIGKILL at a random moment 50 times, resuming each time from what it
 // left. After every kill the newest complete checkpoint loads, is never
@@ -503,12 +543,18 @@ TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
   int64_t newest = 0;
   int loaded = 0;
   int during_saves = 0;
+  int interrupted = 0;
   constexpr int kKills = 50;
   for (int i = 0; i < kKills; ++i) {
-    muon::test::Child child({writer, (dir / "run").string(), "2", "sharded", std::to_string(kSteps), "--forever"});
-    // Half the kills at a random moment from the start (loading, training,
-    // saving), half a random moment after a save finished (inside the next).
-    const bool after_save = i % 2 == 1;
+    // Even kills: the ranks are threads of one process; odd: two processes
+    // under muon-launch (killed with it: its ranks die with their parent).
+    std::vector<std::string> args{writer, (dir / "run").string(), "2", "sharded", std::to_string(kSteps), "--forever"};
+    if (i % 2 == 1) args.insert(args.begin(), {MUON_LAUNCH_EXE, "-n", "2", "--"});
+    muon::test::Child child(args);
+    // A quarter of the kills at a random moment from the start (loading,
+    // training, saving), the rest a random moment after a save finished
+    // (inside the next ones).
+    const bool after_save = i % 4 != 0;
     const double delay = static_cast<double>(rng() % 1000) / 1000.0 * (after_save ? 0.05 : 0.6);
     double saved_at = -1;
     child.read_until(
@@ -520,6 +566,8 @@ TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
     if (child.out().find("saved") != std::string::npos) ++during_saves;
     kill(child.pid(), SIGKILL);
     EXPECT_EQ(child.wait(30), 128 + SIGKILL) << child.err();
+    ASSERT_TRUE(writers_gone(writer, 10)) << "kill " << i << ": a writer process survived";
+    if (save_interrupted(dir / "run")) ++interrupted;
     const auto latest = muon::dist::latest_checkpoint((dir / "run").string());
     if (!latest.has_value()) {
       EXPECT_EQ(newest, 0) << "kill " << i << ": the checkpoints are gone";
@@ -538,7 +586,12 @@ TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
   EXPECT_EQ(newest, kSteps);
   EXPECT_GE(loaded, kKills - 5);
   EXPECT_GE(during_saves, kKills / 2);
-  std::printf("kills: %d, loaded after %d, newest step %lld\n", kKills, loaded, static_cast<long long>(newest));
+  // How many kills left files of an unfinished save (the rest landed in a
+  // save's collectives, before its first file or after its clean-up, or
+  // outside saves): reported, not asserted, as it depends on the machine's
+  // load.
+  std::printf("kills: %d, loaded after %d, %d inside a save (files of an uncommitted save left), newest step %lld\n",
+              kKills, loaded, interrupted, static_cast<long long>(newest));
   fs::remove_all(dir);
 }
 

@@ -4,7 +4,9 @@
 //
 //   checkpoint_writer DIR WORLD LAYOUT STEPS [--keep K] [--forever] [--dump PREFIX]
 //
-// LAYOUT: none | layerwise | sharded | tp. Rank 0 prints "saved <step>"
+// Under a launcher (muon-launch -n WORLD, torchrun) each process is one rank;
+// otherwise the WORLD ranks are threads of this process.
+// LAYOUT: none | layerwise | sharded | tp | 2d. Rank 0 prints "saved <step>"
 // after each save. --forever: after STEPS, keeps saving step STEPS again
 // until killed (the kill-loop test kills it at random moments). --dump:
 // after the last save, each rank writes PREFIX.rank<r>.json with its part
@@ -16,6 +18,7 @@
 #include <string>
 
 #include "checkpoint_model.h"
+#include "muon/distributed/group.h"
 #include "distributed/checkpoint_state.h"
 
 namespace {
@@ -93,7 +96,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const auto errors = muon::test::run_ranks_collect(world, [&](Group& group) {
+  auto body = [&](Group& group) {
     Rank r(kind, group);
     int64_t start = 0;
     if (muon::dist::latest_checkpoint(dir).has_value()) start = r.load(dir).step;
@@ -107,7 +110,24 @@ int main(int argc, char** argv) {
       }
     }
     if (!dump_prefix.empty()) dump(r, kind, group, dump_prefix);
-  });
+  };
+  // Under a launcher (RANK set): one rank per process, WORLD must match.
+  // Otherwise WORLD thread ranks in this process.
+  muon::test::RankErrors errors;
+  if (std::getenv("RANK") != nullptr) {
+    try {
+      auto group = muon::dist::init_from_env();
+      if (group.size() != world) {
+        std::fprintf(stderr, "checkpoint_writer: WORLD %d, but the launcher started %d ranks\n", world, group.size());
+        return 2;
+      }
+      body(group);
+    } catch (const c10::Error& e) {
+      errors.push_back(e.what_without_backtrace());
+    }
+  } else {
+    errors = muon::test::run_ranks_collect(world, body);
+  }
   int status = 0;
   for (size_t r = 0; r < errors.size(); ++r) {
     if (errors[r].empty()) continue;
