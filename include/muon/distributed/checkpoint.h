@@ -51,7 +51,9 @@
 /// is changed; then the ranks agree, and only if every rank succeeded is
 /// anything written into the parameters and the optimizer. A failure raises
 /// the same c10::ValueError on every rank, naming the file and the
-/// parameter (or tensor), and leaves model and optimizer untouched.
+/// parameter (or tensor), and leaves model and optimizer untouched. (So a
+/// load holds a second copy of this rank's part of the model and state
+/// until it commits.)
 ///
 /// **Not code.** Loading parses JSON and copies bytes; nothing in the files
 /// is compiled or run.
@@ -101,7 +103,8 @@ struct CheckpointInfo {
 /// blocks as `layout` says) and the state of `optimizer` (any optimizer
 /// muon::dist::make_optimizer or muon::make_optimizer builds, or LibTorch's
 /// Adam, AdamW and SGD) as checkpoint `step` in `dir` (created if missing),
-/// with `extra` (any text, e.g. JSON of the run) in the manifest. Collective
+/// with `extra` (any text, e.g. JSON of the run) in the manifest. Every rank
+/// passes the same `dir` (on a file system the ranks share) and `step`. Collective
 /// over the options' group and the layout's shard groups. Returns the
 /// checkpoint's directory. Raises c10::ValueError on every rank, leaving the
 /// previous checkpoints as they were, when a file cannot be written (naming
