@@ -17,6 +17,9 @@
 // more than one rank the gradients are averaged and the optimizer runs
 // layer-wise distributed (config field layout = layerwise). The ranks first
 // compare their flags, and rank 0's model is broadcast to all (as DDP does).
+// --save DIR writes reshardable checkpoints (muon::dist::save_checkpoint) to
+// DIR/<run>/step-<N>; --resume DIR continues each run from the newest in
+// DIR/<run>/, at any --nproc and --optimizer-layout.
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -38,6 +41,7 @@
 #include "gpt.h"
 #include "muon/config.h"
 #include "muon/distributed/agreement.h"
+#include "muon/distributed/checkpoint.h"
 #include "muon/distributed/group.h"
 #include "muon/distributed/layerwise.h"
 #include "muon/distributed/make.h"
@@ -60,6 +64,8 @@ struct Flags {
   std::string runs = "muon,adamw";
   std::string out = "train_gpt_out";
   std::string save;
+  int64_t save_every = 0;
+  int64_t keep = 2;
   std::string resume;
   bool plot = true;
   std::string layout = "layerwise";
@@ -87,6 +93,39 @@ void make_directory(const char* flag, const std::string& path) {
   TORCH_CHECK_VALUE(!error && fs::is_directory(path), "[muon-train-gpt] ", flag, " '", clip(path),
                     "': cannot create this directory: ",
                     error ? error.message() : "a file of that name exists");
+}
+
+// The checkpoint directory `path` of `flag`, created if missing and checked
+// writable (muon::dist::check_checkpoint_dir): otherwise c10::ValueError
+// naming the flag and the path, before any step.
+void check_save_directory(const char* flag, const std::string& path) {
+  try {
+    muon::dist::check_checkpoint_dir(path);
+  } catch (const c10::Error& e) {
+    std::string why = e.what_without_backtrace();
+    const std::string who = "[muon::dist::check_checkpoint_dir] ";
+    if (why.rfind(who, 0) == 0) why.erase(0, who.size());
+    TORCH_CHECK_VALUE(false, "[muon-train-gpt] ", flag, " '", clip(path), "': ", why);
+  }
+}
+
+// Every run has a complete checkpoint under --resume (its model shape is
+// checked by the trainer, against the data's vocabulary).
+void check_resume_directories(const Flags& f, const std::vector<std::string>& runs) {
+  if (f.resume.empty()) return;
+  for (const auto& run : runs) {
+    const auto dir = (fs::path(f.resume) / run).string();
+    TORCH_CHECK_VALUE(muon::dist::latest_checkpoint(dir).has_value(), "[muon-train-gpt] --resume '",
+                      clip(f.resume), "': no complete checkpoint of run '", run, "' in '",
+                      clip(dir), "'");
+  }
+}
+
+// The directories of every run's checkpoints under --save, checked.
+void check_save_directories(const Flags& f, const std::vector<std::string>& runs) {
+  if (f.save.empty()) return;
+  check_save_directory("--save", f.save);
+  for (const auto& run : runs) check_save_directory("--save", (fs::path(f.save) / run).string());
 }
 
 fs::path self_dir() { return fs::canonical("/proc/self/exe").parent_path(); }
@@ -201,6 +240,8 @@ std::vector<muon::dist::AgreementItem> shared_flags(const Flags& f) {
           {"--config", configs},
           {"--set", sets},
           {"--save", f.save},
+          {"--save-every", std::to_string(f.save_every)},
+          {"--keep", std::to_string(f.keep)},
           {"--resume", f.resume}};
 }
 
@@ -260,21 +301,27 @@ int run_rank(const Flags& f) {
 
   // Every rank checks the directories (each raises the same error, so none
   // waits for another), before any run starts.
+  const auto runs = split_list(f.runs);
   make_directory("--out", f.out);
-  if (!f.save.empty()) make_directory("--save", f.save);
+  check_save_directories(f, runs);
   group.barrier();
   std::vector<train_gpt::RunLog> logs;
-  for (const auto& run : split_list(f.runs)) {
+  for (const auto& run : runs) {
     auto o = f.train;
     o.name = run;
     o.out_dir = f.out;
     o.layout = world == 1 ? "single process" : f.layout == "layerwise" ? "layer-wise" : "replicated";
-    if (!f.save.empty()) o.save_checkpoint = (fs::path(f.save) / (run + ".ckpt")).string();
-    if (!f.resume.empty()) o.resume = (fs::path(f.resume) / (run + ".ckpt")).string();
+    if (!f.save.empty()) o.save_dir = (fs::path(f.save) / run).string();
+    o.save_every = f.save_every;
+    o.keep = f.keep;
+    if (!f.resume.empty()) o.resume = (fs::path(f.resume) / run).string();
     auto config = run_config(run, f);
     if (world > 1 && f.layout == "layerwise") config.set("layout", "layerwise");
     muon::dist::DistributedLayout layout;
     layout.group = group;
+    // The checkpoints are saved and loaded in the optimizer's layout, over the world.
+    o.distributed = layout;
+    o.world = group;
     auto factory = [&](train_gpt::Gpt& model) -> std::unique_ptr<torch::optim::Optimizer> {
       // Replicated parameters start equal, as DDP makes them: rank 0's
       // initialization (a rank started with another --seed trains the same
@@ -336,8 +383,16 @@ int main(int argc, char** argv) {
   app.add_option("--chars", f.chars, "size of the generated corpus")->check(CLI::PositiveNumber);
   app.add_flag("--byte-level", f.byte_level, "256 byte tokens instead of the text's characters");
   app.add_option("--out", f.out, "directory of the CSV logs and the plot");
-  app.add_option("--save", f.save, "directory to write a checkpoint per run (one file per rank)");
-  app.add_option("--resume", f.resume, "directory of checkpoints to resume from (same ranks)");
+  app.add_option("--save", f.save,
+                 "directory of checkpoints: DIR/<run>/step-<N> (model, optimizer state, log), "
+                 "written every --save-every steps and at the end; checked writable before step 1");
+  app.add_option("--save-every", f.save_every, "steps between checkpoints (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", f.keep, "complete checkpoints kept per run (the newest)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--resume", f.resume,
+                 "directory of a --save: each run continues from the newest complete checkpoint in "
+                 "DIR/<run>/ (written at any --nproc and --optimizer-layout; same model shape)");
   app.add_flag("!--no-plot", f.plot, "skip the PNG plot");
   app.add_flag("!--no-progress", t.progress, "no progress bar");
   app.add_option("--optimizer-layout", f.layout,
@@ -365,7 +420,8 @@ int main(int argc, char** argv) {
     TORCH_CHECK_VALUE(!split_list(f.runs).empty(), "[muon-train-gpt] --runs names no run");
     if (f.print_config) return 0;
     make_directory("--out", f.out);
-    if (!f.save.empty()) make_directory("--save", f.save);
+    check_save_directories(f, split_list(f.runs));
+    check_resume_directories(f, split_list(f.runs));
     if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
       // Re-run this program as N ranks under the launcher.
       std::vector<std::string> args{find_launcher(), "-n", std::to_string(f.nproc), "--"};

@@ -3,191 +3,165 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/serialize/input-archive.h>
-#include <torch/serialize/output-archive.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
+#include <cstdio>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "muon/distributed/checkpoint.h"
 
 namespace train_gpt {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string rank_path(const std::string& path, int64_t rank) {
-  return path + ".rank" + std::to_string(rank);
-}
+std::string ranks(int64_t n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
 
-at::Tensor log_to_tensor(const RunLog& log) {
-  auto t = at::empty({static_cast<int64_t>(log.points.size()), 6}, at::kDouble);
-  for (size_t i = 0; i < log.points.size(); ++i) {
-    const auto& p = log.points[i];
-    const double row[6] = {static_cast<double>(p.step), static_cast<double>(p.tokens),
-                           p.train_loss, p.valid_loss, p.seconds, p.optimizer_seconds};
-    for (int j = 0; j < 6; ++j) t[static_cast<int64_t>(i)][j] = row[j];
-  }
-  return t;
-}
-
-std::vector<EvalPoint> tensor_to_points(const at::Tensor& t) {
-  std::vector<EvalPoint> points;
-  const auto a = t.accessor<double, 2>();
-  for (int64_t i = 0; i < t.size(0); ++i) {
-    points.push_back({static_cast<int64_t>(a[i][0]), static_cast<int64_t>(a[i][1]), a[i][2],
-                      a[i][3], a[i][4], a[i][5]});
-  }
-  return points;
-}
-
-// What a checkpoint says about the run that wrote it, checked before
-// anything is loaded from it.
+// What a checkpoint's manifest says about the run that wrote it (the
+// `extra` text given to muon::dist::save_checkpoint, as JSON): checked
+// before anything is loaded from it, and the log to continue.
 struct CheckpointRun {
-  int64_t world = 0;
-  std::string layout;
   GptConfig model;
+  // Informative: how the run that wrote it was laid out.
+  std::string layout;
+  int64_t world = 0;
+  // The log up to the checkpoint's step.
+  std::vector<EvalPoint> points;
+  // Tokens trained on, training and optimizer seconds at the checkpoint's step.
+  int64_t tokens = 0;
+  double seconds = 0;
+  double optimizer_seconds = 0;
+  // The steps since the last log point: the sum of their training losses
+  // (each the mean over the ranks) and their count.
+  double train_loss_sum = 0;
+  int64_t train_steps = 0;
 };
 
-constexpr const char* kCheckpointFormat = "train_gpt_checkpoint";
+constexpr const char* kRunFormat = "muon-train-gpt";
+constexpr int64_t kRunVersion = 1;
 
-void write_run(torch::serialize::OutputArchive& archive, int64_t world, const std::string& layout,
-               const GptConfig& model) {
-  archive.write(kCheckpointFormat, c10::IValue(int64_t{1}));
-  archive.write("world", c10::IValue(world));
-  archive.write("layout", c10::IValue(layout));
-  archive.write("vocab_size", c10::IValue(model.vocab_size));
-  archive.write("context", c10::IValue(model.context));
-  archive.write("layers", c10::IValue(model.layers));
-  archive.write("heads", c10::IValue(model.heads));
-  archive.write("width", c10::IValue(model.width));
-  archive.write("mlp_ratio", c10::IValue(model.mlp_ratio));
-  archive.write("norm", c10::IValue(model.norm));
+// JSON has no NaN: the training loss of step 0 is stored as null.
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+double number_of(const json& j) {
+  return j.is_null() ? std::numeric_limits<double>::quiet_NaN() : j.get<double>();
 }
 
-CheckpointRun read_run(torch::serialize::InputArchive& archive, const std::string& path) {
-  c10::IValue v;
-  TORCH_CHECK_VALUE(archive.try_read(kCheckpointFormat, v) && v.isInt() && v.toInt() == 1,
-                    "[train_gpt] checkpoint ", path,
-                    " does not say which run wrote it (not written by this muon-train-gpt); "
-                    "start a new run");
-  auto integer = [&](const char* key) {
-    c10::IValue value;
-    archive.read(key, value);
-    return value.toInt();
-  };
-  auto text = [&](const char* key) {
-    c10::IValue value;
-    archive.read(key, value);
-    return value.toStringRef();
-  };
+std::string run_to_json(const CheckpointRun& run) {
+  const auto& m = run.model;
+  json log = json::array();
+  for (const auto& p : run.points) {
+    log.push_back({{"step", p.step},
+                   {"tokens", p.tokens},
+                   {"train_loss", number(p.train_loss)},
+                   {"valid_loss", number(p.valid_loss)},
+                   {"seconds", p.seconds},
+                   {"optimizer_seconds", p.optimizer_seconds}});
+  }
+  const json j{
+      {"format", kRunFormat},
+      {"version", kRunVersion},
+      {"model",
+       {{"vocab_size", m.vocab_size},
+        {"context", m.context},
+        {"layers", m.layers},
+        {"heads", m.heads},
+        {"width", m.width},
+        {"mlp_ratio", m.mlp_ratio},
+        {"norm", m.norm}}},
+      {"layout", run.layout},
+      {"world_size", run.world},
+      {"log", log},
+      {"tokens", run.tokens},
+      {"seconds", run.seconds},
+      {"optimizer_seconds", run.optimizer_seconds},
+      {"since_last_point", {{"train_loss_sum", run.train_loss_sum}, {"steps", run.train_steps}}}};
+  return j.dump();
+}
+
+CheckpointRun run_from_json(const std::string& text, const std::string& path) {
   CheckpointRun run;
-  run.world = integer("world");
-  run.layout = text("layout");
-  run.model.vocab_size = integer("vocab_size");
-  run.model.context = integer("context");
-  run.model.layers = integer("layers");
-  run.model.heads = integer("heads");
-  run.model.width = integer("width");
-  run.model.mlp_ratio = integer("mlp_ratio");
-  run.model.norm = text("norm");
+  try {
+    const auto j = json::parse(text);
+    TORCH_CHECK_VALUE(j.is_object() && j.value("format", "") == kRunFormat,
+                      "[train_gpt] checkpoint ", path,
+                      " was not written by muon-train-gpt (its manifest does not describe a run); "
+                      "start a new run");
+    TORCH_CHECK_VALUE(j.at("version").get<int64_t>() == kRunVersion, "[train_gpt] checkpoint ",
+                      path, " describes its run in version ", j.at("version").dump(),
+                      "; this program reads ", kRunVersion);
+    const auto& m = j.at("model");
+    run.model.vocab_size = m.at("vocab_size").get<int64_t>();
+    run.model.context = m.at("context").get<int64_t>();
+    run.model.layers = m.at("layers").get<int64_t>();
+    run.model.heads = m.at("heads").get<int64_t>();
+    run.model.width = m.at("width").get<int64_t>();
+    run.model.mlp_ratio = m.at("mlp_ratio").get<int64_t>();
+    run.model.norm = m.at("norm").get<std::string>();
+    run.layout = j.at("layout").get<std::string>();
+    run.world = j.at("world_size").get<int64_t>();
+    for (const auto& p : j.at("log")) {
+      run.points.push_back({p.at("step").get<int64_t>(), p.at("tokens").get<int64_t>(),
+                            number_of(p.at("train_loss")), number_of(p.at("valid_loss")),
+                            p.at("seconds").get<double>(),
+                            p.at("optimizer_seconds").get<double>()});
+    }
+    run.tokens = j.at("tokens").get<int64_t>();
+    run.seconds = j.at("seconds").get<double>();
+    run.optimizer_seconds = j.at("optimizer_seconds").get<double>();
+    run.train_loss_sum = j.at("since_last_point").at("train_loss_sum").get<double>();
+    run.train_steps = j.at("since_last_point").at("steps").get<int64_t>();
+  } catch (const json::exception& e) {
+    TORCH_CHECK_VALUE(false, "[train_gpt] checkpoint ", path,
+                      ": its manifest's description of the run is damaged (", e.what(),
+                      "); start a new run");
+  }
+  TORCH_CHECK_VALUE(!run.points.empty(), "[train_gpt] checkpoint ", path,
+                    " has no log point; start a new run");
   return run;
 }
 
-std::string ranks(int64_t n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
-
-// The checkpoint's run against this one, naming the first difference in the
-// flags that set it.
-void check_run(const CheckpointRun& run, const std::string& path, const TrainOptions& o,
-               const GptConfig& model, int64_t world) {
-  TORCH_CHECK_VALUE(run.world == world, "[train_gpt] checkpoint ", path, " was written by ",
-                    ranks(run.world), " (", run.layout, "), this run has ", world, " (", o.layout,
-                    "); resume with --nproc ", run.world);
-  TORCH_CHECK_VALUE(run.layout == o.layout, "[train_gpt] checkpoint ", path,
-                    " was written with the ", run.layout, " optimizer layout, this run uses ",
-                    o.layout, " (--optimizer-layout)");
+// The checkpoint's model against this run's, naming the first difference
+// in the flags that set it.
+void check_model(const GptConfig& saved, const std::string& path, const GptConfig& model) {
   const std::pair<const char*, std::pair<int64_t, int64_t>> shape[] = {
-      {"--layers", {run.model.layers, model.layers}},
-      {"--width", {run.model.width, model.width}},
-      {"--heads", {run.model.heads, model.heads}},
-      {"--context", {run.model.context, model.context}},
-      {"mlp_ratio", {run.model.mlp_ratio, model.mlp_ratio}}};
+      {"--layers", {saved.layers, model.layers}},
+      {"--width", {saved.width, model.width}},
+      {"--heads", {saved.heads, model.heads}},
+      {"--context", {saved.context, model.context}},
+      {"mlp_ratio", {saved.mlp_ratio, model.mlp_ratio}}};
   for (const auto& [flag, values] : shape) {
     TORCH_CHECK_VALUE(values.first == values.second, "[train_gpt] checkpoint ", path,
                       " was written with ", flag, " ", values.first, ", this run has ", flag, " ",
                       values.second);
   }
-  TORCH_CHECK_VALUE(run.model.norm == model.norm, "[train_gpt] checkpoint ", path,
-                    " was written with --norm ", run.model.norm, ", this run has --norm ",
-                    model.norm);
-  TORCH_CHECK_VALUE(run.model.vocab_size == model.vocab_size, "[train_gpt] checkpoint ", path,
-                    " was written with a vocabulary of ", run.model.vocab_size,
+  TORCH_CHECK_VALUE(saved.norm == model.norm, "[train_gpt] checkpoint ", path,
+                    " was written with --norm ", saved.norm, ", this run has --norm ", model.norm);
+  TORCH_CHECK_VALUE(saved.vocab_size == model.vocab_size, "[train_gpt] checkpoint ", path,
+                    " was written with a vocabulary of ", saved.vocab_size,
                     " tokens, this run has ", model.vocab_size,
                     " (the data: --data, --chars, --byte-level)");
 }
 
-void save_checkpoint(const std::string& path, Gpt& model, const torch::optim::Optimizer& opt,
-                     const RunLog& log, int64_t step, const TrainOptions& o, int64_t world) {
-  torch::serialize::OutputArchive archive;
-  write_run(archive, world, o.layout, model->config());
-  torch::serialize::OutputArchive model_archive(archive.compilation_unit());
-  model->save(model_archive);
-  archive.write("model", model_archive);
-  torch::serialize::OutputArchive opt_archive(archive.compilation_unit());
-  opt.save(opt_archive);
-  archive.write("optimizer", opt_archive);
-  archive.write("step", c10::IValue(step));
-  archive.write("log", log_to_tensor(log));
-  // A whole file or none: a failed write leaves no partial checkpoint.
-  const auto partial = path + ".partial";
-  std::error_code error;
-  try {
-    archive.save_to(partial);
-  } catch (...) {
-    std::filesystem::remove(partial, error);
-    throw;
-  }
-  std::filesystem::rename(partial, path, error);
-  TORCH_CHECK_VALUE(!error, "[train_gpt] cannot write checkpoint ", path, ": ", error.message());
-}
-
-int64_t load_checkpoint(const std::string& resume, const TrainOptions& o, int64_t rank,
-                        int64_t world, Gpt& model, torch::optim::Optimizer& opt, RunLog& log) {
-  const auto path = rank_path(resume, rank);
-  if (!std::filesystem::is_regular_file(path)) {
-    // Another world size wrote it: rank 0's file says how many ranks.
-    const auto first = rank_path(resume, 0);
-    TORCH_CHECK_VALUE(rank != 0 && std::filesystem::is_regular_file(first), "[train_gpt] checkpoint ",
-                      path, " does not exist (--resume names the directory of a --save)");
-    torch::serialize::InputArchive archive;
-    archive.load_from(first);
-    check_run(read_run(archive, first), first, o, model->config(), world);
-    TORCH_CHECK_VALUE(false, "[train_gpt] checkpoint ", path, " does not exist, though ", first,
-                      " was written by as many ranks as this run has");
-  }
-  torch::serialize::InputArchive archive;
-  archive.load_from(path);
-  check_run(read_run(archive, path), path, o, model->config(), world);
-  torch::serialize::InputArchive model_archive;
-  archive.read("model", model_archive);
-  model->load(model_archive);
-  torch::serialize::InputArchive opt_archive;
-  archive.read("optimizer", opt_archive);
-  opt.load(opt_archive);
-  c10::IValue step;
-  archive.read("step", step);
-  at::Tensor points;
-  archive.read("log", points);
-  log.points = tensor_to_points(points);
-  return step.toInt();
+// Raises `error` on this rank, or a message naming what failed on another
+// rank, on every rank when any rank failed: a rank that could not go on
+// would otherwise leave the others waiting in the next collective.
+void agree(const DataParallel& dp, const std::string& error, const std::string& elsewhere) {
+  std::vector<at::Tensor> failed{at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble)};
+  dp.all_reduce_sum(failed);
+  TORCH_CHECK_VALUE(error.empty(), error);
+  TORCH_CHECK_VALUE(failed[0].item<double>() == 0.0, elsewhere);
 }
 
 }  // namespace
@@ -199,6 +173,17 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
   TORCH_CHECK_VALUE(o.global_batch >= dp.world && o.global_batch % dp.world == 0,
                     "[train_gpt] global_batch ", o.global_batch,
                     " must be a positive multiple of the world size ", dp.world);
+  TORCH_CHECK_VALUE(o.save_every >= 0, "[train_gpt] save_every must be >= 0, got ", o.save_every);
+  TORCH_CHECK_VALUE(o.keep >= 1, "[train_gpt] keep must be >= 1, got ", o.keep);
+  const auto world = o.world.valid()               ? o.world
+                     : o.distributed.group.valid() ? o.distributed.group
+                                                   : muon::dist::Group::single();
+  const bool checkpoints = !o.save_dir.empty() || !o.resume.empty();
+  TORCH_CHECK_VALUE(!checkpoints || (world.size() == dp.world && world.rank() == dp.rank),
+                    "[train_gpt] checkpoints are saved and loaded over TrainOptions::world (rank ",
+                    world.rank(), " of ", world.size(), "), but this run is rank ", dp.rank, " of ",
+                    dp.world, "; give the world group");
+  const auto checkpoint_options = muon::dist::CheckpointOptions().group(world).keep(o.keep);
   at::manual_seed(o.seed);
   GptConfig config = o.model;
   config.vocab_size = data.vocab.size();
@@ -222,33 +207,72 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
   };
 
   int64_t start = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+  double opt_seconds = 0;
+  // Training losses since the last log point: this rank's sum, and the steps.
+  double train_sum = 0;
+  int64_t train_count = 0;
   if (!o.resume.empty()) {
+    // Every rank reads the manifest and checks the model before the
+    // collective load, so that a checkpoint of another model is named by
+    // its flag rather than by a parameter's shape.
     std::string error;
+    std::string path;
+    CheckpointRun run;
     try {
-      start = load_checkpoint(o.resume, o, dp.rank, dp.world, model, *opt, log);
+      const auto info = muon::dist::latest_checkpoint(o.resume);
+      TORCH_CHECK_VALUE(info.has_value(), "[train_gpt] run '", o.name, "': '", o.resume,
+                        "' holds no complete checkpoint to resume from");
+      path = info->path;
+      run = run_from_json(info->extra, path);
+      check_model(run.model, path, config);
+      TORCH_CHECK_VALUE(info->step <= o.steps, "[train_gpt] checkpoint ", path, " is at step ",
+                        info->step, ", past this run's steps ", o.steps);
     } catch (const c10::Error& e) {
       error = e.what_without_backtrace();
     }
-    // Every rank learns whether every rank loaded: a rank that could not
-    // would otherwise leave the others waiting in the first collective.
-    std::vector<at::Tensor> failed{at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble)};
-    dp.all_reduce_sum(failed);
-    TORCH_CHECK_VALUE(error.empty(), error);
-    TORCH_CHECK_VALUE(failed[0].item<double>() == 0.0, "[train_gpt] run '", o.name,
-                      "': another rank could not load its checkpoint from ", o.resume,
-                      ".rank<r> (its message says why)");
-    log.name = o.name;
-    TORCH_CHECK_VALUE(start <= o.steps, "[train_gpt] the checkpoint is at step ", start,
-                      ", past steps ", o.steps);
+    agree(dp, error,
+          "[train_gpt] run '" + o.name + "': another rank could not resume from " + o.resume +
+              " (its message says why)");
+    const auto info = muon::dist::load_checkpoint(path, model->named_parameters(), *opt,
+                                                  o.distributed, checkpoint_options);
+    start = info.step;
+    log.points = run.points;
+    tokens = run.tokens;
+    seconds = run.seconds;
+    opt_seconds = run.optimizer_seconds;
+    train_sum = run.train_loss_sum;
+    train_count = run.train_steps;
+    if (dp.rank == 0) {
+      std::printf("run '%s': resumed from step %lld of %s (written by %s, %s; this run: %s, %s)\n",
+                  o.name.c_str(), static_cast<long long>(start), info.path.c_str(),
+                  ranks(run.world).c_str(), run.layout.c_str(), ranks(dp.world).c_str(),
+                  o.layout.c_str());
+      std::fflush(stdout);
+    }
   } else {
     log.points.push_back({0, 0, std::numeric_limits<double>::quiet_NaN(), evaluate(), 0, 0});
   }
+
+  // Saves checkpoint `step` with the run's log and what is needed to
+  // continue it in the manifest.
+  auto save = [&](int64_t step) {
+    CheckpointRun run{config,  o.layout,    dp.world, log.points, tokens,
+                      seconds, opt_seconds, 0,        train_count};
+    if (train_count > 0) {
+      // Each step's loss as the mean over the ranks, so that a run resumed
+      // at any world size completes the interval's mean.
+      std::vector<at::Tensor> sum{at::full({1}, train_sum, at::kDouble)};
+      dp.all_reduce_sum(sum);
+      run.train_loss_sum = sum[0].item<double>() / static_cast<double>(dp.world);
+    }
+    muon::dist::save_checkpoint(o.save_dir, model->named_parameters(), *opt, step, o.distributed,
+                                run_to_json(run), checkpoint_options);
+  };
+
   const int64_t tokens_per_step = o.global_batch * config.context;
-  const double start_seconds = log.points.back().seconds;
-  double seconds = start_seconds;
-  double opt_seconds = log.points.back().optimizer_seconds;
-  double train_sum = 0;
-  int64_t train_count = 0;
+  const double start_seconds = seconds;
   const bool show = o.progress && dp.rank == 0;
   ProgressBar bar(o.name, o.steps);
   for (int64_t step = start; step < o.steps; ++step) {
@@ -264,6 +288,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
     opt->step();
     opt_seconds += since(t_opt);
     seconds += since(t0);
+    tokens += tokens_per_step;
     const double loss_value = loss.item<double>();
     TORCH_CHECK(std::isfinite(loss_value), "[train_gpt] run '", o.name,
                 "': the training loss is ", loss_value, " at step ", step);
@@ -274,9 +299,13 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
       std::vector<at::Tensor> mean{at::tensor({train_sum, static_cast<double>(train_count)}, at::kDouble)};
       dp.all_reduce_sum(mean);
       const double train_loss = mean[0][0].item<double>() / mean[0][1].item<double>();
-      log.points.push_back({done, done * tokens_per_step, train_loss, evaluate(), seconds, opt_seconds});
+      log.points.push_back({done, tokens, train_loss, evaluate(), seconds, opt_seconds});
       train_sum = 0;
       train_count = 0;
+    }
+    if (!o.save_dir.empty() &&
+        (done == o.steps || (o.save_every > 0 && done % o.save_every == 0))) {
+      save(done);
     }
     if (show) {
       bar.update(done, loss_value, static_cast<double>((done - start) * tokens_per_step) /
@@ -284,8 +313,18 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
     }
   }
   if (show) bar.finish();
-  if (!o.save_checkpoint.empty()) {
-    save_checkpoint(rank_path(o.save_checkpoint, dp.rank), model, *opt, log, o.steps, o, dp.world);
+  if (start == o.steps) {
+    // Resumed at its last step: no step to take. The log ends at the last
+    // step (the checkpoint's may end before, at its last evaluation) and the
+    // checkpoint is saved all the same.
+    if (log.points.back().step < o.steps) {
+      const double train_loss = train_count > 0 ? train_sum / static_cast<double>(train_count)
+                                                : std::numeric_limits<double>::quiet_NaN();
+      log.points.push_back({o.steps, tokens, train_loss, evaluate(), seconds, opt_seconds});
+      train_sum = 0;
+      train_count = 0;
+    }
+    if (!o.save_dir.empty()) save(o.steps);
   }
   if (!o.out_dir.empty() && dp.rank == 0) write_csv(log, o.out_dir + "/" + o.name + ".csv");
   return log;

@@ -2,7 +2,8 @@
 
 /// One training run of the small GPT: data-parallel over the ranks of a
 /// communicator (gradients averaged across ranks), evaluation, progress,
-/// checkpoints, and the run's log.
+/// reshardable checkpoints (muon/distributed/checkpoint.h), and the run's
+/// log.
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -13,6 +14,8 @@
 
 #include "data.h"
 #include "gpt.h"
+#include "muon/distributed/group.h"
+#include "muon/distributed/make.h"
 #include "progress.h"
 #include "report.h"
 
@@ -51,19 +54,34 @@ struct TrainOptions {
   uint64_t seed = 1;
   /// Where the CSV log goes (written by rank 0; empty: no CSV).
   std::string out_dir;
-  /// Checkpoint written at the end (empty: none); rank r writes `<path>.rank<r>`
-  /// (through a temporary file renamed into place, so a failed write leaves
-  /// no partial checkpoint). It records the world size, `layout` and the
-  /// model's shape.
-  std::string save_checkpoint;
-  /// Checkpoint to resume from (as written by save_checkpoint). Its world
-  /// size, layout and model shape must be this run's: a difference raises
-  /// c10::ValueError on every rank naming it ("checkpoint <path> was written
-  /// by 2 ranks (layer-wise), this run has 1 (single process)", "... with
-  /// --width 64, this run has --width 32").
+  /// Directory of this run's checkpoints (empty: none): checkpoint N is
+  /// `<save_dir>/step-<N>` (muon::dist::save_checkpoint: the model, the
+  /// optimizer state, and in its manifest the model shape, the layout and
+  /// world size that wrote it, and the log so far).
+  std::string save_dir;
+  /// Save every this many steps (0: only at the end); the last step is
+  /// always saved.
+  int64_t save_every = 0;
+  /// Complete checkpoints kept in `save_dir` (the newest; >= 1).
+  int64_t keep = 2;
+  /// Directory of checkpoints to resume from (a `save_dir`): the newest
+  /// complete one in it. It may have been written by any number
+  /// of ranks in any optimizer layout (the library reshards it); its model
+  /// shape must be this run's: a difference raises c10::ValueError on every
+  /// rank naming the flag ("checkpoint <path> was written with --width 64,
+  /// this run has --width 32"). The run continues from the checkpoint's
+  /// step with its log (learning rates follow from the step).
   std::string resume;
-  /// How the optimizer is laid out over the ranks, in words, recorded in
-  /// checkpoints: "single process", "layer-wise" or "replicated".
+  /// How the parameters and the optimizer are laid out over the ranks: the
+  /// layout given to muon::dist::make_optimizer (for layer-wise, its group).
+  /// Default: a single process.
+  muon::dist::DistributedLayout distributed;
+  /// Every rank of the run, the group that saves and loads checkpoints.
+  /// Invalid (the default): `distributed.group` when valid, else a single
+  /// process.
+  muon::dist::Group world;
+  /// `distributed` in words, recorded in checkpoints and shown on resume:
+  /// "single process", "layer-wise" or "replicated".
   std::string layout = "single process";
   /// Show a progress bar (rank 0).
   bool progress = true;
@@ -80,7 +98,13 @@ using LrSetter = std::function<void(int64_t step)>;
 using ScheduleFactory = std::function<LrSetter(torch::optim::Optimizer&)>;
 
 /// Trains a fresh model (initialized from `options.seed`, identical on every
-/// rank) for `options.steps` steps; returns the log (identical on every rank).
+/// rank), or the model and optimizer of `options.resume`, up to
+/// `options.steps` steps, saving checkpoints as `options` says; returns the
+/// log (identical on every rank; after a resume, the checkpoint's points
+/// then this run's). Collective over the ranks of `dp` (and, for
+/// checkpoints, `options.world`). Raises c10::ValueError on every rank for
+/// bad options, a checkpoint that cannot be written or read, or one of
+/// another model shape.
 RunLog train(const Dataset& data, const TrainOptions& options, const OptimizerFactory& make_optimizer,
              const DataParallel& dp, const ScheduleFactory& make_schedule = nullptr);
 
