@@ -126,28 +126,28 @@ void fsync_path(const fs::path& path, const char* who) {
                     shown(path.string()), "': ", errno_text());
 }
 
-void write_all(int fd, const void* data, int64_t bytes, const fs::path& path) {
+void write_all(int fd, const void* data, int64_t bytes, const fs::path& path, const char* who = kSaveWho) {
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
     const auto n = ::write(fd, p, static_cast<size_t>(std::min<int64_t>(bytes, int64_t{1} << 30)));
     if (n < 0 && errno == EINTR) continue;
-    TORCH_CHECK_VALUE(n > 0, kSaveWho, "cannot write '", shown(path.string()), "': ", errno_text());
+    TORCH_CHECK_VALUE(n > 0, who, "cannot write '", shown(path.string()), "': ", errno_text());
     p += n;
     bytes -= n;
   }
 }
 
 // Writes `text` to `path` through `path`.tmp, fsynced and renamed.
-void write_file_atomically(const fs::path& path, const std::string& text, bool sync) {
+void write_file_atomically(const fs::path& path, const std::string& text, bool sync, const char* who) {
   const auto tmp = fs::path(path.string() + ".tmp");
   {
     Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    TORCH_CHECK_VALUE(f.fd >= 0, kSaveWho, "cannot create '", shown(tmp.string()), "': ", errno_text());
-    write_all(f.fd, text.data(), static_cast<int64_t>(text.size()), tmp);
-    TORCH_CHECK_VALUE(!sync || ::fsync(f.fd) == 0, kSaveWho, "cannot fsync '", shown(tmp.string()),
+    TORCH_CHECK_VALUE(f.fd >= 0, who, "cannot create '", shown(tmp.string()), "': ", errno_text());
+    write_all(f.fd, text.data(), static_cast<int64_t>(text.size()), tmp, who);
+    TORCH_CHECK_VALUE(!sync || ::fsync(f.fd) == 0, who, "cannot fsync '", shown(tmp.string()),
                       "': ", errno_text());
   }
-  TORCH_CHECK_VALUE(::rename(tmp.c_str(), path.c_str()) == 0, kSaveWho, "cannot rename '",
+  TORCH_CHECK_VALUE(::rename(tmp.c_str(), path.c_str()) == 0, who, "cannot rename '",
                     shown(tmp.string()), "': ", errno_text());
 }
 
@@ -688,15 +688,19 @@ void check_checkpoint_dir(const std::string& dir) {
   fs::create_directories(dir, ec);
   TORCH_CHECK_VALUE(!ec && fs::is_directory(dir), who, "cannot create the checkpoint directory '",
                     shown(dir), "': ", ec ? ec.message() : "a file of that name exists");
-  const auto probe = fs::path(dir) / (".muon-write-check-" + std::to_string(::getpid()));
+  std::random_device device;
+  char host[64] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const auto probe = fs::path(dir) / (".muon-write-check-" + std::string(host) + "-" + std::to_string(::getpid()) +
+                                      "-" + hex64((static_cast<uint64_t>(device()) << 32) ^ device()));
   try {
-    write_file_atomically(probe, "muon", true);
+    write_file_atomically(probe, "muon", true, who);
     fsync_path(dir, who);
-  } catch (const c10::Error& e) {
+  } catch (...) {
     fs::remove(probe.string() + ".tmp", ec);
     fs::remove(probe, ec);
-    TORCH_CHECK_VALUE(false, who, "cannot write checkpoints to '", shown(dir),
-                      "': ", e.what_without_backtrace());
+    // The message names the file and the system's reason.
+    throw;
   }
   fs::remove(probe, ec);
 }
@@ -825,7 +829,7 @@ std::string save_checkpoint(const std::string& dir,
       }
     }
     if (options.fsync()) fsync_path(step_dir, kSaveWho);
-    write_file_atomically(step_dir / kManifest, sealed(manifest), options.fsync());
+    write_file_atomically(step_dir / kManifest, sealed(manifest), options.fsync(), kSaveWho);
     if (options.fsync()) {
       fsync_path(step_dir, kSaveWho);
       fsync_path(dir, kSaveWho);
@@ -837,6 +841,12 @@ std::string save_checkpoint(const std::string& dir,
 }
 
 std::optional<CheckpointInfo> latest_checkpoint(const std::string& dir) {
+  if (has_manifest(dir)) {
+    const auto m = parse_manifest(dir);
+    CheckpointInfo info{m.step, dir, m.world_size, m.extra, 0};
+    for (const auto& f : m.files) info.bytes += f.bytes;
+    return info;
+  }
   const auto dirs = step_dirs(dir);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
     if (!has_manifest(it->second)) continue;

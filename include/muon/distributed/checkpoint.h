@@ -131,7 +131,9 @@ CheckpointInfo load_checkpoint(const std::string& path,
                                const CheckpointOptions& options = {});
 
 /// The newest complete checkpoint in directory `dir` (its manifest read, no
-/// tensor), or nullopt when there is none. Not collective.
+/// tensor), or nullopt when there is none; when `dir` is one checkpoint's
+/// `step-<N>` directory, that checkpoint. Raises c10::ValueError for a
+/// damaged manifest. Not collective.
 std::optional<CheckpointInfo> latest_checkpoint(const std::string& dir);
 
 /// Raises c10::ValueError naming `dir` and the system's reason unless `dir`
