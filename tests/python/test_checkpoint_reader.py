@@ -13,6 +13,7 @@ $MUON_BUILD_DIR/tests/checkpoint_writer, else build/tests/checkpoint_writer.
 import json
 import os
 import shutil
+import struct
 import subprocess
 
 import pytest
@@ -241,3 +242,51 @@ def test_no_complete_checkpoint_is_an_error(tmp_path):
     os.makedirs(tmp_path / "step-00000001")
     _raises(tmp_path, "no complete checkpoint")
     _raises(tmp_path / "nothing", "not a directory")
+
+
+def _write(step_dir, tensors, step=7, nonce=0x0123456789ABCDEF):
+    """A checkpoint of `tensors` in the documented format (docs/checkpoints.md),
+    one data file, each tensor split by rows into two chunks where it can be."""
+    import xxhash
+
+    os.makedirs(step_dir)
+    name = "rank-00000-%016x.bin" % nonce
+    data = bytearray(struct.pack("<8sIIqQ", b"MUONCKPT", 1, 0, step, nonce).ljust(64, b"\0"))
+    entries = {}
+    for key, t in tensors.items():
+        cuts = [0, t.shape[0] // 2, t.shape[0]] if t.dim() else [0, 0]
+        chunks = []
+        for lo, hi in zip(cuts, cuts[1:]):
+            part = t[lo:hi] if t.dim() else t
+            raw = part.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            if not raw:
+                continue
+            data += b"\0" * (-len(data) % 64)
+            chunks.append({"offsets": [lo] + [0] * (t.dim() - 1) if t.dim() else [],
+                           "sizes": list(part.shape), "file": 0, "offset": len(data),
+                           "bytes": len(raw), "xxh3": xxhash.xxh3_64_hexdigest(raw)})
+            data += raw
+        entries[key] = {"dtype": str(t.dtype)[6:], "shape": list(t.shape), "chunks": chunks}
+    (step_dir / name).write_bytes(data)
+    manifest = {"format": "muon-checkpoint", "version": 1, "step": step, "nonce": "%016x" % nonce,
+                "world_size": 1, "extra": "", "files": [{"name": name, "rank": 0, "bytes": len(data)}],
+                "state": {}, "tensors": entries}
+    body = json.dumps(manifest, indent=1)[:-1].rstrip("\n") + ","
+    (step_dir / "manifest.json").write_text(body + '\n"xxh3": "%s"}\n' % xxhash.xxh3_64_hexdigest(body.encode()))
+
+
+def test_every_dtype_reads_back_exactly(tmp_path):
+    """A checkpoint written by the format's description alone: every dtype,
+    scalars and empty tensors read back bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 3, 2, generator=gen, dtype=torch.float64) * 100
+    tensors = {"f32": x.float(), "f64": x, "bf16": x.bfloat16(), "f16": x.half(),
+               "i64": x.long() * 2**40, "i32": x.int(), "i16": x.short(), "i8": x.char(),
+               "u8": x.byte(), "bool": x > 0, "scalar": torch.tensor(12345678901, dtype=torch.int64),
+               "empty": torch.zeros(0, 4), "row": x[0, :, 0].float()}
+    _write(tmp_path / "step-00000007", tensors)
+    manifest, read = read_checkpoint(tmp_path)
+    assert manifest["step"] == 7 and set(read) == set(tensors)
+    for key, t in tensors.items():
+        assert read[key].dtype == t.dtype and read[key].shape == t.shape, key
+        assert torch.equal(_bits(read[key]), _bits(t)), key
