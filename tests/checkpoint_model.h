@@ -41,7 +41,7 @@ inline OptimizerConfig config(const std::string& layout, const std::string& opti
 
 // One rank's model and optimizer in a layout: "none" (whole, one process),
 // "layerwise" (whole, one owner per parameter), "sharded" (every tensor's
-// rows split over the ranks), "tp" (the block's matrices split over the
+// rows split over the ranks), "padded" (the same, flat-buffer style), "tp" (the block's matrices split over the
 // ranks along dim 0 (qkv, fc1) or dim 1 (fc2); the rest replicated), "2d"
 // (a (dp, tp = 2) mesh: the block's TP blocks split by rows over dp, the
 // rest split by rows over dp).
@@ -52,19 +52,28 @@ struct Rank {
   std::vector<std::function<at::Tensor(const at::Tensor&)>> local;  // whole → this rank's part
   CheckpointOptions options;
 
-  Rank(const std::string& kind, const Group& group, const std::string& optimizer = "muon") {
+  /// The model: kModel, plus a vector "extra.bias" of `extra` elements when
+  /// `extra` > 0 (bulk for the kill loop's files; it goes to AdamW).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> model = kModel;
+
+  Rank(const std::string& kind, const Group& group, const std::string& optimizer = "muon", int64_t extra = 0) {
+    if (extra > 0) model.emplace_back("extra.bias", std::vector<int64_t>{extra});
     const int world = group.size();
     const int rank = group.rank();
     // 2-D: a (dp, tp) mesh, tp = 2.
     Group dp;
     Group tp;
     if (kind == "2d") std::tie(dp, tp) = group.mesh(world / 2, 2);
-    for (size_t k = 0; k < kModel.size(); ++k) {
-      const auto& [name, shape] = kModel[k];
+    for (size_t k = 0; k < model.size(); ++k) {
+      const auto& [name, shape] = model[k];
       std::function<at::Tensor(const at::Tensor&)> part = [](const at::Tensor& t) { return t; };
       const bool block = name.find("blocks.0.") == 0 && shape.size() == 2;
-      if (kind == "sharded") {
-        const auto rows = muon::dist::balanced_split_sizes(shape[0], world);
+      if (kind == "sharded" || kind == "padded") {
+        // padded: flat-buffer style, equal chunks with padding rows at the
+        // tail (at 5 ranks the 16-row tensors leave rank 4 only padding).
+        const auto rows = kind == "sharded" ? muon::dist::balanced_split_sizes(shape[0], world)
+                                            : std::vector<int64_t>(static_cast<size_t>(world),
+                                                                   (shape[0] + world - 1) / world);
         part = [rows, rank](const at::Tensor& t) { return muon::dist::local_rows(t, rows, rank); };
         layout.row_shards.emplace(name, muon::dist::RowShard(shape, group));
       } else if (kind == "tp" && block) {
@@ -98,18 +107,18 @@ struct Rank {
         layout.row_shards.emplace(name, shard);
       }
       local.push_back(part);
-      named.insert(name, part(full_param(k)).requires_grad_(true));
+      named.insert(name, part(muon::test::seeded_randn(model[k].second, 10 + k)).requires_grad_(true));
     }
     layout.group = group;
     options.group(group);
-    const auto layout_field = kind == "tp" ? "tensor_parallel" : kind == "2d" ? "sharded" : kind;
+    const auto layout_field = kind == "tp" ? "tensor_parallel" : kind == "2d" || kind == "padded" ? "sharded" : kind;
     opt = muon::dist::make_optimizer(named, config(layout_field, optimizer), layout);
   }
 
   // Steps [from, to) with the whole model's gradients, each rank its part.
   void train(int64_t from, int64_t to) {
     for (int64_t s = from; s < to; ++s) {
-      for (size_t k = 0; k < kModel.size(); ++k) named[kModel[k].first].mutable_grad() = local[k](full_grad(k, s));
+      for (size_t k = 0; k < model.size(); ++k) named[model[k].first].mutable_grad() = local[k](muon::test::seeded_randn(model[k].second, 500 + 13 * s + static_cast<int64_t>(k)));
       opt->step();
     }
   }

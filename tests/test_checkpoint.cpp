@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include <torch/optim/adamw.h>
+
 #include "checkpoint_model.h"
 #include "process_util.h"
 #include "distributed/checkpoint_state.h"
@@ -39,9 +41,13 @@ Named whole_after(int64_t steps, const std::string& optimizer = "muon") {
   return out;
 }
 
+// Largest difference relative to the largest element (absolute where the
+// expected part is all zeros: a shard of padding rows only).
 double relative(const at::Tensor& got, const at::Tensor& expected) {
   if (expected.numel() == 0) return 0;
-  return (got - expected).abs().max().item<double>() / expected.abs().max().item<double>();
+  const auto diff = (got - expected).abs().max().item<double>();
+  const auto scale = expected.abs().max().item<double>();
+  return scale > 0 ? diff / scale : diff;
 }
 
 fs::path fresh_dir(const std::string& name) {
@@ -120,7 +126,8 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, SameLayout,
                                            std::make_pair(std::string("layerwise"), 2),
                                            std::make_pair(std::string("sharded"), 3),
                                            std::make_pair(std::string("tp"), 2),
-                                           std::make_pair(std::string("2d"), 4)),
+                                           std::make_pair(std::string("2d"), 4),
+                                           std::make_pair(std::string("padded"), 5)),
                          [](const auto& info) { return info.param.first + std::to_string(info.param.second); });
 
 // Saving creates the state a first step would (zeros, step 0) for every
@@ -184,6 +191,16 @@ TEST(Checkpoint, ReshardsAcrossWorldSizesAndLayouts) {
   leg("sharded", 3, d("c"), d("e"), 4, 5, Named(), "sharded W=3 from single");
   leg("layerwise", 3, d("e"), d("f"), 5, 6, reference, "layer-wise W=3 from sharded W=3");
   leg("none", 1, d("f"), d("g"), 6, 6, reference, "single from layer-wise W=3");
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ReshardsPaddedAndEmptyShards) {
+  const auto reference = whole_after(4);
+  const auto dir = fresh_dir("padded");
+  leg("padded", 3, "", (dir / "a").string(), 0, 2, Named(), "padded W=3");
+  leg("padded", 5, (dir / "a").string(), (dir / "b").string(), 2, 3, Named(), "padded W=5 from padded W=3");
+  leg("sharded", 2, (dir / "b").string(), (dir / "c").string(), 3, 4, reference, "sharded W=2 from padded W=5");
+  leg("padded", 5, (dir / "c").string(), (dir / "d").string(), 4, 4, reference, "padded W=5 from sharded W=2");
   fs::remove_all(dir);
 }
 
@@ -352,6 +369,29 @@ TEST(Checkpoint, AnotherModelOrOptimizerIsAnErrorNamingTheFirstDifference) {
   const auto kind = load_into(same_model, "lion");
   EXPECT_NE(kind.find("has adamw state in the checkpoint, but this optimizer steps it with lion"), std::string::npos)
       << kind;
+  fs::remove_all(dir);
+}
+
+// LibTorch's own AdamW, alone (no composite): saved without amsgrad, loaded
+// with it on, the missing maximum starts from zeros and the step runs.
+TEST(Checkpoint, LibTorchAdamWAloneAndAmsgradTurnedOn) {
+  const auto dir = fresh_dir("adamw");
+  Named named;
+  named.insert("w", full_param(1).requires_grad_(true));
+  torch::optim::AdamW plain({named["w"]}, torch::optim::AdamWOptions(1e-2));
+  named["w"].mutable_grad() = full_grad(1, 0);
+  plain.step();
+  muon::dist::save_checkpoint(dir.string(), named, plain, 1);
+  Named other;
+  other.insert("w", at::zeros_like(full_param(1)).requires_grad_(true));
+  torch::optim::AdamW ams({other["w"]}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
+  EXPECT_EQ(muon::dist::load_checkpoint(dir.string(), other, ams).step, 1);
+  EXPECT_TRUE(at::equal(other["w"], named["w"]));
+  const auto& st = static_cast<torch::optim::AdamWParamState&>(*ams.state().begin()->second);
+  EXPECT_EQ(st.step(), 1);
+  ASSERT_TRUE(st.max_exp_avg_sq().defined());
+  other["w"].mutable_grad() = full_grad(1, 1);
+  EXPECT_NO_THROW(ams.step());
   fs::remove_all(dir);
 }
 
@@ -549,14 +589,18 @@ TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
   const auto dir = fresh_dir("kill");
   const std::string writer = MUON_CHECKPOINT_WRITER_EXE;
   constexpr int64_t kSteps = 12;
+  // 1M more elements (12 MB with their AdamW state): writing the files is
+  // most of a save, so most kills land inside one.
+  constexpr int64_t kExtra = int64_t{1} << 20;
   {
-    muon::test::Child ref({writer, (dir / "ref").string(), "2", "sharded", std::to_string(kSteps), "--keep", "100"});
+    muon::test::Child ref({writer, (dir / "ref").string(), "2", "sharded", std::to_string(kSteps), "--keep", "100",
+                           "--extra", std::to_string(kExtra)});
     ASSERT_EQ(ref.wait(120), 0) << ref.err();
   }
   std::vector<std::vector<at::Tensor>> expected(kSteps + 1);
   muon::test::run_ranks(1, [&](Group& group) {
     for (int64_t s = 1; s <= kSteps; ++s) {
-      Rank r("none", group);
+      Rank r("none", group, "muon", kExtra);
       char name[32];
       std::snprintf(name, sizeof(name), "step-%08lld", static_cast<long long>(s));
       r.load((dir / "ref" / name).string());
@@ -572,21 +616,21 @@ TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
   for (int i = 0; i < kKills; ++i) {
     // Even kills: the ranks are threads of one process; odd: two processes
     // under muon-launch (killed with it: its ranks die with their parent).
-    std::vector<std::string> args{writer, (dir / "run").string(), "2", "sharded", std::to_string(kSteps), "--forever"};
+    std::vector<std::string> args{writer, (dir / "run").string(), "2", "sharded", std::to_string(kSteps), "--forever",
+                                  "--extra", std::to_string(kExtra)};
     if (i % 2 == 1) args.insert(args.begin(), {MUON_LAUNCH_EXE, "-n", "2", "--"});
     muon::test::Child child(args);
     // A quarter of the kills at a random moment from the start (loading,
     // training, saving), the rest a random moment after a save finished
     // (inside the next ones).
     const bool after_save = i % 4 != 0;
-    const double delay = static_cast<double>(rng() % 1000) / 1000.0 * (after_save ? 0.05 : 0.6);
-    double saved_at = -1;
-    child.read_until(
-        [&]() {
-          if (after_save && saved_at < 0 && child.out().find("saved") != std::string::npos) saved_at = child.seconds();
-          return after_save ? saved_at >= 0 && child.seconds() >= saved_at + delay : child.seconds() >= delay;
-        },
-        60);
+    const double delay = static_cast<double>(rng() % 1000) / 1000.0 * (after_save ? 0.04 : 0.6);
+    if (after_save) {
+      child.read_until([&]() { return child.out().find("saved") != std::string::npos; }, 60);
+    }
+    // Sleep rather than wait for output: kills timed by output would all
+    // land just after a save.
+    std::this_thread::sleep_for(std::chrono::duration<double>(after_save ? delay : std::max(0.0, delay - child.seconds())));
     if (child.out().find("saved") != std::string::npos) ++during_saves;
     kill(child.pid(), SIGKILL);
     EXPECT_EQ(child.wait(30), 128 + SIGKILL) << child.err();
@@ -600,7 +644,7 @@ TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
     EXPECT_GE(latest->step, newest) << "kill " << i << ": the newest checkpoint went back";
     newest = latest->step;
     muon::test::run_ranks(1, [&](Group& group) {
-      Rank r("none", group);
+      Rank r("none", group, "muon", kExtra);
       EXPECT_EQ(r.load((dir / "run").string()).step, newest) << "kill " << i;
       EXPECT_TRUE(same(expected[static_cast<size_t>(newest)], snapshot(r)))
           << "kill " << i << ": step " << newest << " differs from the uninterrupted run";
@@ -610,10 +654,10 @@ TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
   EXPECT_EQ(newest, kSteps);
   EXPECT_GE(loaded, kKills - 5);
   EXPECT_GE(during_saves, kKills / 2);
-  // How many kills left files of an unfinished save (the rest landed in a
-  // save's collectives, before its first file or after its clean-up, or
-  // outside saves): reported, not asserted, as it depends on the machine's
-  // load.
+  // Kills that left files of an unfinished save (seen here: 32 of 50; the
+  // rest landed before a save's first file, after its clean-up, or outside
+  // saves). The floor leaves room for slower or faster disks.
+  EXPECT_GE(interrupted, 10);
   std::printf("kills: %d, loaded after %d, %d inside a save (files of an uncommitted save left), newest step %lld\n",
               kKills, loaded, interrupted, static_cast<long long>(newest));
   fs::remove_all(dir);

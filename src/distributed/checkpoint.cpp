@@ -30,6 +30,9 @@
 #include "muon/compat.h"
 #include "util/names.h"
 
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "checkpoint files are little-endian: this file writes tensors' bytes as they are in memory");
+
 namespace muon::dist {
 namespace {
 
@@ -193,134 +196,163 @@ std::vector<std::string> agreed(const Group& group, const char* who, Body&& body
 
 // ---- where each rank's tensors sit ------------------------------------------------
 
+// Where this rank's tensor sits in its global tensor: `local` is the
+// tensor's shape; the stored part is its first `sizes` (only dim 0 may be
+// shorter: the padding rows of a padded row shard are not stored), at
+// `offsets` in `global`.
 struct Place {
   Shape global;
   Shape offsets;
   Shape sizes;
+  Shape local;
+};
+
+// Each parameter's Place, or the first error (the same collectives run on
+// every rank either way, so the caller raises it once the ranks agree).
+struct Placement {
+  std::vector<Place> places;
+  std::string error;
 };
 
 // Where each parameter (this rank's tensor of it) sits in the global
 // parameter. Collective over the parameters' shard groups: one all-gather of
 // block sizes per group (in the order the groups first appear, the same on
-// every rank).
-std::vector<Place> place_parameters(const torch::OrderedDict<std::string, at::Tensor>& named,
-                                    const DistributedLayout& layout, const char* who) {
+// every rank). Row shards may be padded (flat-buffer style: the rows past
+// the global shape are padding) or empty.
+Placement place_parameters(const torch::OrderedDict<std::string, at::Tensor>& named,
+                           const DistributedLayout& layout, const char* who) {
   struct Request {
     size_t param;
     size_t dim;
     int64_t local;
+    bool rows;  // a row shard's rows (may hold padding)
   };
-  std::vector<Place> places;
+  Placement out;
+  auto fail = [&](const std::string& message) {
+    if (out.error.empty()) out.error = message;
+  };
+  auto& places = out.places;
   std::vector<std::pair<Group, std::vector<Request>>> groups;
-  auto request = [&](const Group& g, size_t param, size_t dim, int64_t local) {
+  auto request = [&](const Group& g, size_t param, size_t dim, int64_t local, bool rows) {
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& e) {
       return e.first.name() == g.name() && e.first.world_ranks() == g.world_ranks();
     });
     if (it == groups.end()) it = groups.insert(groups.end(), {g, {}});
-    it->second.push_back({param, dim, local});
+    it->second.push_back({param, dim, local, rows});
   };
   std::vector<Shape> tp_global(named.size());
+  std::vector<int64_t> row_offset(named.size(), 0);
   for (size_t i = 0; i < named.size(); ++i) {
     const auto& name = named[i].key();
     const auto& local = named[i].value();
-    places.push_back({local.sizes().vec(), Shape(static_cast<size_t>(local.dim()), 0), local.sizes().vec()});
+    const auto shape = local.sizes().vec();
+    places.push_back({shape, Shape(shape.size(), 0), shape, shape});
     auto& p = places.back();
     const auto row = layout.row_shards.find(name);
     const auto tp = layout.tensor_parallel.find(name);
     if (row != layout.row_shards.end()) {
       const auto& shard = row->second;
-      TORCH_CHECK_VALUE(local.dim() >= 1 && static_cast<size_t>(local.dim()) == shard.global_shape().size(),
-                        who, "parameter '", shown(name), "' has shape ", local.sizes(),
-                        ", its row shard a global shape ", shape_text(shard.global_shape()));
-      p.global = shard.global_shape();
-      request(shard.group(), i, 0, local.size(0));
+      if (shape.empty() || shape.size() != shard.global_shape().size()) {
+        fail(c10::str(who, "parameter '", shown(name), "' has shape ", local.sizes(),
+                      ", its row shard a global shape ", shape_text(shard.global_shape())));
+      } else {
+        p.global = shard.global_shape();
+      }
+      request(shard.group(), i, 0, shape.empty() ? 0 : shape[0], true);
       if (shard.has_tensor_parallel()) {
         const auto& t = shard.tp();
         const auto d = static_cast<size_t>(t.partition_dim());
-        TORCH_CHECK_VALUE(t.global_shape().size() == p.global.size() && d < p.global.size(), who,
-                          "parameter '", shown(name), "': its tensor-parallel global shape ",
-                          shape_text(t.global_shape()), " does not fit its block ", shape_text(p.global));
-        request(t.group(), i, d, p.global[d]);
-        tp_global[i] = t.global_shape();
+        const bool fits = t.global_shape().size() == p.global.size() && d < p.global.size();
+        if (!fits) {
+          fail(c10::str(who, "parameter '", shown(name), "': its tensor-parallel global shape ",
+                        shape_text(t.global_shape()), " does not fit its block ", shape_text(p.global)));
+        }
+        request(t.group(), i, fits ? d : 0, fits ? p.global[d] : 0, false);
+        if (fits) tp_global[i] = t.global_shape();
       }
     } else if (tp != layout.tensor_parallel.end()) {
       const auto& t = tp->second;
       const auto d = static_cast<size_t>(t.partition_dim());
-      TORCH_CHECK_VALUE(t.global_shape().size() == static_cast<size_t>(local.dim()) && d < p.global.size(),
-                        who, "parameter '", shown(name), "' has shape ", local.sizes(),
-                        ", its tensor-parallel shard a global shape ", shape_text(t.global_shape()));
-      request(t.group(), i, d, local.size(static_cast<int64_t>(d)));
-      p.global = t.global_shape();
+      const bool fits = t.global_shape().size() == shape.size() && d < shape.size();
+      if (!fits) {
+        fail(c10::str(who, "parameter '", shown(name), "' has shape ", local.sizes(),
+                      ", its tensor-parallel shard a global shape ", shape_text(t.global_shape())));
+      }
+      request(t.group(), i, fits ? d : 0, fits ? shape[d] : 0, false);
+      if (fits) p.global = t.global_shape();
     }
   }
   for (const auto& [group, requests] : groups) {
     std::vector<int64_t> sizes;
     for (const auto& r : requests) sizes.push_back(r.local);
-    const auto all = group.all_gather_ints(sizes);
+    std::vector<std::vector<int64_t>> all;
+    try {
+      all = group.all_gather_ints(sizes);
+    } catch (const c10::Error& e) {
+      // Ranks that hold other numbers of this group's shards.
+      fail(c10::str(who, "the ranks of group '", group.name(), "' describe different shards: ",
+                    e.what_without_backtrace()));
+      continue;
+    }
     for (size_t j = 0; j < requests.size(); ++j) {
-      for (int r = 0; r < group.rank(); ++r) {
-        places[requests[j].param].offsets[requests[j].dim] += all[static_cast<size_t>(r)][j];
+      int64_t offset = 0;
+      for (int r = 0; r < group.rank(); ++r) offset += all[static_cast<size_t>(r)][j];
+      if (requests[j].rows) {
+        row_offset[requests[j].param] = offset;
+      } else {
+        places[requests[j].param].offsets[requests[j].dim] += offset;
       }
     }
   }
   for (size_t i = 0; i < named.size(); ++i) {
     auto& p = places[i];
+    if (layout.row_shards.count(named[i].key()) != 0 && !p.sizes.empty()) {
+      // Rows past the block's end are padding: not stored.
+      const auto block_rows = p.global[0];
+      const auto start = std::min(row_offset[i], block_rows);
+      p.sizes[0] = std::max<int64_t>(0, std::min(p.local[0], block_rows - start));
+      p.offsets[0] += start;
+    }
     if (!tp_global[i].empty()) p.global = tp_global[i];
-    for (size_t d = 0; d < p.global.size(); ++d) {
-      TORCH_CHECK_VALUE(p.offsets[d] + p.sizes[d] <= p.global[d], who, "parameter '", shown(named[i].key()),
-                        "': the blocks of the ranks exceed its global shape ", shape_text(p.global),
-                        " in dim ", d);
+    for (size_t d = 0; d < p.global.size() && out.error.empty(); ++d) {
+      if (p.offsets[d] + p.sizes[d] > p.global[d]) {
+        fail(c10::str(who, "parameter '", shown(named[i].key()), "': the blocks of the ranks exceed its global shape ",
+                      shape_text(p.global), " in dim ", d));
+      }
     }
   }
-  return places;
+  return out;
 }
 
 // The matrix view of a place: dim 0 × the rest (only where the rest is whole).
 std::optional<Place> matrix_view(const Place& p) {
   if (p.global.size() < 2) return std::nullopt;
-  Place m{{p.global[0], 1}, {p.offsets[0], 0}, {p.sizes[0], 1}};
+  Place m{{p.global[0], 1}, {p.offsets[0], 0}, {p.sizes[0], 1}, {p.local[0], 1}};
   for (size_t d = 1; d < p.global.size(); ++d) {
-    if (p.offsets[d] != 0 || p.sizes[d] != p.global[d]) return std::nullopt;
+    if (p.offsets[d] != 0 || p.sizes[d] != p.global[d] || p.local[d] != p.global[d]) return std::nullopt;
     m.global[1] *= p.global[d];
     m.sizes[1] *= p.sizes[d];
+    m.local[1] *= p.local[d];
   }
   return m;
 }
 
-// Where a state tensor of local shape `local` sits, for a parameter at
-// `param`: a dimension of the parameter's local size is split like the
-// parameter, one of size 1 is replicated. Shapes of another rank are
-// compared against the parameter's matrix view (dim 0 × the rest).
-std::optional<Place> place_state(const Place& param, const Shape& local) {
+// Where a state tensor sits for a parameter at `param`, from its `local`
+// shape (saving) or its `global` shape (loading): a dimension of the
+// parameter's size is split like the parameter, one of size 1 is
+// replicated. Shapes of another rank are compared against the parameter's
+// matrix view (dim 0 × the rest).
+std::optional<Place> place_state(const Place& param, const Shape& shape, bool shape_is_global) {
   auto fit = [&](const Place& p) -> std::optional<Place> {
-    if (p.sizes.size() != local.size()) return std::nullopt;
-    Place out{local, Shape(local.size(), 0), local};
-    for (size_t d = 0; d < local.size(); ++d) {
-      if (local[d] == p.sizes[d]) {
+    if (p.global.size() != shape.size()) return std::nullopt;
+    Place out{shape, Shape(shape.size(), 0), shape, shape};
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == (shape_is_global ? p.global[d] : p.local[d])) {
         out.global[d] = p.global[d];
         out.offsets[d] = p.offsets[d];
-      } else if (local[d] != 1) {
-        return std::nullopt;
-      }
-    }
-    return out;
-  };
-  if (auto direct = fit(param)) return direct;
-  if (const auto m = matrix_view(param)) return fit(*m);
-  return std::nullopt;
-}
-
-// The inverse at load: this rank's box of a state tensor of global shape
-// `global`, for a parameter at `param`.
-std::optional<Place> box_of_state(const Place& param, const Shape& global) {
-  auto fit = [&](const Place& p) -> std::optional<Place> {
-    if (p.global.size() != global.size()) return std::nullopt;
-    Place out{global, Shape(global.size(), 0), global};
-    for (size_t d = 0; d < global.size(); ++d) {
-      if (global[d] == p.global[d]) {
-        out.offsets[d] = p.offsets[d];
         out.sizes[d] = p.sizes[d];
-      } else if (global[d] != 1) {
+        out.local[d] = p.local[d];
+      } else if (shape[d] != 1) {
         return std::nullopt;
       }
     }
@@ -350,6 +382,14 @@ std::string hash_of(const at::Tensor& t) {
 
 at::Tensor cpu_contiguous(const at::Tensor& t) { return t.detach().to(at::kCPU).contiguous(); }
 
+// The stored part of `t` at `place`: its first rows (a padded shard's
+// padding rows are not stored), on the CPU, contiguous.
+at::Tensor stored_part(const at::Tensor& t, const Place& place) {
+  const auto data = cpu_contiguous(t);
+  if (data.dim() == 0 || place.sizes[0] == data.size(0)) return data;
+  return data.narrow(0, 0, place.sizes[0]).contiguous();
+}
+
 // Parameter names by tensor, to name what an optimizer steps.
 std::unordered_map<const void*, std::string> names_by_tensor(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters) {
@@ -366,17 +406,22 @@ const std::string& name_of_slot(const std::unordered_map<const void*, std::strin
   return it->second;
 }
 
-Group checkpoint_group(const DistributedLayout& layout, const CheckpointOptions& options, const char* who) {
+// The group a checkpoint is collective over, and an error (raised once the
+// ranks agree) when a shard group reaches outside it.
+std::pair<Group, std::string> checkpoint_group(const DistributedLayout& layout, const CheckpointOptions& options,
+                                               const char* who) {
   Group g = options.group().valid() ? options.group() : layout.group.valid() ? layout.group : Group::single();
   // Every rank a parameter is split over must take part (one manifest, one
   // writer per chunk): its shard groups lie inside the checkpoint's group.
   const auto& members = g.world_ranks();
+  std::string error;
   auto check = [&](const Group& shard_group, const std::string& name) {
     for (const int r : shard_group.world_ranks()) {
-      TORCH_CHECK_VALUE(std::find(members.begin(), members.end(), r) != members.end(), who, "parameter '",
-                        shown(name), "' is split over group '", shard_group.name(), "', whose rank ", r,
-                        " is not in the checkpoint's group '", g.name(),
-                        "'; pass the world as CheckpointOptions::group");
+      if (error.empty() && std::find(members.begin(), members.end(), r) == members.end()) {
+        error = c10::str(who, "parameter '", shown(name), "' is split over group '", shard_group.name(),
+                         "', whose rank ", r, " is not in the checkpoint's group '", g.name(),
+                         "'; pass the world as CheckpointOptions::group");
+      }
     }
   };
   for (const auto& [name, shard] : layout.row_shards) {
@@ -384,7 +429,7 @@ Group checkpoint_group(const DistributedLayout& layout, const CheckpointOptions&
     if (shard.has_tensor_parallel()) check(shard.tp().group(), name);
   }
   for (const auto& [name, shard] : layout.tensor_parallel) check(shard.group(), name);
-  return g;
+  return {g, error};
 }
 
 // ---- the manifest ----------------------------------------------------------------
@@ -524,7 +569,7 @@ std::vector<std::pair<int64_t, fs::path>> step_dirs(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const auto name = it->path().filename().string();
-    if (name.size() != 13 || name.rfind("step-", 0) != 0) continue;
+    if (name.size() < 13 || name.size() > 23 || name.rfind("step-", 0) != 0) continue;
     if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
     out.emplace_back(std::stoll(name.substr(5)), it->path());
   }
@@ -710,14 +755,17 @@ std::string save_checkpoint(const std::string& dir,
                             torch::optim::Optimizer& optimizer, int64_t step,
                             const DistributedLayout& layout, const std::string& extra,
                             const CheckpointOptions& options) {
-  const auto group = checkpoint_group(layout, options, kSaveWho);
+  const auto [group, group_error] = checkpoint_group(layout, options, kSaveWho);
   // Placement first: its collectives run on every rank whatever else fails.
-  const auto places = place_parameters(named_parameters, layout, kSaveWho);
+  const auto placement = place_parameters(named_parameters, layout, kSaveWho);
+  const auto& places = placement.places;
   const auto step_dir = fs::path(dir) / step_dir_name(std::max<int64_t>(step, 0));
   std::vector<Piece> pieces;
   std::map<std::string, std::string> kinds;
   // Phase 1: what this rank holds, described to every rank.
   const auto metas_text = agreed(group, kSaveWho, [&]() {
+    TORCH_CHECK_VALUE(group_error.empty(), group_error);
+    TORCH_CHECK_VALUE(placement.error.empty(), placement.error);
     TORCH_CHECK_VALUE(step >= 0, kSaveWho, "step must be >= 0, got ", step);
     TORCH_CHECK_VALUE(options.keep() >= 1, kSaveWho, "keep must be >= 1, got ", options.keep());
     TORCH_CHECK_VALUE(!dir.empty(), kSaveWho, "the checkpoint directory is empty");
@@ -729,7 +777,7 @@ std::string save_checkpoint(const std::string& dir,
     size_t i = 0;
     for (const auto& item : named_parameters) {
       index[item.key()] = i;
-      const auto data = cpu_contiguous(item.value());
+      const auto data = stored_part(item.value(), places[i]);
       pieces.push_back({"model/" + item.key(), item.key(), data, places[i],
                         dtype_name(data.scalar_type()), hash_of(data)});
       ++i;
@@ -746,15 +794,15 @@ std::string save_checkpoint(const std::string& dir,
         const auto key = "optim/" + name + "/" + field.name;
         if (field.integer != nullptr) {
           const auto data = at::full({}, *field.integer, at::kLong);
-          pieces.push_back({key, name, data, Place{{}, {}, {}}, "int64", hash_of(data)});
+          pieces.push_back({key, name, data, Place{{}, {}, {}, {}}, "int64", hash_of(data)});
           continue;
         }
         if (!field.tensor->defined()) continue;
-        const auto data = cpu_contiguous(*field.tensor);
-        const auto place = place_state(param_place, data.sizes().vec());
+        const auto place = place_state(param_place, field.tensor->sizes().vec(), false);
         TORCH_CHECK_VALUE(place.has_value(), kSaveWho, "state '", field.name, "' of parameter '",
-                          shown(name), "' has shape ", data.sizes(), ", which does not fit the parameter's ",
-                          shape_text(param_place.sizes));
+                          shown(name), "' has shape ", field.tensor->sizes(),
+                          ", which does not fit the parameter's ", shape_text(param_place.local));
+        const auto data = stored_part(*field.tensor, *place);
         pieces.push_back({key, name, data, *place, dtype_name(data.scalar_type()), hash_of(data)});
       }
     }
@@ -903,6 +951,10 @@ class ChunkReader {
     TORCH_CHECK_VALUE(::pread(fd->fd, header, kHeaderBytes, 0) == kHeaderBytes &&
                           std::memcmp(header, kMagic, sizeof(kMagic)) == 0,
                       kLoadWho, "file ", shown(path.string()), " is not a checkpoint data file");
+    uint32_t version = 0;
+    std::memcpy(&version, header + 8, 4);
+    TORCH_CHECK_VALUE(version == kVersion, kLoadWho, "file ", shown(path.string()), " has format version ",
+                      version, "; this library reads version ", kVersion);
     int64_t step = 0;
     uint64_t nonce = 0;
     std::memcpy(&step, header + 16, 8);
@@ -969,8 +1021,9 @@ CheckpointInfo load_checkpoint(const std::string& path,
                                const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                                torch::optim::Optimizer& optimizer, const DistributedLayout& layout,
                                const CheckpointOptions& options) {
-  const auto group = checkpoint_group(layout, options, kLoadWho);
-  const auto places = place_parameters(named_parameters, layout, kLoadWho);
+  const auto [group, group_error] = checkpoint_group(layout, options, kLoadWho);
+  const auto placement = place_parameters(named_parameters, layout, kLoadWho);
+  const auto& places = placement.places;
   // Staged: nothing is changed until every rank has read and verified all.
   std::vector<at::Tensor> values;
   struct StagedState {
@@ -980,6 +1033,8 @@ CheckpointInfo load_checkpoint(const std::string& path,
   std::vector<StagedState> states;
   Manifest m;
   const auto all = agreed(group, kLoadWho, [&]() {
+    TORCH_CHECK_VALUE(group_error.empty(), group_error);
+    TORCH_CHECK_VALUE(placement.error.empty(), placement.error);
     m = parse_manifest(resolve(path));
     const auto where = " (checkpoint " + shown(m.dir.string()) + ")";
     ChunkReader reader(m);
@@ -1027,15 +1082,23 @@ CheckpointInfo load_checkpoint(const std::string& path,
         if (field.integer != nullptr) {
           TORCH_CHECK_VALUE(l.shape.empty() && l.dtype == "int64", kLoadWho, "'", shown(key),
                             "' is not an integer", where);
-          *field.integer = read_box(reader, key, l, Place{{}, {}, {}}).item<int64_t>();
+          *field.integer = read_box(reader, key, l, Place{{}, {}, {}, {}}).item<int64_t>();
           continue;
         }
-        const auto box = box_of_state(param_place, l.shape);
+        const auto box = place_state(param_place, l.shape, true);
         TORCH_CHECK_VALUE(box.has_value(), kLoadWho, "'", shown(key), "' has shape ", shape_text(l.shape),
                           ", which does not fit parameter '", shown(name), "' of shape ",
                           shape_text(param_place.global), where);
-        *field.tensor = read_box(reader, key, l, *box).to(slot.param.device());
+        auto value = read_box(reader, key, l, *box);
+        if (value.dim() > 0 && value.size(0) != box->local[0]) {
+          // A padded shard: its padding rows of state are zeros.
+          auto whole = at::zeros(box->local, value.options());
+          whole.narrow(0, 0, value.size(0)).copy_(value);
+          value = whole;
+        }
+        *field.tensor = value.to(slot.param.device());
       }
+      detail::complete_state(slot, *state);
       states.push_back({slot, std::move(state)});
     }
     return std::to_string(m.step) + " " + m.nonce;
@@ -1048,7 +1111,13 @@ CheckpointInfo load_checkpoint(const std::string& path,
   {
     at::NoGradGuard no_grad;
     size_t i = 0;
-    for (const auto& item : named_parameters) item.value().copy_(values[i++]);
+    for (const auto& item : named_parameters) {
+      const auto& v = values[i++];
+      auto target = item.value();
+      // A padded shard keeps its padding rows.
+      if (v.dim() > 0 && v.size(0) != target.size(0)) target = target.narrow(0, 0, v.size(0));
+      target.copy_(v);
+    }
   }
   for (auto& s : states) {
     if (s.state) {

@@ -97,6 +97,21 @@ void ensure_state(const StateSlot& slot) {
   install_state(slot, std::move(state));
 }
 
+void complete_state(const StateSlot& slot, OptimizerParamState& state) {
+  if (slot.kind != "adam" && slot.kind != "adamw") return;
+  const auto& options = slot.optimizer->param_groups()[slot.group].options();
+  auto fill = [](auto& st) {
+    if (!st.max_exp_avg_sq().defined() && st.exp_avg_sq().defined()) st.max_exp_avg_sq(at::zeros_like(st.exp_avg_sq()));
+  };
+  if (slot.kind == "adamw") {
+    if (static_cast<const torch::optim::AdamWOptions&>(options).amsgrad()) {
+      fill(static_cast<torch::optim::AdamWParamState&>(state));
+    }
+  } else if (static_cast<const torch::optim::AdamOptions&>(options).amsgrad()) {
+    fill(static_cast<torch::optim::AdamParamState&>(state));
+  }
+}
+
 std::unique_ptr<OptimizerParamState> empty_state(const std::string& kind) {
   if (kind == "muon") return std::make_unique<MuonParamState>();
   if (kind == "adaptive_muon") return std::make_unique<AdaptiveMuonParamState>();

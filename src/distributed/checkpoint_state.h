@@ -44,6 +44,11 @@ torch::optim::OptimizerParamState* find_state(const StateSlot& slot);
 /// has none and its kind's first step starts from zeros (all but sgd).
 void ensure_state(const StateSlot& slot);
 
+/// Completes a loaded state for the slot's options: an Adam or AdamW group
+/// with amsgrad on and no max_exp_avg_sq (saved without amsgrad) gets zeros,
+/// as a first step with amsgrad would start.
+void complete_state(const StateSlot& slot, torch::optim::OptimizerParamState& state);
+
 /// An empty state of `kind`, of the type its optimizer expects.
 std::unique_ptr<torch::optim::OptimizerParamState> empty_state(const std::string& kind);
 

@@ -2,7 +2,7 @@
 // on WORLD thread ranks in LAYOUT and saves a checkpoint after every step,
 // resuming from the newest complete checkpoint in DIR when there is one.
 //
-//   checkpoint_writer DIR WORLD LAYOUT STEPS [--keep K] [--forever] [--dump PREFIX]
+//   checkpoint_writer DIR WORLD LAYOUT STEPS [--keep K] [--forever] [--dump PREFIX] [--extra N]
 //
 // Under a launcher (muon-launch -n WORLD, torchrun) each process is one rank;
 // otherwise the WORLD ranks are threads of this process.
@@ -11,7 +11,8 @@
 // until killed (the kill-loop test kills it at random moments). --dump:
 // after the last save, each rank writes PREFIX.rank<r>.json with its part
 // of every parameter and state field (values as text, and the first row
-// of the part in the whole tensor) for the Python reader's test.
+// of the part in the whole tensor) for the Python reader's test. --extra N:
+// the model has a vector of N more elements (tests/checkpoint_model.h).
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -73,7 +74,7 @@ void dump(Rank& r, const std::string& kind, const Group& group, const std::strin
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: checkpoint_writer DIR WORLD LAYOUT STEPS [--keep K] [--forever] [--dump PREFIX]\n");
+    std::fprintf(stderr, "usage: checkpoint_writer DIR WORLD LAYOUT STEPS [--keep K] [--forever] [--dump PREFIX] [--extra N]\n");
     return 2;
   }
   const std::string dir = argv[1];
@@ -83,12 +84,15 @@ int main(int argc, char** argv) {
   int64_t keep = 2;
   bool forever = false;
   std::string dump_prefix;
+  int64_t extra = 0;
   for (int i = 5; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--keep" && i + 1 < argc) {
       keep = std::atoll(argv[++i]);
     } else if (a == "--forever") {
       forever = true;
+    } else if (a == "--extra" && i + 1 < argc) {
+      extra = std::atoll(argv[++i]);
     } else if (a == "--dump" && i + 1 < argc) {
       dump_prefix = argv[++i];
     } else {
@@ -97,7 +101,7 @@ int main(int argc, char** argv) {
     }
   }
   auto body = [&](Group& group) {
-    Rank r(kind, group);
+    Rank r(kind, group, "muon", extra);
     int64_t start = 0;
     if (muon::dist::latest_checkpoint(dir).has_value()) start = r.load(dir).step;
     for (int64_t s = start; s < steps || forever; ++s) {
