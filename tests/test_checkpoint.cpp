@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <torch/optim/adamw.h>
@@ -213,6 +214,33 @@ TEST(Checkpoint, ReshardsTensorParallelAndTwoDimensional) {
   leg("sharded", 2, (dir / "c").string(), (dir / "d").string(), 4, 4, whole_after(4), "sharded from TP 2");
   leg("2d", 4, (dir / "d").string(), (dir / "e").string(), 4, 5, Named(), "2-D (dp 2 x tp 2) from sharded");
   leg("none", 1, (dir / "e").string(), (dir / "f").string(), 5, 5, whole_after(5), "single from 2-D");
+  fs::remove_all(dir);
+}
+
+// The reshard chain with real processes: checkpoint_writer under
+// muon-launch at 4 ranks (sharded), resumed at 2 (layer-wise), then at 3
+// (2-D needs 4: sharded), then one process; the result equals
+// single-process training.
+TEST(CheckpointProcesses, ReshardsAcrossWorldSizesAndLayouts) {
+  const auto dir = fresh_dir("processes");
+  const std::string writer = MUON_CHECKPOINT_WRITER_EXE;
+  const std::vector<std::tuple<int, std::string, int>> legs{{4, "sharded", 2}, {2, "layerwise", 3}, {3, "sharded", 4},
+                                                           {1, "none", 5}};
+  for (const auto& [world, kind, steps] : legs) {
+    std::vector<std::string> args{writer, dir.string(), std::to_string(world), kind, std::to_string(steps)};
+    if (world > 1) args.insert(args.begin(), {MUON_LAUNCH_EXE, "-n", std::to_string(world), "--"});
+    muon::test::Child child(args);
+    ASSERT_EQ(child.wait(120), 0) << kind << " at " << world << ": " << child.err();
+    EXPECT_NE(child.out().find("saved " + std::to_string(steps)), std::string::npos) << child.out();
+  }
+  const auto reference = whole_after(5);
+  muon::test::run_ranks(1, [&](Group& group) {
+    Rank r("none", group);
+    EXPECT_EQ(r.load(dir.string()).step, 5);
+    for (const auto& item : reference) {
+      EXPECT_LE(relative(r.named[item.key()].detach(), item.value().detach()), 1e-5) << item.key();
+    }
+  });
   fs::remove_all(dir);
 }
 
