@@ -644,6 +644,18 @@ TEST(TrainGptProgram, ResumeAtAnotherWorldSize) {
                   std::string(nproc == 1 ? "1 rank, single process)" : "3 ranks, layer-wise)")),
               std::string::npos)
         << resumed.text;
+    // The loaded model is the saved one: its validation loss at the
+    // checkpoint's step, evaluated again at another world size.
+    const std::string prefix = "run 'muon': val loss at step 10: ";
+    const auto at = resumed.text.find(prefix);
+    ASSERT_NE(at, std::string::npos) << resumed.text;
+    double logged = 0;
+    double again = 0;
+    ASSERT_EQ(std::sscanf(resumed.text.c_str() + at + prefix.size(),
+                          "%lf in the checkpoint's log, %lf evaluated after loading", &logged, &again),
+              2)
+        << resumed.text;
+    EXPECT_LE(std::abs(again - logged), kReshardTolerance * logged) << resumed.text;
     expect_continues(dir / "saved" / "muon.csv", dir / ("resumed" + n) / "muon.csv",
                      dir / ("straight" + n) / "muon.csv", kReshardTolerance, "--nproc " + n);
   }

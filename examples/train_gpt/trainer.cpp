@@ -244,11 +244,20 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
     opt_seconds = run.optimizer_seconds;
     train_sum = run.train_loss_sum;
     train_count = run.train_steps;
+    // The loaded model is the saved one: where the checkpoint's step is a log
+    // point, its validation loss again (equal up to the rounding of another
+    // world size or layout).
+    const bool at_log_point = !log.points.empty() && log.points.back().step == start;
+    const double again = at_log_point ? evaluate() : 0.0;
     if (dp.rank == 0) {
       std::printf("run '%s': resumed from step %lld of %s (written by %s, %s; this run: %s, %s)\n",
                   o.name.c_str(), static_cast<long long>(start), info.path.c_str(),
                   ranks(run.world).c_str(), run.layout.c_str(), ranks(dp.world).c_str(),
                   o.layout.c_str());
+      if (at_log_point) {
+        std::printf("run '%s': val loss at step %lld: %.6f in the checkpoint's log, %.6f evaluated after loading\n",
+                    o.name.c_str(), static_cast<long long>(start), log.points.back().valid_loss, again);
+      }
       std::fflush(stdout);
     }
   } else {
