@@ -156,16 +156,19 @@ void write_file_atomically(const fs::path& path, const std::string& text, bool s
 
 // ---- the ranks agree ------------------------------------------------------------
 
-// Every rank's `text`, in rank order.
+// Every rank's `text`, in rank order: lengths first, then the bytes packed
+// eight to an int64 (all_gather_ints moves them on the group's device, so
+// NCCL groups work too).
 std::vector<std::string> gather_strings(const Group& group, const std::string& text) {
-  auto t = at::empty({static_cast<int64_t>(text.size()) + 1}, at::kByte);
-  t[0] = 1;
-  std::memcpy(t.data_ptr<uint8_t>() + 1, text.data(), text.size());
+  const auto lengths = group.all_gather_ints({static_cast<int64_t>(text.size())});
+  size_t longest = 0;
+  for (const auto& l : lengths) longest = std::max(longest, static_cast<size_t>(l[0]));
+  std::vector<int64_t> packed(std::max<size_t>(1, (longest + 7) / 8), 0);
+  std::memcpy(packed.data(), text.data(), text.size());
+  const auto all = group.all_gather_ints(packed);
   std::vector<std::string> out;
-  for (const auto& part : group.all_gather_uneven(t)) {
-    const auto p = part.cpu().contiguous();
-    out.emplace_back(reinterpret_cast<const char*>(p.data_ptr<uint8_t>()) + 1,
-                     static_cast<size_t>(p.numel() - 1));
+  for (size_t r = 0; r < all.size(); ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all[r].data()), static_cast<size_t>(lengths[r][0]));
   }
   return out;
 }
