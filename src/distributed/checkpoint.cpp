@@ -140,18 +140,34 @@ void write_all(int fd, const void* data, int64_t bytes, const fs::path& path, co
   }
 }
 
-// Writes `text` to `path` through `path`.tmp, fsynced and renamed.
-void write_file_atomically(const fs::path& path, const std::string& text, bool sync, const char* who) {
+// Writes `path` through `path`.tmp: `fill(fd, tmp)` writes the contents,
+// then the file is fsynced (when `sync`) and renamed into place.
+template <typename Fill>
+void write_atomically(const fs::path& path, bool sync, const char* who, Fill&& fill) {
   const auto tmp = fs::path(path.string() + ".tmp");
   {
     Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     TORCH_CHECK_VALUE(f.fd >= 0, who, "cannot create '", shown(tmp.string()), "': ", errno_text());
-    write_all(f.fd, text.data(), static_cast<int64_t>(text.size()), tmp, who);
+    fill(f.fd, tmp);
     TORCH_CHECK_VALUE(!sync || ::fsync(f.fd) == 0, who, "cannot fsync '", shown(tmp.string()),
                       "': ", errno_text());
   }
   TORCH_CHECK_VALUE(::rename(tmp.c_str(), path.c_str()) == 0, who, "cannot rename '",
                     shown(tmp.string()), "': ", errno_text());
+}
+
+// Writes `text` to `path` atomically (write_atomically).
+void write_file_atomically(const fs::path& path, const std::string& text, bool sync, const char* who) {
+  write_atomically(path, sync, who, [&](int fd, const fs::path& tmp) {
+    write_all(fd, text.data(), static_cast<int64_t>(text.size()), tmp, who);
+  });
+}
+
+// 64 random bits as 16 hex digits (save nonces, probe names).
+std::string random_hex() {
+  std::random_device device;
+  return hex64((static_cast<uint64_t>(device()) << 32) ^ device() ^
+               static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
 }
 
 // ---- the ranks agree ------------------------------------------------------------
@@ -369,9 +385,8 @@ std::optional<Place> place_state(const Place& param, const Shape& shape, bool sh
 // ---- what a rank holds -----------------------------------------------------------
 
 struct Piece {
-  std::string key;    // "model/<name>" or "optim/<name>/<field>"
-  std::string param;  // the parameter it belongs to (for messages)
-  at::Tensor data;    // contiguous, on the CPU
+  std::string key;  // "model/<name>" or "optim/<name>/<field>"
+  at::Tensor data;  // contiguous, on the CPU
   Place place;
   std::string dtype;
   std::string hash;  // XXH3-64 of its bytes, hex
@@ -383,12 +398,10 @@ std::string hash_of(const at::Tensor& t) {
   return hex64(hash_bytes(t.data_ptr(), t.numel() * t.element_size()));
 }
 
-at::Tensor cpu_contiguous(const at::Tensor& t) { return t.detach().to(at::kCPU).contiguous(); }
-
 // The stored part of `t` at `place`: its first rows (a padded shard's
 // padding rows are not stored), on the CPU, contiguous.
 at::Tensor stored_part(const at::Tensor& t, const Place& place) {
-  const auto data = cpu_contiguous(t);
+  const auto data = t.detach().to(at::kCPU).contiguous();
   if (data.dim() == 0 || place.sizes[0] == data.size(0)) return data;
   return data.narrow(0, 0, place.sizes[0]).contiguous();
 }
@@ -590,6 +603,23 @@ std::string sealed(const json& manifest) {
   return body + "\n\"xxh3\": \"" + hex64(hash_bytes(body.data(), body.size())) + "\"}\n";
 }
 
+// `path` itself when it is a checkpoint, else its newest complete step
+// directory, or nullopt.
+std::optional<fs::path> newest_checkpoint(const fs::path& path) {
+  if (has_manifest(path)) return path;
+  const auto dirs = step_dirs(path);
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    if (has_manifest(it->second)) return it->second;
+  }
+  return std::nullopt;
+}
+
+CheckpointInfo info_of(const Manifest& m) {
+  CheckpointInfo info{m.step, m.dir.string(), m.world_size, m.extra, 0};
+  for (const auto& f : m.files) info.bytes += f.bytes;
+  return info;
+}
+
 // ---- saving ----------------------------------------------------------------------
 
 // Which rank writes each distinct chunk of each key, after checking that the
@@ -662,43 +692,37 @@ Written write_rank_file(const fs::path& step_dir, int64_t rank, int64_t step, co
   Written w;
   if (std::none_of(mine.begin(), mine.end(), [](bool b) { return b; })) return w;
   w.file = rank_file_name(rank, nonce);
-  const auto final_path = step_dir / w.file;
-  const auto tmp = fs::path(final_path.string() + ".tmp");
-  Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  TORCH_CHECK_VALUE(f.fd >= 0, kSaveWho, "cannot create '", shown(tmp.string()), "': ", errno_text());
-  char header[kHeaderBytes] = {};
-  std::memcpy(header, kMagic, sizeof(kMagic));
-  const uint32_t version = kVersion;
-  const auto rank32 = static_cast<uint32_t>(rank);
-  const uint64_t nonce64 = std::stoull(nonce, nullptr, 16);
-  std::memcpy(header + 8, &version, 4);
-  std::memcpy(header + 12, &rank32, 4);
-  std::memcpy(header + 16, &step, 8);
-  std::memcpy(header + 24, &nonce64, 8);
-  write_all(f.fd, header, kHeaderBytes, tmp);
-  int64_t at = kHeaderBytes;
-  static const char zeros[kAlign] = {};
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (!mine[i]) continue;
-    const auto& p = pieces[i];
-    const auto bytes = static_cast<int64_t>(p.data.numel() * p.data.element_size());
-    const auto pad = (kAlign - at % kAlign) % kAlign;
-    write_all(f.fd, zeros, pad, tmp);
-    at += pad;
-    write_all(f.fd, p.data.data_ptr(), bytes, tmp);
-    w.chunks.push_back({{"key", p.key},
-                        {"offsets", p.place.offsets},
-                        {"sizes", p.place.sizes},
-                        {"offset", at},
-                        {"bytes", bytes},
-                        {"xxh3", p.hash}});
-    at += bytes;
-  }
-  TORCH_CHECK_VALUE(!sync || ::fsync(f.fd) == 0, kSaveWho, "cannot fsync '", shown(tmp.string()), "': ",
-                    errno_text());
-  TORCH_CHECK_VALUE(::rename(tmp.c_str(), final_path.c_str()) == 0, kSaveWho, "cannot rename '",
-                    shown(tmp.string()), "': ", errno_text());
-  w.bytes = at;
+  write_atomically(step_dir / w.file, sync, kSaveWho, [&](int fd, const fs::path& tmp) {
+    char header[kHeaderBytes] = {};
+    std::memcpy(header, kMagic, sizeof(kMagic));
+    const uint32_t version = kVersion;
+    const auto rank32 = static_cast<uint32_t>(rank);
+    const uint64_t nonce64 = std::stoull(nonce, nullptr, 16);
+    std::memcpy(header + 8, &version, 4);
+    std::memcpy(header + 12, &rank32, 4);
+    std::memcpy(header + 16, &step, 8);
+    std::memcpy(header + 24, &nonce64, 8);
+    write_all(fd, header, kHeaderBytes, tmp);
+    int64_t at = kHeaderBytes;
+    static const char zeros[kAlign] = {};
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (!mine[i]) continue;
+      const auto& p = pieces[i];
+      const auto bytes = static_cast<int64_t>(p.data.numel() * p.data.element_size());
+      const auto pad = (kAlign - at % kAlign) % kAlign;
+      write_all(fd, zeros, pad, tmp);
+      at += pad;
+      write_all(fd, p.data.data_ptr(), bytes, tmp);
+      w.chunks.push_back({{"key", p.key},
+                          {"offsets", p.place.offsets},
+                          {"sizes", p.place.sizes},
+                          {"offset", at},
+                          {"bytes", bytes},
+                          {"xxh3", p.hash}});
+      at += bytes;
+    }
+    w.bytes = at;
+  });
   return w;
 }
 
@@ -736,11 +760,10 @@ void check_checkpoint_dir(const std::string& dir) {
   fs::create_directories(dir, ec);
   TORCH_CHECK_VALUE(!ec && fs::is_directory(dir), who, "cannot create the checkpoint directory '",
                     shown(dir), "': ", ec ? ec.message() : "a file of that name exists");
-  std::random_device device;
   char host[64] = {};
   ::gethostname(host, sizeof(host) - 1);
   const auto probe = fs::path(dir) / (".muon-write-check-" + std::string(host) + "-" + std::to_string(::getpid()) +
-                                      "-" + hex64((static_cast<uint64_t>(device()) << 32) ^ device()));
+                                      "-" + random_hex());
   try {
     write_file_atomically(probe, "muon", true, who);
     fsync_path(dir, who);
@@ -781,7 +804,7 @@ std::string save_checkpoint(const std::string& dir,
     for (const auto& item : named_parameters) {
       index[item.key()] = i;
       const auto data = stored_part(item.value(), places[i]);
-      pieces.push_back({"model/" + item.key(), item.key(), data, places[i],
+      pieces.push_back({"model/" + item.key(), data, places[i],
                         dtype_name(data.scalar_type()), hash_of(data)});
       ++i;
     }
@@ -797,7 +820,7 @@ std::string save_checkpoint(const std::string& dir,
         const auto key = "optim/" + name + "/" + field.name;
         if (field.integer != nullptr) {
           const auto data = at::full({}, *field.integer, at::kLong);
-          pieces.push_back({key, name, data, Place{{}, {}, {}, {}}, "int64", hash_of(data)});
+          pieces.push_back({key, data, Place{{}, {}, {}, {}}, "int64", hash_of(data)});
           continue;
         }
         if (!field.tensor->defined()) continue;
@@ -806,7 +829,7 @@ std::string save_checkpoint(const std::string& dir,
                           shown(name), "' has shape ", field.tensor->sizes(),
                           ", which does not fit the parameter's ", shape_text(param_place.local));
         const auto data = stored_part(*field.tensor, *place);
-        pieces.push_back({key, name, data, *place, dtype_name(data.scalar_type()), hash_of(data)});
+        pieces.push_back({key, data, *place, dtype_name(data.scalar_type()), hash_of(data)});
       }
     }
     json meta{{"pieces", json::array()}, {"state", kinds}, {"dir", dir}, {"step", step}};
@@ -818,11 +841,7 @@ std::string save_checkpoint(const std::string& dir,
                                 {"sizes", p.place.sizes},
                                 {"hash", p.hash}});
     }
-    if (group.rank() == 0) {
-      std::random_device device;
-      meta["nonce"] = hex64((static_cast<uint64_t>(device()) << 32) ^ device() ^
-                            static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-    }
+    if (group.rank() == 0) meta["nonce"] = random_hex();
     return meta.dump();
   });
   std::vector<json> metas;
@@ -892,21 +911,9 @@ std::string save_checkpoint(const std::string& dir,
 }
 
 std::optional<CheckpointInfo> latest_checkpoint(const std::string& dir) {
-  if (has_manifest(dir)) {
-    const auto m = parse_manifest(dir);
-    CheckpointInfo info{m.step, dir, m.world_size, m.extra, 0};
-    for (const auto& f : m.files) info.bytes += f.bytes;
-    return info;
-  }
-  const auto dirs = step_dirs(dir);
-  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-    if (!has_manifest(it->second)) continue;
-    const auto m = parse_manifest(it->second);
-    CheckpointInfo info{m.step, it->second.string(), m.world_size, m.extra, 0};
-    for (const auto& f : m.files) info.bytes += f.bytes;
-    return info;
-  }
-  return std::nullopt;
+  const auto path = newest_checkpoint(dir);
+  if (!path) return std::nullopt;
+  return info_of(parse_manifest(*path));
 }
 
 namespace {
@@ -1006,16 +1013,12 @@ at::Tensor read_box(ChunkReader& reader, const std::string& key, const Logical& 
 
 fs::path resolve(const std::string& path) {
   TORCH_CHECK_VALUE(!path.empty(), kLoadWho, "the checkpoint path is empty");
-  if (has_manifest(path)) return path;
   std::error_code ec;
   TORCH_CHECK_VALUE(fs::is_directory(path, ec), kLoadWho, "'", shown(path), "' is not a directory");
-  const auto dirs = step_dirs(path);
-  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
-    if (has_manifest(it->second)) return it->second;
-  }
-  TORCH_CHECK_VALUE(false, kLoadWho, "'", shown(path), "' holds no complete checkpoint (",
-                    dirs.size(), " step directories, none with a ", kManifest, ")");
-  return {};
+  const auto found = newest_checkpoint(path);
+  TORCH_CHECK_VALUE(found.has_value(), kLoadWho, "'", shown(path), "' holds no complete checkpoint (",
+                    step_dirs(path).size(), " step directories, none with a ", kManifest, ")");
+  return *found;
 }
 
 }  // namespace
@@ -1129,9 +1132,7 @@ CheckpointInfo load_checkpoint(const std::string& path,
       s.slot.optimizer->state().erase(compat::state_key(s.slot.param));
     }
   }
-  CheckpointInfo info{m.step, m.dir.string(), m.world_size, m.extra, 0};
-  for (const auto& f : m.files) info.bytes += f.bytes;
-  return info;
+  return info_of(m);
 }
 
 }  // namespace muon::dist

@@ -54,6 +54,20 @@ void collect(Optimizer& opt, std::vector<StateSlot>& out) {
 
 at::Tensor zeros_of(const at::Tensor& p) { return at::zeros_like(p, at::MemoryFormat::Preserve); }
 
+// Calls f(state as AdamW's or Adam's state type, whether the slot's group
+// has amsgrad) for a slot of kind "adamw" or "adam".
+template <typename F>
+void with_adam(const StateSlot& slot, OptimizerParamState& state, F&& f) {
+  const auto& options = slot.optimizer->param_groups()[slot.group].options();
+  if (slot.kind == "adamw") {
+    f(static_cast<torch::optim::AdamWParamState&>(state),
+      static_cast<const torch::optim::AdamWOptions&>(options).amsgrad());
+  } else {
+    f(static_cast<torch::optim::AdamParamState&>(state),
+      static_cast<const torch::optim::AdamOptions&>(options).amsgrad());
+  }
+}
+
 }  // namespace
 
 std::vector<StateSlot> state_slots(Optimizer& optimizer) {
@@ -78,38 +92,23 @@ void ensure_state(const StateSlot& slot) {
   } else if (slot.kind == "lion") {
     static_cast<LionParamState&>(*state).exp_avg(zeros_of(p));
   } else {
-    const auto& options = slot.optimizer->param_groups()[slot.group].options();
-    const bool amsgrad = slot.kind == "adamw"
-                             ? static_cast<const torch::optim::AdamWOptions&>(options).amsgrad()
-                             : static_cast<const torch::optim::AdamOptions&>(options).amsgrad();
-    auto fill = [&](auto& st) {
+    with_adam(slot, *state, [&](auto& st, bool amsgrad) {
       st.step(0);
       st.exp_avg(zeros_of(p));
       st.exp_avg_sq(zeros_of(p));
       if (amsgrad) st.max_exp_avg_sq(zeros_of(p));
-    };
-    if (slot.kind == "adamw") {
-      fill(static_cast<torch::optim::AdamWParamState&>(*state));
-    } else {
-      fill(static_cast<torch::optim::AdamParamState&>(*state));
-    }
+    });
   }
   install_state(slot, std::move(state));
 }
 
 void complete_state(const StateSlot& slot, OptimizerParamState& state) {
   if (slot.kind != "adam" && slot.kind != "adamw") return;
-  const auto& options = slot.optimizer->param_groups()[slot.group].options();
-  auto fill = [](auto& st) {
-    if (!st.max_exp_avg_sq().defined() && st.exp_avg_sq().defined()) st.max_exp_avg_sq(at::zeros_like(st.exp_avg_sq()));
-  };
-  if (slot.kind == "adamw") {
-    if (static_cast<const torch::optim::AdamWOptions&>(options).amsgrad()) {
-      fill(static_cast<torch::optim::AdamWParamState&>(state));
+  with_adam(slot, state, [](auto& st, bool amsgrad) {
+    if (amsgrad && !st.max_exp_avg_sq().defined() && st.exp_avg_sq().defined()) {
+      st.max_exp_avg_sq(at::zeros_like(st.exp_avg_sq()));
     }
-  } else if (static_cast<const torch::optim::AdamOptions&>(options).amsgrad()) {
-    fill(static_cast<torch::optim::AdamParamState&>(state));
-  }
+  });
 }
 
 std::unique_ptr<OptimizerParamState> empty_state(const std::string& kind) {
