@@ -1,8 +1,11 @@
 // Row-sharded (ZeRO/FSDP) Muon: equals single-process Muon on the whole
 // matrices for uneven, padded and empty shards; each matrix orthogonalized
-// once, by one owner; expert groups; bytes; errors; save/load.
+// once, by one owner; expert groups; stacked experts split by expert, with
+// no communication; bytes; errors; save/load and checkpoints.
 // Ranks are threads over real Gloo groups.
+#include <c10/util/accumulate.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <mutex>
@@ -10,13 +13,20 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <memory>
+
 #include "archive_util.h"
 #include "dist_util.h"
+#include "muon/distributed/checkpoint.h"
+#include "muon/distributed/make.h"
 #include "muon/distributed/shard.h"
 #include "muon/distributed/sharded.h"
 #include "muon/newton_schulz.h"
+#include "muon/optim/adaptive_muon.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
+#include "muon/scaling.h"
 
 namespace muon::test {
 namespace {
@@ -533,6 +543,340 @@ TEST(Sharded, ReduceScatterRowsAveragesAndKeepsOwnRows) {
       EXPECT_TRUE(at::equal(mine.narrow(0, 1, 2), at::zeros({2, 2})));  // padding rows
     }
   });
+}
+
+// ---- stacked experts ------------------------------------------------------------------
+//
+// A stacked (E, out, in...) parameter in a group with stacked_experts is
+// row-sharded by experts: each rank updates its own whole experts, as
+// single-process Muon with stacked_experts does on the whole stack.
+
+muon::MuonOptions expert_options() { return muon::MuonOptions(0.03).weight_decay(0.1).stacked_experts(true); }
+
+// Dense matrices (options(), stacked_experts off: the 3-D one is a conv
+// weight, one matrix) followed by stacks of experts (expert_options()).
+struct ExpertModel {
+  std::vector<Matrix> all;
+  size_t dense = 0;
+};
+
+ExpertModel expert_model() {
+  return {{{{24, 16}, Split::kBalanced},
+           {{16, 40}, Split::kPadded},
+           {{12, 4, 3}, Split::kPadded},
+           {{4, 12, 8}, Split::kBalanced},       // E = 4: 2 + 2 over 2 ranks, 2 + 1 + 1 over 3
+           {{3, 8, 12}, Split::kBalanced},       // uneven: 2 + 1, and 1 + 1 + 1
+           {{2, 10, 6}, Split::kBalanced},       // over 3 ranks: 1 + 1 + an empty shard
+           {{5, 8, 12}, Split::kPadded},         // 3 + 3 and 2 + 2 + 2: one padding expert
+           {{5, 12, 8}, Split::kBalanced},       // the first stack's expert shape: batched with it
+           {{3, 6, 4, 2}, Split::kFirstRankOnly}},  // 4-D: three (6, 8) experts, all on rank 0
+          3};
+}
+
+// Two param groups: the dense matrices (options()) and the experts (expert_options()).
+std::vector<torch::optim::OptimizerParamGroup> expert_groups(const std::vector<at::Tensor>& params,
+                                                             size_t dense,
+                                                             muon::MuonOptions experts = expert_options()) {
+  std::vector<at::Tensor> a(params.begin(), params.begin() + static_cast<std::ptrdiff_t>(dense));
+  std::vector<at::Tensor> b(params.begin() + static_cast<std::ptrdiff_t>(dense), params.end());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(a, std::make_unique<muon::MuonOptions>(options()));
+  groups.emplace_back(b, std::make_unique<muon::MuonOptions>(experts));
+  return groups;
+}
+
+// Single-process Muon on the whole tensors (stacks whole), `steps` steps.
+std::vector<at::Tensor> expert_reference(const ExpertModel& model, int64_t steps,
+                                         muon::MuonOptions experts = expert_options()) {
+  std::vector<at::Tensor> params;
+  for (size_t k = 0; k < model.all.size(); ++k) params.push_back(full_param(k, model.all[k]).requires_grad_(true));
+  muon::Muon opt(expert_groups(params, model.dense, std::move(experts)), options());
+  for (int64_t s = 0; s < steps; ++s) {
+    for (size_t k = 0; k < model.all.size(); ++k) params[k].mutable_grad() = full_grad(k, model.all[k], s);
+    opt.step();
+  }
+  return params;
+}
+
+ShardedOptions shards_of(const Local& local, ShardedOptions options = {}) {
+  for (size_t k = 0; k < local.params.size(); ++k) options.shard(local.params[k], local.shards[k]);
+  return options;
+}
+
+// Tolerance of every stacked-experts equality below, relative to the largest
+// element. Both sides run the same fp32 arithmetic on the same whole expert
+// matrices; they differ only in how experts are grouped into batched
+// Newton–Schulz calls (single process: fused passes over the whole stacks;
+// sharded: each rank's own experts), so only the summation order of BLAS
+// calls can change (here they come out bit-identical). An fp32 product over k <= 40 terms is exact to about
+// k·2^-24 ≈ 2.4e-6 of its operands; over 5 Newton–Schulz iterations of
+// matrices of norm <= 1 the orthogonalized update differs by at most ~1e-5,
+// which enters the parameters times lr·scale <= 0.03·1.6 per step: ~1e-6 in
+// 4 steps of parameters whose largest element is ~4, so 1e-6 relative keeps
+// a margin of ~10. A wrong expert split or scale changes the update by
+// O(lr) (see StackedExperts.TheWholeStackAsOneMatrixWouldBeCaught).
+constexpr double kExpertTolerance = 1e-6;
+
+class StackedExpertEquality : public ::testing::TestWithParam<std::tuple<int, ShardedMode>> {};
+
+TEST_P(StackedExpertEquality, EqualSingleProcessMuonOnTheWholeStacks) {
+  const auto [world, mode] = GetParam();
+  const auto model = expert_model();
+  constexpr int64_t kSteps = 3;
+  const auto ref = expert_reference(model, kSteps);
+  muon::test::run_ranks(world, [&, world = world, mode = mode](Group& group) {
+    auto local = shard_model(model.all, group);
+    ShardedMuon opt(expert_groups(local.params, model.dense), options(),
+                    shards_of(local, ShardedOptions().mode(mode)));
+    for (size_t k = 0; k < model.all.size(); ++k) {
+      // Experts have no owner; the dense matrices one rank each.
+      if (k < model.dense) {
+        EXPECT_GE(opt.owners()[k], 0) << k;
+      } else {
+        EXPECT_EQ(opt.owners()[k], -1) << k;
+      }
+    }
+    for (int64_t s = 0; s < kSteps; ++s) {
+      set_local_grads(local, model.all, group, s);  // other gradients every step
+      opt.step();
+    }
+    EXPECT_LE(max_relative_difference(local, ref, group.rank()), kExpertTolerance)
+        << "world " << world << " rank " << group.rank();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldsModes, StackedExpertEquality,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::Values(ShardedMode::kOwnerCompute,
+                                                              ShardedMode::kReplicated)));
+
+TEST(StackedExperts, TheWholeStackAsOneMatrixWouldBeCaught) {
+  // Without stacked_experts a stack is one (E·out, in) matrix, scaled from
+  // that shape: after 3 steps far beyond the tolerance, so the equality
+  // above tells the two apart.
+  const auto model = expert_model();
+  const auto ref = expert_reference(model, 3);
+  const auto whole = expert_reference(model, 3, expert_options().stacked_experts(false));
+  for (size_t k = model.dense; k < model.all.size(); ++k) {
+    EXPECT_GT((ref[k] - whole[k]).abs().max().item<double>() / ref[k].abs().max().item<double>(),
+              1000 * kExpertTolerance)
+        << k;
+  }
+}
+
+TEST(StackedExperts, ExpertsSendNothingAndAreOrthogonalizedOnce) {
+  // Experts alone: a step sends only the all-gathers of the gradient flags
+  // (one int64 per parameter) and of the two int64 of the checks before it
+  // ((W − 1)·N bytes each, Group::bytes_sent); the ranks'
+  // Newton–Schulz work adds up to every real expert exactly once (padding
+  // experts and empty shards cost nothing). Gathering any expert to an
+  // owner, or every rank orthogonalizing every expert, would break both.
+  ExpertModel experts = expert_model();
+  experts.all.erase(experts.all.begin(), experts.all.begin() + static_cast<std::ptrdiff_t>(experts.dense));
+  const muon::NewtonSchulzOptions ns;
+  double total = 0;
+  for (const auto& m : experts.all) {
+    const auto [rows, cols] = muon::matrix_dims(c10::IntArrayRef(m.shape).slice(1));
+    total += static_cast<double>(m.shape[0]) * muon::newton_schulz_flops(rows, cols, ns);
+  }
+  for (const int world : {2, 3}) {
+    for (const auto mode : {ShardedMode::kOwnerCompute, ShardedMode::kReplicated}) {
+      std::mutex mu;
+      double flops = 0;
+      muon::test::run_ranks(world, [&](Group& group) {
+        auto local = shard_model(experts.all, group);
+        ShardedMuon opt(local.params, local.shards, expert_options(), ShardedOptions().mode(mode));
+        for (int64_t s = 0; s < 2; ++s) {
+          set_local_grads(local, experts.all, group, s);
+          muon::reset_newton_schulz_flops_on_this_thread();
+          group.reset_bytes_sent();
+          opt.step();
+          const int64_t flags = static_cast<int64_t>(experts.all.size()) * 8;
+          EXPECT_EQ(group.bytes_sent(), (world - 1) * (flags + 2 * 8)) << "world " << world << " rank " << group.rank();
+          std::lock_guard<std::mutex> lock(mu);
+          flops += muon::newton_schulz_flops_on_this_thread();
+        }
+      });
+      EXPECT_DOUBLE_EQ(flops, 2 * total) << "world " << world << " " << to_string(mode);
+    }
+  }
+  // With dense matrices beside them: the dense matrices' minimum alone
+  // (as OwnerComputeSendsTheMinimum), the experts adding nothing.
+  const auto model = expert_model();
+  muon::test::run_ranks(3, [&](Group& group) {
+    auto local = shard_model(model.all, group);
+    ShardedMuon opt(expert_groups(local.params, model.dense), options(), shards_of(local));
+    set_local_grads(local, model.all, group, 0);
+    group.reset_bytes_sent();
+    opt.step();
+    int64_t expected = 0;
+    for (size_t k = 0; k < model.dense; ++k) {
+      const int64_t cols = c10::multiply_integers(c10::IntArrayRef(model.all[k].shape).slice(1));
+      const int64_t mine = local.rows[k][static_cast<size_t>(group.rank())];
+      const int64_t all = std::accumulate(local.rows[k].begin(), local.rows[k].end(), int64_t{0});
+      expected += (opt.owners()[k] == group.rank() ? all - mine : mine) * cols * 4;
+    }
+    const int64_t flags = static_cast<int64_t>(model.all.size()) * 8;
+    EXPECT_EQ(group.bytes_sent(), expected + (group.size() - 1) * (flags + 2 * 8)) << "rank " << group.rank();
+  });
+}
+
+TEST(StackedExperts, FromTheConfigWithAnOverrideRule) {
+  // muon::dist::make_optimizer, layout "sharded": the rule turns
+  // muon_stacked_experts on for the expert stacks only (the conv weight
+  // stays one matrix); equal to muon::make_optimizer of the same config.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> specs{
+      {"blocks.0.attn.weight", {24, 16}},   {"blocks.0.moe.experts.w1", {4, 12, 8}},
+      {"blocks.0.norm.weight", {16}},       {"blocks.0.moe.experts.w2", {3, 8, 12}},
+      {"blocks.0.conv.weight", {12, 4, 3}}, {"blocks.0.moe.experts.w3", {2, 10, 6}}};
+  auto config = [](const std::string& layout) {
+    muon::OptimizerConfig c;
+    c.set("optimizer", "muon").set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
+    c.add_override(muon::OverrideRule().match_name("*.experts.*").set("muon_stacked_experts", true));
+    return c;
+  };
+  auto grad = [&](size_t k, int64_t s) { return seeded_randn(specs[k].second, 700 + 11 * s + k); };
+  constexpr int64_t kSteps = 3;
+  torch::OrderedDict<std::string, at::Tensor> whole;
+  for (size_t k = 0; k < specs.size(); ++k) whole.insert(specs[k].first, seeded_randn(specs[k].second, 60 + k).requires_grad_(true));
+  {
+    auto single = muon::make_optimizer(whole, config("none"));
+    for (int64_t s = 0; s < kSteps; ++s) {
+      for (size_t k = 0; k < specs.size(); ++k) whole[specs[k].first].mutable_grad() = grad(k, s);
+      single->step();
+    }
+  }
+  for (const int world : {2, 3}) {
+    muon::test::run_ranks(world, [&](Group& group) {
+      torch::OrderedDict<std::string, at::Tensor> named;
+      DistributedLayout layout;
+      std::vector<std::vector<int64_t>> rows(specs.size());
+      for (size_t k = 0; k < specs.size(); ++k) {
+        auto p = seeded_randn(specs[k].second, 60 + k);
+        if (specs[k].second.size() >= 2) {  // the gain stays whole: AdamW is element-wise
+          rows[k] = muon::dist::balanced_split_sizes(specs[k].second[0], world);
+          p = muon::dist::local_rows(p, rows[k], group.rank());
+          layout.row_shards.emplace(specs[k].first, RowShard(specs[k].second, group));
+        }
+        named.insert(specs[k].first, p.requires_grad_(true));
+      }
+      auto opt = muon::dist::make_optimizer(named, config("sharded"), layout);
+      for (int64_t s = 0; s < kSteps; ++s) {
+        for (size_t k = 0; k < specs.size(); ++k) {
+          auto g = grad(k, s);
+          if (!rows[k].empty()) g = muon::dist::local_rows(g, rows[k], group.rank());
+          named[specs[k].first].mutable_grad() = g;
+        }
+        opt->step();
+      }
+      for (size_t k = 0; k < specs.size(); ++k) {
+        const auto& expected_whole = whole[specs[k].first].detach();
+        const auto expected = rows[k].empty() ? expected_whole : muon::dist::local_rows(expected_whole, rows[k], group.rank());
+        if (expected.numel() == 0) continue;
+        EXPECT_LE((named[specs[k].first].detach() - expected).abs().max().item<double>() /
+                      expected_whole.abs().max().item<double>(),
+                  kExpertTolerance)
+            << "world " << world << " rank " << group.rank() << " " << specs[k].first;
+      }
+    });
+  }
+}
+
+TEST(StackedExperts, UnsupportedCombinationsFailOnEveryRank) {
+  // AdaptiveMuon's second moment takes plain matrices only.
+  auto errors = muon::test::run_ranks_collect(2, [&](Group& group) {
+    auto p = muon::dist::local_rows(seeded_randn({4, 12, 8}, 1), {2, 2}, group.rank()).requires_grad_(true);
+    ShardedOptions so;
+    so.shard(p, RowShard({4, 12, 8}, group));
+    muon::AdaptiveMuon opt({torch::optim::OptimizerParamGroup({p})}, expert_options(), muon::AdaptiveMuonOptions(),
+                           muon::dist::make_orthogonalizer(so));
+  });
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_NE(errors[r].find("stacked_experts"), std::string::npos) << r << ": " << errors[r];
+  }
+  // Stacked experts inside a 2-D layout: a clear error on every rank, no hang.
+  errors = muon::test::run_ranks_collect(4, [&](Group& world) {
+    const auto [dp, tp] = world.mesh(2, 2);
+    auto p = at::zeros({2, 6, 8}).requires_grad_(true);
+    ShardedMuon opt({p},
+                    {RowShard({4, 6, 8}, dp).tensor_parallel(muon::dist::TensorParallelShard({4, 12, 8}, 1, tp),
+                                                             muon::dist::TensorParallelMode::kDuplicated)},
+                    expert_options());
+  });
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_NE(errors[r].find("stacked experts are not supported in a 2-D layout"), std::string::npos)
+        << r << ": " << errors[r];
+  }
+  // split_sizes stays unsupported on row shards.
+  errors = muon::test::run_ranks_collect(2, [&](Group& group) {
+    auto p = at::zeros({12, 16}).requires_grad_(true);
+    ShardedMuon opt({p}, {RowShard({24, 16}, group)}, options().split_sizes({8, 8, 8}));
+  });
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_NE(errors[r].find("split_sizes"), std::string::npos) << r << ": " << errors[r];
+  }
+  // Which parameters are experts is fixed when the layout is built: turning
+  // the option off later fails before anything changes, on every rank.
+  const auto model = expert_model();
+  errors = muon::test::run_ranks_collect(2, [&](Group& group) {
+    auto local = shard_model(model.all, group);
+    ShardedMuon opt(expert_groups(local.params, model.dense), options(), shards_of(local));
+    set_local_grads(local, model.all, group, 0);
+    static_cast<muon::MuonOptions&>(opt.param_groups()[1].options()).stacked_experts(false);
+    const auto before = local.params[model.dense].detach().clone();
+    try {
+      opt.step();
+    } catch (...) {
+      EXPECT_TRUE(at::equal(before, local.params[model.dense].detach()));
+      throw;
+    }
+  });
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_NE(errors[r].find("fixed at construction"), std::string::npos) << r << ": " << errors[r];
+  }
+}
+
+TEST(StackedExperts, CheckpointSavedAtTwoRanksLoadsAtThree) {
+  // Saved after 2 steps at 2 ranks (2 + 2, 2 + 1, ... experts), loaded at
+  // 3 (other expert boundaries, an empty shard): both continue 2 steps and
+  // equal single-process Muon after 4.
+  const auto model = expert_model();
+  const auto ref = expert_reference(model, 4);
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("muon_stacked_experts_ckpt_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto name = [](size_t k) { return "p" + std::to_string(k); };
+  auto train = [&](Group& group, bool save) {
+    auto local = shard_model(model.all, group);
+    ShardedMuon opt(expert_groups(local.params, model.dense), options(), shards_of(local));
+    torch::OrderedDict<std::string, at::Tensor> named;
+    DistributedLayout layout;
+    for (size_t k = 0; k < model.all.size(); ++k) {
+      named.insert(name(k), local.params[k]);
+      layout.row_shards.emplace(name(k), local.shards[k]);
+    }
+    const auto ckpt = muon::dist::CheckpointOptions().group(group).fsync(false);
+    int64_t from = 0;
+    if (save) {
+      for (; from < 2; ++from) {
+        set_local_grads(local, model.all, group, from);
+        opt.step();
+      }
+      muon::dist::save_checkpoint(dir.string(), named, opt, from, layout, "", ckpt);
+    } else {
+      from = muon::dist::load_checkpoint(dir.string(), named, opt, layout, ckpt).step;
+      EXPECT_EQ(from, 2);
+    }
+    for (; from < 4; ++from) {
+      set_local_grads(local, model.all, group, from);
+      opt.step();
+    }
+    EXPECT_LE(max_relative_difference(local, ref, group.rank()), kExpertTolerance)
+        << (save ? "saved" : "loaded") << " at " << group.size() << " rank " << group.rank();
+  };
+  muon::test::run_ranks(2, [&](Group& group) { train(group, true); });
+  muon::test::run_ranks(3, [&](Group& group) { train(group, false); });
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -128,8 +128,19 @@ std::shared_ptr<ShardedOrthogonalizer> make_orthogonalizer(ShardedOptions option
 }
 
 void ShardedOrthogonalizer::check_options(const MuonOptions& o, size_t group) const {
-  TORCH_CHECK_VALUE(o.split_sizes().empty() && !o.stacked_experts(), kWho, "param group ", group,
-                    ": split_sizes and stacked_experts are not supported on row shards");
+  TORCH_CHECK_VALUE(o.split_sizes().empty(), kWho, "param group ", group,
+                    ": split_sizes (fused QKV) is not supported on row shards");
+  // Which parameters are stacked experts is fixed when the layout is built
+  // (they have no owner); empty before attach.
+  for (const auto i : c10::irange(layout_.size())) {
+    const auto& l = layout_[i];
+    if (l.param_group != group || l.global_shape.size() < 3) continue;
+    TORCH_CHECK_VALUE(o.stacked_experts() == l.experts, kWho, "param group ", group,
+                      ": stacked_experts was ", l.experts ? "on" : "off",
+                      " when the optimizer was built and is ", o.stacked_experts() ? "on" : "off",
+                      " now; the row-shard layout of parameter ", i,
+                      " is fixed at construction, so build a new optimizer to change it");
+  }
 }
 
 void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param_groups) {
@@ -174,6 +185,17 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
     std::tie(l.rows, l.cols) = matrix_dims(c10::IntArrayRef(global));
     l.scale_rows = l.rows;
     l.scale_cols = l.cols;
+    const auto* o = dynamic_cast<const MuonOptions*>(&param_groups[l.param_group].options());
+    l.experts = o != nullptr && o->stacked_experts() && global.size() >= 3;
+    if (l.experts) {
+      // Dim 0 holds whole experts: each rank orthogonalizes its own, each
+      // scaled from its (out, in...) shape.
+      TORCH_CHECK_VALUE(!shard.has_tensor_parallel(), kWho, "parameter ", i, " (global shape ",
+                        c10::IntArrayRef(global), "): stacked experts are not supported in a 2-D "
+                        "layout (RowShard::tensor_parallel); shard the experts over their expert "
+                        "group without a tensor-parallel block, or turn stacked_experts off");
+      std::tie(l.scale_rows, l.scale_cols) = matrix_dims(c10::IntArrayRef(global).slice(1));
+    }
     if (shard.has_tensor_parallel()) {
       const auto& tp = shard.tp();
       TORCH_CHECK_VALUE(global.size() == 2 && tp.global_shape().size() == 2, kWho, "parameter ", i,
@@ -235,7 +257,8 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
     std::vector<int64_t> local;
     for (const auto i : members[g]) local.push_back(group_params[i].size(0));
     const auto rows = group.all_gather_ints(local);
-    std::vector<double> costs;
+    std::vector<double> costs;  // of the members that have an owner
+    std::vector<size_t> owned;
     for (const auto k : c10::irange(members[g].size())) {
       auto& l = layout_[members[g][k]];
       int64_t offset = 0;
@@ -247,13 +270,18 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
       TORCH_CHECK_VALUE(offset >= l.global_shape[0], kWho, "parameter ", members[g][k],
                         ": the ranks of group '", group.name(), "' hold ", offset,
                         " rows in all, fewer than the global ", l.global_shape[0]);
+      if (l.experts) {
+        owners_[members[g][k]] = -1;  // every rank orthogonalizes its own experts
+        continue;
+      }
+      owned.push_back(members[g][k]);
       // TP blocks: the whole matrix's cost, the same on every TP rank, so
       // that the blocks of one matrix get the same data-parallel owner.
       costs.push_back(l.tp ? newton_schulz_cost(l.scale_rows, l.scale_cols) + static_cast<double>(l.tp_mode)
                            : newton_schulz_cost(l.rows, l.cols));
     }
     const auto owners = assign_owners(costs, group.size());
-    for (const auto k : c10::irange(members[g].size())) owners_[members[g][k]] = owners[k];
+    for (const auto k : c10::irange(owned.size())) owners_[owned[k]] = owners[k];
   }
   // In a 2-D layout the TP groups learn of a disagreement first, so that no
   // rank goes on to wait for a tensor-parallel peer that raised.
@@ -356,10 +384,13 @@ void ShardedOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>& items)
     item.alpha = scale_factor(l.scale_rows, l.scale_cols, item.options->scale_mode(),
                               item.options->extra_scale_factor());
   }
-  std::vector<size_t> active;
+  std::vector<size_t> active;  // matrices split over ranks
+  std::vector<size_t> experts;  // stacked experts: whole on their rank
   for (const auto i : c10::irange(layout_.size())) {
-    if (by_param[i] != nullptr) active.push_back(i);
+    if (by_param[i] == nullptr) continue;
+    (layout_[i].experts ? experts : active).push_back(i);
   }
+  step_experts(experts, by_param);
   if (options_.mode() == ShardedMode::kReplicated) {
     step_replicated(active, by_param);
   } else {
@@ -370,9 +401,49 @@ void ShardedOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>& items)
 void ShardedOrthogonalizer::sum_parts(const OrthogonalizeItem& item, at::Tensor& partial,
                                       PartSum what) const {
   const auto& l = layout_[index_of(item.param)];
+  // Stacked experts are whole matrices on their rank: nothing to sum.
+  if (l.experts) return;
   // Rows are whole on their rank; the matrix spans the group's ranks.
   if (what == PartSum::kWholeMatrix) groups_[static_cast<size_t>(l.group_index)].all_reduce_(partial);
   if (l.tp) detail::sum_block_parts(partial, what, l.tp_mode, l.tp_dim, l.tp_group);
+}
+
+void ShardedOrthogonalizer::step_experts(const std::vector<size_t>& experts,
+                                         std::vector<OrthogonalizeItem*>& items) const {
+  // This rank's experts that exist (padding experts past E get a zero
+  // update, as padding rows do), through the single-process strategy:
+  // batched by shape and Newton–Schulz options, scaled from (out, in...).
+  std::vector<OrthogonalizeItem> local;
+  std::vector<size_t> of_local;
+  for (const auto i : experts) {
+    auto& item = *items[i];
+    const auto& l = layout_[i];
+    const auto rank = static_cast<size_t>(groups_[static_cast<size_t>(l.group_index)].rank());
+    const int64_t held = item.param.size(0);
+    const int64_t real = std::clamp<int64_t>(l.global_shape[0] - l.offsets[rank], 0, held);
+    if (real < held || real == 0) item.orth = at::zeros_like(item.update, at::MemoryFormat::Contiguous);
+    if (real == 0) continue;  // no expert of its own (an empty shard, or padding only)
+    local.push_back(item);
+    if (real < held) {
+      local.back().param = item.param.narrow(0, 0, real);
+      local.back().update = item.update.narrow(0, 0, real);
+    }
+    of_local.push_back(i);
+  }
+  if (local.empty()) return;
+  make_local_orthogonalizer()->orthogonalize(local);
+  for (const auto k : c10::irange(local.size())) {
+    auto& item = *items[of_local[k]];
+    const auto& part = local[k];
+    if (part.param.size(0) < item.param.size(0)) {  // padding experts follow, left zero
+      item.orth.narrow(0, 0, part.param.size(0)).copy_(part.orth.reshape(part.param.sizes()));
+    } else {
+      item.orth = part.orth;
+    }
+    item.alpha = part.alpha;
+    item.rows = part.rows;
+    item.cols = part.cols;
+  }
 }
 
 void ShardedOrthogonalizer::step_replicated(const std::vector<size_t>& active,

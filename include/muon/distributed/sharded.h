@@ -24,6 +24,17 @@
 /// `kReplicated` mode instead all-gathers every matrix on every rank and
 /// orthogonalizes all of them everywhere (as Moonlight and Megatron-FSDP
 /// do): the same result with W times the compute, kept for comparison.
+///
+/// Stacked experts (a parameter with ndim >= 3 in a param group with
+/// `stacked_experts`, global shape (E, out, in...)): the row shard splits
+/// dim 0, the experts, over the shard's group (the expert group), so every
+/// rank holds whole experts (possibly none, when E is smaller than the group
+/// or the split is uneven). They need no communication: in either mode each
+/// rank orthogonalizes its own experts as single-process `muon::Muon` does
+/// (batched by shape, each scaled from its (out, in...) shape); they have no
+/// owner and join no all-to-all or all-gather. Padding experts past E get a
+/// zero update, as padding rows do. Not supported inside a 2-D layout
+/// (RowShard::tensor_parallel).
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 
@@ -133,7 +144,9 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
   /// Checks that the parameters are those of `attach` and that every rank of
   /// each group steps the same ones.
   void begin_step(const std::vector<torch::optim::OptimizerParamGroup>& groups) override;
-  /// split_sizes and stacked_experts are not supported on row shards.
+  /// split_sizes is not supported on row shards; stacked_experts is, but
+  /// which parameters are experts is fixed at `attach` (turning it on or off
+  /// afterwards raises).
   void check_options(const MuonOptions& options, size_t group) const override;
   /// Shards may be empty (a rank without rows).
   bool allows_empty() const override { return true; }
@@ -144,7 +157,8 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
   void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
 
   /// The owner of each parameter (flat order over the param groups): a rank
-  /// of its shard's group.
+  /// of its shard's group, or -1 for stacked experts (each rank
+  /// orthogonalizes its own).
   const std::vector<int64_t>& owners() const { return owners_; }
   /// Rows of parameter i held by each rank of its group, in rank order.
   const std::vector<int64_t>& rows_per_rank(size_t i) const { return layout_.at(i).rows_per_rank; }
@@ -156,6 +170,7 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
     int64_t cols = 0;  // N: product of the other dims
     int64_t scale_rows = 0;  // the shape the scale is taken from
     int64_t scale_cols = 0;
+    bool experts = false;  // stacked experts (E, out, in...): whole experts per rank, no owner
     bool tp = false;  // a tensor-parallel block (2-D layout)
     TensorParallelMode tp_mode = TensorParallelMode::kDuplicated;
     int64_t tp_dim = 0;
@@ -171,6 +186,8 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
   std::vector<at::Tensor> orthogonalize(const std::vector<size_t>& members,
                                         const std::vector<at::Tensor>& matrices,
                                         const NewtonSchulzOptions& ns) const;
+  // Stacked experts: each rank its own, as single-process Muon does.
+  void step_experts(const std::vector<size_t>& experts, std::vector<OrthogonalizeItem*>& items) const;
   void step_owner_compute(const std::vector<size_t>& active, std::vector<OrthogonalizeItem*>& items);
   void step_replicated(const std::vector<size_t>& active, std::vector<OrthogonalizeItem*>& items);
 
@@ -190,9 +207,11 @@ std::shared_ptr<ShardedOrthogonalizer> make_orthogonalizer(ShardedOptions option
 /// `ShardedOrthogonalizer` strategy; each parameter is the local shard of a
 /// matrix described by its RowShard. Construction and `step()` are
 /// collective (see ShardedOrthogonalizer). Options per group work as in
-/// muon::Muon (batches never mix groups), except `split_sizes` and
-/// `stacked_experts` (not supported on row shards: give experts as separate
-/// matrices over their expert group).
+/// muon::Muon (batches never mix groups), except `split_sizes` (not
+/// supported on row shards). With `stacked_experts`, an (E, out, in...)
+/// parameter is sharded by experts over its group and each rank updates its
+/// own experts without communication (see the top of this header); experts
+/// may also be given as separate matrices over their expert group.
 class ShardedMuon : public Muon {
  public:
   /// Over `param_groups` (groups without options get `defaults`); every
@@ -203,7 +222,8 @@ class ShardedMuon : public Muon {
   ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,
               MuonOptions defaults = {}, ShardedOptions options = {});
 
-  /// The owner of each parameter: a rank of its shard's group.
+  /// The owner of each parameter: a rank of its shard's group, or -1 for
+  /// stacked experts (no owner).
   const std::vector<int64_t>& owners() const { return strategy_->owners(); }
   /// Rows of parameter i held by each rank of its group, in rank order.
   const std::vector<int64_t>& rows_per_rank(size_t i) const { return strategy_->rows_per_rank(i); }
