@@ -27,18 +27,14 @@
 #include "muon/optim/hybrid.h"
 #include "report.h"
 #include "trainer.h"
+#include "train_gpt_util.h"
 
 namespace {
 
-// A fresh directory under the system temp dir, unique to this process (test
-// programs may run concurrently).
-std::filesystem::path scratch(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("muon_train_gpt_" + name + "_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+using train_gpt_test::Output;
+using train_gpt_test::run_program;
+using train_gpt_test::run_program_command;
+using train_gpt_test::scratch;
 
 using train_gpt::EvalPoint;
 using train_gpt::RunLog;
@@ -123,7 +119,7 @@ TEST(TrainGptModel, ShapesNamesAndCausality) {
 }
 
 RunLog make_log(std::vector<std::pair<int64_t, double>> points) {
-  RunLog log{"x", {}};
+  RunLog log{"x", {}, {}};
   for (const auto& [step, loss] : points) {
     log.points.push_back({step, step * 10, loss, loss, 0.5 * static_cast<double>(step), 0.1 * static_cast<double>(step)});
   }
@@ -252,27 +248,6 @@ TEST(TrainGptTrainer, LossDecreasesAndResumeContinuesTheCurve) {
 // ---- the program, as a user runs it: real processes through muon-launch ----
 
 namespace {
-
-struct Output {
-  int status;
-  std::string text;
-};
-
-// A shell command's output (stdout and stderr) and exit status.
-Output run_program_command(const std::string& command) {
-  const std::string cmd = command + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string text;
-  char buf[4096];
-  while (pipe != nullptr && fgets(buf, sizeof buf, pipe) != nullptr) text += buf;
-  const int status = pipe != nullptr ? pclose(pipe) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
-}
-
-// muon-train-gpt with `args`.
-Output run_program(const std::string& args) {
-  return run_program_command(std::string(MUON_TRAIN_GPT_BIN) + " " + args);
-}
 
 // A model and budget small enough for seconds per run.
 const char* kTiny =

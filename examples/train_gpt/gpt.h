@@ -6,6 +6,19 @@
 /// untied output head. Parameter names follow GPT-2 (`wte`, `wpe`,
 /// `blocks.N.attn.qkv`, `lm_head`) so that muon's default routing sends the
 /// embeddings and the head to AdamW and the hidden matrices to Muon.
+///
+/// Tensor parallel: given a tensor-parallel group of p ranks, the attention
+/// and MLP matrices are Megatron-style column- and row-parallel layers
+/// (muon/distributed/tensor_parallel_layers.h) and each rank holds its
+/// block: the fused QKV projection and the attention output split by heads,
+/// fc1 by rows and fc2 by columns. The embeddings, norms, head and experts
+/// are whole on every rank. With one rank (the default) the same code is the
+/// single-process model; its parameters are the blocks' whole matrices, and
+/// the initialization is the same for every p (a rank's blocks are the
+/// blocks of the single-process model's values).
+///
+/// The fused QKV weight holds its rows per head (head h: its q, k and v
+/// rows), so that a rank's heads are one block of rows.
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -14,7 +27,12 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
+
+#include "muon/distributed/group.h"
+#include "muon/distributed/shard.h"
+#include "muon/distributed/tensor_parallel_layers.h"
 
 namespace train_gpt {
 
@@ -34,6 +52,9 @@ struct GptConfig {
   int64_t mlp_ratio = 4;
   /// "rms" (RMSNorm) or "layer" (LayerNorm).
   std::string norm = "rms";
+  /// Experts of a mixture-of-experts MLP in every block (0: a dense MLP).
+  /// Top-1 routing; the expert matrices are stacked (experts, out, in).
+  int64_t experts = 0;
 
   /// Raises c10::ValueError naming the first invalid field.
   void validate() const;
@@ -62,50 +83,85 @@ class NormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Norm);
 
-/// Causal multi-head self-attention with one fused QKV projection (no bias).
+/// Causal multi-head self-attention with one fused QKV projection (no
+/// bias), this rank's heads of the tensor-parallel group `tp`.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const GptConfig& config);
+  CausalSelfAttentionImpl(const GptConfig& config, const muon::dist::Group& tp);
   at::Tensor forward(const at::Tensor& x);
 
  private:
-  int64_t heads_;
-  torch::nn::Linear qkv_{nullptr};
-  torch::nn::Linear proj_{nullptr};
+  int64_t heads_;     // this rank's
+  int64_t head_dim_;
+  muon::dist::ColumnParallelLinear qkv_{nullptr};
+  muon::dist::RowParallelLinear proj_{nullptr};
   at::Tensor mask_;  // (context, context) additive causal mask, a buffer
 };
 TORCH_MODULE(CausalSelfAttention);
 
-/// Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
+/// Mixture of experts with top-1 routing: a router (experts × d) picks one
+/// expert per token, whose GELU MLP output is scaled by the router's
+/// probability of it. Expert weights are stacked: `experts_fc1` (experts,
+/// hidden, d) and `experts_fc2` (experts, d, hidden), without biases.
+class MoeImpl : public torch::nn::Module {
+ public:
+  explicit MoeImpl(const GptConfig& config);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  torch::nn::Linear router_{nullptr};
+  at::Tensor fc1_;
+  at::Tensor fc2_;
+};
+TORCH_MODULE(Moe);
+
+/// Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)),
+/// the MLP dense (fc1, fc2: column- and row-parallel over `tp`) or a
+/// mixture of experts (`moe`).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GptConfig& config);
+  BlockImpl(const GptConfig& config, const muon::dist::Group& tp);
   at::Tensor forward(at::Tensor x);
 
  private:
   Norm norm1_{nullptr};
   CausalSelfAttention attn_{nullptr};
   Norm norm2_{nullptr};
-  torch::nn::Linear fc1_{nullptr};
-  torch::nn::Linear fc2_{nullptr};
+  muon::dist::ColumnParallelLinear fc1_{nullptr};
+  muon::dist::RowParallelLinear fc2_{nullptr};
+  Moe moe_{nullptr};
 };
 TORCH_MODULE(Block);
 
 /// The model: logits (batch, time, vocab) from token ids (batch, time).
 class GptImpl : public torch::nn::Module {
  public:
-  explicit GptImpl(const GptConfig& config);
+  /// The model, this rank's blocks over the tensor-parallel group `tp`
+  /// (Group::single(): the whole model), initialized from the global
+  /// generator's state (at::manual_seed) the same way for every `tp`.
+  /// Collective over `tp` only through forward and backward. Raises
+  /// c10::ValueError for an invalid config or more ranks in `tp` than heads.
+  explicit GptImpl(const GptConfig& config,
+                   const muon::dist::Group& tp = muon::dist::Group::single());
   /// Logits for `tokens` (int64, batch × time, time ≤ context).
   at::Tensor forward(const at::Tensor& tokens);
   /// Mean cross-entropy of next-token prediction: `tokens` (batch × (time+1)).
   at::Tensor loss(const at::Tensor& tokens);
   /// The configuration it was built with.
   const GptConfig& config() const { return config_; }
-  /// Number of parameter elements.
+  /// Number of parameter elements (this rank's).
   int64_t num_parameters() const;
+  /// The tensor-parallel blocks by parameter name (empty with one rank), as
+  /// muon::dist::DistributedLayout::tensor_parallel takes them.
+  std::map<std::string, muon::dist::TensorParallelShard> tensor_parallel_shards() const;
+  /// The tensor-parallel group it was built over.
+  const muon::dist::Group& tensor_parallel_group() const { return tp_; }
 
  private:
+  void initialize(uint64_t seed);
+
   GptConfig config_;
+  muon::dist::Group tp_;
   torch::nn::Embedding wte_{nullptr};
   torch::nn::Embedding wpe_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};

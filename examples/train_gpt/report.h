@@ -25,12 +25,25 @@ struct EvalPoint {
   double optimizer_seconds = 0;
 };
 
+/// What a run's layout costs each rank: the largest over the ranks.
+struct RankCost {
+  /// Bytes of the optimizer's state.
+  int64_t optimizer_state_bytes = 0;
+  /// Bytes of the parameters held (the model's, and master shards).
+  int64_t parameter_bytes = 0;
+  /// Bytes sent per training step (forward, backward and optimizer step),
+  /// by the ring model of muon::dist::Group::bytes_sent.
+  int64_t bytes_sent_per_step = 0;
+};
+
 /// A finished run.
 struct RunLog {
   /// Its name ("muon", "adamw", ...).
   std::string name;
   /// Its evaluation points, in step order.
   std::vector<EvalPoint> points;
+  /// Per-rank cost of the layout (not in the CSV).
+  RankCost cost;
 
   /// The last point (the run must have one).
   const EvalPoint& final_point() const;

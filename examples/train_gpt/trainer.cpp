@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "muon/distributed/checkpoint.h"
+#include "muon/optim/state_bytes.h"
 
 namespace train_gpt {
 namespace {
@@ -50,7 +51,8 @@ struct CheckpointRun {
 };
 
 constexpr const char* kRunFormat = "muon-train-gpt";
-constexpr int64_t kRunVersion = 1;
+// Version 2: the fused QKV weight's rows per head; experts.
+constexpr int64_t kRunVersion = 2;
 
 // JSON has no NaN: the training loss of step 0 is stored as null.
 json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
@@ -79,6 +81,7 @@ std::string run_to_json(const CheckpointRun& run) {
         {"heads", m.heads},
         {"width", m.width},
         {"mlp_ratio", m.mlp_ratio},
+        {"experts", m.experts},
         {"norm", m.norm}}},
       {"layout", run.layout},
       {"world_size", run.world},
@@ -109,6 +112,7 @@ CheckpointRun run_from_json(const std::string& text, const std::string& path) {
     run.model.width = m.at("width").get<int64_t>();
     run.model.mlp_ratio = m.at("mlp_ratio").get<int64_t>();
     run.model.norm = m.at("norm").get<std::string>();
+    run.model.experts = m.at("experts").get<int64_t>();
     run.layout = j.at("layout").get<std::string>();
     run.world = j.at("world_size").get<int64_t>();
     for (const auto& p : j.at("log")) {
@@ -140,7 +144,8 @@ void check_model(const GptConfig& saved, const std::string& path, const GptConfi
       {"--width", {saved.width, model.width}},
       {"--heads", {saved.heads, model.heads}},
       {"--context", {saved.context, model.context}},
-      {"mlp_ratio", {saved.mlp_ratio, model.mlp_ratio}}};
+      {"mlp_ratio", {saved.mlp_ratio, model.mlp_ratio}},
+      {"--experts", {saved.experts, model.experts}}};
   for (const auto& [flag, values] : shape) {
     TORCH_CHECK_VALUE(values.first == values.second, "[train_gpt] checkpoint ", path,
                       " was written with ", flag, " ", values.first, ", this run has ", flag, " ",
@@ -166,7 +171,32 @@ void agree(const DataParallel& dp, const std::string& error, const std::string& 
 
 }  // namespace
 
+Stepper model_stepper(Gpt& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
+                      std::function<void(const std::vector<at::Tensor>&)> average_gradients,
+                      muon::dist::DistributedLayout layout) {
+  auto opt = std::shared_ptr<torch::optim::Optimizer>(std::move(optimizer));
+  Stepper s;
+  s.optimizer = opt.get();
+  s.zero_grad = [opt] { opt->zero_grad(); };
+  s.step = [opt, average = std::move(average_gradients), params = model->parameters()] {
+    average(params);
+    opt->step();
+  };
+  s.checkpoint_parameters = model->named_parameters();
+  s.checkpoint_layout = std::move(layout);
+  s.owner = opt;
+  return s;
+}
+
 RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory& make_optimizer,
+             const DataParallel& dp, const ScheduleFactory& make_schedule) {
+  auto factory = [&](Gpt& model) {
+    return model_stepper(model, make_optimizer(model), dp.average_gradients, o.distributed);
+  };
+  return train(data, o, StepperFactory(factory), dp, make_schedule);
+}
+
+RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& make_stepper,
              const DataParallel& dp, const ScheduleFactory& make_schedule) {
   TORCH_CHECK_VALUE(o.steps >= 1, "[train_gpt] steps must be >= 1, got ", o.steps);
   TORCH_CHECK_VALUE(o.eval_every >= 1, "[train_gpt] eval_every must be >= 1, got ", o.eval_every);
@@ -178,19 +208,21 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
   const auto world = o.world.valid()               ? o.world
                      : o.distributed.group.valid() ? o.distributed.group
                                                    : muon::dist::Group::single();
+  const auto tp = o.tensor_parallel.valid() ? o.tensor_parallel : muon::dist::Group::single();
   const bool checkpoints = !o.save_dir.empty() || !o.resume.empty();
-  TORCH_CHECK_VALUE(!checkpoints || (world.size() == dp.world && world.rank() == dp.rank),
-                    "[train_gpt] checkpoints are saved and loaded over TrainOptions::world (rank ",
-                    world.rank(), " of ", world.size(), "), but this run is rank ", dp.rank, " of ",
-                    dp.world, "; give the world group");
+  TORCH_CHECK_VALUE(!checkpoints || world.size() == dp.world * tp.size(),
+                    "[train_gpt] checkpoints are saved and loaded over TrainOptions::world (",
+                    world.size(), " ranks), but this run has ", dp.world,
+                    " data-parallel × ", tp.size(), " tensor-parallel ranks; give the world group");
   const auto checkpoint_options = muon::dist::CheckpointOptions().group(world).keep(o.keep);
   at::manual_seed(o.seed);
   GptConfig config = o.model;
   config.vocab_size = data.vocab.size();
-  Gpt model(config);
-  auto opt = make_optimizer(model);
+  Gpt model(config, tp);
+  const auto stepper = make_stepper(model);
+  auto* opt = stepper.optimizer;
   const LrSetter before_step = make_schedule ? make_schedule(*opt) : nullptr;
-  RunLog log{o.name, {}};
+  RunLog log{o.name, {}, {}};
 
   // Validation windows are split over the ranks; losses are summed back.
   const auto windows = valid_windows(data.valid, o.eval_windows, config.context);
@@ -235,8 +267,9 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
     agree(dp, error,
           "[train_gpt] run '" + o.name + "': another rank could not resume from " + o.resume +
               " (its message says why)");
-    const auto info = muon::dist::load_checkpoint(path, model->named_parameters(), *opt,
-                                                  o.distributed, checkpoint_options);
+    const auto info = muon::dist::load_checkpoint(path, stepper.checkpoint_parameters, *opt,
+                                                  stepper.checkpoint_layout, checkpoint_options);
+    if (stepper.after_load) stepper.after_load();
     start = info.step;
     log.points = run.points;
     tokens = run.tokens;
@@ -249,7 +282,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
     // world size or layout).
     const bool at_log_point = !log.points.empty() && log.points.back().step == start;
     const double again = at_log_point ? evaluate() : 0.0;
-    if (dp.rank == 0) {
+    if (world.rank() == 0) {
       std::printf("run '%s': resumed from step %lld of %s (written by %s, %s; this run: %s, %s)\n",
                   o.name.c_str(), static_cast<long long>(start), info.path.c_str(),
                   ranks(run.world).c_str(), run.layout.c_str(), ranks(dp.world).c_str(),
@@ -267,7 +300,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
   // Saves checkpoint `step` with the run's log and what is needed to
   // continue it in the manifest.
   auto save = [&](int64_t step) {
-    CheckpointRun run{config,  o.layout,    dp.world, log.points, tokens,
+    CheckpointRun run{config,  o.layout,    world.size(), log.points, tokens,
                       seconds, opt_seconds, 0,        train_count};
     if (train_count > 0) {
       // Each step's loss as the mean over the ranks, so that a run resumed
@@ -276,27 +309,34 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
       dp.all_reduce_sum(sum);
       run.train_loss_sum = sum[0].item<double>() / static_cast<double>(dp.world);
     }
-    muon::dist::save_checkpoint(o.save_dir, model->named_parameters(), *opt, step, o.distributed,
-                                run_to_json(run), checkpoint_options);
+    muon::dist::save_checkpoint(o.save_dir, stepper.checkpoint_parameters, *opt, step,
+                                stepper.checkpoint_layout, run_to_json(run), checkpoint_options);
   };
 
   const int64_t tokens_per_step = o.global_batch * config.context;
   const double start_seconds = seconds;
-  const bool show = o.progress && dp.rank == 0;
+  const bool show = o.progress && world.rank() == 0;
   ProgressBar bar(o.name, o.steps);
+  auto bytes_sent = [&] {
+    int64_t n = 0;
+    for (const auto& g : o.counted_groups) n += g.bytes_sent();
+    return n;
+  };
+  int64_t step_bytes = 0;
   for (int64_t step = start; step < o.steps; ++step) {
     const auto t0 = Clock::now();
+    const int64_t bytes0 = bytes_sent();
     if (before_step) before_step(step);
     const auto batch =
         train_batch(data.train, step, o.global_batch, config.context, dp.rank, dp.world, o.seed);
-    opt->zero_grad();
+    stepper.zero_grad();
     auto loss = model->loss(batch);
     loss.backward();
-    dp.average_gradients(model->parameters());
     const auto t_opt = Clock::now();
-    opt->step();
+    stepper.step();
     opt_seconds += since(t_opt);
     seconds += since(t0);
+    step_bytes += bytes_sent() - bytes0;
     tokens += tokens_per_step;
     const double loss_value = loss.item<double>();
     TORCH_CHECK(std::isfinite(loss_value), "[train_gpt] run '", o.name,
@@ -335,7 +375,18 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
     }
     if (!o.save_dir.empty()) save(o.steps);
   }
-  if (!o.out_dir.empty() && dp.rank == 0) write_csv(log, o.out_dir + "/" + o.name + ".csv");
+  // The layout's cost on the most loaded rank.
+  int64_t parameter_bytes = stepper.extra_parameter_bytes;
+  for (const auto& p : model->parameters()) parameter_bytes += p.numel() * p.element_size();
+  const int64_t steps_taken = o.steps - start;
+  const auto costs = world.all_gather_ints({muon::optimizer_state_bytes(*opt), parameter_bytes,
+                                            steps_taken > 0 ? step_bytes / steps_taken : 0});
+  for (const auto& c : costs) {
+    log.cost.optimizer_state_bytes = std::max(log.cost.optimizer_state_bytes, c[0]);
+    log.cost.parameter_bytes = std::max(log.cost.parameter_bytes, c[1]);
+    log.cost.bytes_sent_per_step = std::max(log.cost.bytes_sent_per_step, c[2]);
+  }
+  if (!o.out_dir.empty() && world.rank() == 0) write_csv(log, o.out_dir + "/" + o.name + ".csv");
   return log;
 }
 

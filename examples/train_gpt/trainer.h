@@ -21,19 +21,46 @@
 
 namespace train_gpt {
 
-/// What a run needs from the processes it runs on. A single process is
-/// {rank 0, world 1} with no-op collectives.
+/// What a run needs from the processes it runs on: the data-parallel
+/// dimension (ranks that take different rows of each global batch; with
+/// tensor parallelism, the ranks of a tensor-parallel group share theirs). A
+/// single process is {rank 0, world 1} with no-op collectives.
 struct DataParallel {
   /// This rank.
   int64_t rank = 0;
   /// Number of ranks.
   int64_t world = 1;
-  /// Sums each tensor over the ranks, in place (every rank gets the sum).
+  /// Sums each tensor over the data-parallel ranks, in place (every rank gets the sum).
   std::function<void(std::vector<at::Tensor>&)> all_reduce_sum = [](std::vector<at::Tensor>&) {};
   /// Averages the parameters' gradients over the ranks, in place (e.g.
-  /// muon::dist::all_reduce_gradients).
+  /// muon::dist::all_reduce_gradients), for optimizers built by an
+  /// OptimizerFactory.
   std::function<void(const std::vector<at::Tensor>&)> average_gradients =
       [](const std::vector<at::Tensor>&) {};
+};
+
+/// How a layout steps the model, and what its checkpoints hold.
+struct Stepper {
+  /// The optimizer: the learning-rate schedule sets its rates, and the
+  /// checkpoints hold its state.
+  torch::optim::Optimizer* optimizer = nullptr;
+  /// Clears the gradients before a step's backward.
+  std::function<void()> zero_grad;
+  /// After backward: the gradients reduced over the ranks, the optimizer's
+  /// step, and the parameters made whole again where the layout splits them.
+  std::function<void()> step;
+  /// What checkpoints save and load: parameters by name (the model's, or
+  /// the optimizer's shards of them), laid out as `checkpoint_layout` says.
+  torch::OrderedDict<std::string, at::Tensor> checkpoint_parameters;
+  /// The layout of `checkpoint_parameters` (muon/distributed/checkpoint.h).
+  muon::dist::DistributedLayout checkpoint_layout;
+  /// After a checkpoint was loaded into `checkpoint_parameters`: makes the
+  /// model's parameters equal to them (e.g. gathers shards). May be empty.
+  std::function<void()> after_load;
+  /// Bytes of parameters held besides the model's (e.g. master shards).
+  int64_t extra_parameter_bytes = 0;
+  /// Keeps what the members refer to alive.
+  std::shared_ptr<void> owner;
 };
 
 /// How a run trains.
@@ -81,14 +108,29 @@ struct TrainOptions {
   /// process.
   muon::dist::Group world;
   /// `distributed` in words, recorded in checkpoints and shown on resume:
-  /// "single process", "layer-wise" or "replicated".
+  /// "single process", "layer-wise", "replicated", "sharded", ...
   std::string layout = "single process";
+  /// The tensor-parallel group of this rank: the model holds its blocks
+  /// (Gpt). Invalid (the default): none. The world is then
+  /// DataParallel::world × its size ranks.
+  muon::dist::Group tensor_parallel;
+  /// Every group the run communicates over, each once: their
+  /// muon::dist::Group::bytes_sent during the steps is RunLog::cost's.
+  std::vector<muon::dist::Group> counted_groups;
   /// Show a progress bar (rank 0).
   bool progress = true;
 };
 
 /// Builds the optimizer of a run from the model's named parameters.
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(Gpt&)>;
+/// Builds how a run steps from the fresh model.
+using StepperFactory = std::function<Stepper(Gpt&)>;
+
+/// The Stepper of `optimizer` over `model`'s parameters: `average_gradients`
+/// on them before each step; checkpoints of the model's parameters in `layout`.
+Stepper model_stepper(Gpt& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
+                      std::function<void(const std::vector<at::Tensor>&)> average_gradients,
+                      muon::dist::DistributedLayout layout);
 
 /// Sets the learning rates for a step (called before each step with its index).
 using LrSetter = std::function<void(int64_t step)>;
@@ -105,6 +147,12 @@ using ScheduleFactory = std::function<LrSetter(torch::optim::Optimizer&)>;
 /// checkpoints, `options.world`). Raises c10::ValueError on every rank for
 /// bad options, a checkpoint that cannot be written or read, or one of
 /// another model shape.
+RunLog train(const Dataset& data, const TrainOptions& options, const StepperFactory& make_stepper,
+             const DataParallel& dp, const ScheduleFactory& make_schedule = nullptr);
+
+/// As above with an optimizer over the model's parameters, gradients
+/// averaged with `dp.average_gradients` before each step, checkpoints of the
+/// model's parameters in `options.distributed`.
 RunLog train(const Dataset& data, const TrainOptions& options, const OptimizerFactory& make_optimizer,
              const DataParallel& dp, const ScheduleFactory& make_schedule = nullptr);
 
