@@ -39,6 +39,8 @@
 
 #include "data.h"
 #include "gpt.h"
+#include "compare.h"
+#include "layouts.h"
 #include "muon/config.h"
 #include "muon/distributed/agreement.h"
 #include "muon/distributed/checkpoint.h"
@@ -69,6 +71,11 @@ struct Flags {
   std::string resume;
   bool plot = true;
   std::string layout = "layerwise";
+  std::string parallel = "ddp";
+  int64_t tp = 0;  // tensor-parallel ranks; 0: the layout's default
+  bool compare_layouts = false;
+  std::string summary;  // JSON of every run's final losses and costs (rank 0)
+  std::vector<int> compare_ranks{2, 4};
   double timeout = 0;  // seconds of the rendezvous and collective timeout; 0: the library's
   // Optimizer configs: JSON files (run name, "" for every run) and field settings.
   std::vector<std::string> configs;
@@ -160,7 +167,7 @@ constexpr double kAdamwLr = 4e-3;
 // The preset of a run: the optimizer it is named after, tuned learning
 // rates for muon and adamw, and a 5% linear warmup then cosine decay to 10%
 // of the peak over the run.
-muon::OptimizerConfig run_preset(const std::string& run, int64_t steps) {
+muon::OptimizerConfig run_preset(const std::string& run, int64_t steps, int64_t experts) {
   muon::OptimizerRegistry::global().at(run);  // an unknown run lists the registered names
   muon::OptimizerConfig c;
   c.set("optimizer", run);
@@ -172,6 +179,14 @@ muon::OptimizerConfig run_preset(const std::string& run, int64_t steps) {
     c.set("lr", kAdamwLr);
   }
   if (c.get_string("optimizer") != "sgd") c.set("adam_beta2", 0.95);
+  if (experts > 0 && run == "muon") {
+    // Stacked experts (experts, out, in): each expert orthogonalized alone.
+    c.add_override(muon::OverrideRule()
+                       .match_name("*.experts_fc*")
+                       .match_optimizer("muon")
+                       .set("muon_stacked_experts", true)
+                       .named("stacked experts"));
+  }
   c.set("lr_warmup_steps", std::max<int64_t>(1, steps / 20))
       .set("lr_decay_steps", steps)
       .set("lr_decay_style", "cosine")
@@ -181,7 +196,7 @@ muon::OptimizerConfig run_preset(const std::string& run, int64_t steps) {
 
 // The preset, then the JSON files and --set values that name this run or all.
 muon::OptimizerConfig run_config(const std::string& run, const Flags& f) {
-  auto c = run_preset(run, f.train.steps);
+  auto c = run_preset(run, f.train.steps, f.train.model.experts);
   for (const auto& spec : f.configs) {
     const auto eq = spec.find('=');
     const std::string who = eq == std::string::npos ? "" : spec.substr(0, eq);
@@ -237,6 +252,10 @@ std::vector<muon::dist::AgreementItem> shared_flags(const Flags& f) {
           {"--chars", std::to_string(f.chars)},
           {"--byte-level", f.byte_level ? "on" : "off"},
           {"--optimizer-layout", f.layout},
+          {"--parallel", f.parallel},
+          {"--tp", std::to_string(f.tp)},
+          {"--experts", std::to_string(t.model.experts)},
+          {"--summary", f.summary},
           {"--config", configs},
           {"--set", sets},
           {"--save", f.save},
@@ -252,6 +271,27 @@ std::string one_line(std::string text) {
     if (c == '\n') c = ' ';
   }
   return text;
+}
+
+// The runs' final losses and costs as JSON (--summary), for --compare-layouts.
+void write_summary(const Flags& f, const std::vector<train_gpt::RunLog>& logs, int world) {
+  std::ofstream out(f.summary);
+  out << "{\"parallel\": \"" << f.parallel << "\", \"ranks\": " << world << ", \"runs\": [";
+  char line[512];
+  for (size_t i = 0; i < logs.size(); ++i) {
+    const auto& l = logs[i];
+    std::snprintf(line, sizeof line,
+                  "%s{\"name\": \"%s\", \"valid_loss\": %.9g, \"ms_per_step\": %.6g, "
+                  "\"optimizer_state_bytes\": %lld, \"parameter_bytes\": %lld, "
+                  "\"bytes_sent_per_step\": %lld}",
+                  i ? ", " : "", l.name.c_str(), l.final_point().valid_loss,
+                  1e3 * l.seconds_per_step(), static_cast<long long>(l.cost.optimizer_state_bytes),
+                  static_cast<long long>(l.cost.parameter_bytes),
+                  static_cast<long long>(l.cost.bytes_sent_per_step));
+    out << line;
+  }
+  out << "]}\n";
+  TORCH_CHECK_VALUE(out.good(), "[muon-train-gpt] --summary '", clip(f.summary), "': cannot write it");
 }
 
 int run_rank(const Flags& f) {
@@ -289,14 +329,15 @@ int run_rank(const Flags& f) {
                 static_cast<long long>(data.train.numel()), static_cast<long long>(data.valid.numel()));
     std::fflush(stdout);
   }
+  const auto parallel = train_gpt::parse_parallel(f.parallel);
+  const int tp_size = train_gpt::tensor_parallel_size(parallel, world, static_cast<int>(f.tp),
+                                                      f.train.model.heads);
+  const auto mesh = train_gpt::make_mesh(parallel, group, tp_size);
   train_gpt::DataParallel dp;
-  dp.rank = rank;
-  dp.world = world;
-  dp.all_reduce_sum = [&group](std::vector<at::Tensor>& tensors) {
-    for (auto& t : tensors) group.all_reduce_(t);
-  };
-  dp.average_gradients = [&group](const std::vector<at::Tensor>& params) {
-    muon::dist::all_reduce_gradients(params, group);
+  dp.rank = mesh.dp.rank();
+  dp.world = mesh.dp.size();
+  dp.all_reduce_sum = [dp_group = mesh.dp](std::vector<at::Tensor>& tensors) {
+    for (auto& t : tensors) dp_group.all_reduce_(t);
   };
 
   // Every rank checks the directories (each raises the same error, so none
@@ -310,35 +351,30 @@ int run_rank(const Flags& f) {
     auto o = f.train;
     o.name = run;
     o.out_dir = f.out;
-    o.layout = world == 1 ? "single process" : f.layout == "layerwise" ? "layer-wise" : "replicated";
+    o.layout = train_gpt::describe(parallel, mesh, f.layout);
     if (!f.save.empty()) o.save_dir = (fs::path(f.save) / run).string();
     o.save_every = f.save_every;
     o.keep = f.keep;
     if (!f.resume.empty()) o.resume = (fs::path(f.resume) / run).string();
-    auto config = run_config(run, f);
-    if (world > 1 && f.layout == "layerwise") config.set("layout", "layerwise");
-    muon::dist::DistributedLayout layout;
-    layout.group = group;
-    // The checkpoints are saved and loaded in the optimizer's layout, over the world.
-    o.distributed = layout;
+    // The checkpoints are saved and loaded over the world.
     o.world = group;
-    auto factory = [&](train_gpt::Gpt& model) -> std::unique_ptr<torch::optim::Optimizer> {
-      // Replicated parameters start equal, as DDP makes them: rank 0's
-      // initialization (a rank started with another --seed trains the same
-      // model).
-      muon::dist::broadcast_parameters(model->named_parameters(), group);
+    o.tensor_parallel = mesh.tp;
+    o.counted_groups = mesh.distinct;
+    const auto config = run_config(run, f);
+    auto factory = [&](train_gpt::Gpt& model) {
       if (f.explain && rank == 0) {
         std::printf("run '%s':\n%s\n", run.c_str(), muon::explain(model->named_parameters(), config).c_str());
       }
-      return muon::dist::make_optimizer(model->named_parameters(), config, layout);
+      return train_gpt::make_stepper(parallel, mesh, model, config, f.layout);
     };
     auto schedule = [&](torch::optim::Optimizer& opt) -> train_gpt::LrSetter {
       auto s = std::make_shared<muon::WarmupDecaySchedule>(opt, muon::lr_schedule_options(config));
       return [s](int64_t step) { s->set_step(step); };
     };
-    logs.push_back(train_gpt::train(data, o, factory, dp, schedule));
+    logs.push_back(train_gpt::train(data, o, train_gpt::StepperFactory(factory), dp, schedule));
   }
   if (rank != 0) return 0;
+  if (!f.summary.empty()) write_summary(f, logs, world);
   const size_t baseline = logs.size() - 1;  // the last run (adamw by default)
   std::printf("\n%s", train_gpt::comparison_table(logs, baseline).c_str());
   std::printf("CSV logs: %s/<run>.csv\n", f.out.c_str());
@@ -399,6 +435,24 @@ int main(int argc, char** argv) {
                  "with several ranks: layerwise (each rank updates its share) or replicated "
                  "(every rank runs the whole optimizer)")
       ->check(CLI::IsMember({"layerwise", "replicated"}));
+  app.add_option("--parallel", f.parallel,
+                 "how the ranks split the work: single | ddp (data parallel) | sharded (ZeRO-2: "
+                 "sharded optimizer state) | tp (tensor parallel) | tp,sharded (2-D)")
+      ->check(CLI::IsMember({"single", "ddp", "sharded", "tp", "tp,sharded"}));
+  app.add_option("--tp", f.tp,
+                 "tensor-parallel ranks of --parallel tp (default: all) or tp,sharded (default 2)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--experts", t.model.experts,
+                 "mixture-of-experts MLP with this many experts per block (top-1; 0: dense MLP)")
+      ->check(CLI::Range(0, 256));
+  app.add_flag("--compare-layouts", f.compare_layouts,
+               "run the same runs (100 steps unless --steps) in every --parallel layout at 1, 2 "
+               "and 4 ranks (--compare-ranks) and print one table: final val loss and its difference from one process, "
+               "optimizer state and parameter bytes per rank, bytes sent per step, ms/step");
+  app.add_option("--compare-ranks", f.compare_ranks, "rank counts of --compare-layouts")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64));
+  app.add_option("--summary", f.summary, "write every run's final val loss and costs as JSON here");
   app.add_option("--timeout", f.timeout,
                  "seconds the ranks wait for each other (rendezvous and each collective); "
                  "default: MUON_TIMEOUT, else the library's (300)")
@@ -422,6 +476,31 @@ int main(int argc, char** argv) {
     make_directory("--out", f.out);
     check_save_directories(f, split_list(f.runs));
     check_resume_directories(f, split_list(f.runs));
+    if (f.compare_layouts) {
+      TORCH_CHECK_VALUE(std::getenv("RANK") == nullptr,
+                        "[muon-train-gpt] --compare-layouts starts its own jobs; run it without a launcher");
+      TORCH_CHECK_VALUE(f.save.empty() && f.resume.empty(),
+                        "[muon-train-gpt] --compare-layouts takes neither --save nor --resume");
+      // The other flags go to every job; the comparison sets these.
+      const std::vector<std::string> own{"--compare-layouts", "--compare-ranks", "--nproc",
+                                         "--parallel", "--tp", "--out", "--summary"};
+      std::vector<std::string> args;
+      for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        const auto name = a.substr(0, a.find('='));
+        if (std::find(own.begin(), own.end(), name) == own.end()) {
+          args.push_back(a);
+          continue;
+        }
+        // Skip the flag's value when it is the next word.
+        if (a.find('=') == std::string::npos && name != "--compare-layouts" && i + 1 < argc) ++i;
+      }
+      // 100 steps unless --steps says otherwise.
+      if (app.count("--steps") == 0) args.insert(args.end(), {"--steps", "100"});
+      return train_gpt::compare_layouts(fs::canonical("/proc/self/exe").string(), args,
+                                        (fs::path(f.out) / "layouts").string(),
+                                        train_gpt::layout_jobs(f.compare_ranks, t.model.heads));
+    }
     if (f.nproc > 1 && std::getenv("RANK") == nullptr) {
       // Re-run this program as N ranks under the launcher.
       std::vector<std::string> args{find_launcher(), "-n", std::to_string(f.nproc), "--"};

@@ -1,0 +1,38 @@
+#pragma once
+
+/// muon-train-gpt --compare-layouts: the same runs in every layout of
+/// --parallel at several rank counts, each a separate job of this program,
+/// compared in one table (final validation loss and its difference from
+/// one process, optimizer state and parameter bytes per rank, bytes sent per
+/// rank per step, ms per step).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace train_gpt {
+
+/// One job of the comparison.
+struct LayoutJob {
+  /// --parallel value.
+  std::string parallel;
+  /// Ranks (--nproc).
+  int ranks = 1;
+  /// Tensor-parallel ranks (--tp; 0: the layout's default).
+  int tp = 0;
+  /// A name for files: "tp_sharded-4".
+  std::string label() const;
+};
+
+/// The jobs: one process, then at each of `ranks` every layout the model
+/// divides into (tensor parallelism needs at least as many heads as ranks;
+/// the 2-D layout runs at 4 or more ranks, --tp 2).
+std::vector<LayoutJob> layout_jobs(const std::vector<int>& ranks, int64_t heads);
+
+/// Runs each job as `program args --nproc N --parallel P [--tp T]` with its
+/// own output directory and summary under `out_dir`, its output in
+/// `<out_dir>/<label>.log`; prints a line per job as it ends, then the table.
+/// Returns 0, or 1 when a job failed (its log's last lines printed).
+int compare_layouts(const std::string& program, const std::vector<std::string>& args,
+                    const std::string& out_dir, const std::vector<LayoutJob>& jobs);
+
+}  // namespace train_gpt
