@@ -169,7 +169,7 @@ void GptImpl::initialize(uint64_t seed) {
     whole.emplace(name, value);
   }
   for (const auto& item : named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
-    const auto& prefix = item.key().empty() ? item.key() : item.key() + ".";
+    const auto prefix = item.key() + ".";
     const auto bias = [&] {
       const auto b = whole.find(prefix + "bias");
       return b != whole.end() ? b->second : at::Tensor();
