@@ -178,10 +178,10 @@ Stepper model_stepper(Gpt& model, std::unique_ptr<torch::optim::Optimizer> optim
   Stepper s;
   s.optimizer = opt.get();
   s.zero_grad = [opt] { opt->zero_grad(); };
-  s.step = [opt, average = std::move(average_gradients), params = model->parameters()] {
+  s.reduce_gradients = [average = std::move(average_gradients), params = model->parameters()] {
     average(params);
-    opt->step();
   };
+  s.step = [opt] { opt->step(); };
   s.checkpoint_parameters = model->named_parameters();
   s.checkpoint_layout = std::move(layout);
   s.owner = opt;
@@ -332,6 +332,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
     stepper.zero_grad();
     auto loss = model->loss(batch);
     loss.backward();
+    if (stepper.reduce_gradients) stepper.reduce_gradients();
     const auto t_opt = Clock::now();
     stepper.step();
     opt_seconds += since(t_opt);

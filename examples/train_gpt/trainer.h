@@ -46,8 +46,12 @@ struct Stepper {
   torch::optim::Optimizer* optimizer = nullptr;
   /// Clears the gradients before a step's backward.
   std::function<void()> zero_grad;
-  /// After backward: the gradients reduced over the ranks, the optimizer's
-  /// step, and the parameters made whole again where the layout splits them.
+  /// After backward: the gradients averaged over the ranks where the
+  /// layout does it apart from the optimizer (data parallel); may be empty.
+  std::function<void()> reduce_gradients;
+  /// Then the optimizer's step (timed as such), with whatever communication
+  /// the layout's optimizer does (sharded: the reduce-scatter of the
+  /// gradients and the all-gather of the updated rows).
   std::function<void()> step;
   /// What checkpoints save and load: parameters by name (the model's, or
   /// the optimizer's shards of them), laid out as `checkpoint_layout` says.
@@ -127,7 +131,7 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 using StepperFactory = std::function<Stepper(Gpt&)>;
 
 /// The Stepper of `optimizer` over `model`'s parameters: `average_gradients`
-/// on them before each step; checkpoints of the model's parameters in `layout`.
+/// on them as reduce_gradients; checkpoints of the model's parameters in `layout`.
 Stepper model_stepper(Gpt& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
                       std::function<void(const std::vector<at::Tensor>&)> average_gradients,
                       muon::dist::DistributedLayout layout);
