@@ -742,6 +742,29 @@ TEST(TrainGptProgram, AnotherSeedOnOneRankTrainsRankZerosModel) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(TrainGptProgram, TensorParallelRanksShareTheFirstRanksSeed) {
+  // The two ranks of a tensor-parallel group compute one model on one batch:
+  // started with different seeds, both take rank 0's, and the run is the
+  // single-process run of seed 1 (a rank drawing its own batches would mix
+  // two batches into every activation).
+  const auto dir = scratch("tp_seeds");
+  const std::string common = std::string(kTinyShape) +
+                             "--width 32 --batch 8 --steps 10 --timeout 60 ";
+  const auto outs = run_two_ranks(common + "--parallel tp --seed 1 --out " + (dir / "tp").string(),
+                                  common + "--parallel tp --seed 2 --out " + (dir / "tp").string(), dir);
+  for (const auto& out : outs) ASSERT_EQ(out.status, 0) << out.text;
+  ASSERT_EQ(run_program(common + "--nproc 1 --seed 1 --out " + (dir / "one").string()).status, 0);
+  const auto tp = train_gpt::read_csv((dir / "tp" / "muon.csv").string());
+  const auto one = train_gpt::read_csv((dir / "one" / "muon.csv").string());
+  ASSERT_EQ(tp.points.size(), one.points.size());
+  for (size_t i = 0; i < tp.points.size(); ++i) {
+    // Float rounding only (tests/test_train_gpt_layouts.cpp: within 1e-4).
+    EXPECT_NEAR(tp.points[i].valid_loss, one.points[i].valid_loss, 1e-4 * one.points[i].valid_loss)
+        << "step " << one.points[i].step;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainGptProgram, TimeoutFlagBoundsTheWaitForMissingRanks) {
   // Rank 1 of 2 never starts: rank 0 gives up after --timeout seconds with
   // one line instead of waiting the default 300 s.

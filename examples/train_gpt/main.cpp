@@ -356,6 +356,13 @@ int run_rank(const Flags& f) {
     o.save_every = f.save_every;
     o.keep = f.keep;
     if (!f.resume.empty()) o.resume = (fs::path(f.resume) / run).string();
+    if (mesh.tp.size() > 1) {
+      // The ranks of a tensor-parallel group compute one model on one batch:
+      // they take the seed of its first rank (batches follow the seed).
+      auto seed = at::full({1}, static_cast<int64_t>(o.seed), at::kLong);
+      mesh.tp.broadcast_(seed, 0);
+      o.seed = static_cast<uint64_t>(seed.item<int64_t>());
+    }
     // The checkpoints are saved and loaded over the world.
     o.world = group;
     o.tensor_parallel = mesh.tp;
