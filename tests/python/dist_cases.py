@@ -435,17 +435,18 @@ def case_experts(rank, world):
     run_steps(opt, params, grad_of, SHARDED_STEPS)
     out = {"ids": ids, "rows": rows, "shards": pieces(params)}
 
-    # Stacked experts (one E x m x n tensor, stacked_experts=True): row shards
-    # do not take them (docs/distributed.md, Limitations): ValueError on every
-    # rank. Replicated over the expert group they run layer-wise over it, each
-    # group its own stack, equal to one process's stacked Muon.
-    stack = leaf(local_rows(stacked_param(rank // 2), [STACK_SHAPE[0], 0], rank % 2))
-    try:
-        muon_cpp.Muon([stack], stacked_experts=True, **SHARDED_OPTIONS,
-                      layout=mdist.Sharded(shards={stack: mdist.RowShard(list(STACK_SHAPE), mine)}))
-        out["stacked_row_shard_error"] = None
-    except ValueError as e:
-        out["stacked_row_shard_error"] = str(e)
+    # Stacked experts (one E x m x n tensor, stacked_experts=True) as row
+    # shards over the expert group: each rank holds whole experts (2 and 1 of
+    # 3) and orthogonalizes them alone; the group's rows together equal one
+    # process's stacked Muon. Replicated over the expert group they run
+    # layer-wise over it, each group its own stack, equal to the same.
+    stack_rows = [2, 1]
+    stack = leaf(local_rows(stacked_param(rank // 2), stack_rows, rank % 2))
+    opt = muon_cpp.Muon([stack], stacked_experts=True, **SHARDED_OPTIONS,
+                        layout=mdist.Sharded(shards={stack: mdist.RowShard(list(STACK_SHAPE), mine)}))
+    run_steps(opt, [stack], lambda k, s: local_rows(stacked_grad(rank // 2, 0, s), stack_rows, rank % 2),
+              SHARDED_STEPS)
+    out["row_stack"] = pieces([stack])[0]
     stacks = [leaf(stacked_param(rank // 2)), leaf(stacked_param(rank // 2) * 0.5)]
     opt = muon_cpp.Muon(stacks, stacked_experts=True, layout=mdist.Layerwise(mine), **SHARDED_OPTIONS)
     run_steps(opt, stacks, lambda k, s: stacked_grad(rank // 2, k, s), SHARDED_STEPS)
