@@ -118,11 +118,9 @@ ShardedDataParallel::ShardedDataParallel(
     const auto& name = named_parameters[i].key();
     const auto& p = named_parameters[i].value();
     auto rows = balanced_split_sizes(p.size(0), world);
-    std::vector<int64_t> offsets(rows.size(), 0);
-    std::partial_sum(rows.begin(), rows.end() - 1, offsets.begin() + 1);
-    auto shard = p.detach()
-                     .narrow(0, offsets[static_cast<size_t>(rank)], rows[static_cast<size_t>(rank)])
-                     .clone(at::MemoryFormat::Contiguous);
+    std::vector<int64_t> offsets;
+    for (const auto r : c10::irange(world)) offsets.push_back(split_offset(rows, r));
+    auto shard = local_rows(p.detach(), rows, rank);
     shard.set_requires_grad(p.requires_grad());
     shards_.insert(name, shard);
     RowShard row_shard(p.sizes().vec(), dp);
