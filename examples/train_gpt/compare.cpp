@@ -59,6 +59,23 @@ std::string tail(const std::string& path, size_t n) {
 
 }  // namespace
 
+void write_summary(const std::string& path, const std::string& parallel, int ranks,
+                   const std::vector<RunLog>& logs) {
+  json runs = json::array();
+  for (const auto& l : logs) {
+    runs.push_back({{"name", l.name},
+                    {"valid_loss", l.final_point().valid_loss},
+                    {"ms_per_step", 1e3 * l.seconds_per_step()},
+                    {"optimizer_state_bytes", l.cost.optimizer_state_bytes},
+                    {"parameter_bytes", l.cost.parameter_bytes},
+                    {"bytes_sent_per_step", l.cost.bytes_sent_per_step}});
+  }
+  std::ofstream out(path);
+  out << json{{"parallel", parallel}, {"ranks", ranks}, {"runs", runs}}.dump() << "\n";
+  TORCH_CHECK_VALUE(out.good(), "[muon-train-gpt] --summary '", path.substr(0, 200),
+                    "': cannot write it");
+}
+
 std::string LayoutJob::label() const {
   std::string name = parallel;
   for (auto& c : name) {

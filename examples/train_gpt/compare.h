@@ -9,7 +9,17 @@
 #include <string>
 #include <vector>
 
+#include "report.h"
+
 namespace train_gpt {
+
+/// Writes the runs' final validation losses and costs as JSON to `path`
+/// (--summary; what compare_layouts reads back): {"parallel", "ranks",
+/// "runs": [{"name", "valid_loss", "ms_per_step", "optimizer_state_bytes",
+/// "parameter_bytes", "bytes_sent_per_step"}]}. Raises c10::ValueError when
+/// it cannot be written.
+void write_summary(const std::string& path, const std::string& parallel, int ranks,
+                   const std::vector<RunLog>& logs);
 
 /// One job of the comparison.
 struct LayoutJob {

@@ -273,27 +273,6 @@ std::string one_line(std::string text) {
   return text;
 }
 
-// The runs' final losses and costs as JSON (--summary), for --compare-layouts.
-void write_summary(const Flags& f, const std::vector<train_gpt::RunLog>& logs, int world) {
-  std::ofstream out(f.summary);
-  out << "{\"parallel\": \"" << f.parallel << "\", \"ranks\": " << world << ", \"runs\": [";
-  char line[512];
-  for (size_t i = 0; i < logs.size(); ++i) {
-    const auto& l = logs[i];
-    std::snprintf(line, sizeof line,
-                  "%s{\"name\": \"%s\", \"valid_loss\": %.9g, \"ms_per_step\": %.6g, "
-                  "\"optimizer_state_bytes\": %lld, \"parameter_bytes\": %lld, "
-                  "\"bytes_sent_per_step\": %lld}",
-                  i ? ", " : "", l.name.c_str(), l.final_point().valid_loss,
-                  1e3 * l.seconds_per_step(), static_cast<long long>(l.cost.optimizer_state_bytes),
-                  static_cast<long long>(l.cost.parameter_bytes),
-                  static_cast<long long>(l.cost.bytes_sent_per_step));
-    out << line;
-  }
-  out << "]}\n";
-  TORCH_CHECK_VALUE(out.good(), "[muon-train-gpt] --summary '", clip(f.summary), "': cannot write it");
-}
-
 int run_rank(const Flags& f) {
   const bool launched = std::getenv("RANK") != nullptr;
   muon::dist::Group group = muon::dist::Group::single();
@@ -381,7 +360,7 @@ int run_rank(const Flags& f) {
     logs.push_back(train_gpt::train(data, o, train_gpt::StepperFactory(factory), dp, schedule));
   }
   if (rank != 0) return 0;
-  if (!f.summary.empty()) write_summary(f, logs, world);
+  if (!f.summary.empty()) train_gpt::write_summary(f.summary, f.parallel, world, logs);
   const size_t baseline = logs.size() - 1;  // the last run (adamw by default)
   std::printf("\n%s", train_gpt::comparison_table(logs, baseline).c_str());
   std::printf("CSV logs: %s/<run>.csv\n", f.out.c_str());
