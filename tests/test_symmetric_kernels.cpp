@@ -4,6 +4,9 @@
 // β·C + α·A·B) match fp64 references.
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "cpu_product_util.h"
 #include "kernels/symmetric.h"
 
 namespace {
@@ -92,7 +95,7 @@ TEST(DnnlMatmul, MatchesFp64ProductOnStridedOperands) {
           const auto before = big.clone();
           auto out = big.narrow(0, 2, m).narrow(1, 5, n);
           const auto c0 = out.clone();
-          ASSERT_TRUE(muon::detail::dnnl_matmul(out, a, b, alpha, beta, 1));
+          muon::test::cpu_product(out, a, b, alpha, beta);
           // bf16 inputs: products of bf16 values are exact in fp32, so the
           // reference is the fp64 product of the same (rounded) inputs and
           // only fp32 accumulation error remains: ≤ ~√k·2⁻²⁴ of |A|·|B|,
@@ -117,7 +120,7 @@ TEST(DnnlMatmul, Bf16ResultsAndRefusals) {
   if (!muon::detail::dnnl_matmul_available()) GTEST_SKIP() << "built without oneDNN";
   auto a = at::randn({40, 64}).to(at::kBFloat16), b = at::randn({64, 24}).to(at::kBFloat16);
   auto out = at::empty({40, 24}, at::kBFloat16);
-  ASSERT_TRUE(muon::detail::dnnl_matmul(out, a, b, 1.0, 0.0, 1));
+  muon::test::cpu_product(out, a, b, 1.0, 0.0);
   // One rounding to bf16 of the fp32-accumulated product.
   const auto ref = at::mm(a.to(at::kDouble), b.to(at::kDouble));
   EXPECT_LE((out.to(at::kDouble) - ref).abs().max().item<double>(),
@@ -134,6 +137,41 @@ TEST(DnnlMatmul, Bf16ResultsAndRefusals) {
   EXPECT_FALSE(muon::detail::dnnl_matmul(col_major, a.to(at::kFloat), b.to(at::kFloat), 1.0,
                                          0.0, 1));
   EXPECT_TRUE(at::equal(keep, copy));
+}
+
+TEST(SymmetricKernels, Bf16ProductsFollowTheCpu) {
+  // oneDNN 2.x/3.x has a bf16 matmul from AVX512_CORE on (emulated there,
+  // native from AVX512_CORE_BF16) and none on AVX2; the probe must agree
+  // with the ISA oneDNN runs at (the CPU's, or ONEDNN_MAX_CPU_ISA's).
+  using muon::detail::Bf16Products;
+  const std::string isa = muon::detail::dnnl_isa_name();
+  const bool avx512 = isa.rfind("AVX512_CORE", 0) == 0;
+  EXPECT_EQ(muon::detail::bf16_products(),
+            muon::detail::dnnl_matmul_available() && avx512 ? Bf16Products::kOneDnn
+                                                             : Bf16Products::kWidened)
+      << "oneDNN ISA " << isa;
+  const auto said = muon::detail::describe_cpu_products(at::kBFloat16);
+  EXPECT_NE(said.find(muon::detail::bf16_products() == Bf16Products::kOneDnn ? "oneDNN bf16 matmul"
+                                                                              : "widened to fp32"),
+            std::string::npos)
+      << said;
+  if (muon::detail::bf16_products() != Bf16Products::kWidened) return;
+  // Widened: exactly the fp32 product of the widened operands (the same
+  // fp32 kernel), rounded once; bf16 results and fp32 results alike.
+  at::manual_seed(8);
+  const auto a = at::randn({2, 70, 300}).to(at::kBFloat16);
+  const auto b = at::randn({2, 300, 50}).to(at::kBFloat16);
+  auto c = at::randn({2, 70, 50}).to(at::kBFloat16);
+  auto out = c.clone();
+  muon::detail::batched_addmm_out(out, c, a, b, 1.25, 1.0);
+  auto ref = c.to(at::kFloat);
+  muon::detail::batched_addmm_out(ref, ref, a.to(at::kFloat), b.to(at::kFloat), 1.25, 1.0);
+  EXPECT_TRUE(at::equal(out, ref.to(at::kBFloat16)));
+  auto out32 = at::empty({2, 70, 50});
+  muon::detail::batched_mm_out(out32, a, b);
+  auto ref32 = at::empty({2, 70, 50});
+  muon::detail::batched_mm_out(ref32, a.to(at::kFloat), b.to(at::kFloat));
+  EXPECT_TRUE(at::equal(out32, ref32));
 }
 
 TEST(SymmetricKernels, Bf16InputsGiveFp32GramSymmetricToTheBit) {

@@ -8,7 +8,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <string>
 #include <unordered_map>
+#include <utility>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -82,6 +84,49 @@ bool dnnl_has_avx512() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
   return (isa & avx512) == avx512;
+}
+
+std::string dnnl_isa_name() {
+  // The effective ISA: the CPU's, or less where ONEDNN_MAX_CPU_ISA says so.
+  // Names as ONEDNN_MAX_CPU_ISA spells them; the highest that matches.
+  using isa = dnnl::cpu_isa;
+  const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const std::pair<isa, const char*> levels[] = {
+      {isa::avx512_core_amx, "AVX512_CORE_AMX"}, {isa::avx512_core_bf16, "AVX512_CORE_BF16"},
+      {isa::avx512_core_vnni, "AVX512_CORE_VNNI"}, {isa::avx512_core, "AVX512_CORE"},
+      {isa::avx2_vnni, "AVX2_VNNI"},             {isa::avx2, "AVX2"},
+      {isa::avx, "AVX"},                         {isa::sse41, "SSE41"}};
+  for (const auto& [level, name] : levels) {
+    const auto bits = static_cast<unsigned>(level);
+    if ((effective & bits) == bits) return name;
+  }
+  return "NONE";
+}
+
+bool dnnl_bf16_available() {
+  // oneDNN decides per primitive whether the CPU (under ONEDNN_MAX_CPU_ISA)
+  // has a bf16 matmul: oneDNN 2.x needs AVX512_CORE (bf16 emulated there,
+  // native from AVX512_CORE_BF16); on AVX2 it has none. Asked once, with
+  // both result dtypes the products use.
+  static const bool available = [] {
+    const auto& engine = cpu_engine();
+    try {
+      for (const auto dst : {memory::data_type::f32, memory::data_type::bf16}) {
+        const memory::desc a({8, 8}, memory::data_type::bf16, memory::format_tag::ab);
+        const memory::desc c({8, 8}, dst, memory::format_tag::ab);
+#if DNNL_VERSION_MAJOR >= 3
+        const dnnl::matmul::primitive_desc pd(engine, a, a, c);
+#else
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine);
+#endif
+        (void)pd;
+      }
+    } catch (const dnnl::error&) {
+      return false;
+    }
+    return true;
+  }();
+  return available;
 }
 
 bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,

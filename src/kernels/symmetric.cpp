@@ -48,13 +48,46 @@ int product_threads(at::ScalarType dtype) {
 
 // Whether CPU products of this input dtype go to oneDNN.
 bool on_dnnl(at::ScalarType dtype) {
-  if (dtype == at::kBFloat16) return dnnl_matmul_available();
+  if (dtype == at::kBFloat16) return dnnl_bf16_available();
   return dtype == at::kFloat && fp32_products_on_dnnl();
+}
+
+// CPU bf16 operands where oneDNN has no bf16 matmul (AVX2): widened to fp32,
+// which is exact (8-bit significands), so that each product of two is exact
+// in fp32 too and the fp32 product sums them in fp32, as a bf16 matmul with
+// fp32 accumulation does. LibTorch's own bf16 GEMM is never used: on such
+// CPUs it sums some layouts in bf16 (LibTorch 1.13: ~15× the error).
+bool widens(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == at::kBFloat16 &&
+         bf16_products() == Bf16Products::kWidened;
+}
+
+void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
+                double beta);
+
+// out = beta·out + alpha·a·b from widened operands, summed in fp32 and, for
+// a bf16 out, rounded once.
+void widened_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
+                     double beta) {
+  const auto a32 = a.to(at::kFloat);
+  const auto b32 = b.to(at::kFloat);
+  if (out.scalar_type() == at::kFloat) {
+    product_2d(out, a32, b32, alpha, beta);
+    return;
+  }
+  auto acc = beta != 0.0 ? out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                         : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  product_2d(acc, a32, b32, alpha, beta);
+  out.copy_(acc);
 }
 
 // out = beta·out + alpha·a·b for one matrix; out may be a strided block.
 void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                 double beta) {
+  if (widens(a)) {
+    widened_product(out, a, b, alpha, beta);
+    return;
+  }
   if (out.device().is_cpu() && on_dnnl(a.scalar_type()) &&
       dnnl_matmul(out, a, b, alpha, beta, product_threads(a.scalar_type()), !sixteen_bit_compute)) {
     return;
@@ -193,7 +226,26 @@ bool fp32_products_on_dnnl() {
 }
 
 bool accumulates_in_fp32(const at::Tensor& x) {
-  return x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && on_dnnl(at::kBFloat16);
+  return x.device().is_cpu() && x.scalar_type() == at::kBFloat16;
+}
+
+Bf16Products bf16_products() {
+  return dnnl_bf16_available() ? Bf16Products::kOneDnn : Bf16Products::kWidened;
+}
+
+std::string describe_cpu_products(at::ScalarType dtype) {
+  const std::string isa = dnnl_matmul_available() ? "oneDNN ISA " + dnnl_isa_name() : "no oneDNN";
+  std::string core = blas_core_name();
+  const std::string blas = core.empty() ? "ATen's BLAS" : "OpenBLAS (" + core + " kernels)";
+  const std::string fp32 = fp32_products_on_dnnl()
+                               ? "oneDNN fp32 matmul (row panels for symmetric products)"
+                               : blas + (core.empty() ? "" : ", SYRK for symmetric products");
+  if (dtype != at::kBFloat16) return "fp32 products: " + fp32 + "; " + isa;
+  if (bf16_products() == Bf16Products::kOneDnn) {
+    return "bf16 products: oneDNN bf16 matmul, fp32 sums rounded once; " + isa;
+  }
+  return "bf16 products: operands widened to fp32 (exact), " + fp32 +
+         ", rounded once (oneDNN has no bf16 matmul here); " + isa;
 }
 
 SixteenBitCompute::SixteenBitCompute() : previous_(sixteen_bit_compute) {
@@ -213,7 +265,9 @@ OneThreadScope::~OneThreadScope() {
 
 bool products_follow_thread_scope(at::ScalarType dtype) {
   if (!dnnl_matmul_available()) return false;
-  return dtype == at::kBFloat16 || (dtype == at::kFloat && fp32_products_on_dnnl());
+  if (dtype == at::kBFloat16 && on_dnnl(at::kBFloat16)) return true;
+  // fp32 products, and bf16 ones widened to fp32.
+  return (dtype == at::kFloat || dtype == at::kBFloat16) && fp32_products_on_dnnl();
 }
 
 void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
@@ -238,6 +292,16 @@ namespace {
 // order the sums differently for (i, j) and (j, i)), so it is mirrored too:
 // Gram Newton–Schulz relies on R being symmetric to the bit.
 bool upper_product(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {
+  if (widens(x)) {
+    // Widened once for all panels; fp32 kernels (SYRK or oneDNN panels).
+    const auto x32 = x.to(at::kFloat);
+    if (out.scalar_type() == at::kFloat) return upper_product(out, x32, trans, alpha, beta);
+    auto acc = beta != 0.0 ? out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                           : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+    const bool mirror = upper_product(acc, x32, trans, alpha, beta);
+    out.copy_(acc);
+    return mirror;
+  }
   const int64_t s = out.size(1);
   const bool cpu = out.device().is_cpu();
   const bool cpu_dnnl = cpu && on_dnnl(x.scalar_type());
@@ -261,6 +325,7 @@ bool upper_product(at::Tensor& out, const at::Tensor& x, bool trans, double alph
 }  // namespace
 
 double symmetric_product_fraction(int64_t s, at::ScalarType dtype, bool gram) {
+  if (dtype == at::kBFloat16 && bf16_products() == Bf16Products::kWidened) dtype = at::kFloat;
   const bool is16 = dtype == at::kBFloat16 || dtype == at::kHalf;
   const bool dnnl = on_dnnl(dtype);
   if (gram && !dnnl && !is16) return 0.5;  // CBLAS SYRK

@@ -97,11 +97,34 @@ bool cblas_syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, 
 bool cblas_sum_of_squares(const at::Tensor& x, double* out);
 
 /// Whether products of x's dtype on x's device can write fp32 results from
-/// bf16 inputs (oneDNN on CPU).
+/// bf16 inputs: every CPU bf16 product (oneDNN's bf16 matmul, or fp32
+/// products of the exactly widened operands where oneDNN has none).
 bool accumulates_in_fp32(const at::Tensor& x);
+
+/// How CPU products with bf16 inputs run.
+enum class Bf16Products {
+  kOneDnn,  ///< oneDNN's bf16 matmul: exact products summed in fp32
+  kWidened, ///< operands widened to fp32 (exactly), fp32 products (oneDNN or
+            ///< the BLAS), the result rounded once: the same arithmetic
+};
+/// kOneDnn where oneDNN has a bf16 matmul on this CPU (under
+/// ONEDNN_MAX_CPU_ISA), else kWidened.
+Bf16Products bf16_products();
+
+/// One line naming the kernels CPU products with inputs of `dtype` (kFloat
+/// or kBFloat16) run on, and why: what `explain` and the benchmarks print.
+std::string describe_cpu_products(at::ScalarType dtype);
 
 /// oneDNN backend (src/kernels/dnnl_matmul.cpp or dnnl_none.cpp).
 bool dnnl_matmul_available();
+
+/// Whether oneDNN has a bf16 matmul on this CPU under ONEDNN_MAX_CPU_ISA
+/// (oneDNN 2.x: from AVX512_CORE on; none on AVX2). Probed once.
+bool dnnl_bf16_available();
+
+/// oneDNN's effective ISA, as ONEDNN_MAX_CPU_ISA names it ("AVX2",
+/// "AVX512_CORE_BF16", ...); "" without oneDNN.
+std::string dnnl_isa_name();
 
 /// out = beta·out + alpha·a·b for CPU matrices (2-D) or batches of them
 /// (3-D, one primitive for the whole batch) through oneDNN's matmul,

@@ -22,6 +22,28 @@ _path = os.environ.get("MUON_CPP_PATH")
 if _path:
     sys.path.insert(0, os.path.abspath(_path))
 
+
+def _follow_isa_mask():
+    """LibTorch's bf16 matmul under ONEDNN_MAX_CPU_ISA, as on such a CPU.
+
+    scripts/test.sh runs these tests again with oneDNN masked below the
+    CPU's level (AVX2: no bf16 matmul in oneDNN). torch decides from CPUID
+    alone to send bf16 matmuls to oneDNN, which then throws; on a CPU that
+    really lacks AVX-512 torch runs its own GEMM. The plain references
+    below use torch's bf16 matmul, so under the mask they get what they get
+    on such a CPU (tests/isa_mask.cpp does the same for the C++ tests).
+    """
+    if not (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")):
+        return
+    x = torch.ones(64, 64, dtype=torch.bfloat16)  # small products skip oneDNN
+    try:
+        x @ x
+    except RuntimeError:
+        torch.backends.mkldnn.enabled = False
+
+
+_follow_isa_mask()
+
 # ---- coefficient sets -----------------------------------------------------------
 
 # What include/muon/newton_schulz.h documents for each built-in set besides
@@ -84,6 +106,28 @@ def ref_newton_schulz(g, schedule, eps=1e-7, safety=1.0, eps_mode="add", dtype=t
         B = b * A + c * (A @ A)
         x = a * x + B @ x
     return x.t() if tall else x
+
+
+def plain_error_over_orders(g, schedule, ref, safety=1.0, dtype=torch.float32, orders=8, seed=0):
+    """The largest relative error against `ref` of the textbook formula in
+    `dtype` over `orders` equally valid summation orders of the same input.
+
+    Permuting rows and columns changes nothing but the order of the sums:
+    NS(P·G·Q) = P·NS(G)·Q exactly for permutations P, Q. On small inputs
+    (24×24) the plain formula's error moves by up to ~2× with that order
+    alone, so one evaluation is no yardstick for a kernel that sums in
+    another order (SYRK, K in chunks); the largest over several is.
+    The first order is the identity."""
+    gen = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for k in range(orders):
+        rows = torch.arange(g.shape[-2]) if k == 0 else torch.randperm(g.shape[-2], generator=gen)
+        cols = torch.arange(g.shape[-1]) if k == 0 else torch.randperm(g.shape[-1], generator=gen)
+        out = ref_newton_schulz(g[..., rows, :][..., :, cols], schedule, safety=safety, dtype=dtype)
+        back = torch.empty_like(out)
+        back[..., rows[:, None], cols[None, :]] = out
+        worst = max(worst, rel_err(back, ref))
+    return worst
 
 
 def rel_err(y, ref):

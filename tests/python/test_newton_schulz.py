@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import muon_cpp
-from conftest import (SET_FACTS, U_BF16, U_FP32, plain_scale, ref_newton_schulz, rel_err, safety_of,
-                      schedule_of, with_spectrum)
+from conftest import (SET_FACTS, U_BF16, U_FP32, plain_error_over_orders, plain_scale,
+                      ref_newton_schulz, rel_err, safety_of, schedule_of, with_spectrum)
 
 ALL_SETS = sorted(SET_FACTS)
 SHAPES = [(24, 24), (16, 40), (40, 16), (3, 12, 20), (2, 20, 12)]
@@ -42,18 +42,22 @@ def test_fp32_matches_fp64_schedule(name, shape):
     # Tolerance: the library evaluates the same polynomial schedule as the
     # textbook formula, so in fp32 its error against the fp64 evaluation is of
     # the order of the textbook formula's own fp32 error on the same input
-    # (measured here): at most 2× that (equally valid summation orders, the
-    # C++ suite's bound for the standard iteration fp32 'auto' uses) plus a
-    # floor of 8 fp32 units of roundoff. A wrong tuple, schedule, safety
-    # factor or transpose gives O(1) differences.
+    # (measured here) in some equally valid order of the sums. On inputs this
+    # small that error moves by up to ~2× with the order alone, whichever
+    # kernel sums (conftest.plain_error_over_orders): the yardstick is the
+    # largest of 8 orders, and the bound 2× that (the C++ suite's bound for
+    # the standard iteration fp32 'auto' uses; measured over 900 inputs on
+    # the BLAS and the oneDNN kernels: at most 1.9× and 1.4×) plus a floor
+    # of 8 fp32 units of roundoff. A wrong tuple, schedule, safety factor or
+    # transpose gives O(1) differences.
     gen = torch.Generator().manual_seed(zlib.crc32(repr((name, shape)).encode()))
     g = torch.randn(*shape, dtype=torch.float64, generator=gen)
     sched = schedule_of(name)
     ref = ref_newton_schulz(g, sched, safety=safety_of(name))
-    plain = ref_newton_schulz(g.float(), sched, safety=safety_of(name), dtype=torch.float32)
+    plain = plain_error_over_orders(g.float(), sched, ref, safety=safety_of(name))
     out = muon_cpp.newton_schulz(g.float(), name)
     assert out.shape == g.shape and out.dtype == torch.float32
-    assert rel_err(out, ref) <= 2 * rel_err(plain, ref) + 8 * U_FP32
+    assert rel_err(out, ref) <= 2 * plain + 8 * U_FP32
 
 
 @pytest.mark.parametrize("name", ["simple", "quintic", "polar_express_5"])
