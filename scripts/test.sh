@@ -22,3 +22,11 @@ echo "test.sh: build finished in $(( $(date +%s) - start )) s"
 
 # Tests run one at a time: each uses every core through BLAS and OpenMP.
 ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 "$@"
+
+# The instruction-set matrix: the numerical suites again at each level
+# below this CPU's own, so that one machine proves the paths of weaker ones
+# (docs/benchmarks.md, "Instruction sets"). Skipped when ctest arguments
+# select tests, or with MUON_ISA_MATRIX=0.
+if [[ $# -eq 0 && ${MUON_ISA_MATRIX:-1} != 0 ]]; then
+  bash scripts/isa-matrix.sh "$BUILD_DIR"
+fi
