@@ -243,7 +243,8 @@ int run(const Args& args) {
   js << "{\"shape\":" << json_string(args.shape_text) << ",\"dtype\":" << json_string(args.dtype)
      << ",\"coefficients\":" << json_string(options.coefficients().name)
      << ",\"steps\":" << options.steps() << ",\"method\":" << json_string(args.method)
-     << ",\"resolved\":" << json_string(muon::to_string(resolved)) << ",\"reps\":" << args.reps
+     << ",\"resolved\":" << json_string(muon::to_string(resolved))
+     << ",\"kernels\":" << json_string(muon::newton_schulz_cpu_kernels(options.compute_dtype())) << ",\"reps\":" << args.reps
      << ",\"warmup\":" << args.warmup << ",\"seed\":" << args.seed
      << ",\"median_s\":" << json_number(median) << ",\"min_s\":" << json_number(min)
      << ",\"times_s\":[";

@@ -333,6 +333,15 @@ NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulz
   return NewtonSchulzMethod::kStandard;
 }
 
+std::string newton_schulz_cpu_kernels(at::ScalarType compute_dtype) {
+  if (compute_dtype == at::kDouble) {
+    const auto core = detail::blas_core_name();
+    return std::string("fp64 products: ") +
+           (core.empty() ? "ATen's BLAS" : "OpenBLAS (" + core + " kernels), SYRK for symmetric products");
+  }
+  return detail::describe_cpu_products(compute_dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat);
+}
+
 double newton_schulz_plain_flops(int64_t rows, int64_t cols, int64_t steps) {
   const double s = static_cast<double>(std::min(rows, cols));
   const double l = static_cast<double>(std::max(rows, cols));

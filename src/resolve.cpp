@@ -9,9 +9,11 @@
 #include <unordered_map>
 
 #include "config_internal.h"
+#include "muon/newton_schulz.h"
 #include "muon/optim/routing.h"
 #include "muon/registry.h"
 #include "registry_internal.h"
+#include "util/dtype_names.h"
 #include "util/names.h"
 
 namespace muon {
@@ -192,6 +194,23 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named,
     rows.push_back({r.name, to_string(FieldValue(r.shape)), r.optimizer,
                     r.group >= 0 ? std::to_string(r.group) : "-", settings});
   }
+  // What `auto` picks on this machine for each Newton–Schulz compute dtype
+  // in use: the products' kernels (bf16 native or widened) and the method.
+  std::vector<std::string> footer;
+  for (const auto& r : resolved) {
+    if (!r.alias_of.empty()) continue;
+    const auto entry = registry.at(r.optimizer);
+    const auto mine = detail::settings_for(registry, *entry, r.values);
+    const auto it = mine.values().find("ns_compute_dtype");
+    if (it == mine.values().end()) continue;
+    const auto dtype_name = std::get<std::string>(it->second);
+    const auto dtype = detail::parse_dtype(dtype_name, "", "muon_ns_compute_dtype");
+    std::string line = "Newton–Schulz in " + dtype_name + ": " + newton_schulz_cpu_kernels(dtype);
+    if (dtype == at::kBFloat16) {
+      line += "; method auto: gram where long/short side >= 3, standard elsewhere";
+    }
+    if (std::find(footer.begin(), footer.end(), line) == footer.end()) footer.push_back(line);
+  }
   std::array<size_t, 4> width{};
   for (const auto& row : rows) {
     for (size_t c = 0; c < 4; ++c) width[c] = std::max(width[c], row[c].size());
@@ -201,6 +220,7 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named,
     for (size_t c = 0; c < 4; ++c) out << std::left << std::setw(static_cast<int>(width[c] + 2)) << row[c];
     out << row[4] << "\n";
   }
+  for (const auto& line : footer) out << line << "\n";
   return out.str();
 }
 

@@ -25,6 +25,8 @@
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/state_bytes.h"
+#include "kernels/symmetric.h"
+#include "muon/newton_schulz.h"
 #include "muon/registry.h"
 
 namespace muon::test {
@@ -368,8 +370,23 @@ TEST(Registry, ExplainShowsEveryParameter) {
   std::vector<std::string> lines;
   std::stringstream ss(text);
   for (std::string line; std::getline(ss, line);) lines.push_back(line);
-  ASSERT_EQ(lines.size(), model->named_parameters().size() + 1);  // header + one per parameter
+  // Header, one line per parameter, and what Newton–Schulz in fp32 (the
+  // config's compute dtype) runs on on this CPU.
+  ASSERT_EQ(lines.size(), model->named_parameters().size() + 2);
   EXPECT_EQ(lines[0].rfind("parameter", 0), 0u);
+  EXPECT_EQ(lines.back(), "Newton–Schulz in float32: " + muon::newton_schulz_cpu_kernels(at::kFloat));
+  EXPECT_NE(lines.back().find("fp32 products: "), std::string::npos) << lines.back();
+  // A bf16 compute dtype says which bf16 products this CPU has.
+  config.set("muon_ns_compute_dtype", std::string("bfloat16"));
+  const auto bf16 = muon::explain(model->named_parameters(), config);
+  EXPECT_NE(bf16.find("Newton–Schulz in bfloat16: " + muon::newton_schulz_cpu_kernels(at::kBFloat16)),
+            std::string::npos)
+      << bf16;
+  EXPECT_NE(bf16.find(muon::detail::bf16_products() == muon::detail::Bf16Products::kOneDnn
+                          ? "oneDNN bf16 matmul"
+                          : "widened to fp32"),
+            std::string::npos)
+      << bf16;
   auto line_of = [&](const std::string& name) {
     for (const auto& l : lines) {
       if (l.rfind(name + " ", 0) == 0) return l;

@@ -241,6 +241,14 @@ at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options
 /// The method `auto` resolves to for a (batch of) m×n matrices.
 NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
 
+/// One line naming what `newton_schulz` runs its CPU matrix products on for
+/// `compute_dtype` on this machine and why: oneDNN or the BLAS for fp32;
+/// for bf16, oneDNN's bf16 matmul where oneDNN has one on this CPU (under
+/// ONEDNN_MAX_CPU_ISA), else the operands widened to fp32 (exact) on the
+/// fp32 kernels with the result rounded once, the same arithmetic; and
+/// oneDNN's instruction-set level. What explain() and muon_ns_probe print.
+std::string newton_schulz_cpu_kernels(at::ScalarType compute_dtype);
+
 /// Floating-point operations one call performs on a single m×n matrix with
 /// `options` (method resolved), counting a SYRK as half a GEMM. Used by the
 /// distributed layouts to balance work and by the benchmarks for GFLOP/s.
