@@ -310,7 +310,24 @@ def markdown_table(rows):
     return "\n".join(out)
 
 
+def follow_isa_mask():
+    """Under ONEDNN_MAX_CPU_ISA below the CPU's level (AVX2: oneDNN has no
+    bf16 matmul), torch still sends bf16 matmuls to oneDNN, which throws;
+    on a CPU that really lacks AVX-512 torch runs its own GEMM. Give the
+    plain formula what it gets on such a CPU. Returns a note, or ""."""
+    if not (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")):
+        return ""
+    x = torch.ones(64, 64, dtype=torch.bfloat16)
+    try:
+        x @ x
+    except RuntimeError:
+        torch.backends.mkldnn.enabled = False
+        return "torch's oneDNN off (no bf16 matmul under the mask)"
+    return ""
+
+
 def main():
+    mask_note = follow_isa_mask()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--probe", default="build/bench/muon_ns_probe",
                     help="path to the muon_ns_probe executable")
@@ -359,6 +376,9 @@ def main():
         f"probe {args.probe}  coefficients {args.coefficients} x{steps} "
         f"(safety {safety}, eps {EPS})  method {args.method}  reps {args.reps} "
         f"(median)  warmup {args.warmup}  seed {args.seed}",
+        "ISA mask: " + " ".join(f"{k}={os.environ[k]}" for k in
+                                ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE")
+                                if k in os.environ) + (f"  ({mask_note})" if mask_note else ""),
     ]
     for h in header:
         print(h)
@@ -424,6 +444,7 @@ def main():
             ours_s = probe["median_s"]
             row.update(
                 method=probe["resolved"],
+                kernels=probe.get("kernels", ""),
                 plain_ms=plain_s * 1e3,
                 ours_ms=ours_s * 1e3,
                 ratio=plain_s / ours_s,

@@ -140,18 +140,20 @@ TEST(DnnlMatmul, Bf16ResultsAndRefusals) {
 }
 
 TEST(SymmetricKernels, Bf16ProductsFollowTheCpu) {
-  // oneDNN 2.x/3.x has a bf16 matmul from AVX512_CORE on (emulated there,
-  // native from AVX512_CORE_BF16) and none on AVX2; the probe must agree
+  // oneDNN's bf16 matmul is used where it is native (AVX512_CORE_BF16, AMX);
+  // at AVX512_CORE and AVX512_CORE_VNNI it is emulated and slower than fp32,
+  // on AVX2 it does not exist: bf16 is widened there. The choice must agree
   // with the ISA oneDNN runs at (the CPU's, or ONEDNN_MAX_CPU_ISA's).
+  // (oneDNN 3.x also has a native one on AVX2_VNNI_2, which 2.x cannot
+  // name: levels between AVX2 and AVX512_CORE are not asserted.)
   using muon::detail::Bf16Products;
-  // (oneDNN 3.x also has one on AVX2_VNNI_2, which 2.x cannot name: levels
-  // between AVX2 and AVX512_CORE are not asserted.)
   const std::string isa = muon::detail::dnnl_isa_name();
-  const bool avx512 = isa.rfind("AVX512_CORE", 0) == 0;
-  const bool at_most_avx2 = isa == "AVX2" || isa == "AVX" || isa == "SSE41" || isa.empty();
-  if (!muon::detail::dnnl_matmul_available() || at_most_avx2) {
+  const bool native = isa == "AVX512_CORE_BF16" || isa == "AVX512_CORE_AMX";
+  const bool widened = isa == "AVX512_CORE" || isa == "AVX512_CORE_VNNI" || isa == "AVX2" ||
+                       isa == "AVX" || isa == "SSE41" || isa.empty();
+  if (!muon::detail::dnnl_matmul_available() || widened) {
     EXPECT_EQ(muon::detail::bf16_products(), Bf16Products::kWidened) << "oneDNN ISA " << isa;
-  } else if (avx512) {
+  } else if (native) {
     EXPECT_EQ(muon::detail::bf16_products(), Bf16Products::kOneDnn) << "oneDNN ISA " << isa;
   }
   const auto said = muon::detail::describe_cpu_products(at::kBFloat16);

@@ -105,10 +105,24 @@ std::string dnnl_isa_name() {
 
 bool dnnl_bf16_available() {
   // oneDNN decides per primitive whether the CPU (under ONEDNN_MAX_CPU_ISA)
-  // has a bf16 matmul: oneDNN 2.x needs AVX512_CORE (bf16 emulated there,
-  // native from AVX512_CORE_BF16); on AVX2 it has none. Asked once, with
-  // both result dtypes the products use.
+  // has a bf16 matmul: oneDNN 2.x needs AVX512_CORE, and has none on AVX2.
+  // Below AVX512_CORE_BF16 it emulates bf16 dot products in AVX-512 at
+  // under half its own fp32 rate (81 against 171 GFLOP/s here at
+  // AVX512_CORE), so there the widened fp32 products are both faster and
+  // the same arithmetic: only native bf16 (AVX512_CORE_BF16, AMX; AVX2_VNNI_2
+  // in oneDNN 3) counts. Asked once, with both result dtypes the products use.
   static const bool available = [] {
+    using isa = dnnl::cpu_isa;
+    const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    auto has = [&](isa level) {
+      const auto bits = static_cast<unsigned>(level);
+      return (effective & bits) == bits;
+    };
+    bool native = has(isa::avx512_core_bf16);
+#if DNNL_VERSION_MAJOR >= 3
+    native = native || has(isa::avx2_vnni_2);
+#endif
+    if (!native) return false;
     const auto& engine = cpu_engine();
     try {
       for (const auto dst : {memory::data_type::f32, memory::data_type::bf16}) {
@@ -136,6 +150,7 @@ bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
   if (!supported_dtype(in) || b.scalar_type() != in || !supported_dtype(out.scalar_type())) {
     return false;
   }
+  if (in == at::kBFloat16 && !dnnl_bf16_available()) return false;  // none, or emulated
   // bf16 results only from bf16 inputs; fp32 inputs only give fp32
   // results. β·C reads out's own values (bf16 or fp32), scales and adds
   // them in fp32 before the one rounding of the result.

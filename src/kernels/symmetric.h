@@ -107,8 +107,8 @@ enum class Bf16Products {
   kWidened, ///< operands widened to fp32 (exactly), fp32 products (oneDNN or
             ///< the BLAS), the result rounded once: the same arithmetic
 };
-/// kOneDnn where oneDNN has a bf16 matmul on this CPU (under
-/// ONEDNN_MAX_CPU_ISA), else kWidened.
+/// kOneDnn where oneDNN has a native bf16 matmul on this CPU (under
+/// ONEDNN_MAX_CPU_ISA; dnnl_bf16_available), else kWidened.
 Bf16Products bf16_products();
 
 /// One line naming the kernels CPU products with inputs of `dtype` (kFloat
@@ -118,8 +118,10 @@ std::string describe_cpu_products(at::ScalarType dtype);
 /// oneDNN backend (src/kernels/dnnl_matmul.cpp or dnnl_none.cpp).
 bool dnnl_matmul_available();
 
-/// Whether oneDNN has a bf16 matmul on this CPU under ONEDNN_MAX_CPU_ISA
-/// (oneDNN 2.x: from AVX512_CORE on; none on AVX2). Probed once.
+/// Whether oneDNN has a native bf16 matmul on this CPU under
+/// ONEDNN_MAX_CPU_ISA (AVX512_CORE_BF16 or AMX; AVX2_VNNI_2 in oneDNN 3):
+/// none on AVX2, and at AVX512_CORE its emulated one is slower than the
+/// widened fp32 products. Probed once.
 bool dnnl_bf16_available();
 
 /// oneDNN's effective ISA, as ONEDNN_MAX_CPU_ISA names it ("AVX2",
