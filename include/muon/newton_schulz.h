@@ -195,8 +195,12 @@ class NewtonSchulzOptions {
   NsEpsMode eps_mode() const { return eps_mode_; }
 
   /// Compute dtype: kFloat (default), kBFloat16, kDouble, or kHalf (non-CPU
-  /// devices). bf16 matrix products accumulate in fp32 inside the backend;
-  /// the normalization is computed in fp32.
+  /// devices). bf16 matrix products sum exact products in fp32 and round
+  /// once: on CPU through oneDNN's bf16 matmul where it is native
+  /// (AVX512_CORE_BF16, AMX), elsewhere (AVX2, AVX512_CORE) with the
+  /// operands widened to fp32 on the fp32 kernels, the same arithmetic
+  /// (newton_schulz_cpu_kernels says which). The normalization is computed
+  /// in fp32.
   NewtonSchulzOptions& compute_dtype(at::ScalarType dtype);
   at::ScalarType compute_dtype() const { return compute_dtype_; }
 
