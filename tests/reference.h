@@ -56,6 +56,38 @@ inline at::Tensor reference_newton_schulz(const at::Tensor& g, const NsTuples& t
   return tall ? x.t() : x;
 }
 
+/// The textbook formula in bf16 on an ideal bf16 GEMM, whatever the CPU:
+/// every product sums the exact products of its bf16 operands in fp32 and
+/// rounds once (the operands widened to fp32, an fp64 product would do as
+/// well), the element-wise terms b·A, c·A², a·X and the sums rounded as
+/// LibTorch rounds bf16 element-wise ops. What LibTorch's bf16 matmul
+/// computes where oneDNN has a bf16 kernel; on other CPUs (AVX2)
+/// LibTorch 1.13 sums some layouts in bf16 and is far less accurate, so
+/// this is the yardstick that means the same on every CPU.
+inline at::Tensor reference_newton_schulz_bf16_fp32_sums(const at::Tensor& g,
+                                                         const NewtonSchulzOptions& options) {
+  if (g.dim() == 3) {
+    std::vector<at::Tensor> outs;
+    for (int64_t i = 0; i < g.size(0); ++i) {
+      outs.push_back(reference_newton_schulz_bf16_fp32_sums(g[i], options));
+    }
+    return at::stack(outs);
+  }
+  auto mm = [](const at::Tensor& x, const at::Tensor& y) {
+    return at::mm(x.to(at::kFloat), y.to(at::kFloat)).to(at::kBFloat16);
+  };
+  auto x = g.to(at::kFloat);
+  const bool tall = x.size(0) > x.size(1);
+  if (tall) x = x.t();
+  x = (x / (x.norm() * options.coefficients().safety_factor + options.eps())).to(at::kBFloat16);
+  for (const auto& k : options.schedule()) {
+    const auto a = mm(x, x.t());
+    const auto b = k.b * a + k.c * mm(a, a);
+    x = k.a * x + mm(b, x);
+  }
+  return tall ? x.t() : x;
+}
+
 /// The same formula with the step schedule, eps and safety factor of
 /// `options` (its coefficient tables taken as given), in `dtype`.
 inline at::Tensor reference_newton_schulz(const at::Tensor& g, const NewtonSchulzOptions& options,
