@@ -81,6 +81,47 @@ void axpy_apply(at::Tensor& out, double alpha, const at::Tensor& b, const at::Te
   }
 }
 
+// α ≈ a + mean(diag B) per matrix of a32 (contiguous CPU fp32, upper
+// triangles), B's diagonal shifted by a − α in place (a plain loop, no
+// dispatches). α keeps 5 significant bits: oneDNN bakes the sum post-op's
+// scale into the primitive, so a coarse α keeps the primitive cache hit
+// from one call to the next; the diagonal left to round is then at most
+// |B_ii − mean| + α/32, still far below a + B_ii.
+void shift_to_alpha(at::Tensor& a32, double a, std::vector<double>& alpha) {
+  const int64_t s = a32.size(1);
+  alpha.resize(static_cast<size_t>(a32.size(0)));
+  float* data = a32.data_ptr<float>();
+  for (int64_t i = 0; i < a32.size(0); ++i) {
+    float* m = data + i * s * s;
+    double sum = 0;
+    for (int64_t j = 0; j < s; ++j) sum += m[j * s + j];
+    const double mean = s > 0 ? sum / static_cast<double>(s) : 0.0;
+    int e = 0;
+    const double frac = std::frexp(a + mean, &e);  // α = frac·2^e, |frac| in [0.5, 1)
+    const double a_q = std::ldexp(std::nearbyint(frac * 32.0) / 32.0, e);
+    const auto shift = static_cast<float>(a_q - a);
+    for (int64_t j = 0; j < s; ++j) m[j * s + j] -= shift;
+    alpha[static_cast<size_t>(i)] = a_q;
+  }
+}
+
+// next = α·X + P·X (wide) or α·X + X·P (tall), α per matrix: one call for
+// the batch when every matrix has the same (coarse) α, as matrices of
+// similar spectra do; else one call per matrix.
+void apply_step(at::Tensor& next, const at::Tensor& x, const at::Tensor& p,
+                const std::vector<double>& alpha, bool tall) {
+  if (std::all_of(alpha.begin(), alpha.end(), [&](double v) { return v == alpha[0]; })) {
+    batched_addmm_out(next, x, tall ? x : p, tall ? p : x, alpha[0], 1.0);
+    return;
+  }
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    auto out = next.narrow(0, i, 1);
+    const auto xi = x.narrow(0, i, 1);
+    const auto pi = p.narrow(0, i, 1);
+    batched_addmm_out(out, xi, tall ? xi : pi, tall ? pi : xi, alpha[static_cast<size_t>(i)], 1.0);
+  }
+}
+
 // One standard step in bf16 where products accumulate into fp32 results
 // (oneDNN on CPU). A = X·Xᵀ is summed in fp32 from exact bf16 products and
 // rounded once to bf16; B = b·A + c·A² is formed in fp32 from that one
@@ -121,42 +162,55 @@ struct MixedStep {
     } else {
       a32.mul_(k.b);
     }
-    // α ≈ a + mean(diag B) per matrix, B's diagonal shifted by a − α in
-    // place (a32 is a contiguous CPU tensor: a plain loop, no dispatches).
-    // α keeps 5 significant bits: oneDNN bakes the sum post-op's scale into
-    // the primitive, so a coarse α keeps the primitive cache hit from one
-    // call to the next; the diagonal left to round is then at most
-    // |B_ii − mean| + α/32, still far below a + B_ii.
-    const int64_t s = a32.size(1);
-    alpha.resize(static_cast<size_t>(a32.size(0)));
-    float* data = a32.data_ptr<float>();
-    for (int64_t i = 0; i < a32.size(0); ++i) {
-      float* m = data + i * s * s;
-      double sum = 0;
-      for (int64_t j = 0; j < s; ++j) sum += m[j * s + j];
-      const double mean = s > 0 ? sum / static_cast<double>(s) : 0.0;
-      int e = 0;
-      const double frac = std::frexp(k.a + mean, &e);  // α = frac·2^e, |frac| in [0.5, 1)
-      const double a_q = std::ldexp(std::nearbyint(frac * 32.0) / 32.0, e);
-      const auto shift = static_cast<float>(a_q - k.a);
-      for (int64_t j = 0; j < s; ++j) m[j * s + j] -= shift;
-      alpha[static_cast<size_t>(i)] = a_q;
-    }
+    shift_to_alpha(a32, k.a, alpha);
     detail::symmetric_from_upper(p16, a32, 0.0);
     if (empty) return;
-    // One call for the batch when every matrix has the same (coarse) α, as
-    // matrices of similar spectra do; else one call per matrix.
-    if (std::all_of(alpha.begin(), alpha.end(), [&](double v) { return v == alpha[0]; })) {
-      batched_addmm_out(next, x, tall ? x : p16, tall ? p16 : x, alpha[0], 1.0);
-      return;
+    apply_step(next, x, p16, alpha, tall);
+  }
+};
+
+// The bf16 step of MixedStep where bf16 products are widened to fp32
+// (detail::Bf16Products::kWidened: no native bf16 matmul on this CPU), with
+// the same roundings, on fp32 tensors that hold bf16 values: the iterate,
+// the rounded A and the rounded step matrix are never converted back and
+// forth, each result is rounded to bf16 values in place where MixedStep
+// rounds it. Same arithmetic as MixedStep on widened products (each product
+// of two bf16 values is exact in fp32, sums in fp32, one rounding), fewer
+// passes over the iterate: fp32 GEMMs read it as they are.
+struct WidenedStep {
+  at::Tensor a32, ar, p32;
+  std::vector<double> alpha;
+
+  void run(at::Tensor& next, const at::Tensor& x, const NsCoefficients& k, bool tall,
+           const detail::PartialSums* sums) {
+    if (!a32.defined()) {
+      const int64_t s = tall ? x.size(2) : x.size(1);
+      a32 = detail::scratch_empty({x.size(0), s, s}, x.options());
+      p32 = detail::scratch_empty(a32.sizes(), a32.options());
     }
-    for (int64_t i = 0; i < x.size(0); ++i) {
-      auto out = next.narrow(0, i, 1);
-      const auto xi = x.narrow(0, i, 1);
-      const auto pi = p16.narrow(0, i, 1);
-      batched_addmm_out(out, xi, tall ? xi : pi, tall ? pi : xi, alpha[static_cast<size_t>(i)],
-                        1.0);
+    const bool empty = x.numel() == 0;
+    if (empty) {
+      a32.zero_();
+    } else {
+      detail::syrk_upper(a32, x, tall, 1.0, 0.0);
     }
+    if (sums != nullptr) sums->reduce_gram(a32);
+    if (k.c != 0.0) {
+      detail::mirror_upper_to_lower(a32);
+      detail::round_to_bf16_values(a32);
+      if (!ar.defined()) ar = detail::scratch_empty(a32.sizes(), a32.options());
+      ar.copy_(a32);
+      detail::syrk_upper(a32, ar, /*trans=*/false, k.c, k.b);
+    } else {
+      a32.mul_(k.b);
+    }
+    shift_to_alpha(a32, k.a, alpha);
+    detail::mirror_upper_to_lower(a32);
+    p32.copy_(a32);
+    detail::round_to_bf16_values(p32);
+    if (empty) return;
+    apply_step(next, x, p32, alpha, tall);
+    detail::round_to_bf16_values(next);
   }
 };
 
@@ -169,6 +223,17 @@ struct MixedStep {
 // process and for many.
 at::Tensor standard_iteration(at::Tensor x, const std::vector<NsCoefficients>& schedule,
                               bool tall, bool symmetric, const detail::PartialSums* sums) {
+  if (symmetric && x.scalar_type() == at::kBFloat16 && x.device().is_cpu() &&
+      detail::bf16_products() == detail::Bf16Products::kWidened) {
+    auto x32 = x.to(at::kFloat);  // exact; bf16 values in fp32 from here on
+    auto next32 = detail::scratch_empty(x32.sizes(), x32.options());
+    WidenedStep step;
+    for (const auto& k : schedule) {
+      step.run(next32, x32, k, tall, sums);
+      std::swap(x32, next32);
+    }
+    return x32.to(at::kBFloat16);  // exact
+  }
   auto next = detail::scratch_empty(x.sizes(), x.options());
   if (symmetric && x.scalar_type() == at::kBFloat16 && detail::accumulates_in_fp32(x)) {
     MixedStep step;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -192,6 +193,21 @@ void mirror_impl(scalar_t* data, int64_t batch, int64_t s) {
 }
 
 }  // namespace
+
+void round_to_bf16_values(at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous());
+  auto* bits = static_cast<uint32_t*>(t.data_ptr());
+  at::parallel_for(0, t.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint32_t u = bits[i];
+      const bool nan = (u & 0x7fffffffU) > 0x7f800000U;
+      // Round to nearest, ties to even, on the upper 16 bits (a carry into
+      // the exponent gives the next binade, or infinity, as it should).
+      const uint32_t rounded = (u + 0x7fffU + ((u >> 16) & 1U)) & 0xffff0000U;
+      bits[i] = nan ? (u | 0x00400000U) & 0xffff0000U : rounded;
+    }
+  });
+}
 
 void mirror_upper_to_lower(at::Tensor& out) {
   TORCH_INTERNAL_ASSERT(out.dim() == 3 && out.size(1) == out.size(2) && out.is_contiguous());

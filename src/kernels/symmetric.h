@@ -155,6 +155,11 @@ std::string blas_core_name();
 /// the work of a panelled product. MUON_FP32_PRODUCTS=blas|onednn overrides.
 bool fp32_products_on_dnnl();
 
+/// Rounds every element of a contiguous CPU fp32 tensor to the nearest bf16
+/// value (ties to even, as LibTorch's conversion; NaN stays NaN), in place:
+/// fp32 tensors that carry bf16 values (Bf16Products::kWidened).
+void round_to_bf16_values(at::Tensor& t);
+
 /// Copies the upper triangle of every (contiguous, square) matrix of a
 /// (b, s, s) tensor onto its lower triangle.
 void mirror_upper_to_lower(at::Tensor& out);
