@@ -4,6 +4,8 @@
 // β·C + α·A·B) match fp64 references.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 
 #include "cpu_product_util.h"
@@ -178,6 +180,27 @@ TEST(SymmetricKernels, Bf16ProductsFollowTheCpu) {
   auto ref32 = at::empty({2, 70, 50});
   muon::detail::batched_mm_out(ref32, a.to(at::kFloat), b.to(at::kFloat));
   EXPECT_TRUE(at::equal(out32, ref32));
+}
+
+TEST(SymmetricKernels, RoundToBf16ValuesIsLibTorchsConversion) {
+  // In place, on fp32 tensors that carry bf16 values: the same bits as
+  // LibTorch's fp32 -> bf16 -> fp32 (nearest, ties to even) on random
+  // values, exact ties (odd and even), values that round up into the next
+  // binade or to infinity, subnormals, ±0, ±inf; NaN stays NaN.
+  at::manual_seed(12);
+  auto t = at::cat({at::randn({5000}) * 1e3, at::randn({3000}) * 1e-39,
+                    at::tensor({1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 1.0f + 1.0f / 512,
+                                1.0f + 3.0f / 512, 0.0f, -0.0f, 3.3895313892515355e38f,
+                                std::numeric_limits<float>::max(),
+                                std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity(), 1.9999999f, -1.9999999f})});
+  const auto expected = t.to(at::kBFloat16).to(at::kFloat);
+  auto rounded = t.clone();
+  muon::detail::round_to_bf16_values(rounded);
+  EXPECT_TRUE(at::equal(rounded, expected));
+  auto nan = at::full({3}, std::nanf(""));
+  muon::detail::round_to_bf16_values(nan);
+  EXPECT_TRUE(nan.isnan().all().item<bool>());
 }
 
 TEST(SymmetricKernels, Bf16InputsGiveFp32GramSymmetricToTheBit) {

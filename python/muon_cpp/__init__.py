@@ -20,6 +20,7 @@ from ._C import (  # noqa: F401
     coefficient_set_info,
     coefficient_set_names,
     coefficients,
+    newton_schulz_cpu_kernels,
     newton_schulz_flops,
     scale_factor,
     scale_mode_names,

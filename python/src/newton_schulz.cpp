@@ -72,6 +72,15 @@ eps_mode ('add': X/(‖X‖+eps), 'clamp': X/max(‖X‖, eps)); compute_dtype:
 torch.float32 (default), torch.bfloat16 or torch.float64; method: 'auto' |
 'standard' | 'gram'. Returns a new tensor of x's shape, dtype and device.
 The GIL is released while it runs. Bad values raise ValueError.)doc");
+  m.def(
+      "newton_schulz_cpu_kernels",
+      [](const py::object& compute_dtype) {
+        return newton_schulz_cpu_kernels(to_dtype(compute_dtype, "compute_dtype"));
+      },
+      py::arg("compute_dtype") = "float32",
+      "One line naming what newton_schulz runs its CPU products on for compute_dtype on this "
+      "machine: oneDNN or the BLAS for fp32; for bf16, oneDNN's native bf16 matmul, or the "
+      "operands widened to fp32 with the result rounded once (AVX2, AVX512_CORE).");
   m.def("coefficient_set_names", &coefficient_set_names, "Names of the built-in coefficient sets.");
   m.def("coefficient_set_aliases", &coefficient_set_aliases,
         "Accepted aliases, as (alias, name) pairs.");

@@ -7,6 +7,7 @@ muon_cpp.coefficients(name) under the schedule include/muon/newton_schulz.h
 documents (conftest.SET_FACTS).
 """
 import math
+import os
 import re
 import zlib
 
@@ -215,3 +216,21 @@ def test_bad_arguments_raise_value_error_naming_them():
     _value_error(lambda: muon_cpp.scale_factor(0, 4), r"rows", r"\b0\b")
     _value_error(lambda: muon_cpp.scale_factor(4, 0), r"cols", r"\b0\b")
     _value_error(lambda: muon_cpp.scale_factor(4, 4, "spectrall"), r"spectrall")
+
+
+def test_cpu_kernels_say_what_bf16_runs_on():
+    # bf16 products run on oneDNN's bf16 matmul only where it is native;
+    # elsewhere (AVX2, AVX512_CORE, e.g. under ONEDNN_MAX_CPU_ISA) they are
+    # widened to fp32 and rounded once. The line names oneDNN's level, and
+    # explain() ends with the same line for the config's compute dtype.
+    bf16 = muon_cpp.newton_schulz_cpu_kernels(torch.bfloat16)
+    assert bf16.startswith("bf16 products: ")
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")
+    if isa in ("AVX2", "AVX512_CORE"):
+        assert "widened to fp32" in bf16, bf16
+    assert "ISA" in bf16 or "no oneDNN" in bf16
+    assert muon_cpp.newton_schulz_cpu_kernels().startswith("fp32 products: ")
+    assert muon_cpp.newton_schulz_cpu_kernels(torch.float64).startswith("fp64 products: ")
+    model = torch.nn.Linear(64, 256)
+    text = muon_cpp.explain(model.named_parameters(), {"muon_ns_compute_dtype": "bfloat16"})
+    assert text.rstrip().splitlines()[-1].startswith("Newton–Schulz in bfloat16: " + bf16)
