@@ -122,22 +122,31 @@ void apply_step(at::Tensor& next, const at::Tensor& x, const at::Tensor& p,
   }
 }
 
-// One standard step in bf16 where products accumulate into fp32 results
-// (oneDNN on CPU). A = X·Xᵀ is summed in fp32 from exact bf16 products and
-// rounded once to bf16; B = b·A + c·A² is formed in fp32 from that one
-// rounded A in both terms, so that B is a polynomial of one symmetric
-// matrix (an fp32 A in the linear term beside its bf16 rounding in the
-// square adds their difference, unsmoothed, to every step). The step is
-// X ← α·X + (B + (a − α)·I)·X in one bf16 GEMM whose sum post-op adds α·X
-// in fp32 before the one rounding, with α = a + mean(diag B): the rounded
-// s×s matrix then has a diagonal near zero instead of a + B_ii, whose
-// 8-bit rounding would scale each row of X by up to 2⁻⁸ (the directions of
-// small singular values, where p(σ) ≈ a·σ, carry it to the output). Only
-// upper triangles are computed in fp32 (the bf16 copies are made whole in
-// the same pass). With `sums`, A is completed in fp32 before use (see
-// standard_iteration); every process then forms the same B and α.
-struct MixedStep {
-  at::Tensor a32, a16, p16;
+// One standard step in bf16 where products sum exact bf16 products in fp32
+// (every CPU: oneDNN's bf16 matmul, or widened operands). A = X·Xᵀ is
+// summed in fp32 from exact bf16 products and rounded once to bf16;
+// B = b·A + c·A² is formed in fp32 from that one rounded A in both terms,
+// so that B is a polynomial of one symmetric matrix (an fp32 A in the
+// linear term beside its bf16 rounding in the square adds their
+// difference, unsmoothed, to every step). The step is
+// X ← α·X + (B + (a − α)·I)·X in one bf16 GEMM that adds α·X in fp32
+// before the one rounding (oneDNN's sum post-op, or β·C of the fp32 GEMM),
+// with α = a + mean(diag B): the rounded s×s matrix then has a diagonal
+// near zero instead of a + B_ii, whose 8-bit rounding would scale each row
+// of X by up to 2⁻⁸ (the directions of small singular values, where
+// p(σ) ≈ a·σ, carry it to the output). Only upper triangles are computed
+// in fp32 (the bf16 copies are made whole in the same pass). With `sums`,
+// A is completed in fp32 before use (see standard_iteration); every
+// process then forms the same B and α.
+struct Bf16Step {
+  // Bf16Products::kWidened (no native bf16 matmul on this CPU): the
+  // iterate, the rounded A and the rounded step matrix are fp32 tensors
+  // holding bf16 values, each result rounded to bf16 values in place where
+  // the bf16 step rounds it. Same arithmetic (each product of two bf16
+  // values is exact in fp32, sums in fp32, one rounding), and fp32 GEMMs
+  // read the iterate as it is, without widening it for every product.
+  bool widened = false;
+  at::Tensor a32, ar, p;  // ar, p: in the iterate's dtype
   std::vector<double> alpha;
 
   void run(at::Tensor& next, const at::Tensor& x, const NsCoefficients& k, bool tall,
@@ -145,8 +154,8 @@ struct MixedStep {
     if (!a32.defined()) {
       const int64_t s = tall ? x.size(2) : x.size(1);
       a32 = detail::scratch_empty({x.size(0), s, s}, x.options().dtype(at::kFloat));
-      a16 = detail::scratch_empty(a32.sizes(), x.options());
-      p16 = detail::scratch_empty(a16.sizes(), a16.options());
+      ar = detail::scratch_empty(a32.sizes(), x.options());
+      p = detail::scratch_empty(a32.sizes(), x.options());
     }
     const bool empty = x.numel() == 0;
     if (empty) {
@@ -156,61 +165,28 @@ struct MixedStep {
     }
     if (sums != nullptr) sums->reduce_gram(a32);
     if (k.c != 0.0) {
-      detail::symmetric_from_upper(a16, a32, 0.0);
-      a32.copy_(a16);
-      detail::syrk_upper(a32, a16, /*trans=*/false, k.c, k.b);
-    } else {
-      a32.mul_(k.b);
-    }
-    shift_to_alpha(a32, k.a, alpha);
-    detail::symmetric_from_upper(p16, a32, 0.0);
-    if (empty) return;
-    apply_step(next, x, p16, alpha, tall);
-  }
-};
-
-// The bf16 step of MixedStep where bf16 products are widened to fp32
-// (detail::Bf16Products::kWidened: no native bf16 matmul on this CPU), with
-// the same roundings, on fp32 tensors that hold bf16 values: the iterate,
-// the rounded A and the rounded step matrix are never converted back and
-// forth, each result is rounded to bf16 values in place where MixedStep
-// rounds it. Same arithmetic as MixedStep on widened products (each product
-// of two bf16 values is exact in fp32, sums in fp32, one rounding), fewer
-// passes over the iterate: fp32 GEMMs read it as they are.
-struct WidenedStep {
-  at::Tensor a32, ar, p32;
-  std::vector<double> alpha;
-
-  void run(at::Tensor& next, const at::Tensor& x, const NsCoefficients& k, bool tall,
-           const detail::PartialSums* sums) {
-    if (!a32.defined()) {
-      const int64_t s = tall ? x.size(2) : x.size(1);
-      a32 = detail::scratch_empty({x.size(0), s, s}, x.options());
-      p32 = detail::scratch_empty(a32.sizes(), a32.options());
-    }
-    const bool empty = x.numel() == 0;
-    if (empty) {
-      a32.zero_();
-    } else {
-      detail::syrk_upper(a32, x, tall, 1.0, 0.0);
-    }
-    if (sums != nullptr) sums->reduce_gram(a32);
-    if (k.c != 0.0) {
-      detail::mirror_upper_to_lower(a32);
-      detail::round_to_bf16_values(a32);
-      if (!ar.defined()) ar = detail::scratch_empty(a32.sizes(), a32.options());
-      ar.copy_(a32);
+      round_whole(ar);
+      a32.copy_(ar);
       detail::syrk_upper(a32, ar, /*trans=*/false, k.c, k.b);
     } else {
       a32.mul_(k.b);
     }
     shift_to_alpha(a32, k.a, alpha);
-    detail::mirror_upper_to_lower(a32);
-    p32.copy_(a32);
-    detail::round_to_bf16_values(p32);
+    round_whole(p);
     if (empty) return;
-    apply_step(next, x, p32, alpha, tall);
-    detail::round_to_bf16_values(next);
+    apply_step(next, x, p, alpha, tall);
+    if (widened) detail::round_to_bf16_values(next);
+  }
+
+  // out = the upper triangle of a32 made whole, rounded once to bf16.
+  void round_whole(at::Tensor& out) {
+    if (!widened) {
+      detail::symmetric_from_upper(out, a32, 0.0);
+      return;
+    }
+    detail::mirror_upper_to_lower(a32);
+    out.copy_(a32);
+    detail::round_to_bf16_values(out);
   }
 };
 
@@ -223,26 +199,18 @@ struct WidenedStep {
 // process and for many.
 at::Tensor standard_iteration(at::Tensor x, const std::vector<NsCoefficients>& schedule,
                               bool tall, bool symmetric, const detail::PartialSums* sums) {
-  if (symmetric && x.scalar_type() == at::kBFloat16 && x.device().is_cpu() &&
-      detail::bf16_products() == detail::Bf16Products::kWidened) {
-    auto x32 = x.to(at::kFloat);  // exact; bf16 values in fp32 from here on
-    auto next32 = detail::scratch_empty(x32.sizes(), x32.options());
-    WidenedStep step;
-    for (const auto& k : schedule) {
-      step.run(next32, x32, k, tall, sums);
-      std::swap(x32, next32);
-    }
-    return x32.to(at::kBFloat16);  // exact
-  }
-  auto next = detail::scratch_empty(x.sizes(), x.options());
   if (symmetric && x.scalar_type() == at::kBFloat16 && detail::accumulates_in_fp32(x)) {
-    MixedStep step;
+    Bf16Step step;
+    step.widened = detail::bf16_products() == detail::Bf16Products::kWidened;
+    if (step.widened) x = x.to(at::kFloat);  // exact: bf16 values in fp32 from here on
+    auto next = detail::scratch_empty(x.sizes(), x.options());
     for (const auto& k : schedule) {
       step.run(next, x, k, tall, sums);
       std::swap(x, next);
     }
-    return x;
+    return step.widened ? x.to(at::kBFloat16) : x;  // exact
   }
+  auto next = detail::scratch_empty(x.sizes(), x.options());
   const int64_t s = tall ? x.size(2) : x.size(1);
   const bool fold = is_16bit(x);
   const bool gram32 = fold && sums != nullptr;
