@@ -31,6 +31,8 @@ import time
 
 import torch
 
+import isa_mask  # bench/isa_mask.py
+
 # ---------------------------------------------------------------------------
 # Coefficient sets, as in /work/shared/REFERENCE.md (and src/coefficients.cpp).
 # schedule: "cycle" (step k uses entry k mod len) or "repeat_last"
@@ -310,24 +312,8 @@ def markdown_table(rows):
     return "\n".join(out)
 
 
-def follow_isa_mask():
-    """Under ONEDNN_MAX_CPU_ISA below the CPU's level (AVX2: oneDNN has no
-    bf16 matmul), torch still sends bf16 matmuls to oneDNN, which throws;
-    on a CPU that really lacks AVX-512 torch runs its own GEMM. Give the
-    plain formula what it gets on such a CPU. Returns a note, or ""."""
-    if not (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")):
-        return ""
-    x = torch.ones(64, 64, dtype=torch.bfloat16)
-    try:
-        x @ x
-    except RuntimeError:
-        torch.backends.mkldnn.enabled = False
-        return "torch's oneDNN off (no bf16 matmul under the mask)"
-    return ""
-
-
 def main():
-    mask_note = follow_isa_mask()
+    mask_note = isa_mask.follow()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--probe", default="build/bench/muon_ns_probe",
                     help="path to the muon_ns_probe executable")

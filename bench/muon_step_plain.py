@@ -21,6 +21,8 @@ import time
 
 import torch
 
+import isa_mask  # bench/isa_mask.py
+
 QUINTIC = [
     (4.0848, -6.8946, 2.9270),
     (3.9505, -6.3029, 2.6377),
@@ -72,6 +74,7 @@ def main():
     parser.add_argument("--ns-steps", type=int, default=5)
     parser.add_argument("--model", choices=sorted(MODELS), default="25m")
     args = parser.parse_args()
+    isa_mask.follow()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
 
