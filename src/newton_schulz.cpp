@@ -144,9 +144,10 @@ struct Bf16Step {
   // holding bf16 values, each result rounded to bf16 values in place where
   // the bf16 step rounds it. Same arithmetic (each product of two bf16
   // values is exact in fp32, sums in fp32, one rounding), and fp32 GEMMs
-  // read the iterate as it is, without widening it for every product.
+  // read the iterate as it is, without widening it for every product; the
+  // step matrix is rounded in place and used as it is.
   bool widened = false;
-  at::Tensor a32, ar, p;  // ar, p: in the iterate's dtype
+  at::Tensor a32, ar, p16;  // ar: in the iterate's dtype; p16: native only
   std::vector<double> alpha;
 
   void run(at::Tensor& next, const at::Tensor& x, const NsCoefficients& k, bool tall,
@@ -155,38 +156,42 @@ struct Bf16Step {
       const int64_t s = tall ? x.size(2) : x.size(1);
       a32 = detail::scratch_empty({x.size(0), s, s}, x.options().dtype(at::kFloat));
       ar = detail::scratch_empty(a32.sizes(), x.options());
-      p = detail::scratch_empty(a32.sizes(), x.options());
+      if (!widened) p16 = detail::scratch_empty(a32.sizes(), x.options());
     }
     const bool empty = x.numel() == 0;
+    bool whole = false;  // a32 holds both triangles
     if (empty) {
       a32.zero_();
+      whole = true;
     } else {
-      detail::syrk_upper(a32, x, tall, 1.0, 0.0);
+      whole = detail::syrk_upper(a32, x, tall, 1.0, 0.0);
     }
-    if (sums != nullptr) sums->reduce_gram(a32);
+    if (sums != nullptr) sums->reduce_gram(a32);  // keeps a symmetric matrix symmetric
     if (k.c != 0.0) {
-      round_whole(ar);
-      a32.copy_(ar);
-      detail::syrk_upper(a32, ar, /*trans=*/false, k.c, k.b);
+      if (widened) {
+        if (!whole) detail::mirror_upper_to_lower(a32);
+        detail::round_to_bf16_values(a32);
+        ar.copy_(a32);
+      } else {
+        detail::symmetric_from_upper(ar, a32, 0.0);
+        a32.copy_(ar);
+      }
+      whole = detail::syrk_upper(a32, ar, /*trans=*/false, k.c, k.b);
     } else {
       a32.mul_(k.b);
     }
     shift_to_alpha(a32, k.a, alpha);
-    round_whole(p);
-    if (empty) return;
-    apply_step(next, x, p, alpha, tall);
-    if (widened) detail::round_to_bf16_values(next);
-  }
-
-  // out = the upper triangle of a32 made whole, rounded once to bf16.
-  void round_whole(at::Tensor& out) {
-    if (!widened) {
-      detail::symmetric_from_upper(out, a32, 0.0);
-      return;
+    const at::Tensor* p = &a32;
+    if (widened) {
+      if (!whole) detail::mirror_upper_to_lower(a32);
+      detail::round_to_bf16_values(a32);
+    } else {
+      detail::symmetric_from_upper(p16, a32, 0.0);
+      p = &p16;
     }
-    detail::mirror_upper_to_lower(a32);
-    out.copy_(a32);
-    detail::round_to_bf16_values(out);
+    if (empty) return;
+    apply_step(next, x, *p, alpha, tall);
+    if (widened) detail::round_to_bf16_values(next);
   }
 };
 

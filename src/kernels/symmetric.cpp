@@ -377,8 +377,8 @@ void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double
   if (upper_product(out, x, trans, alpha, beta)) mirror_upper_to_lower(out);
 }
 
-void syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {
-  upper_product(out, x, trans, alpha, beta);
+bool syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta) {
+  return !upper_product(out, x, trans, alpha, beta);
 }
 
 void symmetric_from_upper(at::Tensor& out, at::Tensor& upper, double shift) {

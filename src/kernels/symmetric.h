@@ -18,7 +18,9 @@ void syrk(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double
 
 /// As syrk with symmetric kernels, but only the upper triangle of out is
 /// defined afterwards (the lower one is left as it was or overwritten).
-void syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta);
+/// Returns true when the kernel made out whole anyway (CBLAS SYRK
+/// mirrors), so that callers can skip mirroring it again.
+bool syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, double beta);
 
 /// out = U + U_strictᵀ + shift·I for every matrix of a batch, where U is
 /// the upper triangle of `upper` (contiguous (b, s, s)), rounded once to
