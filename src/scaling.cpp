@@ -30,8 +30,8 @@ ScaleMode parse_scale_mode(const std::string& name) {
 double scale_factor(int64_t rows, int64_t cols, ScaleMode mode, double extra_scale_factor) {
   TORCH_CHECK_VALUE(rows >= 1, "[muon::scale_factor] rows must be >= 1, got ", rows);
   TORCH_CHECK_VALUE(cols >= 1, "[muon::scale_factor] cols must be >= 1, got ", cols);
-  TORCH_CHECK_VALUE(std::isfinite(extra_scale_factor),
-                    "[muon::scale_factor] extra_scale_factor must be finite, got ",
+  TORCH_CHECK_VALUE(std::isfinite(extra_scale_factor) && extra_scale_factor > 0,
+                    "[muon::scale_factor] extra_scale_factor must be finite and > 0, got ",
                     extra_scale_factor);
   const auto r = static_cast<double>(rows);
   const auto c = static_cast<double>(cols);

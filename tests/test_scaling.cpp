@@ -5,6 +5,8 @@
 #include <muon/scaling.h>
 
 #include <cmath>
+#include <limits>
+#include <string>
 
 namespace {
 
@@ -54,6 +56,19 @@ TEST(Scaling, NamesRoundTripAndErrors) {
   }
   EXPECT_THROW(muon::scale_factor(5, 0, ScaleMode::kUnitRmsNorm), c10::ValueError);
   EXPECT_THROW(muon::scale_factor(5, -1, ScaleMode::kSpectral), c10::ValueError);
+  // extra_scale_factor must be a positive finite number: 0 would zero every
+  // update, a negative one would ascend.
+  for (double bad : {0.0, -1.0, -0.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    try {
+      muon::scale_factor(48, 12, ScaleMode::kShapeScaling, bad);
+      FAIL() << bad;
+    } catch (const c10::ValueError& e) {
+      const std::string msg = e.what_without_backtrace();
+      EXPECT_NE(msg.find("extra_scale_factor must be finite and > 0, got"), std::string::npos)
+          << msg;
+      EXPECT_LT(msg.size(), 200u) << msg;
+    }
+  }
 }
 
 }  // namespace

@@ -28,7 +28,8 @@ std::string to_string(ScaleMode mode);
 ScaleMode parse_scale_mode(const std::string& name);
 std::vector<std::string> scale_mode_names();
 
-/// The factor for a rows×cols logical matrix, times `extra_scale_factor`.
+/// The factor for a rows×cols logical matrix, times `extra_scale_factor`
+/// (finite and > 0; anything else raises c10::ValueError naming it).
 /// rows or cols < 1 raise c10::ValueError naming the size.
 double scale_factor(int64_t rows, int64_t cols, ScaleMode mode, double extra_scale_factor = 1.0);
 

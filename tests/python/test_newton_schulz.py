@@ -191,6 +191,14 @@ def test_scale_factor_default_mode_is_shape_scaling():
     assert muon_cpp.scale_factor(12, 48) == 1.0
 
 
+@pytest.mark.parametrize("extra", [0.0, -1.0, float("nan"), float("inf")])
+def test_scale_factor_refuses_an_extra_factor_that_is_not_positive(extra):
+    # 0 would zero every update and a negative factor would ascend.
+    msg = _value_error(lambda: muon_cpp.scale_factor(48, 12, "spectral", extra),
+                       "extra_scale_factor must be finite and > 0, got")
+    assert len(msg) < 200
+
+
 def _value_error(fn, *words):
     with pytest.raises(ValueError) as info:
         fn()
