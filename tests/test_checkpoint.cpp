@@ -9,10 +9,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -268,6 +271,21 @@ int64_t chunk_offset(const fs::path& step_dir, const std::string& key, int chunk
   return m["tensors"][key]["chunks"][chunk]["offset"].get<int64_t>();
 }
 
+// Writes manifest `m` (without its seal) to `path` with a valid seal: the
+// last line "xxh3": "<XXH3-64 of every byte before it>"} as the library
+// writes it (docs/checkpoints.md), so that only the content is wrong.
+void reseal(const fs::path& path, nlohmann::ordered_json m) {
+  m.erase("xxh3");
+  auto body = m.dump(1);
+  body.resize(body.rfind('}'));  // the object's closing brace; the seal line closes it
+  body.resize(body.find_last_not_of(" \n") + 1);
+  body += ",";
+  char seal[64];
+  std::snprintf(seal, sizeof(seal), "\"xxh3\": \"%016llx\"}\n",
+                static_cast<unsigned long long>(XXH3_64bits(body.data(), body.size())));
+  write_file(path, body + "\n" + seal);
+}
+
 // Loads `dir` into a model in `kind` at `world` ranks that trained one step
 // (so its state differs from the checkpoint's); expects every rank to raise
 // a message containing each of `expected`, and every rank's parameters and
@@ -350,6 +368,29 @@ TEST(Checkpoint, DamageIsAnErrorNamingTheFileAndTensorAndChangesNothingOnAnyRank
     text[at + 8] = '4';  // "step": 4, still valid JSON
     write_file(d / "manifest.json", text);
     expect_load_fails("sharded", 2, d, {"manifest.json", "checksum"}, "manifest edited");
+  }
+  {
+    // A manifest whose checksum is valid (an outside writer's bug, or a
+    // forgery) but whose chunks overlap while their element counts add up:
+    // fc1's second chunk moved up one row, so one row is read twice and
+    // one row is in no chunk. Refused by name, nothing changed.
+    const auto d = damaged("overlap");
+    auto m = nlohmann::ordered_json::parse(read_file(d / "manifest.json"));
+    auto& second = m["tensors"][key]["chunks"][1]["offsets"][0];
+    ASSERT_GT(second.get<int64_t>(), 0);
+    second = second.get<int64_t>() - 1;
+    reseal(d / "manifest.json", m);
+    expect_load_fails("sharded", 2, d, {"manifest.json", key, "overlapping chunks"}, "overlap");
+    expect_load_fails("none", 1, d, {"manifest.json", key, "overlapping chunks"}, "overlap, resharded");
+  }
+  {
+    // A chunk offset whose sum with its size passes int64: refused as
+    // outside the shape, naming the manifest and the tensor.
+    const auto d = damaged("offset");
+    auto m = nlohmann::ordered_json::parse(read_file(d / "manifest.json"));
+    m["tensors"][key]["chunks"][1]["offsets"][0] = std::numeric_limits<int64_t>::max() - 1;
+    reseal(d / "manifest.json", m);
+    expect_load_fails("sharded", 2, d, {"manifest.json", key, "outside its shape"}, "offset past int64");
   }
   expect_load_fails("sharded", 2, dir / "nothing", {"nothing", "not a directory"}, "no directory");
   fs::create_directories(dir / "empty" / "step-00000001");

@@ -153,20 +153,54 @@ class _Files:
             f.close()
 
 
+def _check_tiling(key, chunks, shape):
+    """The chunks must tile the shape: no two overlapping, their elements
+    adding up to the shape's (each is inside it, checked before). Counting
+    alone would let overlapping chunks whose counts add up leave part of
+    the tensor unread. Sorted by first offset; each chunk is compared with
+    the earlier ones whose first-dimension range it reaches."""
+    total = math.prod(shape)
+    if not shape:
+        if len(chunks) != 1:
+            raise ValueError("tensor '%s' is a scalar stored in %d chunks, not one" % (key, len(chunks)))
+        return
+    covered = 0
+    open_ = []
+    for offsets, sizes in sorted(chunks, key=lambda c: c[0][0]):
+        n = math.prod(sizes)
+        covered += n
+        if n == 0:
+            continue
+        open_ = [(o, s) for o, s in open_ if o[0] + s[0] > offsets[0]]
+        for o, s in open_:
+            if all(max(a, b) < min(a + x, b + y) for a, x, b, y in zip(o, s, offsets, sizes)):
+                raise ValueError("tensor '%s' has overlapping chunks at %s of %s and at %s of %s "
+                                 "(damaged or forged manifest)" % (key, o, s, offsets, sizes))
+        open_.append((offsets, sizes))
+    if covered != total:
+        raise ValueError("tensor '%s': its chunks hold %d of its %d elements (damaged or forged manifest)"
+                         % (key, covered, total))
+
+
 def _read_tensor(files, key, entry):
     dtype = DTYPES.get(entry["dtype"])
     if dtype is None:
         raise ValueError("tensor '%s' has an unknown dtype '%s'" % (key, entry["dtype"]))
     shape = [int(d) for d in entry["shape"]]
     element = torch.empty((), dtype=dtype).element_size()
-    out = torch.empty(shape, dtype=dtype)
-    filled = 0
+    if any(d < 0 for d in shape) or math.prod(shape) >= 2 ** 63:
+        raise ValueError("tensor '%s' has a bad shape %s" % (key, shape))
     for c in entry["chunks"]:
         offsets, sizes = list(c["offsets"]), list(c["sizes"])
         if (len(offsets) != len(shape) or len(sizes) != len(shape)
                 or any(o < 0 or s < 0 or o + s > d for o, s, d in zip(offsets, sizes, shape))):
             raise ValueError("tensor '%s' has a chunk at %s of %s outside its shape %s"
                              % (key, offsets, sizes, shape))
+    _check_tiling(key, [(list(c["offsets"]), list(c["sizes"])) for c in entry["chunks"]], shape)
+    out = torch.empty(shape, dtype=dtype)
+    filled = 0
+    for c in entry["chunks"]:
+        offsets, sizes = list(c["offsets"]), list(c["sizes"])
         index = c["file"]
         if not 0 <= index < len(files.manifest["files"]):
             raise ValueError("tensor '%s' has a chunk in file %r, which the manifest does not list" % (key, index))

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -493,6 +494,64 @@ Shape ints_of(const json& j, const std::string& what) {
   return out;
 }
 
+// The elements of `shape`, or -1 past int64.
+int64_t checked_volume(const Shape& shape) {
+  int64_t v = 1;
+  for (const auto d : shape) {
+    if (__builtin_mul_overflow(v, d, &v)) return -1;
+  }
+  return v;
+}
+
+// The chunks of `l` must tile its shape: each inside it (checked as they
+// are read), no two overlapping, their elements adding up to the shape's.
+// Counting alone would let overlapping chunks whose counts add up leave
+// part of the tensor unread. Chunks sorted by their first offset; each is
+// compared with the earlier ones whose first-dimension range it reaches
+// (one for row slabs, a grid's column for blocks).
+void check_tiling(const std::string& what, const Logical& l) {
+  const auto total = checked_volume(l.shape);
+  TORCH_CHECK_VALUE(total >= 0, what, " has a shape of more than 2^63 elements");
+  if (l.shape.empty()) {
+    TORCH_CHECK_VALUE(l.chunks.size() == 1, what, " is a scalar stored in ", l.chunks.size(),
+                      " chunks, not one");
+    return;
+  }
+  std::vector<size_t> order(l.chunks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return l.chunks[a].offsets[0] < l.chunks[b].offsets[0];
+  });
+  std::vector<size_t> open;  // chunks that may still reach the next ones
+  int64_t covered = 0;
+  for (const auto i : order) {
+    const auto& c = l.chunks[i];
+    const auto n = volume(c.sizes);
+    covered += n;
+    if (n == 0) continue;
+    open.erase(std::remove_if(open.begin(), open.end(),
+                              [&](size_t j) {
+                                const auto& o = l.chunks[j];
+                                return o.offsets[0] + o.sizes[0] <= c.offsets[0];
+                              }),
+               open.end());
+    for (const auto j : open) {
+      const auto& o = l.chunks[j];
+      bool overlap = true;
+      for (size_t d = 0; d < l.shape.size() && overlap; ++d) {
+        overlap = std::max(o.offsets[d], c.offsets[d]) <
+                  std::min(o.offsets[d] + o.sizes[d], c.offsets[d] + c.sizes[d]);
+      }
+      TORCH_CHECK_VALUE(!overlap, what, " has overlapping chunks at ", shape_text(o.offsets), " of ",
+                        shape_text(o.sizes), " and at ", shape_text(c.offsets), " of ",
+                        shape_text(c.sizes), " (damaged or forged manifest)");
+    }
+    open.push_back(i);
+  }
+  TORCH_CHECK_VALUE(covered == total, what, ": its chunks hold ", covered, " of its ", total,
+                    " elements (damaged or forged manifest)");
+}
+
 // Parses and checks a manifest; every error names `path` and the entry.
 Manifest parse_manifest(const fs::path& dir) {
   const auto path = dir / kManifest;
@@ -556,16 +615,21 @@ Manifest parse_manifest(const fs::path& dir) {
         TORCH_CHECK_VALUE(k.offsets.size() == l.shape.size() && k.sizes.size() == l.shape.size(), what,
                           " has a chunk of another rank than its shape");
         for (size_t d = 0; d < l.shape.size(); ++d) {
-          TORCH_CHECK_VALUE(k.offsets[d] + k.sizes[d] <= l.shape[d], what, " has a chunk at ",
-                            shape_text(k.offsets), " of ", shape_text(k.sizes), " outside its shape ",
-                            shape_text(l.shape));
+          // (No sum that could pass int64: every value is >= 0.)
+          TORCH_CHECK_VALUE(k.sizes[d] <= l.shape[d] && k.offsets[d] <= l.shape[d] - k.sizes[d], what,
+                            " has a chunk at ", shape_text(k.offsets), " of ", shape_text(k.sizes),
+                            " outside its shape ", shape_text(l.shape));
         }
+        TORCH_CHECK_VALUE(checked_volume(l.shape) >= 0, what, " has a shape of more than 2^63 elements");
         TORCH_CHECK_VALUE(k.file >= 0 && k.file < static_cast<int64_t>(m.files.size()) &&
+                              volume(k.sizes) <= std::numeric_limits<int64_t>::max() / element &&
                               k.bytes == volume(k.sizes) * element && k.offset >= kHeaderBytes &&
-                              k.offset + k.bytes <= m.files[static_cast<size_t>(k.file)].bytes,
+                              k.bytes <= m.files[static_cast<size_t>(k.file)].bytes &&
+                              k.offset <= m.files[static_cast<size_t>(k.file)].bytes - k.bytes,
                           what, " has a chunk whose file, offset or length is inconsistent");
         l.chunks.push_back(std::move(k));
       }
+      check_tiling(what, l);
       m.tensors[key] = std::move(l);
     }
   } catch (const json::exception& e) {

@@ -220,6 +220,65 @@ def test_an_edited_manifest_is_an_error(copy):
     _raises(d, "manifest.json", "checksum")
 
 
+def _reseal(path, manifest):
+    """Writes `manifest` with a valid seal (the last line holds the XXH3 of
+    every byte before it, as the library writes it), so that only its
+    content is wrong."""
+    import xxhash
+    manifest = dict(manifest)
+    manifest.pop("xxh3", None)
+    body = json.dumps(manifest, indent=1).rstrip()
+    body = body[:body.rindex("}")].rstrip() + ","
+    path.write_bytes((body + '\n"xxh3": "%s"}\n' % xxhash.xxh3_64_hexdigest(body.encode())).encode())
+
+
+def _forged(copy, edit):
+    """The newest step of `copy` with edit(manifest) applied and resealed;
+    returns (step dir, the edited tensor's key)."""
+    d = _step_dir(copy)
+    path = d / "manifest.json"
+    manifest = json.loads(path.read_bytes())
+    key = next(k for k, e in manifest["tensors"].items()
+               if len(e["shape"]) == 2 and sum(c["sizes"][0] > 0 for c in e["chunks"]) >= 2)
+    chunks = sorted((c for c in manifest["tensors"][key]["chunks"] if c["sizes"][0] > 0),
+                    key=lambda c: c["offsets"][0])
+    edit(chunks)
+    _reseal(path, manifest)
+    return d, key
+
+
+def _cxx_load_fails(copy, *words):
+    """muon::dist::load_checkpoint (the writer resumes from the newest
+    checkpoint) refuses it too, in one bounded line naming what is wrong."""
+    r = subprocess.run([_writer(), str(copy), "3", "sharded", str(STEPS + 1), "--keep", "2"],
+                       capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    for w in words:
+        assert w in out, (w, out)
+
+
+def test_overlapping_chunks_whose_counts_add_up_are_an_error(copy):
+    # A valid checksum, chunks inside the shape, element counts that add up,
+    # but the second chunk moved up one row: one row read twice, one in no
+    # chunk. Counting alone would load it.
+    def overlap(chunks):
+        chunks[1]["offsets"][0] -= 1
+
+    d, key = _forged(copy, overlap)
+    _raises(d, key, "overlapping chunks")
+    _cxx_load_fails(copy, key, "overlapping chunks")
+
+
+def test_a_chunk_offset_past_int64_is_an_error(copy):
+    def far(chunks):
+        chunks[1]["offsets"][0] = 2 ** 63 - 1
+
+    d, key = _forged(copy, far)
+    _raises(d, key, "outside its shape")
+    _cxx_load_fails(copy, key, "outside its shape")
+
+
 def test_a_truncated_or_missing_file_is_an_error(copy):
     d = _step_dir(copy)
     path = _file_of_rank(d, 0)
