@@ -432,6 +432,32 @@ size_t line_count(const std::string& text) {
   return n;
 }
 
+// Flag values the parser refuses (a choice not offered, a number out of
+// range or past int64, a fraction for a count, an unknown flag): one line
+// naming the flag, exit status 1, as
+// every other error of the program (docs/train_gpt.md), not CLI11's codes
+// and its "Run with --help" line.
+TEST(TrainGptProgram, BadFlagValuesAreOneLineAndExitOne) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--parallel bogus", "--parallel"},         {"--tp 0", "--tp"},
+      {"--experts 999", "--experts"},             {"--optimizer-layout x", "--optimizer-layout"},
+      {"--nproc 0", "--nproc"},                   {"--no-such-flag", "--no-such-flag"},
+      {"--steps " + std::string(300, '9'), "--steps"}, {"--batch 2.5", "--batch"},
+      {"--save-every -1", "--save-every"}};
+  for (const auto& [flags, name] : cases) {
+    const auto out = run_program(flags);  // status: the exit status
+    EXPECT_EQ(out.status, 1) << flags << ": " << out.text;
+    EXPECT_EQ(line_count(out.text), 1u) << flags << ": " << out.text;
+    EXPECT_NE(out.text.find(name), std::string::npos) << flags << ": " << out.text;
+    EXPECT_EQ(out.text.find("Run with --help"), std::string::npos) << out.text;
+    EXPECT_LE(out.text.size(), 260u) << out.text;
+  }
+  // --help still prints the usage and exits 0.
+  const auto help = run_program("--help");
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.text.find("--parallel"), std::string::npos);
+}
+
 std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -264,6 +265,24 @@ std::vector<muon::dist::AgreementItem> shared_flags(const Flags& f) {
           {"--resume", f.resume}};
 }
 
+// A whole number >= `min` that fits int64, checked on the flag's text:
+// CLI11 2.1 reads a longer number as INT64_MAX without a word, and its
+// PositiveNumber accepts fractions.
+CLI::Validator count(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        int64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec == std::errc::result_out_of_range) return "'" + clip(text) + "' does not fit in 64 bits";
+        if (ec != std::errc() || ptr != end || v < min) {
+          return "'" + clip(text) + "' is not a whole number >= " + std::to_string(min);
+        }
+        return "";
+      },
+      min > 0 ? "POSITIVE" : "NONNEGATIVE");
+}
+
 // An error as one line of output: its lines joined.
 std::string one_line(std::string text) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
@@ -389,12 +408,12 @@ int main(int argc, char** argv) {
   app.add_option("--threads", f.threads,
                  "LibTorch intra-op threads per rank (default 1: OpenBLAS threads its GEMMs "
                  "itself, and more oversubscribes the cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(count(1));
   app.add_option("--runs", f.runs, "comma-separated runs: muon, adamw; the last is the baseline");
-  app.add_option("--steps", t.steps, "optimizer steps per run")->check(CLI::PositiveNumber);
-  app.add_option("--batch", t.global_batch, "sequences per step over all ranks")->check(CLI::PositiveNumber);
-  app.add_option("--eval-every", t.eval_every, "steps between evaluations")->check(CLI::PositiveNumber);
-  app.add_option("--eval-windows", t.eval_windows, "validation windows")->check(CLI::PositiveNumber);
+  app.add_option("--steps", t.steps, "optimizer steps per run")->check(count(1));
+  app.add_option("--batch", t.global_batch, "sequences per step over all ranks")->check(count(1));
+  app.add_option("--eval-every", t.eval_every, "steps between evaluations")->check(count(1));
+  app.add_option("--eval-windows", t.eval_windows, "validation windows")->check(count(1));
   app.add_option("--seed", t.seed, "seed of the model and the batches");
   app.add_option("--layers", t.model.layers, "transformer blocks");
   app.add_option("--width", t.model.width, "model width");
@@ -402,16 +421,16 @@ int main(int argc, char** argv) {
   app.add_option("--context", t.model.context, "context length (characters)");
   app.add_option("--norm", t.model.norm, "rms | layer")->check(CLI::IsMember({"rms", "layer"}));
   app.add_option("--data", f.data_file, "train on this text file instead of the generated corpus");
-  app.add_option("--chars", f.chars, "size of the generated corpus")->check(CLI::PositiveNumber);
+  app.add_option("--chars", f.chars, "size of the generated corpus")->check(count(1));
   app.add_flag("--byte-level", f.byte_level, "256 byte tokens instead of the text's characters");
   app.add_option("--out", f.out, "directory of the CSV logs and the plot");
   app.add_option("--save", f.save,
                  "directory of checkpoints: DIR/<run>/step-<N> (model, optimizer state, log), "
                  "written every --save-every steps and at the end; checked writable before step 1");
   app.add_option("--save-every", f.save_every, "steps between checkpoints (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(count(0));
   app.add_option("--keep", f.keep, "complete checkpoints kept per run (the newest)")
-      ->check(CLI::PositiveNumber);
+      ->check(count(1));
   app.add_option("--resume", f.resume,
                  "directory of a --save: each run continues from the newest complete checkpoint in "
                  "DIR/<run>/ (written at any --nproc and --optimizer-layout; same model shape)");
@@ -449,7 +468,16 @@ int main(int argc, char** argv) {
   app.add_option("--set", f.sets, "RUN:FIELD=VALUE (RUN: a run name or all); repeatable, after --config");
   app.add_flag("--print-config", f.print_config, "print every run's optimizer config as JSON and exit");
   app.add_flag("--explain", f.explain, "print each run's optimizer and settings per parameter");
-  CLI11_PARSE(app, argc, argv);
+  // A bad flag is one line and exit status 1, like every other error here
+  // (CLI11_PARSE would add a second line and exit with CLI11's own codes).
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "muon-train-gpt: %s\n", clip(one_line(e.what())).c_str());
+    return 1;
+  }
 
   try {
     // Every run's config is checked here, before any process starts.
