@@ -23,10 +23,33 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 ROOT=${MUON_TORCH2_ROOT:-/var/tmp/muon-cpp-trixie}
-MIRROR=${MUON_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=trixie
 say() { echo "test-torch2: $*"; }
 die() { echo "test-torch2: error: $*" >&2; exit 1; }
+
+# The Debian archive the host's own apt uses for its release (not its
+# security or updates suites), as the machine is set up: from
+# /etc/apt/sources.list.d/*.sources (deb822) or the one-line lists.
+# MUON_DEBIAN_MIRROR overrides it.
+host_mirror() {
+  local codename
+  codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+  [[ -n $codename ]] || return 0
+  {
+    cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk -v c="$codename" '
+      function flush() { if (deb && uri != "" && (" " suites " ") ~ (" " c " ")) { print uri; exit } }
+      /^[ \t]*$/ { flush(); deb = 0; uri = ""; suites = ""; next }
+      /^Types:/ { deb = ($0 ~ /[ \t]deb([ \t]|$)/) }
+      /^URIs:/ { uri = $2 }
+      /^Suites:/ { $1 = ""; suites = $0 }
+      END { flush() }'
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk -v c="$codename" '
+      $1 == "deb" { i = 2; if ($2 ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+                    if ($(i + 1) == c) { print $i; exit } }'
+  } | head -n 1 | sed 's:/*$::'
+}
+MIRROR=${MUON_DEBIAN_MIRROR:-$(host_mirror)}
+[[ -n $MIRROR ]] || die "no Debian archive for the host's release in its apt sources; set MUON_DEBIAN_MIRROR"
 
 [[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, chroot and mounts); run it with sudo"
 for tool in unshare chroot mount; do
@@ -46,7 +69,7 @@ start=$(date +%s)
 # 1. The root. Built under a temporary name and renamed when complete, so an
 #    interrupted debootstrap is started over, never reused half-made.
 if [[ ! -f "$ROOT/.muon-root-complete" ]]; then
-  say "creating a Debian 13 root in $ROOT (debootstrap --variant=minbase $SUITE)"
+  say "creating a Debian 13 root in $ROOT (debootstrap --variant=minbase $SUITE $MIRROR)"
   rm -rf "$ROOT.partial"
   mkdir -p "$(dirname "$ROOT")"
   debootstrap --variant=minbase "$SUITE" "$ROOT.partial" "$MIRROR" >"$ROOT.partial.log" 2>&1 ||

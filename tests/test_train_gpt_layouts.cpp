@@ -133,6 +133,7 @@ std::string label(const Job& j) {
 struct Result {
   std::map<std::string, train_gpt::RunLog> logs;
   std::map<std::string, nlohmann::json> summary;
+  std::string text;  // the program's output
 };
 
 // Runs muon-train-gpt with `args` as `job` under `dir`.
@@ -146,6 +147,7 @@ Result run_job(const fs::path& dir, const std::string& args, const Job& job,
   const auto o = run_program(cmd);
   EXPECT_EQ(o.status, 0) << cmd << "\n" << o.text;
   Result r;
+  r.text = o.text;
   if (o.status != 0) return r;
   for (const auto& run : runs) r.logs[run] = train_gpt::read_csv((out / (run + ".csv")).string());
   std::ifstream in(out / "summary.json");
@@ -274,10 +276,15 @@ TEST(TrainGptLayouts, CheckpointsMoveBetweenLayouts) {
   const auto straight = run_job(dir, common + "--steps 20", {"single", 1, 0}, {"muon"});
   const auto ckpt = (dir / "ckpt").string();
   run_job(dir, common + "--steps 10 --save " + ckpt, {"sharded", 2, 0}, {"muon"});
-  run_job(dir, common + "--steps 15 --save " + ckpt + " --resume " + ckpt, {"tp,sharded", 4, 2},
-          {"muon"});
+  const auto two_d = run_job(dir, common + "--steps 15 --save " + ckpt + " --resume " + ckpt,
+                            {"tp,sharded", 4, 2}, {"muon"});
   const auto last = run_job(dir, common + "--steps 20 --resume " + ckpt, {"tp", 2, 0}, {"muon"});
   ASSERT_FALSE(straight.logs.empty() || last.logs.empty());
+  // The resume line counts every rank of each run, tensor-parallel ones too.
+  EXPECT_NE(two_d.text.find("(written by 2 ranks, "), std::string::npos) << two_d.text;
+  EXPECT_NE(two_d.text.find("; this run: 4 ranks, "), std::string::npos) << two_d.text;
+  EXPECT_NE(last.text.find("(written by 4 ranks, "), std::string::npos) << last.text;
+  EXPECT_NE(last.text.find("; this run: 2 ranks, "), std::string::npos) << last.text;
   EXPECT_LE(largest_difference(last.logs.at("muon"), straight.logs.at("muon")), kCurveTolerance);
   fs::remove_all(dir);
 }

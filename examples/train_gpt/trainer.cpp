@@ -285,7 +285,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
     if (world.rank() == 0) {
       std::printf("run '%s': resumed from step %lld of %s (written by %s, %s; this run: %s, %s)\n",
                   o.name.c_str(), static_cast<long long>(start), info.path.c_str(),
-                  ranks(run.world).c_str(), run.layout.c_str(), ranks(dp.world).c_str(),
+                  ranks(run.world).c_str(), run.layout.c_str(), ranks(world.size()).c_str(),
                   o.layout.c_str());
       if (at_log_point) {
         std::printf("run '%s': val loss at step %lld: %.6f in the checkpoint's log, %.6f evaluated after loading\n",
