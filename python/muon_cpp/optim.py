@@ -130,6 +130,26 @@ class Optimizer(torch.optim.Optimizer):
                 "settings": {k: v for k, v in g.items() if k not in _STRUCTURAL},
             })
         self._engine = _C.Engine(specs, config, c_layout)
+        # The tensors the engine steps, group by group: they cannot be
+        # replaced in param_groups (checked at every step).
+        self._built_params = [tuple(g["params"]) for g in self.param_groups]
+
+    def _check_params(self):
+        """Raises ValueError if a tensor in param_groups is not the one the
+        optimizer was built with: the engine would go on stepping the old
+        tensor and never the new one."""
+        for i, (g, built) in enumerate(zip(self.param_groups, self._built_params)):
+            params = g.get("params", ())
+            if len(params) != len(built):
+                continue  # the engine names this one (parameters added or removed)
+            for j, (now, was) in enumerate(zip(params, built)):
+                if now is not was:
+                    shape = list(getattr(now, "shape", ()))
+                    raise ValueError(
+                        f"param_groups[{i}]['params'][{j}] is not the tensor this optimizer was "
+                        f"built with (now {type(now).__name__} of shape {shape[:8]}, built with "
+                        f"shape {list(was.shape)[:8]}); parameters cannot be replaced after "
+                        f"construction: build a new optimizer")
 
     def _dtensor_shards(self, groups):
         """RowShards of the DTensor parameters that go to a Muon-family optimizer."""
@@ -185,6 +205,7 @@ class Optimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         """One step of every parameter with a gradient; ``closure`` (re-evaluates
         the loss) runs first with grad enabled and its loss is returned."""
+        self._check_params()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -208,6 +229,7 @@ class Optimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """torch.optim's load_state_dict; the state and the group values go to
         the engine, checked before anything changes (on error, nothing did)."""
+        self._check_params()
         saved_groups = state_dict.get("param_groups", [])
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, this "

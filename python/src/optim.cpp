@@ -27,6 +27,7 @@
 #include "muon/optim/muon.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
+#include "muon/scaling.h"
 
 namespace muon::python {
 
@@ -224,6 +225,26 @@ class Engine {
     return py::object(std::move(d));
   }
 
+  // AdaptiveMuon's second moment must have the shape and dtype its step
+  // keeps for this rank's part of the matrix (rows × 1 for NorMuon, rows ×
+  // cols for AdaMuon; fp32, fp64 for fp64 parameters): one of any other
+  // shape would be taken and make every later step fail.
+  static void check_second_moment(const Optimizer& leaf, OptimizerParamState& st,
+                                  const at::Tensor& param) {
+    const auto* adaptive = dynamic_cast<const AdaptiveMuon*>(&leaf);
+    if (adaptive == nullptr) return;
+    const auto& v = static_cast<AdaptiveMuonParamState&>(st).second_moment();
+    if (!v.defined()) return;
+    const auto mode = adaptive->adaptive_options().mode();
+    const auto [rows, cols] = matrix_dims(param.sizes());
+    const std::vector<int64_t> want{rows, mode == AdaptiveMode::kNorMuon ? 1 : cols};
+    const auto dtype = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    TORCH_CHECK_VALUE(v.sizes() == at::IntArrayRef(want) && v.scalar_type() == dtype,
+                      "muon_cpp: load_state_dict: 'second_moment' is ", v.scalar_type(), " of shape ",
+                      v.sizes(), "; mode ", to_string(mode), " keeps ", dtype, " of shape ",
+                      at::IntArrayRef(want), " for this parameter (shape ", param.sizes(), ")");
+  }
+
   // Replaces every parameter's state with `states` (param → dict of
   // torch.optim's keys), checked entirely before anything changes.
   void load_state(const py::dict& states) {
@@ -260,6 +281,7 @@ class Engine {
         TORCH_CHECK_VALUE(known, "muon_cpp: load_state_dict: unknown state key '",
                           name.substr(0, 60), "' for this optimizer");
       }
+      check_second_moment(*it->second, *st, param);
       fresh.emplace_back(it->second, std::make_pair(compat::state_key(param), std::move(st)));
     }
     std::set<Optimizer*> seen;

@@ -233,3 +233,60 @@ def test_scheduler_state_saved_alongside(kind, tmp_path):
     want = dict(straight.named_parameters())
     for n, p in resumed.named_parameters():
         assert torch.equal(p, want[n]), n
+
+
+@pytest.mark.parametrize("mode", ["normuon", "adamuon"])
+def test_load_refuses_a_second_moment_that_does_not_fit_and_changes_nothing(mode):
+    # NorMuon keeps a rows x 1 second moment, AdaMuon rows x cols, in fp32:
+    # any other shape or dtype would be taken and fail every later step.
+    torch.manual_seed(5)
+    p = torch.randn(8, 6, requires_grad=True)
+    opt = muon_cpp.AdaptiveMuon([p], lr=0.02, mode=mode)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    good = opt.state_dict()
+    kept = opt.state[p]["second_moment"].clone()
+    shape = (8, 1) if mode == "normuon" else (8, 6)
+    assert tuple(kept.shape) == shape
+    # (torch.optim's load_state_dict casts state to the parameter's dtype
+    # first, so only shapes can be wrong here.)
+    for bad in (torch.zeros(3, 3), torch.zeros(8, 6 if mode == "normuon" else 1), torch.zeros(8)):
+        sd = copy.deepcopy(good)
+        sd["state"][0]["second_moment"] = bad
+        with pytest.raises(ValueError) as e:
+            opt.load_state_dict(sd)
+        msg = str(e.value)
+        assert "second_moment" in msg and mode in msg and len(msg) < 300, msg
+        assert torch.equal(opt.state[p]["second_moment"], kept)
+    # Still steps, and the good state loads.
+    opt.load_state_dict(good)
+    p.grad = torch.randn_like(p)
+    opt.step()
+
+
+@pytest.mark.parametrize("kind", ["muon", "hybrid"])
+def test_replacing_a_parameter_in_param_groups_is_refused(kind):
+    # The engine steps the tensors it was built with: a tensor swapped into
+    # param_groups would never be stepped while the old one still is. Refused
+    # at the next step (and load_state_dict) before anything changes.
+    torch.manual_seed(6)
+    p = torch.randn(6, 4, requires_grad=True)
+    q = torch.randn(6, 4, requires_grad=True)
+    if kind == "muon":
+        opt = muon_cpp.Muon([p], lr=0.02)
+    else:
+        opt = muon_cpp.MuonWithAdamW([("w", p)], lr=0.02)
+    opt.param_groups[0]["params"][0] = q
+    p.grad = torch.randn_like(p)
+    q.grad = torch.randn_like(q)
+    before_p, before_q = p.detach().clone(), q.detach().clone()
+    with pytest.raises(ValueError) as e:
+        opt.step()
+    msg = str(e.value)
+    assert "param_groups[0]['params'][0]" in msg and "replaced" in msg and len(msg) < 300, msg
+    assert torch.equal(p, before_p) and torch.equal(q, before_q)
+    with pytest.raises(ValueError):
+        opt.load_state_dict(opt.state_dict())
+    opt.param_groups[0]["params"][0] = p
+    opt.step()
+    assert not torch.equal(p, before_p) and torch.equal(q, before_q)
