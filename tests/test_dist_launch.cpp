@@ -301,6 +301,23 @@ TEST(MuonLaunch, RanksThatIgnoreSigtermAreKilledAfterTheGrace) {
   kill_all(pids);
 }
 
+TEST(MuonLaunch, WhatTheRanksStartedGoesWithThemAfterSigint) {
+  // Each rank (a shell) starts a background sleep, which ignores SIGINT (a
+  // non-interactive shell's background jobs do), prints its pid and waits.
+  // SIGINT to the launcher ends the shells at once; the sleeps, left in the
+  // ranks' process groups, must go too (SIGKILL after the grace).
+  Child launcher({kLaunch, "-n", "2", "--grace", "2", "--", "/bin/sh", "-c",
+                  "sleep 60 & echo pid $!; wait"});
+  std::vector<pid_t> pids;
+  ASSERT_TRUE(launcher.read_until([&] { return (pids = rank_pids(launcher.out())).size() == 2; }, 60))
+      << launcher.out() << launcher.err();
+  kill(launcher.pid(), SIGINT);
+  EXPECT_EQ(launcher.wait(60), 128 + SIGINT) << launcher.err();
+  EXPECT_LT(launcher.seconds(), 30.0);
+  EXPECT_TRUE(all_gone_within(pids, 10)) << "a rank's background child outlived the launcher";
+  kill_all(pids);
+}
+
 // Ranks started by hand with different WORLD_SIZE: before the group exists,
 // every rank names both values instead of failing inside Gloo's connect.
 TEST(MuonLaunch, RanksWithDifferentWorldSizesNameBoth) {

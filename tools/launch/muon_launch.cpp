@@ -9,7 +9,9 @@
 // writes is prefixed with "[rank N] " (stdout to stdout, stderr to stderr).
 // SIGINT, SIGTERM and SIGHUP are forwarded to every rank. When a rank exits
 // with a non-zero status the others get SIGTERM; after a forwarded signal or
-// a failing rank, ranks still running after the grace period get SIGKILL. The
+// a failing rank, ranks still running after the grace period get SIGKILL,
+// and so do the processes they started (each rank's whole process group,
+// also once the rank itself has exited). The
 // launcher exits with the first failing rank's status (128 + signal for a
 // rank killed by a signal). The ranks die with the launcher: if it is killed
 // (SIGKILL, a crash), the kernel sends each rank SIGKILL (PR_SET_PDEATHSIG).
@@ -170,10 +172,18 @@ std::string set_thread_variables(int ranks) {
   return set;
 }
 
+// Whether rank r's process group still has members (the rank itself, or
+// children it started, which may outlive it: a background job of a shell
+// ignores SIGINT).
+bool group_alive(const Rank& r) {
+  return r.pid > 0 && (kill(-r.pid, 0) == 0 || errno == EPERM);
+}
+
 void signal_all(std::vector<Rank>& ranks, int sig) {
   for (auto& r : ranks) {
-    // Each rank leads its own process group: its children get the signal too.
-    if (r.running) kill(-r.pid, sig);
+    // Each rank leads its own process group: its children get the signal too,
+    // also after the rank itself has exited.
+    if (r.running || group_alive(r)) kill(-r.pid, sig);
   }
 }
 
@@ -321,16 +331,24 @@ int main(int argc, char** argv) {
         ++running;
       }
     }
-    if (stopping && running > 0 && Clock::now() >= kill_at) {
+    // After a forwarded signal or a failing rank, what a rank started goes
+    // with it: groups whose members outlive their rank get SIGKILL at the
+    // end of the grace period too, and the launcher waits for that.
+    int lingering = 0;
+    if (stopping && kill_at != Clock::time_point::max()) {
+      for (const auto& rank : ranks) lingering += !rank.running && group_alive(rank) ? 1 : 0;
+    }
+    if (stopping && running + lingering > 0 && Clock::now() >= kill_at) {
       signal_all(ranks, SIGKILL);
       kill_at = Clock::time_point::max();
+      lingering = 0;
     }
     // Output.
     std::vector<pollfd> fds;
     for (const auto& s : streams) {
       if (s.fd >= 0) fds.push_back(pollfd{s.fd, POLLIN, 0});
     }
-    if (running == 0) {
+    if (running == 0 && lingering == 0) {
       // Every rank is gone; a grandchild may still hold a pipe: drain briefly.
       if (fds.empty()) break;
       if (drain_until == Clock::time_point::max()) drain_until = Clock::now() + std::chrono::seconds(1);
