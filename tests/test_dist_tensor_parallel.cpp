@@ -266,6 +266,44 @@ TEST(TensorParallelValidation, LocalArgumentErrors) {
                c10::ValueError);
 }
 
+TEST(TensorParallelValidation, GradientOnOneRankOnlyRaisesOnEveryRankAndChangesNothing) {
+  // Rank 0 has a gradient for its block, rank 1 none: a precondition the
+  // other layouts agree on before any work; here too, both ranks raise at
+  // once (no rank waits in the block's collectives), naming the blocks.
+  std::vector<at::Tensor> before(2), after(2);
+  const auto errors = run_ranks_collect(2, [&](Group& g) {
+    auto p = at::randn({12, 40});
+    p.set_requires_grad(true);
+    auto q = at::randn({12, 40});  // a second block, with a gradient on both ranks
+    q.set_requires_grad(true);
+    TensorParallelOptions tpo;
+    tpo.mode("distributed")
+        .shard(p, TensorParallelShard({24, 40}, 0, g))
+        .shard(q, TensorParallelShard({24, 40}, 0, g));
+    TensorParallelMuon opt(std::vector<at::Tensor>{p, q}, MuonOptions(), tpo);
+    if (g.rank() == 0) p.mutable_grad() = at::ones({12, 40});
+    q.mutable_grad() = at::ones({12, 40});
+    const auto r = static_cast<size_t>(g.rank());
+    before[r] = at::cat({p.detach(), q.detach()}).clone();
+    try {
+      opt.step();
+    } catch (...) {
+      after[r] = at::cat({p.detach(), q.detach()}).clone();
+      throw;
+    }
+  });
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("the ranks differ in which tensor-parallel blocks have a gradient"),
+              std::string::npos)
+        << "rank " << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("[1, 1]"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("[0, 1]"), std::string::npos) << errors[r];
+    EXPECT_LT(errors[r].size(), 600u) << errors[r];
+    ASSERT_TRUE(after[r].defined());
+    EXPECT_TRUE(at::equal(before[r], after[r])) << "rank " << r << " changed its parameters";
+  }
+}
+
 TEST(TensorParallelTimeout, RankThatNeverStepsMakesTheOtherRaiseWithinTheTimeout) {
   // Rank 1 builds its optimizer (a collective) and returns without stepping;
   // its optimizer and group stay alive, so rank 0 notices only by timeout.

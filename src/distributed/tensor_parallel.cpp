@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -216,6 +217,29 @@ const TensorParallelOrthogonalizer::Layout* TensorParallelOrthogonalizer::layout
 std::vector<int64_t> TensorParallelOrthogonalizer::block_sizes(const at::Tensor& param) const {
   const auto* layout = layout_of(param);
   return layout == nullptr ? std::vector<int64_t>{} : layout->sizes;
+}
+
+void TensorParallelOrthogonalizer::begin_step(const std::vector<OptimizerParamGroup>& groups) {
+  // The shards this optimizer steps, grouped by their group in declaration
+  // order (the same on every rank): 1 where the block has a gradient.
+  std::set<const void*> mine;
+  for (const auto& g : groups) {
+    for (const auto& p : g.params()) mine.insert(impl_key(p));
+  }
+  std::vector<const Group*> order;
+  std::map<std::string, std::vector<int64_t>> masks;
+  for (const auto& [param, shard] : tp_.shards()) {
+    if (mine.count(impl_key(param)) == 0) continue;
+    const auto& name = shard.group().name();
+    if (masks.count(name) == 0) order.push_back(&shard.group());
+    masks[name].push_back(param.grad().defined() ? 1 : 0);
+  }
+  for (const auto* g : order) {
+    detail::check_all_ranks_agree(*g, masks[g->name()], kWho,
+                                  "the ranks differ in which tensor-parallel blocks have a gradient "
+                                  "(1: has one, in declaration order); a block must have one on "
+                                  "every rank of its group or on none");
+  }
 }
 
 void TensorParallelOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>& items) {

@@ -104,6 +104,10 @@ class TensorParallelOrthogonalizer final : public Orthogonalizer {
   bool allows_empty() const override { return true; }
   /// Collective over every group of the layout (muon/optim/step_guard.h).
   std::pair<int64_t, int64_t> max_over_processes(int64_t code) const override;
+  /// Collective over every shard's group: the ranks agree on which shards
+  /// have a gradient (a block steps on every rank of its group or on none),
+  /// and raise together, naming the difference, where they do not.
+  void begin_step(const std::vector<torch::optim::OptimizerParamGroup>& groups) override;
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override;
   void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
 
