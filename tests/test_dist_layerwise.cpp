@@ -254,6 +254,48 @@ TEST(Layerwise, DifferentParametersOnSomeRankFailEverywhere) {
   }
 }
 
+TEST(Layerwise, GradientsOnSomeRanksOnlyFailEverywhereAndChangeNothing) {
+  // Rank 1 has no gradient at all (its backward was skipped), then one
+  // parameter without a gradient on rank 1 only: each rank owns some
+  // parameters, so a rank without a gradient would drop the update of what
+  // it owns while the others step on. Every rank raises, naming the first
+  // parameter that differs, and nothing changes on any rank.
+  for (const int missing : {-1, 4}) {
+    std::vector<std::vector<at::Tensor>> before(2), after(2);
+    const auto errors = muon::test::run_ranks_collect(2, [&](Group& group) {
+      auto named = make_params(hybrid_model());
+      LayerwiseOptimizer opt(named, group, make_hybrid);
+      set_grads(named, 0);
+      if (group.rank() == 1) {
+        int i = 0;
+        for (auto& item : named) {
+          if (missing < 0 || i == missing) item.value().mutable_grad() = at::Tensor();
+          ++i;
+        }
+      }
+      const auto r = static_cast<size_t>(group.rank());
+      for (const auto& item : named) before[r].push_back(item.value().detach().clone());
+      try {
+        opt.step();
+      } catch (...) {
+        for (const auto& item : named) after[r].push_back(item.value().detach().clone());
+        throw;
+      }
+    });
+    const std::string first = missing < 0 ? "wte.weight" : hybrid_model()[4].name;
+    for (size_t r = 0; r < 2; ++r) {
+      EXPECT_NE(errors[r].find("parameter '" + first + "' has "), std::string::npos)
+          << r << ": " << errors[r];
+      EXPECT_NE(errors[r].find("for the same parameters"), std::string::npos) << errors[r];
+      EXPECT_LT(errors[r].size(), 500u) << errors[r];
+      ASSERT_EQ(after[r].size(), before[r].size()) << "rank " << r << " did not raise";
+      for (size_t i = 0; i < before[r].size(); ++i) {
+        EXPECT_TRUE(at::equal(before[r][i], after[r][i])) << "rank " << r << " parameter " << i;
+      }
+    }
+  }
+}
+
 TEST(Layerwise, OptionErrors) {
   muon::test::run_ranks(1, [&](Group& group) {
     auto named = make_params(hybrid_model());

@@ -196,6 +196,28 @@ std::pair<int64_t, int64_t> LayerwiseOptimizer::max_over_processes(int64_t code)
   return detail::max_over_groups({&group_}, code);
 }
 
+void LayerwiseOptimizer::agree_on_gradients() const {
+  // The parameters are replicated and so are their (averaged) gradients:
+  // every rank must have a gradient for the same parameters, or a rank that
+  // has none for a parameter it owns would drop the others' update of it
+  // and every rank would step on. One all-gather of the masks; a difference
+  // raises on every rank, naming the first parameter that differs.
+  std::vector<int64_t> mask(params_.size());
+  for (const auto i : c10::irange(params_.size())) mask[i] = params_[i].grad().defined() ? 1 : 0;
+  const auto all = group_.all_gather_ints(mask);
+  const auto me = static_cast<size_t>(group_.rank());
+  for (const auto i : c10::irange(params_.size())) {
+    for (const auto r : c10::irange(all.size())) {
+      if (all[r][i] == all[me][i]) continue;
+      const auto has = [](int64_t v) { return v != 0 ? "a gradient" : "no gradient"; };
+      TORCH_CHECK_VALUE(false, kWho, "on group '", group_.name(), "' parameter '", names_[i],
+                        "' has ", has(all[r][i]), " on rank ", r, " and ", has(all[me][i]),
+                        " on rank ", me, "; every rank of a layer-wise group must have a gradient "
+                        "for the same parameters (nothing of this step was applied)");
+    }
+  }
+}
+
 at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
   at::Tensor loss;
   if (closure != nullptr) {
@@ -218,6 +240,7 @@ at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
     return muon::detail::describe_param(owned_groups[g].params()[i], g, i);
   };
   if (!admit_step(owned_groups, kWho, [this] { check_before_step(); }, describe)) return loss;
+  agree_on_gradients();
   const auto& mine = buckets_[static_cast<size_t>(group_.rank())];
   const bool overlap = options_.max_in_flight() > 0 && mine.size() > 1;
   if (inner_ && !overlap) inner_->step();

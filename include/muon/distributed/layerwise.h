@@ -131,6 +131,8 @@ class LayerwiseOptimizer : public torch::optim::Optimizer, public StateBytes, pu
 
   Group group_;
   LayerwiseOptions options_;
+  // Raises on every rank unless all have a gradient for the same parameters.
+  void agree_on_gradients() const;
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
   std::vector<int64_t> owners_;
