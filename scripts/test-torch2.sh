@@ -31,7 +31,9 @@ die() { echo "test-torch2: error: $*" >&2; exit 1; }
 # security or updates suites), as the machine is set up: from
 # /etc/apt/sources.list.d/*.sources (deb822) or the one-line lists.
 # MUON_DEBIAN_MIRROR overrides it.
-host_mirror() {
+host_mirror() (
+  # A subshell without errexit or pipefail: awk and head stop reading early.
+  set +eo pipefail
   local codename
   codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
   [[ -n $codename ]] || return 0
@@ -47,8 +49,8 @@ host_mirror() {
       $1 == "deb" { i = 2; if ($2 ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
                     if ($(i + 1) == c) { print $i; exit } }'
   } | head -n 1 | sed 's:/*$::'
-}
-MIRROR=${MUON_DEBIAN_MIRROR:-$(host_mirror)}
+)
+MIRROR=${MUON_DEBIAN_MIRROR:-$(host_mirror || true)}
 [[ -n $MIRROR ]] || die "no Debian archive for the host's release in its apt sources; set MUON_DEBIAN_MIRROR"
 
 [[ $(id -u) -eq 0 ]] || die "needs root (debootstrap, chroot and mounts); run it with sudo"
