@@ -63,6 +63,19 @@ bool widens(const at::Tensor& t) {
          bf16_products() == Bf16Products::kWidened;
 }
 
+// Runs `product(acc)`, which writes beta·acc + alpha·(...) in fp32, for
+// `out`: into out itself when it is fp32; else into an fp32 copy of out (or
+// fresh memory when beta is 0), rounded once into out afterwards.
+template <typename Product>
+bool into_fp32(at::Tensor& out, double beta, const Product& product) {
+  if (out.scalar_type() == at::kFloat) return product(out);
+  auto acc = beta != 0.0 ? out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
+                         : at::empty(out.sizes(), out.options().dtype(at::kFloat));
+  const bool result = product(acc);
+  out.copy_(acc);
+  return result;
+}
+
 void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                 double beta);
 
@@ -72,14 +85,10 @@ void widened_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, 
                      double beta) {
   const auto a32 = a.to(at::kFloat);
   const auto b32 = b.to(at::kFloat);
-  if (out.scalar_type() == at::kFloat) {
-    product_2d(out, a32, b32, alpha, beta);
-    return;
-  }
-  auto acc = beta != 0.0 ? out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
-                         : at::empty(out.sizes(), out.options().dtype(at::kFloat));
-  product_2d(acc, a32, b32, alpha, beta);
-  out.copy_(acc);
+  into_fp32(out, beta, [&](at::Tensor& acc) {
+    product_2d(acc, a32, b32, alpha, beta);
+    return true;
+  });
 }
 
 // out = beta·out + alpha·a·b for one matrix; out may be a strided block.
@@ -311,12 +320,8 @@ bool upper_product(at::Tensor& out, const at::Tensor& x, bool trans, double alph
   if (widens(x)) {
     // Widened once for all panels; fp32 kernels (SYRK or oneDNN panels).
     const auto x32 = x.to(at::kFloat);
-    if (out.scalar_type() == at::kFloat) return upper_product(out, x32, trans, alpha, beta);
-    auto acc = beta != 0.0 ? out.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true)
-                           : at::empty(out.sizes(), out.options().dtype(at::kFloat));
-    const bool mirror = upper_product(acc, x32, trans, alpha, beta);
-    out.copy_(acc);
-    return mirror;
+    return into_fp32(out, beta,
+                     [&](at::Tensor& acc) { return upper_product(acc, x32, trans, alpha, beta); });
   }
   const int64_t s = out.size(1);
   const bool cpu = out.device().is_cpu();
