@@ -18,7 +18,9 @@ single-process Muon on the whole matrices (docs/distributed.md):
 Groups are ``torch.distributed`` process groups (``None``: the default
 group); any backend torch has, gloo on CPU.
 """
+import inspect
 import os
+import threading
 
 import torch
 import torch.distributed as dist
@@ -249,23 +251,79 @@ class _CpuEvent:
         return True
 
 
+class _AveragedWork(dist.Work if dist.is_available() else object):
+    """An asynchronous SUM that is an average once waited for: wait() (or
+    is_completed() once true, result(), the future) divides its output by the
+    group's size, exactly once."""
+
+    def __init__(self, work, out, size):
+        super().__init__()
+        self._work, self._out, self._size = work, out, size
+        self._lock = threading.Lock()
+        self._divided = False
+
+    def _divide(self):
+        with self._lock:
+            if not self._divided:
+                self._out.div_(self._size)
+                self._divided = True
+
+    def wait(self, timeout=None):
+        ok = self._work.wait() if timeout is None else self._work.wait(timeout)
+        self._divide()
+        return ok
+
+    def is_completed(self):
+        if not self._work.is_completed():
+            return False
+        self._divide()
+        return True
+
+    def is_success(self):
+        return self._work.is_success()
+
+    def exception(self):
+        return self._work.exception()
+
+    def result(self):
+        self.wait()
+        return self._work.result()
+
+    def get_future(self):
+        def divided(fut):
+            self._divide()
+            return fut.value()
+
+        return self._work.get_future().then(divided)
+
+
 def _gloo_average(collective):
     """`collective` (dist.reduce_scatter_tensor or dist.all_reduce) with
     ReduceOp.AVG on a gloo group done as SUM, then a division by the group's
     size: gloo before torch 2.8 has no AVG (reduce_scatter_tensor silently
-    sums, all_reduce raises)."""
+    sums, all_reduce raises). An asynchronous call returns a Work whose
+    wait() divides (_AveragedWork)."""
+
+    signature = inspect.signature(collective)
+    first = next(iter(signature.parameters))  # the output: `output` or `tensor`
 
     def averaged(*args, **kwargs):
-        op = kwargs.get("op")
-        group = kwargs.get("group")
-        if (op != dist.ReduceOp.AVG or kwargs.get("async_op")
-                or dist.get_backend(group) != dist.Backend.GLOO):
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        given = call.arguments
+        group = given.get("group")
+        if given.get("op") != dist.ReduceOp.AVG or dist.get_backend(group) != dist.Backend.GLOO:
             return collective(*args, **kwargs)
-        kwargs["op"] = dist.ReduceOp.SUM
-        result = collective(*args, **kwargs)
-        out = kwargs.get("output", kwargs.get("tensor", args[0] if args else None))
-        out.div_(dist.get_world_size(group))
-        return result
+        given["op"] = dist.ReduceOp.SUM
+        out = given[first]
+        size = dist.get_world_size(group)
+        work = collective(*call.args, **call.kwargs)
+        if not given.get("async_op"):
+            out.div_(size)
+            return work
+        if work is None:  # this rank is not in the group: nothing was reduced
+            return None
+        return _AveragedWork(work, out, size)
 
     averaged._muon_gloo_average = True
     averaged.__wrapped__ = collective
@@ -286,8 +344,8 @@ def enable_fsdp2_on_cpu():
       ``reduce_scatter_tensor(op=AVG)``, which gloo silently turns into a sum
       (every gradient W times too large: Muon and AdamW updates hide it,
       their optimizer state does not), and HSDP's ``all_reduce(op=AVG)``
-      raises. Synchronous AVG calls on gloo groups become SUM and a division
-      by the group size;
+      raises. AVG calls on gloo groups become SUM and a division by the
+      group size (asynchronous ones divide before their Work completes);
     * re-gathering parameters in backward trips autograd's version check on
       CPU: shard with ``reshard_after_forward=False`` there (not something
       this function can change).

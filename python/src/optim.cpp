@@ -126,7 +126,16 @@ class Engine {
                                    "param_groups[" + std::to_string(i) + "]");
       specs.push_back(std::move(spec));
     }
-    auto built = dist::make_grouped_optimizer(specs, config_, layout);
+    // Building a distributed layout runs collectives: without the GIL, as
+    // step(). A c10d worker thread that drops the last reference to a tensor
+    // Python made (a collective's output) takes the GIL to free its Python
+    // object while it holds the queue's lock; holding the GIL here while
+    // waiting on a collective queued behind it would deadlock the rank.
+    dist::GroupedOptimizer built;
+    {
+      py::gil_scoped_release release;
+      built = dist::make_grouped_optimizer(specs, config_, layout);
+    }
     optimizer_ = std::move(built.optimizer);
     find_leaves(*optimizer_, leaves_);
     const auto& registry = OptimizerRegistry::global();

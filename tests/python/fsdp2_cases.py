@@ -154,6 +154,59 @@ def case_fsdp2_train(rank, world, kinds, mesh_shape=None):
     return out
 
 
+def case_fsdp2_rebuild(rank, world, rounds):
+    """`rounds` models and optimizers built one after another over the same
+    process group, alternating the optimizer kinds, each trained one step.
+    Returns each round's full parameters and the process group's own
+    collectives still agree afterwards (a rank stuck in construction would
+    never get here)."""
+    mesh = mesh_of(world)
+    out = []
+    for i in range(rounds):
+        kind = KINDS_ALTERNATING[i % len(KINDS_ALTERNATING)]
+        model = shard(make_model(), mesh)
+        opt = make_optimizer(kind, list(model.named_parameters()))
+        losses = train(model, opt, 1, rank, world, first_step=i)
+        out.append({"kind": kind, "losses": losses, "params": full_params(model)})
+    return out
+
+
+KINDS_ALTERNATING = ("hybrid", "muon")
+
+
+def case_fsdp2_average(rank, world):
+    """ReduceOp.AVG on gloo after enable_fsdp2_on_cpu: reduce_scatter_tensor
+    and all_reduce, synchronous and asynchronous, against the mean of every
+    rank's input computed here from the same seeds."""
+    from muon_cpp import distributed as mdist
+
+    mdist.enable_fsdp2_on_cpu()
+    inputs = [torch.Generator().manual_seed(10 + r) for r in range(world)]
+    full = [torch.randn(world * 3, generator=g) for g in inputs]
+    mean = torch.stack(full).mean(0)
+    mine = full[rank]
+    out = {}
+    for async_op in (False, True):
+        rs = torch.empty(3)
+        work = dist.reduce_scatter_tensor(rs, mine.clone(), op=dist.ReduceOp.AVG, async_op=async_op)
+        if async_op:
+            work.wait()
+        ar = mine.clone()
+        work = dist.all_reduce(ar, dist.ReduceOp.AVG, None, async_op)  # positional, as torch allows
+        if async_op:
+            work.wait()
+        summed = mine.clone()
+        work = dist.all_reduce(summed, op=dist.ReduceOp.SUM, async_op=async_op)
+        if async_op:
+            work.wait()
+        out["async" if async_op else "sync"] = {
+            "reduce_scatter": (rs, mean[rank * 3:(rank + 1) * 3]),
+            "all_reduce": (ar, mean),
+            "sum": (summed, torch.stack(full).sum(0)),
+        }
+    return out
+
+
 def _dcp_state(model, opt):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -244,4 +297,6 @@ CASES = {
     "fsdp2_save": case_fsdp2_save,
     "fsdp2_resume": case_fsdp2_resume,
     "fsdp2_errors": case_fsdp2_errors,
+    "fsdp2_rebuild": case_fsdp2_rebuild,
+    "fsdp2_average": case_fsdp2_average,
 }
