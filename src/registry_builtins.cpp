@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "builtin_states.h"
 #include "muon/compat.h"
 #include "muon/distributed/make.h"
 #include "muon/newton_schulz.h"
@@ -136,6 +137,7 @@ MuonOptions muon_options(const OptimizerSettings& s) {
 OptimizerEntry muon_entry() {
   OptimizerEntry e;
   e.name = "muon";
+  e.state = detail::muon_state();
   e.doc = "Muon (muon::Muon): momentum orthogonalized by Newton–Schulz; 1-D, embedding and "
           "head parameters go to scalar_optimizer";
   e.fields = muon_fields();
@@ -150,6 +152,7 @@ OptimizerEntry muon_entry() {
 OptimizerEntry adaptive_muon_entry() {
   OptimizerEntry e;
   e.name = "adaptive_muon";
+  e.state = detail::adaptive_muon_state();
   e.doc = "Muon with a NorMuon (per row) or AdaMuon (per element) second moment "
           "(muon::AdaptiveMuon); reads the muon_* fields too";
   e.fields = {
@@ -178,6 +181,7 @@ OptimizerEntry adaptive_muon_entry() {
 OptimizerEntry adam_entry() {
   OptimizerEntry e;
   e.name = "adam";
+  e.state = detail::adam_state();
   e.doc = "Adam (torch::optim::Adam; weight_decay is L2)";
   e.fields = {
       FieldSpec::real("beta1", 0.9, "first-moment decay (adam and adamw)", 0.0, 1.0).exclusive_max(),
@@ -200,6 +204,7 @@ OptimizerEntry adam_entry() {
 OptimizerEntry adamw_entry() {
   OptimizerEntry e;
   e.name = "adamw";
+  e.state = detail::adamw_state();
   e.doc = "AdamW (torch::optim::AdamW; decoupled weight decay); reads the adam_* fields";
   e.uses_fields_of = {"adam"};
   e.make_options = [](const OptimizerSettings& s) {
@@ -218,6 +223,7 @@ OptimizerEntry adamw_entry() {
 OptimizerEntry sgd_entry() {
   OptimizerEntry e;
   e.name = "sgd";
+  e.state = detail::sgd_state();
   e.doc = "SGD with momentum (torch::optim::SGD; weight_decay is L2)";
   e.fields = {
       FieldSpec::real("momentum", 0.9, "momentum", 0.0, 1.0).exclusive_max(),
@@ -245,6 +251,7 @@ OptimizerEntry sgd_entry() {
 OptimizerEntry lion_entry() {
   OptimizerEntry e;
   e.name = "lion";
+  e.state = detail::lion_state();
   e.doc = "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay";
   e.fields = {
       FieldSpec::real("beta1", 0.9, "interpolation weight of the momentum in the update", 0.0, 1.0)

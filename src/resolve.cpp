@@ -194,9 +194,18 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named,
     rows.push_back({r.name, to_string(FieldValue(r.shape)), r.optimizer,
                     r.group >= 0 ? std::to_string(r.group) : "-", settings});
   }
+  // What each optimizer in use keeps per parameter (its state schema), then
+  // what Newton–Schulz runs on.
+  std::vector<std::string> footer;
+  for (const auto& r : resolved) {
+    if (!r.alias_of.empty()) continue;
+    const auto& schema = registry.at(r.optimizer)->state;
+    const auto line = "state of " + r.optimizer + ": " +
+                      (schema.declared() ? schema.describe() : std::string("not described (no state schema)"));
+    if (std::find(footer.begin(), footer.end(), line) == footer.end()) footer.push_back(line);
+  }
   // What `auto` picks on this machine for each Newton–Schulz compute dtype
   // in use: the products' kernels (bf16 native or widened) and the method.
-  std::vector<std::string> footer;
   for (const auto& r : resolved) {
     if (!r.alias_of.empty()) continue;
     const auto entry = registry.at(r.optimizer);

@@ -72,7 +72,7 @@ std::vector<at::Tensor> snapshot(Rank& r) {
       out.push_back(at::full({1}, -1.0));
       continue;
     }
-    for (const auto& f : muon::dist::detail::state_fields(slot.kind, *state)) {
+    for (const auto& f : muon::dist::detail::state_fields(slot, *state)) {
       if (f.integer != nullptr) {
         out.push_back(at::full({}, *f.integer, at::kLong));
       } else {

@@ -370,9 +370,15 @@ TEST(Registry, ExplainShowsEveryParameter) {
   std::vector<std::string> lines;
   std::stringstream ss(text);
   for (std::string line; std::getline(ss, line);) lines.push_back(line);
-  // Header, one line per parameter, and what Newton–Schulz in fp32 (the
-  // config's compute dtype) runs on on this CPU.
-  ASSERT_EQ(lines.size(), model->named_parameters().size() + 2);
+  // Header, one line per parameter, the state of each optimizer in use
+  // (adamw for the embedding, the first parameter, then muon: their state
+  // schemas), and what Newton–Schulz in fp32 (the config's compute dtype)
+  // runs on on this CPU.
+  ASSERT_EQ(lines.size(), model->named_parameters().size() + 4);
+  EXPECT_EQ(lines[lines.size() - 3],
+            "state of adamw: step [counter], exp_avg [param, zeros, rows], exp_avg_sq [param, zeros, rows], "
+            "max_exp_avg_sq [param, zeros, rows, optional]");
+  EXPECT_EQ(lines[lines.size() - 2], "state of muon: step [counter], momentum_buffer [param, zeros, rows]");
   EXPECT_EQ(lines[0].rfind("parameter", 0), 0u);
   EXPECT_EQ(lines.back(), "Newton–Schulz in float32: " + muon::newton_schulz_cpu_kernels(at::kFloat));
   EXPECT_NE(lines.back().find("fp32 products: "), std::string::npos) << lines.back();

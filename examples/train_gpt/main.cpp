@@ -6,6 +6,7 @@
 //   muon-train-gpt --nproc 1 --steps 200 --runs muon,lion,adamw
 //   muon-train-gpt --set muon:lr=0.03 --config adamw=my_adamw.json
 //   muon-train-gpt --print-config      # every run's optimizer config as JSON
+//   muon-train-gpt --plugin ./libmy_optimizer.so --runs my_optimizer,adamw
 //   muon-train-gpt --timeout 30         # ranks wait 30 s for each other, not 300
 //   torchrun --no_python --nproc_per_node 2 muon-train-gpt
 //
@@ -48,6 +49,7 @@
 #include "muon/distributed/group.h"
 #include "muon/distributed/layerwise.h"
 #include "muon/distributed/make.h"
+#include "muon/plugin.h"
 #include "muon/registry.h"
 #include "muon/schedule.h"
 #include "report.h"
@@ -65,6 +67,7 @@ struct Flags {
   std::string data_file;
   bool byte_level = false;
   std::string runs = "muon,adamw";
+  std::vector<std::string> plugins;  // shared libraries that register optimizers
   std::string out = "train_gpt_out";
   std::string save;
   int64_t save_every = 0;
@@ -239,7 +242,10 @@ std::vector<muon::dist::AgreementItem> shared_flags(const Flags& f) {
   for (const auto& c : f.configs) configs += c + " ";
   std::string sets;
   for (const auto& s : f.sets) sets += s + " ";
+  std::string plugins;
+  for (const auto& p : f.plugins) plugins += p + " ";
   return {{"--runs", f.runs},
+          {"--plugin", plugins},
           {"--steps", std::to_string(t.steps)},
           {"--batch", std::to_string(t.global_batch)},
           {"--eval-every", std::to_string(t.eval_every)},
@@ -409,7 +415,11 @@ int main(int argc, char** argv) {
                  "LibTorch intra-op threads per rank (default 1: OpenBLAS threads its GEMMs "
                  "itself, and more oversubscribes the cores)")
       ->check(count(1));
-  app.add_option("--runs", f.runs, "comma-separated runs: muon, adamw; the last is the baseline");
+  app.add_option("--runs", f.runs,
+                 "comma-separated runs: registered optimizers (muon, adamw, ...); the last is the baseline");
+  app.add_option("--plugin", f.plugins,
+                 "a shared library that registers optimizers (muon/plugin.h), loaded before the runs "
+                 "are read: its optimizers can be runs; repeatable");
   app.add_option("--steps", t.steps, "optimizer steps per run")->check(count(1));
   app.add_option("--batch", t.global_batch, "sequences per step over all ranks")->check(count(1));
   app.add_option("--eval-every", t.eval_every, "steps between evaluations")->check(count(1));
@@ -480,6 +490,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    for (const auto& plugin : f.plugins) muon::load_plugin(plugin);
     // Every run's config is checked here, before any process starts.
     for (const auto& run : split_list(f.runs)) {
       const auto config = run_config(run, f);

@@ -39,6 +39,7 @@
 
 #include "muon/config.h"
 #include "muon/optim/composite.h"
+#include "muon/optim/state_schema.h"
 #include "muon/schedule.h"
 
 namespace muon {
@@ -99,6 +100,11 @@ struct OptimizerEntry {
   std::vector<OverrideRule> default_overrides;
   /// Called once on the new optimizer (e.g. to create state eagerly); optional.
   std::function<void(torch::optim::Optimizer&)> init_state;
+  /// What its per-parameter state is (muon/optim/state_schema.h):
+  /// checkpoints, the Python package, state bytes and `explain` read it.
+  /// Optional: an optimizer without one builds and steps, and anything
+  /// that must handle its state refuses it by name.
+  StateSchema state;
 };
 
 /// Config fields added by a layer built on the registry rather than by an
@@ -166,6 +172,12 @@ class OptimizerRegistry {
   std::vector<std::shared_ptr<const ConfigExtension>> extensions() const;
   /// One line per registered optimizer: name and doc.
   std::string help() const;
+  /// The entry whose state schema describes `optimizer` (a leaf: it keeps
+  /// per-parameter state itself): `kind`'s when that entry declares a schema
+  /// that claims it, otherwise the last registered entry whose schema
+  /// claims it; nullptr when none does.
+  std::shared_ptr<const OptimizerEntry> state_entry_of(const torch::optim::Optimizer& optimizer,
+                                                       const std::string& kind = "") const;
 
  private:
   std::vector<FieldSpec> fields_locked() const;
@@ -249,6 +261,21 @@ std::unique_ptr<CompositeOptimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const OptimizerConfig& config, const BuildContext& context,
     const OptimizerRegistry& registry = OptimizerRegistry::global());
+
+/// An optimizer that keeps per-parameter state, and the registry entry that
+/// describes it.
+struct StateHolder {
+  torch::optim::Optimizer* optimizer = nullptr;
+  std::shared_ptr<const OptimizerEntry> entry;
+};
+
+/// Every optimizer that keeps the per-parameter state of `optimizer`: itself,
+/// or the inner optimizers of those that implement muon::InnerOptimizers
+/// (composites, the layer-wise layout), in order. Raises c10::ValueError
+/// naming the type of one whose state no registered schema describes (`who`
+/// prefixes the message).
+std::vector<StateHolder> state_holders(torch::optim::Optimizer& optimizer, const std::string& who,
+                                       const OptimizerRegistry& registry = OptimizerRegistry::global());
 
 /// The LR schedule a config describes: lr, min_lr, lr_warmup_steps,
 /// lr_warmup_init, lr_decay_steps, lr_decay_style.

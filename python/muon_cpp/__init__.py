@@ -9,7 +9,9 @@ in the C++ engine (one call per step, GIL released)::
 
 ``newton_schulz`` and ``scale_factor`` expose the numerical core;
 ``make_optimizer`` builds any registered optimizer from one config (dict or
-JSON file) with per-parameter override rules; ``muon_cpp.distributed`` has
+JSON file) with per-parameter override rules; ``load_plugin`` loads a C++
+shared library that registers more (muon/plugin.h), and ``state_schema``
+says what an optimizer's per-parameter state is; ``muon_cpp.distributed`` has
 the layouts over ``torch.distributed`` process groups.
 """
 import torch  # noqa: F401  (loads LibTorch and registers its Python types first)
@@ -20,10 +22,12 @@ from ._C import (  # noqa: F401
     coefficient_set_info,
     coefficient_set_names,
     coefficients,
+    load_plugin,
     newton_schulz_cpu_kernels,
     newton_schulz_flops,
     scale_factor,
     scale_mode_names,
+    state_schema,
 )
 from .optim import (  # noqa: F401
     AdaptiveMuon,

@@ -7,6 +7,7 @@
 #include "common.h"
 #include "muon/config.h"
 #include "muon/distributed/make.h"
+#include "muon/plugin.h"
 #include "muon/registry.h"
 
 namespace muon::python {
@@ -106,6 +107,27 @@ void bind_config(py::module_& m) {
   m.def(
       "optimizer_names", [] { return OptimizerRegistry::global().keys(); },
       "The registered optimizers.");
+  m.def("load_plugin", &load_plugin, py::arg("path"),
+        "Loads a shared library that registers optimizers (muon/plugin.h); returns the names it added.");
+  m.def(
+      "state_schema",
+      [](const std::string& optimizer) {
+        const auto entry = OptimizerRegistry::global().at(optimizer);
+        py::list out;
+        for (const auto& f : entry->state.fields) {
+          py::dict d;
+          d["name"] = f.name;
+          d["shape"] = f.shape == StateShape::kCounter ? "counter"
+                       : f.shape == StateShape::kParam ? "param"
+                                                       : "rows";
+          d["init"] = f.init == StateInit::kZeros ? "zeros" : "on_first_use";
+          d["split"] = f.split == StateSplit::kWithRows ? "rows" : "replicated";
+          d["optional"] = static_cast<bool>(f.present);
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("optimizer"), "The fields of `optimizer`'s per-parameter state (its registry entry's schema).");
   m.def(
       "config_fields",
       [] {

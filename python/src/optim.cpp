@@ -5,9 +5,6 @@
 // the step in one call with the GIL released, and shares its state tensors
 // with Python (the same tensor objects, updated in place by the step).
 #include <c10/util/Exception.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
 
 #include <chrono>
 #include <memory>
@@ -21,10 +18,7 @@
 #include "muon/compat.h"
 #include "muon/distributed/layerwise.h"
 #include "muon/distributed/make.h"
-#include "muon/optim/adaptive_muon.h"
 #include "muon/optim/composite.h"
-#include "muon/optim/lion.h"
-#include "muon/optim/muon.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
 #include "muon/scaling.h"
@@ -41,67 +35,12 @@ using torch::optim::OptimizerParamState;
 const std::set<std::string> kFixedKeys = {"tp_mode", "stacked_experts", "split_qkv",
                                           "qkv_split_sizes", "num_query_groups"};
 
-// The fields of a C++ parameter state, by their torch.optim names.
-struct StateFields {
-  int64_t* step = nullptr;
-  std::vector<std::pair<const char*, at::Tensor*>> tensors;
+// The optimizer that keeps a parameter's state and the registry entry whose
+// state schema describes it.
+struct Leaf {
+  Optimizer* optimizer = nullptr;
+  std::shared_ptr<const OptimizerEntry> entry;
 };
-
-template <typename S>
-void adam_fields(S& s, StateFields& f) {
-  f.step = &s.step();
-  f.tensors = {{"exp_avg", &s.exp_avg()}, {"exp_avg_sq", &s.exp_avg_sq()},
-               {"max_exp_avg_sq", &s.max_exp_avg_sq()}};
-}
-
-StateFields fields_of(OptimizerParamState& st) {
-  StateFields f;
-  if (auto* s = dynamic_cast<AdaptiveMuonParamState*>(&st)) {
-    f.step = &s->step();
-    f.tensors = {{"momentum_buffer", &s->momentum_buffer()}, {"second_moment", &s->second_moment()}};
-  } else if (auto* s = dynamic_cast<MuonParamState*>(&st)) {
-    f.step = &s->step();
-    f.tensors = {{"momentum_buffer", &s->momentum_buffer()}};
-  } else if (auto* s = dynamic_cast<LionParamState*>(&st)) {
-    f.step = &s->step();
-    f.tensors = {{"exp_avg", &s->exp_avg()}};
-  } else if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&st)) {
-    adam_fields(*s, f);
-  } else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&st)) {
-    adam_fields(*s, f);
-  } else if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(&st)) {
-    f.tensors = {{"momentum_buffer", &s->momentum_buffer()}};
-  } else {
-    TORCH_CHECK_TYPE(false, "muon_cpp: no Python form for the state type ", typeid(st).name());
-  }
-  return f;
-}
-
-std::unique_ptr<OptimizerParamState> new_state_for(Optimizer& leaf) {
-  if (dynamic_cast<AdaptiveMuon*>(&leaf)) return std::make_unique<AdaptiveMuonParamState>();
-  if (dynamic_cast<Muon*>(&leaf)) return std::make_unique<MuonParamState>();
-  if (dynamic_cast<Lion*>(&leaf)) return std::make_unique<LionParamState>();
-  if (dynamic_cast<torch::optim::AdamW*>(&leaf)) return std::make_unique<torch::optim::AdamWParamState>();
-  if (dynamic_cast<torch::optim::Adam*>(&leaf)) return std::make_unique<torch::optim::AdamParamState>();
-  if (dynamic_cast<torch::optim::SGD*>(&leaf)) return std::make_unique<torch::optim::SGDParamState>();
-  TORCH_CHECK_TYPE(false, "muon_cpp: cannot load state into optimizer type ", typeid(leaf).name());
-}
-
-// The optimizer whose state() holds each parameter's state: composites and
-// the layer-wise layout hold theirs in parts and in the inner optimizer.
-void find_leaves(Optimizer& opt, std::unordered_map<const void*, Optimizer*>& out) {
-  if (auto* c = dynamic_cast<CompositeOptimizer*>(&opt)) {
-    for (size_t i = 0; i < c->num_parts(); ++i) find_leaves(c->part(i), out);
-    return;
-  }
-  if (auto* l = dynamic_cast<dist::LayerwiseOptimizer*>(&opt)) {
-    if (l->inner() != nullptr) find_leaves(*l->inner(), out);
-    return;
-  }
-  for (const auto& g : opt.param_groups()) {
-    for (const auto& p : g.params()) out[p.unsafeGetTensorImpl()] = &opt;
-  }
-}
 
 struct GroupRecord {
   std::string optimizer;
@@ -137,7 +76,11 @@ class Engine {
       built = dist::make_grouped_optimizer(specs, config_, layout);
     }
     optimizer_ = std::move(built.optimizer);
-    find_leaves(*optimizer_, leaves_);
+    for (auto& holder : state_holders(*optimizer_, "muon_cpp: ")) {
+      for (const auto& g : holder.optimizer->param_groups()) {
+        for (const auto& p : g.params()) leaves_[p.unsafeGetTensorImpl()] = {holder.optimizer, holder.entry};
+      }
+    }
     const auto& registry = OptimizerRegistry::global();
     for (size_t i = 0; i < specs.size(); ++i) {
       GroupRecord r;
@@ -227,75 +170,53 @@ class Engine {
   // The state of `param` as a dict, or None when it has none (no step yet,
   // or another rank holds it).
   py::object state_of(const at::Tensor& param) const {
+    const auto* leaf = leaf_of(param);
     auto* st = find_state(param);
     if (st == nullptr) return py::none();
     py::dict d;
-    fill(*st, d);
+    fill(*leaf, *st, d);
     return py::object(std::move(d));
   }
 
-  // AdaptiveMuon's second moment must have the shape and dtype its step
-  // keeps for this rank's part of the matrix (rows × 1 for NorMuon, rows ×
-  // cols for AdaMuon; fp32, fp64 for fp64 parameters): one of any other
-  // shape would be taken and make every later step fail.
-  static void check_second_moment(const Optimizer& leaf, OptimizerParamState& st,
-                                  const at::Tensor& param) {
-    const auto* adaptive = dynamic_cast<const AdaptiveMuon*>(&leaf);
-    if (adaptive == nullptr) return;
-    const auto& v = static_cast<AdaptiveMuonParamState&>(st).second_moment();
-    if (!v.defined()) return;
-    const auto mode = adaptive->adaptive_options().mode();
-    const auto [rows, cols] = matrix_dims(param.sizes());
-    const std::vector<int64_t> want{rows, mode == AdaptiveMode::kNorMuon ? 1 : cols};
-    const auto dtype = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    TORCH_CHECK_VALUE(v.sizes() == at::IntArrayRef(want) && v.scalar_type() == dtype,
-                      "muon_cpp: load_state_dict: 'second_moment' is ", v.scalar_type(), " of shape ",
-                      v.sizes(), "; mode ", to_string(mode), " keeps ", dtype, " of shape ",
-                      at::IntArrayRef(want), " for this parameter (shape ", param.sizes(), ")");
-  }
-
   // Replaces every parameter's state with `states` (param → dict of
-  // torch.optim's keys), checked entirely before anything changes.
+  // torch.optim's keys), each field checked against its optimizer's state
+  // schema (shape, dtype, device) before anything changes.
   void load_state(const py::dict& states) {
+    const std::string who = "muon_cpp: load_state_dict: ";
     std::vector<std::pair<Optimizer*, std::pair<compat::StateKey, std::unique_ptr<OptimizerParamState>>>> fresh;
     for (const auto& [key, value] : states) {
       const auto param = key.cast<at::Tensor>();
-      const auto it = leaves_.find(param.unsafeGetTensorImpl());
-      TORCH_CHECK_VALUE(it != leaves_.end(), "muon_cpp: load_state_dict: state for a parameter of shape ",
-                        param.sizes(), " that this optimizer does not step on this rank");
-      auto st = new_state_for(*it->second);
-      auto f = fields_of(*st);
-      const auto d = value.cast<py::dict>();
-      for (const auto& [k, v] : d) {
+      const auto* leaf = leaf_of(param);
+      TORCH_CHECK_VALUE(leaf != nullptr, who, "state for a parameter of shape ", param.sizes(),
+                        " that this optimizer does not step on this rank");
+      const auto& schema = leaf->entry->state;
+      auto st = schema.make();
+      const auto fields = schema.values(*st);
+      for (const auto& [k, v] : value.cast<py::dict>()) {
         const auto name = k.cast<std::string>();
-        if (name == "step") {
-          if (f.step == nullptr) continue;
+        const StateValue* field = nullptr;
+        for (const auto& f : fields) {
+          if (f.field->name == name) field = &f;
+        }
+        if (field == nullptr && name == "step") continue;  // torch.optim's, for a kind without a counter
+        TORCH_CHECK_VALUE(field != nullptr, who, "unknown state key '", name.substr(0, 60), "' for ",
+                          leaf->entry->name, " (its state: ", schema.describe().substr(0, 200), ")");
+        if (field->counter != nullptr) {
           // An int, or torch.optim's 0-d tensor.
-          *f.step = py::int_(py::reinterpret_borrow<py::object>(v)).cast<int64_t>();
+          *field->counter = py::int_(py::reinterpret_borrow<py::object>(v)).cast<int64_t>();
           continue;
         }
-        bool known = false;
-        for (auto& [field, tensor] : f.tensors) {
-          if (name != field) continue;
-          known = true;
-          if (v.is_none()) break;
-          auto t = v.cast<at::Tensor>();
-          TORCH_CHECK_VALUE(t.device() == param.device(), "muon_cpp: load_state_dict: '", name,
-                            "' is on ", t.device(), ", the parameter on ", param.device());
-          TORCH_CHECK_VALUE(name == std::string("second_moment") || t.sizes() == param.sizes(),
-                            "muon_cpp: load_state_dict: '", name, "' has shape ", t.sizes(),
-                            ", the parameter ", param.sizes());
-          *tensor = t;
-        }
-        TORCH_CHECK_VALUE(known, "muon_cpp: load_state_dict: unknown state key '",
-                          name.substr(0, 60), "' for this optimizer");
+        if (v.is_none()) continue;
+        auto t = v.cast<at::Tensor>();
+        StateSchema::check(*field->field, t, *leaf->optimizer, param, who);
+        *field->tensor = t;
       }
-      check_second_moment(*it->second, *st, param);
-      fresh.emplace_back(it->second, std::make_pair(compat::state_key(param), std::move(st)));
+      schema.complete(*st, *leaf->optimizer, options_of(*leaf, param), param);
+      fresh.emplace_back(leaf->optimizer, std::make_pair(compat::state_key(param), std::move(st)));
     }
     std::set<Optimizer*> seen;
     for (const auto& [p, leaf] : leaves_) {
-      if (seen.insert(leaf).second) leaf->state().clear();
+      if (seen.insert(leaf.optimizer).second) leaf.optimizer->state().clear();
     }
     for (auto& [leaf, entry] : fresh) leaf->state()[entry.first] = std::move(entry.second);
   }
@@ -321,23 +242,40 @@ class Engine {
   double last_step_seconds() const { return last_step_seconds_; }
 
   bool steps_here(const at::Tensor& param) const {
-    return leaves_.count(param.unsafeGetTensorImpl()) != 0;
+    return leaf_of(param) != nullptr;
   }
 
  private:
-  OptimizerParamState* find_state(const at::Tensor& param) const {
+  const Leaf* leaf_of(const at::Tensor& param) const {
     const auto it = leaves_.find(param.unsafeGetTensorImpl());
-    if (it == leaves_.end()) return nullptr;
-    auto& map = it->second->state();
+    return it == leaves_.end() ? nullptr : &it->second;
+  }
+
+  OptimizerParamState* find_state(const at::Tensor& param) const {
+    const auto* leaf = leaf_of(param);
+    if (leaf == nullptr) return nullptr;
+    auto& map = leaf->optimizer->state();
     const auto s = map.find(compat::state_key(param));
     return s == map.end() ? nullptr : s->second.get();
   }
 
-  static void fill(OptimizerParamState& st, py::dict& d) {
-    const auto f = fields_of(st);
-    if (f.step != nullptr) d["step"] = *f.step;
-    for (const auto& [name, tensor] : f.tensors) {
-      if (tensor->defined()) d[name] = *tensor;
+  // The options of the group of `leaf` that holds `param`.
+  static const torch::optim::OptimizerOptions& options_of(const Leaf& leaf, const at::Tensor& param) {
+    for (const auto& g : leaf.optimizer->param_groups()) {
+      for (const auto& p : g.params()) {
+        if (p.is_same(param)) return g.options();
+      }
+    }
+    return leaf.optimizer->param_groups().at(0).options();
+  }
+
+  static void fill(const Leaf& leaf, OptimizerParamState& st, py::dict& d) {
+    for (const auto& v : leaf.entry->state.values(st)) {
+      if (v.counter != nullptr) {
+        d[v.field->name.c_str()] = *v.counter;
+      } else if (v.tensor->defined()) {
+        d[v.field->name.c_str()] = *v.tensor;
+      }
     }
   }
 
@@ -347,13 +285,13 @@ class Engine {
       if (st == nullptr) continue;
       auto entry = state[py::cast(p)];  // torch.optim's state is a defaultdict(dict)
       auto d = py::reinterpret_borrow<py::dict>(entry);
-      fill(*st, d);
+      fill(*leaf_of(p), *st, d);
     }
   }
 
   OptimizerConfig config_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unordered_map<const void*, Optimizer*> leaves_;
+  std::unordered_map<const void*, Leaf> leaves_;
   std::vector<GroupRecord> records_;
   std::vector<at::Tensor> params_;
   double last_step_seconds_ = 0.0;

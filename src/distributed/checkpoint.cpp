@@ -362,6 +362,9 @@ std::optional<Place> matrix_view(const Place& p) {
 // parameter's size is split like the parameter, one of size 1 is
 // replicated. Shapes of another rank are compared against the parameter's
 // matrix view (dim 0 × the rest).
+// A tensor every rank holds whole (a replicated state field).
+Place whole_place(const Shape& shape) { return Place{shape, Shape(shape.size(), 0), shape, shape}; }
+
 std::optional<Place> place_state(const Place& param, const Shape& shape, bool shape_is_global) {
   auto fit = [&](const Place& p) -> std::optional<Place> {
     if (p.global.size() != shape.size()) return std::nullopt;
@@ -880,7 +883,7 @@ std::string save_checkpoint(const std::string& dir,
       if (state == nullptr) continue;
       kinds[name] = slot.kind;
       const auto& param_place = places[index.at(name)];
-      for (const auto& field : detail::state_fields(slot.kind, *state)) {
+      for (const auto& field : detail::state_fields(slot, *state)) {
         const auto key = "optim/" + name + "/" + field.name;
         if (field.integer != nullptr) {
           const auto data = at::full({}, *field.integer, at::kLong);
@@ -888,7 +891,9 @@ std::string save_checkpoint(const std::string& dir,
           continue;
         }
         if (!field.tensor->defined()) continue;
-        const auto place = place_state(param_place, field.tensor->sizes().vec(), false);
+        const auto place = field.split == StateSplit::kReplicated
+                               ? std::optional<Place>(whole_place(field.tensor->sizes().vec()))
+                               : place_state(param_place, field.tensor->sizes().vec(), false);
         TORCH_CHECK_VALUE(place.has_value(), kSaveWho, "state '", field.name, "' of parameter '",
                           shown(name), "' has shape ", field.tensor->sizes(),
                           ", which does not fit the parameter's ", shape_text(param_place.local));
@@ -1142,9 +1147,9 @@ CheckpointInfo load_checkpoint(const std::string& path,
       TORCH_CHECK_VALUE(kind->second == slot.kind, kLoadWho, "parameter '", shown(name), "' has ",
                         shown(kind->second), " state in the checkpoint, but this optimizer steps it with ",
                         slot.kind, where);
-      auto state = detail::empty_state(slot.kind);
+      auto state = detail::empty_state(slot);
       const auto& param_place = places[index.at(name)];
-      for (const auto& field : detail::state_fields(slot.kind, *state)) {
+      for (const auto& field : detail::state_fields(slot, *state)) {
         const auto key = "optim/" + name + "/" + field.name;
         const auto it = m.tensors.find(key);
         if (it == m.tensors.end()) continue;
@@ -1155,7 +1160,8 @@ CheckpointInfo load_checkpoint(const std::string& path,
           *field.integer = read_box(reader, key, l, Place{{}, {}, {}, {}}).item<int64_t>();
           continue;
         }
-        const auto box = place_state(param_place, l.shape, true);
+        const auto box = field.split == StateSplit::kReplicated ? std::optional<Place>(whole_place(l.shape))
+                                                                 : place_state(param_place, l.shape, true);
         TORCH_CHECK_VALUE(box.has_value(), kLoadWho, "'", shown(key), "' has shape ", shape_text(l.shape),
                           ", which does not fit parameter '", shown(name), "' of shape ",
                           shape_text(param_place.global), where);

@@ -58,7 +58,7 @@ void dump(Rank& r, const std::string& kind, const Group& group, const std::strin
     const auto& name = names.at(slot.param.unsafeGetTensorImpl());
     auto* state = muon::dist::detail::find_state(slot);
     if (state == nullptr) continue;
-    for (const auto& f : muon::dist::detail::state_fields(slot.kind, *state)) {
+    for (const auto& f : muon::dist::detail::state_fields(slot, *state)) {
       const auto key = "optim/" + name + "/" + f.name;
       if (f.integer != nullptr) {
         dump_tensor(out, first, key, at::full({}, *f.integer, at::kLong), 0);

@@ -31,6 +31,7 @@
 #include "muon/distributed/group.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/state_bytes.h"
+#include "muon/optim/state_schema.h"
 #include "muon/optim/step_guard.h"
 
 namespace muon::dist {
@@ -80,7 +81,10 @@ double default_parameter_cost(const std::string& name, const at::Tensor& param);
 /// optimizer), followed by one group of the parameters other ranks own, so
 /// that `zero_grad()` clears every gradient; that last group's options are
 /// unused.
-class LayerwiseOptimizer : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+class LayerwiseOptimizer : public torch::optim::Optimizer,
+                           public StateBytes,
+                           public StepGuard,
+                           public InnerOptimizers {
  public:
   LayerwiseOptimizer(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                      Group group, const InnerOptimizerFactory& make_inner,
@@ -111,6 +115,10 @@ class LayerwiseOptimizer : public torch::optim::Optimizer, public StateBytes, pu
   const std::vector<std::string>& names() const { return names_; }
   /// The inner optimizer of this rank (nullptr when it owns no parameter).
   torch::optim::Optimizer* inner() { return inner_.get(); }
+  /// InnerOptimizers: this rank's inner optimizer (none when it owns nothing).
+  size_t num_inner() const override { return 1; }
+  torch::optim::Optimizer* inner_optimizer(size_t) override { return inner_.get(); }
+  std::string inner_kind(size_t) const override { return ""; }
   /// The group it runs on.
   const Group& group() const { return group_; }
   /// Bytes of optimizer state tensors on this rank (the inner optimizer's).

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "muon/optim/state_bytes.h"
+#include "muon/optim/state_schema.h"
 #include "muon/optim/step_guard.h"
 
 namespace muon {
@@ -78,7 +79,10 @@ struct CompositePart {
 /// optimizers, so schedulers and direct edits take effect. Groups and
 /// parameters must not be added after construction. The per-parameter state
 /// lives in the inner optimizers; this object's own `state()` stays empty.
-class CompositeOptimizer : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+class CompositeOptimizer : public torch::optim::Optimizer,
+                           public StateBytes,
+                           public StepGuard,
+                           public InnerOptimizers {
  public:
   /// Takes ownership of `parts` (at least one, unique non-empty names, no
   /// tensor in two parts; raises c10::ValueError otherwise).
@@ -123,6 +127,11 @@ class CompositeOptimizer : public torch::optim::Optimizer, public StateBytes, pu
 
   /// Bytes held in the optimizer state of every part.
   int64_t state_bytes() const override;
+
+  /// InnerOptimizers: the parts, each with its name as its kind.
+  size_t num_inner() const override { return parts_.size(); }
+  torch::optim::Optimizer* inner_optimizer(size_t i) override { return &part(i); }
+  std::string inner_kind(size_t i) const override { return part_name(i); }
 
  protected:
   /// For builders over the composite (`MuonWithAdamW`): `parts` may be empty

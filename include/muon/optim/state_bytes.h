@@ -3,8 +3,9 @@
 /// How much memory an optimizer's state takes, asked one way for every
 /// optimizer: the library's optimizers (muon::Muon and its subclasses,
 /// muon::Lion, muon::CompositeOptimizer and muon::MuonWithAdamW,
-/// muon::dist::LayerwiseOptimizer) implement `muon::StateBytes`; LibTorch's
-/// own optimizers are counted from their per-parameter state.
+/// muon::dist::LayerwiseOptimizer) implement `muon::StateBytes`; any other
+/// (LibTorch's Adam, AdamW, SGD, a user's) is counted from its per-parameter
+/// state through the state schema of the registry entry that describes it.
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -28,8 +29,9 @@ class StateBytes {
 };
 
 /// Bytes held in the state tensors of `optimizer`: its own count when it
-/// implements `muon::StateBytes`; otherwise the tensors of LibTorch's Adam,
-/// AdamW, SGD, Adagrad and RMSprop states; 0 for any other optimizer.
+/// implements `muon::StateBytes`; otherwise the tensors its state schema
+/// names (muon/optim/state_schema.h; the global registry's entries); 0 for
+/// an optimizer no registered schema describes.
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 }  // namespace muon

@@ -1,0 +1,34 @@
+#pragma once
+
+/// Loading optimizers from a shared library at run time.
+///
+/// A plugin is a shared library, linked against libmuon, that registers one
+/// or more optimizers in `muon::OptimizerRegistry::global()` when it is
+/// loaded (a namespace-scope initializer):
+///
+///     // sign_momentum.cpp, built as a shared library
+///     static const bool registered = [] {
+///       muon::OptimizerRegistry::global().add(sign_momentum_entry());
+///       return true;
+///     }();
+///
+///     auto added = muon::load_plugin("./libsign_momentum.so");  // {"sign_momentum"}
+///     config.set("optimizer", "sign_momentum");
+///
+/// What the entry declares (options, factory, state schema) is then used as
+/// a built-in's is: configs, make_optimizer in every layout, checkpoints,
+/// explain, the Python package (`muon_cpp.load_plugin`) and the main job
+/// (`muon-train-gpt --plugin FILE`).
+#include <string>
+#include <vector>
+
+namespace muon {
+
+/// Loads the shared library at `path` (dlopen, symbols global) and returns
+/// the names its loading added to the global registry, in registration
+/// order. Loading the same library again adds nothing and returns an empty
+/// list. Raises c10::ValueError naming the path and the loader's message
+/// when it cannot be loaded (the registry is then unchanged).
+std::vector<std::string> load_plugin(const std::string& path);
+
+}  // namespace muon

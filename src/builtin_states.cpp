@@ -1,0 +1,101 @@
+// The state schemas of the built-in optimizers.
+#include "builtin_states.h"
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "muon/optim/adaptive_muon.h"
+#include "muon/optim/lion.h"
+#include "muon/optim/muon.h"
+#include "muon/scaling.h"
+
+namespace muon::detail {
+namespace {
+
+using torch::optim::Optimizer;
+using torch::optim::OptimizerOptions;
+
+template <typename S>
+StateField step_of() {
+  return StateField::counter_of<S>("step", [](S& s) -> int64_t& { return s.step(); });
+}
+
+// Adam's and AdamW's: LibTorch's state, max_exp_avg_sq only under amsgrad.
+template <typename O, typename S, typename Options>
+StateSchema adam_like() {
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<O>();
+  s.add(step_of<S>());
+  s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
+  s.add(StateField::tensor_of<S>("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }));
+  auto max = StateField::tensor_of<S>("max_exp_avg_sq", [](S& st) -> at::Tensor& { return st.max_exp_avg_sq(); });
+  max.present = [](const Optimizer&, const OptimizerOptions& o) {
+    return static_cast<const Options&>(o).amsgrad();
+  };
+  s.add(std::move(max));
+  return s;
+}
+
+}  // namespace
+
+StateSchema muon_state() {
+  auto s = StateSchema::of<MuonParamState>();
+  s.is_kind = StateSchema::is_a<Muon>();
+  s.add(step_of<MuonParamState>());
+  s.add(StateField::tensor_of<MuonParamState>(
+      "momentum_buffer", [](MuonParamState& st) -> at::Tensor& { return st.momentum_buffer(); }));
+  return s;
+}
+
+StateSchema adaptive_muon_state() {
+  using S = AdaptiveMuonParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<AdaptiveMuon>();
+  s.add(step_of<S>());
+  s.add(StateField::tensor_of<S>("momentum_buffer", [](S& st) -> at::Tensor& { return st.momentum_buffer(); }));
+  // (rows, 1) for normuon, (rows, cols) for adamuon: fp32, made by the first step.
+  auto second = StateField::tensor_of<S>("second_moment", [](S& st) -> at::Tensor& { return st.second_moment(); },
+                                         StateInit::kOnFirstUse);
+  second.shape = StateShape::kRows;
+  second.dtype = StateDtype::kFloat32Wide;
+  second.shape_of = [](const Optimizer& opt, at::IntArrayRef shape) {
+    const auto [rows, cols] = matrix_dims(shape);
+    const bool per_row = static_cast<const AdaptiveMuon&>(opt).adaptive_options().mode() == AdaptiveMode::kNorMuon;
+    return std::vector<int64_t>{rows, per_row ? 1 : cols};
+  };
+  second.shape_note = [](const Optimizer& opt) {
+    return "mode " + to_string(static_cast<const AdaptiveMuon&>(opt).adaptive_options().mode());
+  };
+  s.add(std::move(second));
+  return s;
+}
+
+StateSchema adam_state() {
+  return adam_like<torch::optim::Adam, torch::optim::AdamParamState, torch::optim::AdamOptions>();
+}
+
+StateSchema adamw_state() {
+  return adam_like<torch::optim::AdamW, torch::optim::AdamWParamState, torch::optim::AdamWOptions>();
+}
+
+StateSchema sgd_state() {
+  using S = torch::optim::SGDParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<torch::optim::SGD>();
+  // Made by the first step with momentum; no counter.
+  s.add(StateField::tensor_of<S>("momentum_buffer", [](S& st) -> at::Tensor& { return st.momentum_buffer(); },
+                                 StateInit::kOnFirstUse));
+  return s;
+}
+
+StateSchema lion_state() {
+  auto s = StateSchema::of<LionParamState>();
+  s.is_kind = StateSchema::is_a<Lion>();
+  s.add(step_of<LionParamState>());
+  s.add(StateField::tensor_of<LionParamState>("exp_avg",
+                                              [](LionParamState& st) -> at::Tensor& { return st.exp_avg(); }));
+  return s;
+}
+
+}  // namespace muon::detail

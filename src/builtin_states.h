@@ -1,0 +1,16 @@
+// The state schemas of the built-in optimizers (src/registry_builtins.cpp
+// puts each on its entry).
+#pragma once
+
+#include "muon/optim/state_schema.h"
+
+namespace muon::detail {
+
+StateSchema muon_state();
+StateSchema adaptive_muon_state();
+StateSchema adam_state();
+StateSchema adamw_state();
+StateSchema sgd_state();
+StateSchema lion_state();
+
+}  // namespace muon::detail

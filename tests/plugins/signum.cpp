@@ -1,0 +1,71 @@
+// A user optimizer in one file, loaded as a plugin (muon/plugin.h): Signum,
+// the sign of momentum (m ← β·m + (1 − β)·g; p ← p·(1 − lr·wd) − lr·sign(m)).
+// Its registry entry declares options, a factory and a state schema, and
+// nothing else: checkpoints, layouts, Python and the main job take it from
+// there (tests/test_plugin.cpp, tests/python/test_plugin.py, test_train_gpt).
+#include <muon/compat.h>
+#include <muon/registry.h>
+
+namespace {
+
+struct SignumOptions : torch::optim::OptimizerCloneableOptions<SignumOptions> {
+  double lr = 0.01, beta = 0.9, weight_decay = 0.0;
+  double get_lr() const override { return lr; }
+  void set_lr(const double value) override { lr = value; }
+};
+
+struct SignumState : torch::optim::OptimizerCloneableParamState<SignumState> {
+  int64_t step = 0;
+  at::Tensor momentum;
+};
+
+class Signum : public torch::optim::Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  at::Tensor step(LossClosure /*closure*/ = nullptr) override {
+    at::NoGradGuard no_grad;
+    for (auto& group : param_groups()) {
+      const auto& o = static_cast<const SignumOptions&>(group.options());
+      for (auto& p : group.params()) {
+        if (!p.grad().defined()) continue;
+        auto& slot = state()[muon::compat::state_key(p)];
+        if (!slot) slot = muon::OptimizerRegistry::global().at("signum")->state.initial(*this, o, p);
+        auto& s = static_cast<SignumState&>(*slot);
+        s.step += 1;
+        s.momentum.mul_(o.beta).add_(p.grad(), 1 - o.beta);
+        p.mul_(1 - o.lr * o.weight_decay).add_(s.momentum.sign(), -o.lr);
+      }
+    }
+    return {};
+  }
+};
+
+muon::OptimizerEntry signum_entry() {
+  muon::OptimizerEntry e;
+  e.name = "signum";
+  e.doc = "Signum: the sign of momentum (a plugin, tests/plugins/signum.cpp)";
+  e.fields = {muon::FieldSpec::real("beta", 0.9, "momentum decay", 0.0, 1.0).exclusive_max()};
+  e.make_options = [](const muon::OptimizerSettings& s) {
+    auto o = std::make_unique<SignumOptions>();
+    o->lr = s.get_double("lr");
+    o->beta = s.get_double("beta");
+    o->weight_decay = s.get_double("weight_decay");
+    return o;
+  };
+  e.factory = [](std::vector<torch::optim::OptimizerParamGroup> groups, const std::vector<muon::OptimizerSettings>&) {
+    auto defaults = groups.at(0).options().clone();
+    return std::make_unique<Signum>(std::move(groups), std::move(defaults));
+  };
+  e.state = muon::StateSchema::of<SignumState>();
+  e.state.is_kind = muon::StateSchema::is_a<Signum>();
+  e.state.add(muon::StateField::counter_of<SignumState>("step", [](SignumState& s) -> int64_t& { return s.step; }));
+  e.state.add(muon::StateField::tensor_of<SignumState>("momentum", [](SignumState& s) -> at::Tensor& { return s.momentum; }));
+  return e;
+}
+
+const bool registered = [] {
+  muon::OptimizerRegistry::global().add(signum_entry());
+  return true;
+}();
+
+}  // namespace

@@ -1,0 +1,102 @@
+"""A user optimizer from a C++ plugin (tests/plugins/signum.cpp) in Python:
+muon_cpp.load_plugin registers it, make_optimizer builds it from a config,
+and its state (state[p], state_dict, load_state_dict's checks) comes from
+the state schema its registry entry declares; no library file names it.
+
+Reference: the plain formula in fp64 (m <- b*m + (1-b)*g; p <- p*(1-lr*wd)
+- lr*sign(m)). Tolerance 1e-5 of max|p|: fp32 rounds p once per step
+(2^-24 relative) and the sign is exact unless m is within rounding of 0;
+a wrong sign or a missed decay moves an element by lr = 2e-2.
+"""
+import os
+
+import pytest
+import torch
+
+import muon_cpp
+
+PLUGIN = os.environ.get("MUON_SIGNUM_PLUGIN", "")
+pytestmark = pytest.mark.skipif(not PLUGIN, reason="MUON_SIGNUM_PLUGIN is not set (ctest sets it)")
+
+CONFIG = {"optimizer": "signum", "lr": 0.02, "weight_decay": 0.1, "signum_beta": 0.8}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    added = muon_cpp.load_plugin(PLUGIN)
+    assert added in (["signum"], [])  # [] when another test in this process loaded it
+    assert "signum" in muon_cpp._C.optimizer_names()
+    assert muon_cpp.load_plugin(PLUGIN) == []
+
+
+def model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+
+
+def grads(step, params):
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(p.shape, generator=g) for p in params]
+
+
+def test_built_from_a_config_it_steps_as_its_formula():
+    m = model()
+    params = list(m.parameters())
+    ref = [p.detach().double().clone() for p in params]
+    mom = [torch.zeros_like(r) for r in ref]
+    opt = muon_cpp.make_optimizer(m.named_parameters(), CONFIG)
+    assert isinstance(opt, torch.optim.Optimizer)
+    for s in range(4):
+        for p, g in zip(params, grads(s, params)):
+            p.grad = g
+        opt.step()
+        for i, g in enumerate(grads(s, params)):
+            mom[i] = 0.8 * mom[i] + 0.2 * g.double()
+            ref[i] = ref[i] * (1 - 0.02 * 0.1) - 0.02 * mom[i].sign()
+    for p, r in zip(params, ref):
+        assert (p.detach().double() - r).abs().max().item() <= 1e-5 * r.abs().max().item()
+    st = opt.state[params[0]]
+    assert sorted(st) == ["momentum", "step"] and st["step"] == 4
+    assert torch.allclose(st["momentum"].double(), mom[0], rtol=0, atol=1e-6)
+    assert opt.state_bytes() == sum(p.numel() * 4 for p in params)
+
+
+def test_state_dict_round_trips_and_bad_state_is_refused_by_name():
+    m = model()
+    params = list(m.parameters())
+    opt = muon_cpp.make_optimizer(m.named_parameters(), CONFIG)
+    for s in range(2):
+        for p, g in zip(params, grads(s, params)):
+            p.grad = g
+        opt.step()
+    saved = opt.state_dict()
+    m2 = model()
+    with torch.no_grad():
+        for a, b in zip(m2.parameters(), params):
+            a.copy_(b)
+    opt2 = muon_cpp.make_optimizer(m2.named_parameters(), CONFIG)
+    opt2.load_state_dict(saved)
+    for s in range(2, 4):
+        for o, mm in ((opt, m), (opt2, m2)):
+            for p, g in zip(mm.parameters(), grads(s, list(mm.parameters()))):
+                p.grad = g
+            o.step()
+    for a, b in zip(params, m2.parameters()):
+        assert torch.equal(a, b)  # same state, same steps: bit-identical
+    bad = opt.state_dict()
+    bad["state"][0]["momentum"] = torch.zeros(2, 2)
+    before = [opt2.state[p]["momentum"].clone() for p in m2.parameters()]
+    with pytest.raises(ValueError) as e:
+        opt2.load_state_dict(bad)
+    msg = str(e.value)
+    assert "'momentum'" in msg and "[2, 2]" in msg and len(msg) < 400, msg
+    for p, b in zip(m2.parameters(), before):
+        assert torch.equal(opt2.state[p]["momentum"], b)  # nothing changed
+
+
+def test_schema_and_explain_describe_its_state():
+    fields = muon_cpp.state_schema("signum")
+    assert [(f["name"], f["shape"], f["init"], f["split"]) for f in fields] == [
+        ("step", "counter", "zeros", "replicated"), ("momentum", "param", "zeros", "rows")]
+    text = muon_cpp.explain(model().named_parameters(), CONFIG)
+    assert "state of signum: step [counter], momentum [param, zeros, rows]" in text, text

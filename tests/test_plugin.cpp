@@ -1,0 +1,137 @@
+// A user optimizer from a plugin (tests/plugins/signum.cpp, loaded with
+// muon::load_plugin): its registry entry alone (options, factory, state
+// schema) makes it configurable, buildable in every layout, counted in
+// state bytes, explained, and checkpointed and resharded across world
+// sizes and layouts, with no library file naming it.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "checkpoint_model.h"
+#include "distributed/checkpoint_state.h"
+#include "muon/plugin.h"
+#include "muon/registry.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace muon::test::checkpoint;  // NOLINT(google-build-using-namespace): the tests' model
+
+void load_signum() {
+  static const auto added = muon::load_plugin(MUON_SIGNUM_PLUGIN);
+  ASSERT_EQ(added, std::vector<std::string>{"signum"});
+}
+
+TEST(Plugin, LoadingRegistersItsOptimizersOnceAndABadPathIsAnError) {
+  load_signum();
+  EXPECT_TRUE(muon::OptimizerRegistry::global().has("signum"));
+  EXPECT_TRUE(muon::load_plugin(MUON_SIGNUM_PLUGIN).empty());  // already loaded: nothing new
+  const auto keys = muon::OptimizerRegistry::global().keys();
+  try {
+    muon::load_plugin("/nonexistent/libnothing.so");
+    FAIL() << "a missing library loaded";
+  } catch (const c10::ValueError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("/nonexistent/libnothing.so"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 600u) << msg;
+  }
+  EXPECT_EQ(muon::OptimizerRegistry::global().keys(), keys);
+  // Its fields are config fields, checked like a built-in's.
+  muon::OptimizerConfig c;
+  c.set("optimizer", "signum").set("signum_beta", 0.8);
+  EXPECT_THROW(c.set("signum_beta", 1.5), c10::ValueError);
+}
+
+// The plain formula, in fp64, over `steps` steps of the model's seeded
+// gradients: m ← β·m + (1 − β)·g; p ← p·(1 − lr·wd) − lr·sign(m).
+at::Tensor signum_reference(size_t k, int64_t steps) {
+  auto p = full_param(k).to(at::kDouble);
+  auto m = at::zeros_like(p);
+  const double lr = 0.02, wd = 0.1, beta = 0.9;  // checkpoint_model.h's config, signum's default β
+  for (int64_t s = 0; s < steps; ++s) {
+    m = beta * m + (1 - beta) * full_grad(k, s).to(at::kDouble);
+    p = p * (1 - lr * wd) - lr * m.sign();
+  }
+  return p;
+}
+
+TEST(Plugin, StepsAsItsFormulaAndDescribesItsState) {
+  load_signum();
+  muon::test::run_ranks(1, [&](Group& g) {
+    Rank r("none", g, "signum");
+    r.train(0, 3);
+    for (size_t k = 0; k < kModel.size(); ++k) {
+      // fp32 against fp64: each step adds lr·sign(m) (exact in the sign,
+      // unless m is within rounding of 0) and one rounding of p (2^-24
+      // relative); 3 steps stay far below 1e-5 of max|p|. A wrong sign or
+      // a missed decay moves an element by lr = 2e-2.
+      const auto want = signum_reference(k, 3);
+      const auto diff = (r.named[kModel[k].first].detach().to(at::kDouble) - want).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-5 * want.abs().max().item<double>()) << kModel[k].first;
+    }
+    // State bytes come from the schema: one fp32 momentum per parameter.
+    int64_t numel = 0;
+    for (const auto& item : r.named) numel += item.value().numel();
+    EXPECT_EQ(muon::optimizer_state_bytes(*r.opt), numel * 4);
+    const auto slots = muon::dist::detail::state_slots(*r.opt);
+    ASSERT_EQ(slots.size(), kModel.size());
+    EXPECT_EQ(slots[0].kind, "signum");
+  });
+  Named whole;
+  for (size_t k = 0; k < kModel.size(); ++k) whole.insert(kModel[k].first, full_param(k));
+  const auto text = muon::explain(whole, config("none", "signum"));
+  EXPECT_NE(text.find("state of signum: step [counter], momentum [param, zeros, rows]"), std::string::npos)
+      << text;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("muon_plugin_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+// Steps [from, to) in `kind` at `world` ranks from the checkpoint in `in`
+// (none when empty), saved to `out`; with `reference`, each rank's part must
+// equal it bit for bit: Signum is elementwise, so every layout computes each
+// element with the same operations on the same values.
+void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
+         int64_t to, const Named& reference, const std::string& what) {
+  muon::test::run_ranks(world, [&](Group& group) {
+    Rank r(kind, group, "signum");
+    if (!in.empty()) {
+      EXPECT_EQ(r.load(in).step, from) << what;
+    }
+    r.train(from, to);
+    r.save(out, to);
+    if (reference.is_empty()) return;
+    for (size_t k = 0; k < kModel.size(); ++k) {
+      const auto& name = kModel[k].first;
+      EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name].detach())))
+          << what << " " << name << " rank " << group.rank();
+    }
+  });
+}
+
+TEST(Plugin, CheckpointsReshardAcrossWorldSizesAndLayouts) {
+  load_signum();
+  Named reference;
+  muon::test::run_ranks(1, [&](Group& g) {
+    Rank r("none", g, "signum");
+    r.train(0, 4);
+    reference = r.named;
+  });
+  const auto dir = fresh_dir("reshard");
+  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
+  // Sharded at 2 → layer-wise at 3 → one process → sharded at 3: the
+  // momentum is split by rows, gathered whole and split again.
+  leg("sharded", 2, "", d("a"), 0, 1, Named(), "sharded W=2");
+  leg("layerwise", 3, d("a"), d("b"), 1, 2, Named(), "layer-wise W=3 from sharded W=2");
+  leg("none", 1, d("b"), d("c"), 2, 3, Named(), "single from layer-wise W=3");
+  leg("sharded", 3, d("c"), d("e"), 3, 4, reference, "sharded W=3 from single");
+  fs::remove_all(dir);
+}
+
+}  // namespace
