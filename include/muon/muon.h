@@ -15,6 +15,7 @@
 #include "muon/distributed/shard.h"
 #include "muon/distributed/sharded.h"
 #include "muon/distributed/tensor_parallel.h"
+#include "muon/groups.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/composite.h"
