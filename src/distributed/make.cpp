@@ -181,6 +181,17 @@ void register_config_fields(OptimizerRegistry& registry) {
   registry.extend(std::move(x));
 }
 
+namespace {
+
+// The layouts' fields exist in every config of the global registry whenever
+// this layer is linked: added when the registry is created (at once when it
+// already is), so that the core names nothing of this layer.
+const struct RegisterWithGlobal {
+  RegisterWithGlobal() { OptimizerRegistry::extend_global(register_config_fields); }
+} register_with_global;
+
+}  // namespace
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named, const OptimizerConfig& config,
     const DistributedLayout& layout, const OptimizerRegistry& registry) {

@@ -18,7 +18,9 @@
 /// The config fields of the layouts (`layout`, `layout_sharded_mode`,
 /// `layout_max_in_flight`, `layout_bucket_mb`, `muon_tp_mode`) belong to this
 /// layer: `register_config_fields` adds them to a registry's schema, and
-/// OptimizerRegistry::global() calls it, so every config has them.
+/// this layer adds them to the global registry when it is created
+/// (OptimizerRegistry::extend_global), so every config made from it has them
+/// whenever the library is linked.
 ///
 /// In the tensor_parallel and sharded layouts, muon parts are
 /// TensorParallelMuon / ShardedMuon and adaptive_muon parts AdaptiveMuon with
