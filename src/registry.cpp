@@ -1,6 +1,7 @@
 // The optimizer registry: entries, extensions and the schema they make, the
-// global registry's extensions, and the settings an optimizer reads. The
-// built-in entries are registered in registry_builtins.cpp.
+// global registry's extensions, configs over a registry's schema, and the
+// settings an optimizer reads. The built-in entries are registered in
+// registry_builtins.cpp.
 #include "muon/registry.h"
 
 #include <c10/util/Exception.h>
@@ -273,7 +274,7 @@ std::string OptimizerRegistry::help() const {
   return out.str();
 }
 
-// ---- the global registry's extensions --------------------------------------------
+// ---- the global registry's extensions and configs --------------------------------
 
 namespace {
 
@@ -324,6 +325,12 @@ void run_global_extensions(OptimizerRegistry& registry) {
 }
 
 }  // namespace detail
+
+// The config knows only its schema (src/config.cpp); the registry gives it.
+OptimizerConfig::OptimizerConfig() : OptimizerConfig(OptimizerRegistry::global()) {}
+
+OptimizerConfig::OptimizerConfig(const OptimizerRegistry& registry)
+    : OptimizerConfig(registry.fields()) {}
 
 // ---- the settings an optimizer reads ---------------------------------------------
 

@@ -31,6 +31,19 @@ std::string temp_file(const std::string& name, const std::string& text) {
 
 // ---- schema and values ----------------------------------------------------------
 
+TEST(Config, FromASchema) {
+  // A config knows only its schema; the registry's constructors give it one.
+  EXPECT_EQ(OptimizerConfig(muon::OptimizerRegistry::global().fields()).values(), OptimizerConfig().values());
+  const OptimizerConfig small(std::vector<muon::FieldSpec>{muon::FieldSpec::real("lr", 0.1, "lr", 0.0)});
+  EXPECT_EQ(small.fields().size(), 1u);
+  EXPECT_DOUBLE_EQ(small.get_double("lr"), 0.1);
+  expect_value_error([] { OptimizerConfig(std::vector<muon::FieldSpec>{muon::FieldSpec::real("a", 1.0, "a"),
+                                                                       muon::FieldSpec::real("a", 2.0, "a")}); },
+                     {"[muon::OptimizerConfig]", "'a' twice"});
+  expect_value_error([] { OptimizerConfig(std::vector<muon::FieldSpec>{muon::FieldSpec::real("", 1.0, "")}); },
+                     {"schema field 0 has no name"});
+}
+
 TEST(Config, CommonAndPrefixedFieldsWithDefaults) {
   OptimizerConfig c;
   EXPECT_EQ(c.fields().front().name, "optimizer");
