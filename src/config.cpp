@@ -15,7 +15,6 @@
 #include <re2/re2.h>
 
 #include "config_internal.h"
-#include "muon/registry.h"
 #include "util/names.h"
 
 namespace muon {
@@ -288,13 +287,15 @@ OverrideRule& OverrideRule::set(const std::string& key, FieldValue value) {
 
 // ---- OptimizerConfig -----------------------------------------------------------
 
-OptimizerConfig::OptimizerConfig() : OptimizerConfig(OptimizerRegistry::global()) {}
-
-OptimizerConfig::OptimizerConfig(const OptimizerRegistry& registry)
-    : fields_(std::make_shared<const std::vector<FieldSpec>>(registry.fields())) {
+// The constructors over a registry are the registry's (src/registry.cpp):
+// the config knows only the schema it is given.
+OptimizerConfig::OptimizerConfig(std::vector<FieldSpec> schema)
+    : fields_(std::make_shared<const std::vector<FieldSpec>>(std::move(schema))) {
   for (size_t i = 0; i < fields_->size(); ++i) {
     const auto& f = (*fields_)[i];
-    index_[f.name] = i;
+    TORCH_CHECK_VALUE(!f.name.empty(), kConfigWho, "schema field ", i, " has no name");
+    TORCH_CHECK_VALUE(index_.emplace(f.name, i).second, kConfigWho, "schema has field '", clip(f.name),
+                      "' twice");
     values_[f.name] = f.default_value;
   }
 }

@@ -1,5 +1,6 @@
-// The optimizer registry: entries, extensions and the schema they make, and
-// the settings an optimizer reads. The built-in entries are registered in
+// The optimizer registry: entries, extensions and the schema they make, the
+// global registry's extensions, configs over a registry's schema, and the
+// settings an optimizer reads. The built-in entries are registered in
 // registry_builtins.cpp.
 #include "muon/registry.h"
 
@@ -272,6 +273,64 @@ std::string OptimizerRegistry::help() const {
   for (const auto& e : entries_) out << "  " << std::left << std::setw(16) << e->name << e->doc << "\n";
   return out.str();
 }
+
+// ---- the global registry's extensions and configs --------------------------------
+
+namespace {
+
+// The functions given to extend_global, and the global registry once they ran.
+struct GlobalExtensions {
+  std::mutex mutex;
+  std::vector<std::function<void(OptimizerRegistry&)>> pending;
+  OptimizerRegistry* registry = nullptr;
+};
+
+GlobalExtensions& global_extensions() {
+  static auto* g = new GlobalExtensions();  // never destroyed, as the registry
+  return *g;
+}
+
+}  // namespace
+
+void OptimizerRegistry::extend_global(std::function<void(OptimizerRegistry&)> extend) {
+  TORCH_CHECK_VALUE(static_cast<bool>(extend), kRegistryWho, "extend_global needs a function");
+  auto& g = global_extensions();
+  OptimizerRegistry* registry = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g.mutex);
+    if (g.registry == nullptr) {
+      g.pending.push_back(std::move(extend));
+      return;
+    }
+    registry = g.registry;
+  }
+  extend(*registry);
+}
+
+namespace detail {
+
+void run_global_extensions(OptimizerRegistry& registry) {
+  auto& g = global_extensions();
+  std::unique_lock<std::mutex> lock(g.mutex);
+  // Unlocked while each runs: one given meanwhile runs in its turn. On an
+  // exception they stay pending for the registry global() builds next.
+  for (size_t i = 0; i < g.pending.size(); ++i) {
+    const auto extend = g.pending[i];
+    lock.unlock();
+    extend(registry);
+    lock.lock();
+  }
+  g.pending.clear();
+  g.registry = &registry;
+}
+
+}  // namespace detail
+
+// The config knows only its schema (src/config.cpp); the registry gives it.
+OptimizerConfig::OptimizerConfig() : OptimizerConfig(OptimizerRegistry::global()) {}
+
+OptimizerConfig::OptimizerConfig(const OptimizerRegistry& registry)
+    : OptimizerConfig(registry.fields()) {}
 
 // ---- the settings an optimizer reads ---------------------------------------------
 

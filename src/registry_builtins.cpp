@@ -12,7 +12,6 @@
 
 #include "builtin_states.h"
 #include "muon/compat.h"
-#include "muon/distributed/make.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/lion.h"
@@ -276,7 +275,7 @@ OptimizerRegistry& OptimizerRegistry::global() {
   static OptimizerRegistry* registry = [] {
     auto* r = new OptimizerRegistry();  // never destroyed: usable from static destructors
     register_builtins(*r);
-    dist::register_config_fields(*r);
+    detail::run_global_extensions(*r);
     return r;
   }();
   return *registry;

@@ -35,6 +35,10 @@ std::vector<ResolvedParameter> resolve_rules(
     const torch::OrderedDict<std::string, at::Tensor>& named, const OptimizerConfig& config,
     const OptimizerRegistry& registry, bool allow_unmatched = false);
 
+/// Runs the functions given to OptimizerRegistry::extend_global on the new
+/// global `registry` (before global() returns it); those given later run at once.
+void run_global_extensions(OptimizerRegistry& registry);
+
 /// The second-moment settings of an adaptive_muon group.
 AdaptiveMuonOptions adaptive_muon_options(const OptimizerSettings& settings);
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "muon/config.h"
@@ -29,6 +30,19 @@ std::string temp_file(const std::string& name, const std::string& text) {
 }
 
 // ---- schema and values ----------------------------------------------------------
+
+TEST(Config, FromASchema) {
+  // A config knows only its schema; the registry's constructors give it one.
+  EXPECT_EQ(OptimizerConfig(muon::OptimizerRegistry::global().fields()).values(), OptimizerConfig().values());
+  const OptimizerConfig small(std::vector<muon::FieldSpec>{muon::FieldSpec::real("lr", 0.1, "lr", 0.0)});
+  EXPECT_EQ(small.fields().size(), 1u);
+  EXPECT_DOUBLE_EQ(small.get_double("lr"), 0.1);
+  expect_value_error([] { OptimizerConfig(std::vector<muon::FieldSpec>{muon::FieldSpec::real("a", 1.0, "a"),
+                                                                       muon::FieldSpec::real("a", 2.0, "a")}); },
+                     {"[muon::OptimizerConfig]", "'a' twice"});
+  expect_value_error([] { OptimizerConfig(std::vector<muon::FieldSpec>{muon::FieldSpec::real("", 1.0, "")}); },
+                     {"schema field 0 has no name"});
+}
 
 TEST(Config, CommonAndPrefixedFieldsWithDefaults) {
   OptimizerConfig c;
@@ -311,6 +325,32 @@ TEST(Config, HelpListsEveryField) {
   testing::internal::CaptureStdout();
   EXPECT_FALSE(muon::parse_config_flags(c, {"--help"}));
   EXPECT_NE(testing::internal::GetCapturedStdout().find("--muon_momentum"), std::string::npos);
+}
+
+// ---- the global registry ------------------------------------------------------------
+// Last: the test adds a field to every config made after it in this process.
+
+TEST(GlobalRegistry, LayersAddTheirFieldsThemselves) {
+  // The distributed layer of libmuon added its fields when the global
+  // registry was created (src/distributed/make.cpp); the registry names no layer.
+  std::vector<std::string> extensions;
+  for (const auto& x : muon::OptimizerRegistry::global().extensions()) extensions.push_back(x->name);
+  EXPECT_EQ(extensions, std::vector<std::string>{"muon::dist"});
+  EXPECT_TRUE(OptimizerConfig().has("layout"));
+  EXPECT_TRUE(OptimizerConfig().has("muon_tp_mode"));
+
+  // Given once the registry exists, a function runs at once.
+  int runs = 0;
+  muon::OptimizerRegistry::extend_global([&runs](muon::OptimizerRegistry& r) {
+    ++runs;
+    muon::ConfigExtension x;
+    x.name = "test_layer";
+    x.common_fields = {muon::FieldSpec::integer("test_layer_depth", 3, "a test layer's field").whole_run()};
+    r.extend(std::move(x));
+  });
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(OptimizerConfig().get_int("test_layer_depth"), 3);
+  expect_value_error([] { muon::OptimizerRegistry::extend_global(nullptr); }, {"extend_global needs a function"});
 }
 
 }  // namespace

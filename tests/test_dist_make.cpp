@@ -20,6 +20,7 @@
 #include "muon/distributed/layerwise.h"
 #include "muon/distributed/make.h"
 #include "muon/distributed/shard.h"
+#include "muon/groups.h"
 
 namespace {
 
@@ -245,7 +246,7 @@ void three_steps(Named& named, torch::optim::Optimizer& opt) {
 TEST(DistMakeGrouped, ThePlanBuiltAsGroupsEqualsMakeOptimizer) {
   const auto reference = whole_after(3);
   auto named = whole_model();
-  const auto plan = muon::dist::plan_groups(named, config("none"));
+  const auto plan = muon::plan_groups(named, config("none"));
   ASSERT_EQ(plan.size(), 3u);  // muon (qkv at lr 0.01), muon, adamw
   EXPECT_EQ(plan[0].optimizer, "muon");
   EXPECT_EQ(plan.back().optimizer, "adamw");
@@ -258,8 +259,8 @@ TEST(DistMakeGrouped, ThePlanBuiltAsGroupsEqualsMakeOptimizer) {
 
 TEST(DistMakeGrouped, EqualGroupsStayApartAndKeepTheirOwnOptions) {
   auto named = whole_model();
-  muon::dist::GroupSpec a{"muon", {"blocks.0.fc1.weight"}, {named["blocks.0.fc1.weight"]}, {{"lr", 0.02}}};
-  muon::dist::GroupSpec b{"muon", {"blocks.0.fc2.weight"}, {named["blocks.0.fc2.weight"]}, {{"lr", 0.02}}};
+  muon::GroupSpec a{"muon", {"blocks.0.fc1.weight"}, {named["blocks.0.fc1.weight"]}, {{"lr", 0.02}}};
+  muon::GroupSpec b{"muon", {"blocks.0.fc2.weight"}, {named["blocks.0.fc2.weight"]}, {{"lr", 0.02}}};
   auto built = muon::dist::make_grouped_optimizer({a, b}, config("none"), DistributedLayout());
   ASSERT_EQ(built.optimizer->param_groups().size(), 2u);  // not merged although equal
   built.optimizer->param_groups()[1].options().set_lr(0.0);
@@ -273,7 +274,7 @@ TEST(DistMakeGrouped, EqualGroupsStayApartAndKeepTheirOwnOptions) {
 
 TEST(DistMakeGrouped, BadSettingsNameTheGroupAndTheKey) {
   auto named = whole_model();
-  muon::dist::GroupSpec good{"muon", {"blocks.0.fc1.weight"}, {named["blocks.0.fc1.weight"]}, {}};
+  muon::GroupSpec good{"muon", {"blocks.0.fc1.weight"}, {named["blocks.0.fc1.weight"]}, {}};
   auto typo = good;
   typo.names = {"blocks.0.fc2.weight"};
   typo.params = {named["blocks.0.fc2.weight"]};
@@ -342,7 +343,7 @@ TEST(DistMakeGrouped, LayerwiseOverAWrappedProcessGroupEqualsSingleProcess) {
         auto named = whole_model();
         DistributedLayout layout;
         layout.group = group;
-        const auto plan = muon::dist::plan_groups(named, config("layerwise"));
+        const auto plan = muon::plan_groups(named, config("layerwise"));
         auto built = muon::dist::make_grouped_optimizer(plan, config("layerwise"), layout);
         ASSERT_NE(dynamic_cast<muon::dist::LayerwiseOptimizer*>(built.optimizer.get()), nullptr);
         three_steps(named, *built.optimizer);

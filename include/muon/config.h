@@ -203,9 +203,13 @@ class OptimizerConfig {
  public:
   /// Every field at its default; the schema is the global registry's (the
   /// common fields and the fields of the optimizers registered so far).
+  /// Defined with the registry: the config itself knows only a schema.
   OptimizerConfig();
-  /// The same with the fields of `registry`.
+  /// The same with the fields of `registry` (OptimizerRegistry::fields()).
   explicit OptimizerConfig(const OptimizerRegistry& registry);
+  /// Every field of `schema` at its default. Raises c10::ValueError for a
+  /// field without a name or a name given twice.
+  explicit OptimizerConfig(std::vector<FieldSpec> schema);
 
   /// Sets field `key`, checked against the schema: an unknown key raises
   /// c10::ValueError suggesting the nearest name; a wrong type or an

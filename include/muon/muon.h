@@ -17,6 +17,7 @@
 #include "muon/distributed/sharded.h"
 #include "muon/distributed/tensor_parallel.h"
 #include "muon/distributed/tensor_parallel_layers.h"
+#include "muon/groups.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/composite.h"

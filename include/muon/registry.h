@@ -15,7 +15,8 @@
 ///
 /// Layers built on the registry add config fields of their own through a
 /// `ConfigExtension`: the distributed layouts (muon/distributed/make.h) add
-/// `layout`, `layout_*` and `muon_tp_mode` to the global registry this way.
+/// `layout`, `layout_*` and `muon_tp_mode` to the global registry this way
+/// (through `extend_global`, so that the registry names no layer).
 ///
 ///     auto config = muon::OptimizerConfig().set("optimizer", "muon").set("lr", 0.02);
 ///     auto opt = muon::make_optimizer(model->named_parameters(), config);
@@ -135,10 +136,17 @@ class OptimizerRegistry {
  public:
   /// An empty registry (the global one holds the built-ins).
   OptimizerRegistry() = default;
-  /// The process-wide registry, with the built-ins and the distributed
-  /// layer's extension (muon::dist::register_config_fields) registered on
-  /// first use.
+  /// The process-wide registry, created on first use with the built-ins,
+  /// then the `extend_global` functions given so far (with libmuon: the
+  /// distributed layer's fields, muon::dist::register_config_fields).
   static OptimizerRegistry& global();
+  /// Runs `extend` on the global registry: when it is created (after the
+  /// built-ins, in the order given), or at once when it exists. How a layer
+  /// linked into the program adds its extension from a static initializer
+  /// without the registry naming it. `extend` must not call global(); its
+  /// exception propagates (from global() at creation, which then builds the
+  /// registry afresh on its next call).
+  static void extend_global(std::function<void(OptimizerRegistry&)> extend);
   /// Registers the built-ins (muon, adaptive_muon, adam, adamw, sgd, lion) in `registry`.
   static void register_builtins(OptimizerRegistry& registry);
 

@@ -1,12 +1,12 @@
-// Bindings of <muon/config.h>, <muon/registry.h> and the grouping half of
-// <muon/distributed/make.h>: configs from dicts or JSON files, the groups a
-// config makes, explain(), and each optimizer's option fields.
+// Bindings of <muon/config.h>, <muon/registry.h> and <muon/groups.h>:
+// configs from dicts or JSON files, the groups a config makes, explain(),
+// and each optimizer's option fields.
 #include <string>
 #include <vector>
 
 #include "common.h"
 #include "muon/config.h"
-#include "muon/distributed/make.h"
+#include "muon/groups.h"
 #include "muon/plugin.h"
 #include "muon/registry.h"
 
@@ -60,7 +60,7 @@ void bind_config(py::module_& m) {
       "plan_groups",
       [](const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
          const OptimizerConfig& config) {
-        const auto plans = dist::plan_groups(named_parameters(names, params), config);
+        const auto plans = plan_groups(named_parameters(names, params), config);
         py::list out;
         for (const auto& p : plans) {
           py::dict settings;
@@ -87,7 +87,7 @@ void bind_config(py::module_& m) {
       "group_fields",
       [](const std::string& optimizer) {
         py::list out;
-        for (const auto& f : dist::group_fields(optimizer)) out.append(field_dict(f));
+        for (const auto& f : group_fields(optimizer)) out.append(field_dict(f));
         return out;
       },
       py::arg("optimizer"),
@@ -95,9 +95,9 @@ void bind_config(py::module_& m) {
   m.def(
       "group_settings",
       [](const std::string& optimizer, const py::dict& settings, const OptimizerConfig& config) {
-        const auto full = dist::group_settings(optimizer, to_field_map(settings, "setting"), config);
+        const auto full = group_settings(optimizer, to_field_map(settings, "setting"), config);
         py::dict out;
-        for (const auto& f : dist::group_fields(optimizer)) {
+        for (const auto& f : group_fields(optimizer)) {
           out[py::str(f.name)] = from_field_value(full.get(f.name));
         }
         return out;

@@ -18,6 +18,7 @@
 #include "muon/compat.h"
 #include "muon/distributed/layerwise.h"
 #include "muon/distributed/make.h"
+#include "muon/groups.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
@@ -54,10 +55,10 @@ class Engine {
  public:
   Engine(const py::list& groups, const OptimizerConfig& config, const dist::DistributedLayout& layout)
       : config_(config) {
-    std::vector<dist::GroupSpec> specs;
+    std::vector<GroupSpec> specs;
     for (size_t i = 0; i < groups.size(); ++i) {
       const auto g = groups[i].cast<py::dict>();
-      dist::GroupSpec spec;
+      GroupSpec spec;
       spec.optimizer = g["optimizer"].cast<std::string>();
       spec.names = g["names"].cast<std::vector<std::string>>();
       spec.params = g["params"].cast<std::vector<at::Tensor>>();
@@ -85,8 +86,8 @@ class Engine {
     for (size_t i = 0; i < specs.size(); ++i) {
       GroupRecord r;
       r.optimizer = specs[i].optimizer;
-      const auto settings = dist::group_settings(r.optimizer, specs[i].settings, config_);
-      for (const auto& f : dist::group_fields(r.optimizer, registry)) {
+      const auto settings = group_settings(r.optimizer, specs[i].settings, config_);
+      for (const auto& f : group_fields(r.optimizer, registry)) {
         r.keys.emplace_back(f.name, !f.per_parameter || kFixedKeys.count(f.name) != 0);
         r.values[f.name] = settings.get(f.name);
       }
@@ -151,7 +152,7 @@ class Engine {
     for (auto& [i, values] : changed) {
       const auto& r = records_[i];
       try {
-        const auto settings = dist::group_settings(r.optimizer, values, config_);
+        const auto settings = group_settings(r.optimizer, values, config_);
         options.push_back(registry.at(r.optimizer)->make_options(settings));
         if (auto* muon_options = dynamic_cast<MuonOptions*>(options.back().get())) muon_options->validate();
       } catch (const c10::ValueError& e) {

@@ -18,7 +18,9 @@
 /// The config fields of the layouts (`layout`, `layout_sharded_mode`,
 /// `layout_max_in_flight`, `layout_bucket_mb`, `muon_tp_mode`) belong to this
 /// layer: `register_config_fields` adds them to a registry's schema, and
-/// OptimizerRegistry::global() calls it, so every config has them.
+/// this layer adds them to the global registry when it is created
+/// (OptimizerRegistry::extend_global), so every config made from it has them
+/// whenever the library is linked.
 ///
 /// In the tensor_parallel and sharded layouts, muon parts are
 /// TensorParallelMuon / ShardedMuon and adaptive_muon parts AdaptiveMuon with
@@ -37,6 +39,7 @@
 #include "muon/distributed/group.h"
 #include "muon/distributed/shard.h"
 #include "muon/distributed/sharded.h"
+#include "muon/groups.h"
 #include "muon/registry.h"
 
 namespace muon::dist {
@@ -80,44 +83,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const OptimizerConfig& config, const DistributedLayout& layout,
     const OptimizerRegistry& registry = OptimizerRegistry::global());
 
-/// One param group laid out by the caller, as torch.optim's param_groups are:
-/// the optimizer it goes to, its parameters with their names, and its
-/// settings under OptimizerSettings' keys (the shared fields such as `lr`
-/// and `weight_decay`, and the optimizer's option fields without the prefix:
-/// `momentum`, `ns_eps`, ...). A key left out takes the config's value.
-struct GroupSpec {
-  /// Registered optimizer name ("muon", "adamw", ...).
-  std::string optimizer;
-  /// One name per parameter, unique over all groups.
-  std::vector<std::string> names;
-  /// The parameters (this rank's tensors, as for make_optimizer).
-  std::vector<at::Tensor> params;
-  /// Settings that differ from the config's.
-  std::map<std::string, FieldValue> settings;
-};
-
-/// The param groups `make_optimizer(named_parameters, config, ...)` builds,
-/// in its group order, each with its complete settings: the registry's
-/// default rules and the config's override rules applied, parameters with
-/// equal settings together.
-std::vector<GroupSpec> plan_groups(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
-                                   const OptimizerConfig& config,
-                                   const OptimizerRegistry& registry = OptimizerRegistry::global());
-
-/// The complete settings of a group of `optimizer`: the config's values,
-/// then `settings` (each checked against its field: c10::ValueError naming
-/// the key and the value; an unknown key raises listing the known ones).
-OptimizerSettings group_settings(const std::string& optimizer,
-                                 const std::map<std::string, FieldValue>& settings,
-                                 const OptimizerConfig& config,
-                                 const OptimizerRegistry& registry = OptimizerRegistry::global());
-
-/// The option fields a group of `optimizer` carries (the shared per-parameter
-/// fields `lr` and `weight_decay`, then the optimizer's own, without the
-/// prefix), with their types, defaults and checks.
-std::vector<FieldSpec> group_fields(const std::string& optimizer,
-                                    const OptimizerRegistry& registry = OptimizerRegistry::global());
-
 /// An optimizer built from explicit groups, and where each group landed.
 struct GroupedOptimizer {
   /// The optimizer (a CompositeOptimizer, or a LayerwiseOptimizer around one).
@@ -128,11 +93,12 @@ struct GroupedOptimizer {
   std::vector<int64_t> group_index;
 };
 
-/// The optimizer over `groups` (one param group each, never merged, so that
-/// a caller can change one group's options), laid out as the config's
-/// `layout` says with `layout`'s groups and shards (see make_optimizer; the
-/// whole-run fields, such as the layout's and `nonfinite`, come from
-/// `config`). Collective as make_optimizer. Raises c10::ValueError for an
+/// The optimizer over `groups` (muon::GroupSpec, muon/groups.h; one param
+/// group each, never merged, so that a caller can change one group's
+/// options; muon::plan_groups gives those a config describes), laid out as
+/// the config's `layout` says with `layout`'s groups and shards (see
+/// make_optimizer; the whole-run fields, such as the layout's and
+/// `nonfinite`, come from `config`). Collective as make_optimizer. Raises c10::ValueError for an
 /// empty group list, an unknown optimizer or setting, a bad value (naming the
 /// group, the key and the value), duplicate names or tensors.
 GroupedOptimizer make_grouped_optimizer(const std::vector<GroupSpec>& groups,
