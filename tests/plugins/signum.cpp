@@ -3,6 +3,7 @@
 // Its registry entry declares options, a factory and a state schema, and
 // nothing else: checkpoints, layouts, Python and the main job take it from
 // there (tests/test_plugin.cpp, tests/python/test_plugin.py, test_train_gpt).
+#include <ATen/core/grad_mode.h>
 #include <muon/compat.h>
 #include <muon/registry.h>
 
