@@ -133,4 +133,22 @@ struct Rank {
   }
 };
 
+// One leg of a reshard chain: a fresh `optimizer` in `kind` at `world`
+// ranks, loaded from the checkpoint in `in` (none when empty; it holds step
+// `from`), trained on steps [from, to) and saved to `out`; then `check` on
+// every rank, when given.
+inline void reshard_leg(const std::string& kind, int world, const std::string& in, const std::string& out,
+                        int64_t from, int64_t to, const std::string& optimizer, const std::string& what,
+                        const std::function<void(Rank&, const Group&)>& check = nullptr) {
+  muon::test::run_ranks(world, [&](Group& group) {
+    Rank r(kind, group, optimizer);
+    if (!in.empty()) {
+      EXPECT_EQ(r.load(in).step, from) << what;
+    }
+    r.train(from, to);
+    r.save(out, to);
+    if (check) check(r, group);
+  });
+}
+
 }  // namespace muon::test::checkpoint

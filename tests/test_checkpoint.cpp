@@ -160,19 +160,11 @@ TEST(Checkpoint, EagerStateChangesNothingAndEveryParameterIsStored) {
 
 // ---- resharding ------------------------------------------------------------------
 
-// Trains steps [from, to) in `kind` at `world` ranks, starting from the
-// checkpoint in `in` (none when empty) and saving to `out`; returns the
-// whole parameters (gathered from rank 0's view when sharded is not needed:
-// each rank checks its own part against `reference`).
+// A leg of Muon's reshard chain (reshard_leg); with `reference`, each
+// rank's part is checked against it.
 void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
          int64_t to, const Named& reference, const std::string& what) {
-  muon::test::run_ranks(world, [&](Group& group) {
-    Rank r(kind, group);
-    if (!in.empty()) {
-      EXPECT_EQ(r.load(in).step, from) << what;
-    }
-    r.train(from, to);
-    r.save(out, to);
+  reshard_leg(kind, world, in, out, from, to, "muon", what, [&](Rank& r, const Group& group) {
     if (reference.is_empty()) return;
     for (size_t k = 0; k < kModel.size(); ++k) {
       const auto& name = kModel[k].first;

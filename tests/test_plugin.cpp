@@ -93,21 +93,13 @@ fs::path fresh_dir(const std::string& name) {
   return dir;
 }
 
-// Steps [from, to) in `kind` at `world` ranks from the checkpoint in `in`
-// (none when empty), saved to `out`; with `reference`, each rank's part must
-// equal it bit for bit: Signum is elementwise, so every layout computes each
-// element with the same operations on the same values.
+// A leg of Signum's reshard chain (reshard_leg); with `reference`, each
+// rank's part must equal it bit for bit: Signum is elementwise, so every
+// layout computes each element with the same operations on the same values.
 void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
          int64_t to, const Named& reference, const std::string& what) {
-  muon::test::run_ranks(world, [&](Group& group) {
-    Rank r(kind, group, "signum");
-    if (!in.empty()) {
-      EXPECT_EQ(r.load(in).step, from) << what;
-    }
-    r.train(from, to);
-    r.save(out, to);
-    if (reference.is_empty()) return;
-    for (size_t k = 0; k < kModel.size(); ++k) {
+  reshard_leg(kind, world, in, out, from, to, "signum", what, [&](Rank& r, const Group& group) {
+    for (size_t k = 0; k < kModel.size() && !reference.is_empty(); ++k) {
       const auto& name = kModel[k].first;
       EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name].detach())))
           << what << " " << name << " rank " << group.rank();

@@ -210,7 +210,10 @@ class Engine {
         if (v.is_none()) continue;
         auto t = v.cast<at::Tensor>();
         StateSchema::check(*field->field, t, *leaf->optimizer, param, who);
-        *field->tensor = t;
+        // A copy: the step updates state in place, and the dict's tensors may
+        // be another optimizer's live state (torch 2.x's load_state_dict
+        // hands them over without copying).
+        *field->tensor = t.clone(at::MemoryFormat::Contiguous);
       }
       schema.complete(*st, *leaf->optimizer, options_of(*leaf, param), param);
       fresh.emplace_back(leaf->optimizer, std::make_pair(compat::state_key(param), std::move(st)));

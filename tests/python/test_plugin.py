@@ -75,6 +75,9 @@ def test_state_dict_round_trips_and_bad_state_is_refused_by_name():
         for a, b in zip(m2.parameters(), params):
             a.copy_(b)
     opt2 = muon_cpp.make_optimizer(m2.named_parameters(), CONFIG)
+    # `saved` holds opt's live state tensors (torch 2.x's state_dict does not
+    # copy, nor does its load_state_dict): the engine keeps copies, or the
+    # two optimizers would step one momentum twice.
     opt2.load_state_dict(saved)
     for s in range(2, 4):
         for o, mm in ((opt, m), (opt2, m2)):
