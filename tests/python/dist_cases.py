@@ -120,6 +120,17 @@ def run_rank(rank, world, port, case, outdir, kwargs):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), MUON_TIMEOUT=str(int(TIMEOUT.total_seconds())),
                       USE_LIBUV="0")
+    # For the parent's message: the first rank to fail is the cause; the
+    # others usually fail after it (connection closed by peer). A rank writes
+    # its error before it leaves the process group: leaving resets the other
+    # ranks' connections, and the parent ends every rank once one has failed.
+    err = os.path.join(outdir, "rank%d.err" % rank)
+
+    def record_error():
+        if not os.path.exists(err):
+            with open(err, "w") as f:
+                f.write(traceback.format_exc())
+
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=TIMEOUT)
         try:
@@ -129,13 +140,13 @@ def run_rank(rank, world, port, case, outdir, kwargs):
             else:
                 result = CASES[case](rank, world, **kwargs)
             torch.save(result, os.path.join(outdir, "rank%d.pt" % rank))
+        except BaseException:
+            record_error()
+            raise
         finally:
             dist.destroy_process_group()
     except BaseException:
-        # For the parent's message: the first rank to fail is the cause; the
-        # others usually fail after it (connection closed by peer).
-        with open(os.path.join(outdir, "rank%d.err" % rank), "w") as f:
-            f.write(traceback.format_exc())
+        record_error()
         raise
 
 
