@@ -169,6 +169,126 @@ void agree(const DataParallel& dp, const std::string& error, const std::string& 
   TORCH_CHECK_VALUE(failed[0].item<double>() == 0.0, elsewhere);
 }
 
+void check_options(const TrainOptions& o, const DataParallel& dp) {
+  TORCH_CHECK_VALUE(o.steps >= 1, "[train_gpt] steps must be >= 1, got ", o.steps);
+  TORCH_CHECK_VALUE(o.eval_every >= 1, "[train_gpt] eval_every must be >= 1, got ", o.eval_every);
+  TORCH_CHECK_VALUE(o.global_batch >= dp.world && o.global_batch % dp.world == 0,
+                    "[train_gpt] global_batch ", o.global_batch,
+                    " must be a positive multiple of the world size ", dp.world);
+  TORCH_CHECK_VALUE(o.save_every >= 0, "[train_gpt] save_every must be >= 0, got ", o.save_every);
+  TORCH_CHECK_VALUE(o.keep >= 1, "[train_gpt] keep must be >= 1, got ", o.keep);
+}
+
+// The validation loss: the windows are split over the ranks; losses are
+// summed back.
+class Validation {
+ public:
+  Validation(const at::Tensor& valid, int64_t count, int64_t context, const DataParallel& dp)
+      : dp_(dp),
+        windows_(valid_windows(valid, count, context)),
+        local_windows_(windows_.index_select(0, at::arange(dp.rank, windows_.size(0), dp.world))) {}
+
+  double loss(Gpt& model) const {
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> sum{at::zeros({1}, at::kDouble)};
+    if (local_windows_.size(0) > 0) {
+      sum[0] += model->loss(local_windows_).item<double>() * static_cast<double>(local_windows_.size(0));
+    }
+    dp_.all_reduce_sum(sum);
+    return sum[0].item<double>() / static_cast<double>(windows_.size(0));
+  }
+
+ private:
+  const DataParallel& dp_;
+  at::Tensor windows_;
+  at::Tensor local_windows_;
+};
+
+// Where a run stands: its first step (0, or the checkpoint's it resumed
+// from) and the totals a checkpoint carries on.
+struct Progress {
+  int64_t start = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+  double opt_seconds = 0;
+  // Training losses since the last log point: this rank's sum, and the steps.
+  double train_sum = 0;
+  int64_t train_count = 0;
+};
+
+// Appends the log point of `step` and starts the next interval's training
+// losses.
+void add_point(RunLog& log, Progress& p, int64_t step, double train_loss, double valid_loss) {
+  log.points.push_back({step, p.tokens, train_loss, valid_loss, p.seconds, p.opt_seconds});
+  p.train_sum = 0;
+  p.train_count = 0;
+}
+
+// Resumes from the newest checkpoint in o.resume: the model and optimizer
+// state, and the log and totals of the run that wrote it. Every rank reads
+// the manifest and checks the model before the collective load, so that a
+// checkpoint of another model is named by its flag rather than by a
+// parameter's shape.
+Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist::Group& world,
+                const GptConfig& config, const Stepper& stepper,
+                const muon::dist::CheckpointOptions& checkpoint_options, const Validation& validation,
+                Gpt& model, RunLog& log) {
+  std::string error;
+  std::string path;
+  CheckpointRun run;
+  try {
+    const auto info = muon::dist::latest_checkpoint(o.resume);
+    TORCH_CHECK_VALUE(info.has_value(), "[train_gpt] run '", o.name, "': '", o.resume,
+                      "' holds no complete checkpoint to resume from");
+    path = info->path;
+    run = run_from_json(info->extra, path);
+    check_model(run.model, path, config);
+    TORCH_CHECK_VALUE(info->step <= o.steps, "[train_gpt] checkpoint ", path, " is at step ",
+                      info->step, ", past this run's steps ", o.steps);
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  agree(dp, error,
+        "[train_gpt] run '" + o.name + "': another rank could not resume from " + o.resume +
+            " (its message says why)");
+  const auto info = muon::dist::load_checkpoint(path, stepper.checkpoint_parameters, *stepper.optimizer,
+                                                stepper.checkpoint_layout, checkpoint_options);
+  if (stepper.after_load) stepper.after_load();
+  Progress p{info.step, run.tokens, run.seconds, run.optimizer_seconds, run.train_loss_sum, run.train_steps};
+  log.points = run.points;
+  // The loaded model is the saved one: where the checkpoint's step is a log
+  // point, its validation loss again (equal up to the rounding of another
+  // world size or layout).
+  const bool at_log_point = !log.points.empty() && log.points.back().step == p.start;
+  const double again = at_log_point ? validation.loss(model) : 0.0;
+  if (world.rank() == 0) {
+    std::printf("run '%s': resumed from step %lld of %s (written by %s, %s; this run: %s, %s)\n",
+                o.name.c_str(), static_cast<long long>(p.start), info.path.c_str(),
+                ranks(run.world).c_str(), run.layout.c_str(), ranks(world.size()).c_str(),
+                o.layout.c_str());
+    if (at_log_point) {
+      std::printf("run '%s': val loss at step %lld: %.6f in the checkpoint's log, %.6f evaluated after loading\n",
+                  o.name.c_str(), static_cast<long long>(p.start), log.points.back().valid_loss, again);
+    }
+    std::fflush(stdout);
+  }
+  return p;
+}
+
+// The layout's cost on the most loaded rank.
+void measure_cost(RunLog& log, const Stepper& stepper, Gpt& model, const muon::dist::Group& world,
+                  int64_t steps_taken, int64_t step_bytes) {
+  int64_t parameter_bytes = stepper.extra_parameter_bytes;
+  for (const auto& p : model->parameters()) parameter_bytes += p.numel() * p.element_size();
+  const auto costs = world.all_gather_ints({muon::optimizer_state_bytes(*stepper.optimizer), parameter_bytes,
+                                            steps_taken > 0 ? step_bytes / steps_taken : 0});
+  for (const auto& c : costs) {
+    log.cost.optimizer_state_bytes = std::max(log.cost.optimizer_state_bytes, c[0]);
+    log.cost.parameter_bytes = std::max(log.cost.parameter_bytes, c[1]);
+    log.cost.bytes_sent_per_step = std::max(log.cost.bytes_sent_per_step, c[2]);
+  }
+}
+
 }  // namespace
 
 Stepper model_stepper(Gpt& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
@@ -198,13 +318,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
 
 RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& make_stepper,
              const DataParallel& dp, const ScheduleFactory& make_schedule) {
-  TORCH_CHECK_VALUE(o.steps >= 1, "[train_gpt] steps must be >= 1, got ", o.steps);
-  TORCH_CHECK_VALUE(o.eval_every >= 1, "[train_gpt] eval_every must be >= 1, got ", o.eval_every);
-  TORCH_CHECK_VALUE(o.global_batch >= dp.world && o.global_batch % dp.world == 0,
-                    "[train_gpt] global_batch ", o.global_batch,
-                    " must be a positive multiple of the world size ", dp.world);
-  TORCH_CHECK_VALUE(o.save_every >= 0, "[train_gpt] save_every must be >= 0, got ", o.save_every);
-  TORCH_CHECK_VALUE(o.keep >= 1, "[train_gpt] keep must be >= 1, got ", o.keep);
+  check_options(o, dp);
   const auto world = o.world.valid()               ? o.world
                      : o.distributed.group.valid() ? o.distributed.group
                                                    : muon::dist::Group::single();
@@ -223,89 +337,24 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
   auto* opt = stepper.optimizer;
   const LrSetter before_step = make_schedule ? make_schedule(*opt) : nullptr;
   RunLog log{o.name, {}, {}};
+  const Validation validation(data.valid, o.eval_windows, config.context, dp);
 
-  // Validation windows are split over the ranks; losses are summed back.
-  const auto windows = valid_windows(data.valid, o.eval_windows, config.context);
-  const auto mine = at::arange(dp.rank, windows.size(0), dp.world);
-  const auto local_windows = windows.index_select(0, mine);
-  auto evaluate = [&]() {
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> sum{at::zeros({1}, at::kDouble)};
-    if (local_windows.size(0) > 0) {
-      sum[0] += model->loss(local_windows).item<double>() * static_cast<double>(local_windows.size(0));
-    }
-    dp.all_reduce_sum(sum);
-    return sum[0].item<double>() / static_cast<double>(windows.size(0));
-  };
-
-  int64_t start = 0;
-  int64_t tokens = 0;
-  double seconds = 0;
-  double opt_seconds = 0;
-  // Training losses since the last log point: this rank's sum, and the steps.
-  double train_sum = 0;
-  int64_t train_count = 0;
+  Progress p;
   if (!o.resume.empty()) {
-    // Every rank reads the manifest and checks the model before the
-    // collective load, so that a checkpoint of another model is named by
-    // its flag rather than by a parameter's shape.
-    std::string error;
-    std::string path;
-    CheckpointRun run;
-    try {
-      const auto info = muon::dist::latest_checkpoint(o.resume);
-      TORCH_CHECK_VALUE(info.has_value(), "[train_gpt] run '", o.name, "': '", o.resume,
-                        "' holds no complete checkpoint to resume from");
-      path = info->path;
-      run = run_from_json(info->extra, path);
-      check_model(run.model, path, config);
-      TORCH_CHECK_VALUE(info->step <= o.steps, "[train_gpt] checkpoint ", path, " is at step ",
-                        info->step, ", past this run's steps ", o.steps);
-    } catch (const c10::Error& e) {
-      error = e.what_without_backtrace();
-    }
-    agree(dp, error,
-          "[train_gpt] run '" + o.name + "': another rank could not resume from " + o.resume +
-              " (its message says why)");
-    const auto info = muon::dist::load_checkpoint(path, stepper.checkpoint_parameters, *opt,
-                                                  stepper.checkpoint_layout, checkpoint_options);
-    if (stepper.after_load) stepper.after_load();
-    start = info.step;
-    log.points = run.points;
-    tokens = run.tokens;
-    seconds = run.seconds;
-    opt_seconds = run.optimizer_seconds;
-    train_sum = run.train_loss_sum;
-    train_count = run.train_steps;
-    // The loaded model is the saved one: where the checkpoint's step is a log
-    // point, its validation loss again (equal up to the rounding of another
-    // world size or layout).
-    const bool at_log_point = !log.points.empty() && log.points.back().step == start;
-    const double again = at_log_point ? evaluate() : 0.0;
-    if (world.rank() == 0) {
-      std::printf("run '%s': resumed from step %lld of %s (written by %s, %s; this run: %s, %s)\n",
-                  o.name.c_str(), static_cast<long long>(start), info.path.c_str(),
-                  ranks(run.world).c_str(), run.layout.c_str(), ranks(world.size()).c_str(),
-                  o.layout.c_str());
-      if (at_log_point) {
-        std::printf("run '%s': val loss at step %lld: %.6f in the checkpoint's log, %.6f evaluated after loading\n",
-                    o.name.c_str(), static_cast<long long>(start), log.points.back().valid_loss, again);
-      }
-      std::fflush(stdout);
-    }
+    p = resume(o, dp, world, config, stepper, checkpoint_options, validation, model, log);
   } else {
-    log.points.push_back({0, 0, std::numeric_limits<double>::quiet_NaN(), evaluate(), 0, 0});
+    log.points.push_back({0, 0, std::numeric_limits<double>::quiet_NaN(), validation.loss(model), 0, 0});
   }
 
   // Saves checkpoint `step` with the run's log and what is needed to
   // continue it in the manifest.
   auto save = [&](int64_t step) {
-    CheckpointRun run{config,  o.layout,    world.size(), log.points, tokens,
-                      seconds, opt_seconds, 0,        train_count};
-    if (train_count > 0) {
+    CheckpointRun run{config,    o.layout,      world.size(), log.points, p.tokens,
+                      p.seconds, p.opt_seconds, 0,            p.train_count};
+    if (p.train_count > 0) {
       // Each step's loss as the mean over the ranks, so that a run resumed
       // at any world size completes the interval's mean.
-      std::vector<at::Tensor> sum{at::full({1}, train_sum, at::kDouble)};
+      std::vector<at::Tensor> sum{at::full({1}, p.train_sum, at::kDouble)};
       dp.all_reduce_sum(sum);
       run.train_loss_sum = sum[0].item<double>() / static_cast<double>(dp.world);
     }
@@ -314,7 +363,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
   };
 
   const int64_t tokens_per_step = o.global_batch * config.context;
-  const double start_seconds = seconds;
+  const double start_seconds = p.seconds;
   const bool show = o.progress && world.rank() == 0;
   ProgressBar bar(o.name, o.steps);
   auto bytes_sent = [&] {
@@ -323,7 +372,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
     return n;
   };
   int64_t step_bytes = 0;
-  for (int64_t step = start; step < o.steps; ++step) {
+  for (int64_t step = p.start; step < o.steps; ++step) {
     const auto t0 = Clock::now();
     const int64_t bytes0 = bytes_sent();
     if (before_step) before_step(step);
@@ -335,58 +384,44 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
     if (stepper.reduce_gradients) stepper.reduce_gradients();
     const auto t_opt = Clock::now();
     stepper.step();
-    opt_seconds += since(t_opt);
-    seconds += since(t0);
+    p.opt_seconds += since(t_opt);
+    p.seconds += since(t0);
     step_bytes += bytes_sent() - bytes0;
-    tokens += tokens_per_step;
+    p.tokens += tokens_per_step;
     const double loss_value = loss.item<double>();
     TORCH_CHECK(std::isfinite(loss_value), "[train_gpt] run '", o.name,
                 "': the training loss is ", loss_value, " at step ", step);
-    train_sum += loss_value;
-    ++train_count;
+    p.train_sum += loss_value;
+    ++p.train_count;
     const int64_t done = step + 1;
     if (done % o.eval_every == 0 || done == o.steps) {
-      std::vector<at::Tensor> mean{at::tensor({train_sum, static_cast<double>(train_count)}, at::kDouble)};
+      std::vector<at::Tensor> mean{at::tensor({p.train_sum, static_cast<double>(p.train_count)}, at::kDouble)};
       dp.all_reduce_sum(mean);
       const double train_loss = mean[0][0].item<double>() / mean[0][1].item<double>();
-      log.points.push_back({done, tokens, train_loss, evaluate(), seconds, opt_seconds});
-      train_sum = 0;
-      train_count = 0;
+      add_point(log, p, done, train_loss, validation.loss(model));
     }
     if (!o.save_dir.empty() &&
         (done == o.steps || (o.save_every > 0 && done % o.save_every == 0))) {
       save(done);
     }
     if (show) {
-      bar.update(done, loss_value, static_cast<double>((done - start) * tokens_per_step) /
-                                       std::max(seconds - start_seconds, 1e-9));
+      bar.update(done, loss_value, static_cast<double>((done - p.start) * tokens_per_step) /
+                                       std::max(p.seconds - start_seconds, 1e-9));
     }
   }
   if (show) bar.finish();
-  if (start == o.steps) {
+  if (p.start == o.steps) {
     // Resumed at its last step: no step to take. The log ends at the last
     // step (the checkpoint's may end before, at its last evaluation) and the
     // checkpoint is saved all the same.
     if (log.points.back().step < o.steps) {
-      const double train_loss = train_count > 0 ? train_sum / static_cast<double>(train_count)
-                                                : std::numeric_limits<double>::quiet_NaN();
-      log.points.push_back({o.steps, tokens, train_loss, evaluate(), seconds, opt_seconds});
-      train_sum = 0;
-      train_count = 0;
+      const double train_loss = p.train_count > 0 ? p.train_sum / static_cast<double>(p.train_count)
+                                                  : std::numeric_limits<double>::quiet_NaN();
+      add_point(log, p, o.steps, train_loss, validation.loss(model));
     }
     if (!o.save_dir.empty()) save(o.steps);
   }
-  // The layout's cost on the most loaded rank.
-  int64_t parameter_bytes = stepper.extra_parameter_bytes;
-  for (const auto& p : model->parameters()) parameter_bytes += p.numel() * p.element_size();
-  const int64_t steps_taken = o.steps - start;
-  const auto costs = world.all_gather_ints({muon::optimizer_state_bytes(*opt), parameter_bytes,
-                                            steps_taken > 0 ? step_bytes / steps_taken : 0});
-  for (const auto& c : costs) {
-    log.cost.optimizer_state_bytes = std::max(log.cost.optimizer_state_bytes, c[0]);
-    log.cost.parameter_bytes = std::max(log.cost.parameter_bytes, c[1]);
-    log.cost.bytes_sent_per_step = std::max(log.cost.bytes_sent_per_step, c[2]);
-  }
+  measure_cost(log, stepper, model, world, o.steps - p.start, step_bytes);
   if (!o.out_dir.empty() && world.rank() == 0) write_csv(log, o.out_dir + "/" + o.name + ".csv");
   return log;
 }

@@ -181,6 +181,17 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
     std::vector<int64_t> rows_per_rank;  // local rows of every rank of the group
     std::vector<int64_t> offsets;  // first row of every rank
   };
+  // One group's owner-compute step (src/distributed/sharded_owner_compute.cpp).
+  class OwnerComputeGroup;
+  // attach's parts (src/distributed/sharded_layout.cpp): parameter i's
+  // layout from its shard, checked; the rows every rank of group g holds of
+  // its members (indices into `params`) and their owners; in a 2-D layout,
+  // the tensor-parallel ranks' block sizes and agreement.
+  static Layout layout_of(size_t i, const at::Tensor& param, const RowShard& shard,
+                          const torch::optim::OptimizerParamGroup& param_group, size_t param_group_index);
+  void place_rows(size_t g, const std::vector<size_t>& members, const std::vector<at::Tensor>& params);
+  void check_tensor_parallel(const std::vector<RowShard>& shards,
+                             const std::vector<torch::optim::OptimizerParamGroup>& param_groups);
   size_t index_of(const at::Tensor& param) const;
   // The owner's orthogonalization of whole (TP block) matrices of one batch.
   std::vector<at::Tensor> orthogonalize(const std::vector<size_t>& members,
