@@ -141,7 +141,7 @@ at::Tensor Muon::step(LossClosure closure) {
   if (batches) detail::muon_step(pending, tensor_ops);  // collective: called even with no item
   if (!fused.empty()) {
     if (!scratch_) scratch_ = std::make_shared<detail::FusedScratch>();
-    detail::run_fused(fused, *scratch_);
+    detail::run_fused(std::move(fused), *scratch_);
   }
   return loss;
 }

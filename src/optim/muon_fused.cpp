@@ -50,8 +50,9 @@ bool same_batch_key(const MuonStepItem& a, const MuonStepItem& b) {
          (a.options == b.options || a.options->ns() == b.options->ns());
 }
 
-// The fused items' megabatches (make_batches), with their sizes and costs.
-std::vector<Batch> batches_of(const std::vector<MuonStepItem>& items, int ways) {
+// The fused items' megabatches (make_batches), with their sizes and costs;
+// the items move into them.
+std::vector<Batch> batches_of(std::vector<MuonStepItem>& items, int ways) {
   const auto runs = make_batches(
       items.size(), [&](size_t i, size_t j) { return same_batch_key(items[i], items[j]); },
       [&](size_t i) { return items[i].view.batch; },
@@ -61,9 +62,9 @@ std::vector<Batch> batches_of(const std::vector<MuonStepItem>& items, int ways) 
     Batch b;
     for (const size_t i : run) {
       const auto& v = items[i].view;
-      b.items.push_back(items[i]);
       b.matrices += v.batch;
       b.cost += cost_of(v.batch, v.rows, v.cols);
+      b.items.push_back(std::move(items[i]));
     }
     batches.push_back(std::move(b));
   }
@@ -213,6 +214,7 @@ bool fusable(const MuonStepItem& item) {
 
 void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) {
   const bool fused = passes.fused;
+  TORCH_INTERNAL_ASSERT(fused ? passes.stage == nullptr : passes.strategy != nullptr);
   std::optional<ScratchScope> reuse;
   at::Tensor x0;  // fused: every item's normalized input, one batch for one call
   if (fused && !batch.empty()) {
@@ -243,13 +245,15 @@ void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) 
       w.update = decay_and_momentum(item);
     }
   }
-  // 4. orthogonalize (and 5. its scale), then the stage.
+  // 4. orthogonalize: one Newton–Schulz call (fused) or the strategy, each
+  // giving the scale of step 5.
   if (fused) {
     if (!batch.empty()) orthogonalize_fused(std::move(x0), batch, work);
   } else {
     passes.strategy->orthogonalize(work);  // collective: called even with no item
   }
-  // 5–6. scale and apply (fused: with step 1's weight decay, in one pass).
+  // The stage, then 5–6. scale and apply (fused: with step 1's weight decay,
+  // in one pass).
   for (auto& w : work) {
     if (passes.stage != nullptr) passes.stage->apply(w, *passes.strategy);
     apply_update(w, fused ? decay_factor(*w.options) : 1.0);
@@ -303,7 +307,7 @@ MatrixView matrix_view(const at::Tensor& p, const MuonOptions& o) {
   return {1, rows, cols};
 }
 
-void run_fused(const std::vector<MuonStepItem>& items, FusedScratch& scratch) {
+void run_fused(std::vector<MuonStepItem> items, FusedScratch& scratch) {
   const int ways = side_by_side_threads(items);
   auto batches = batches_of(items, ways);
   // Side by side only when no batch holds more than its share of the work

@@ -111,6 +111,6 @@ struct FusedScratch {
 /// gives the same bits either way. The intermediates of a batch live in
 /// `scratch` (one Scratch per thread), so they are not allocated afresh
 /// every step. The first error is rethrown after every thread has stopped.
-void run_fused(const std::vector<MuonStepItem>& items, FusedScratch& scratch);
+void run_fused(std::vector<MuonStepItem> items, FusedScratch& scratch);
 
 }  // namespace muon::detail
