@@ -6,11 +6,9 @@
 #include <torch/serialize/archive.h>
 
 #include <numeric>
-#include <tuple>
 #include <utility>
 #include <vector>
 
-#include "kernels/fused_update.h"
 #include "muon/compat.h"
 #include "optim/archive_kind.h"
 #include "optim/muon_fused.h"
@@ -29,19 +27,6 @@ T read_value(InputArchive& archive, const char* key) {
   c10::IValue v;
   archive.read(key, v);
   return v.to<T>();
-}
-
-// Step 6: param ← param − lr·alpha·orth, in the parameter's dtype.
-void apply_update(const at::Tensor& param, at::Tensor orth, double lr, double alpha) {
-  at::Tensor p = param;  // a handle: the update is in place
-  if (detail::fused_eligible(p) && orth.is_contiguous() && orth.device().is_cpu() &&
-      orth.numel() == p.numel() &&
-      (orth.scalar_type() == at::kFloat || orth.scalar_type() == at::kBFloat16)) {
-    detail::decay_and_add(p, orth, 1.0, -lr * alpha);  // the fused step's arithmetic
-    return;
-  }
-  if (orth.scalar_type() != p.scalar_type()) orth = orth.to(p.scalar_type());
-  p.add_(orth.view(p.sizes()), -lr * alpha);
 }
 
 }  // namespace
@@ -118,14 +103,17 @@ at::Tensor Muon::step(LossClosure closure) {
   // checked for every group before anything changes, agreed over the layout.
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
   orthogonalizer_->begin_step(param_groups_);
+  // Steps 1–6 are detail::muon_step's, on batches of parameters. Those its
+  // fused passes take run after the loop, possibly side by side; the others
+  // go to the strategy one at a time, or together when it batches: all at
+  // once, or in turns of max_pending_elements() (a tensor is in one group
+  // only: check_steppable).
   const bool fuses = orthogonalizer_->fuses() && stage_ == nullptr;
   const bool batches = orthogonalizer_->batches();
-  // Parameters the fused passes take run after the loop, possibly side by
-  // side; the others go to the strategy one at a time, or together when it
-  // batches: all at once, or in turns of max_pending_elements() (a tensor is
-  // in one group only: check_steppable).
-  std::vector<detail::FusedJob> fused;
-  std::vector<OrthogonalizeItem> pending;
+  const detail::MuonStepPasses tensor_ops{/*fused=*/false, orthogonalizer_.get(), stage_.get(),
+                                          nullptr};
+  std::vector<detail::MuonStepItem> fused;
+  std::vector<detail::MuonStepItem> pending;
   const int64_t limit = batches ? orthogonalizer_->max_pending_elements() : 0;
   int64_t pending_elements = 0;
   for (const auto gi : c10::irange(param_groups_.size())) {
@@ -133,111 +121,39 @@ at::Tensor Muon::step(LossClosure closure) {
     const auto& o = static_cast<const MuonOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      MuonParamState* st = fuses ? fused_state(p, o) : nullptr;
-      if (st != nullptr) {
-        fused.push_back({&p, &o, st, detail::matrix_view(p, o)});
-        continue;
+      detail::MuonStepItem item{p, &o, &state_of(p), gi};
+      if (fuses) {
+        item.view = detail::matrix_view(p, o);
+        if (detail::fusable(item)) {
+          fused.push_back(std::move(item));
+          continue;
+        }
       }
-      OrthogonalizeItem item;
-      std::tie(item.update, item.state) = decay_and_momentum(p, o);
-      item.param = p;
-      item.options = &o;
-      item.group = gi;
       pending_elements += p.numel();
       pending.push_back(std::move(item));
       if (!batches || (limit >= 0 && pending_elements >= limit)) {
-        orthogonalize_and_apply(pending);
+        detail::muon_step(pending, tensor_ops);
+        pending.clear();
         pending_elements = 0;
       }
     }
   }
-  if (batches) orthogonalize_and_apply(pending);  // collective: called even with no item
+  if (batches) detail::muon_step(pending, tensor_ops);  // collective: called even with no item
   if (!fused.empty()) {
     if (!scratch_) scratch_ = std::make_shared<detail::FusedScratch>();
-    detail::run_fused(fused, *scratch_);
+    detail::run_fused(std::move(fused), *scratch_);
   }
   return loss;
-}
-
-void Muon::orthogonalize_and_apply(std::vector<OrthogonalizeItem>& items) {
-  // 4. orthogonalize (the strategy), then the stage, 5–6. scale and apply in
-  // the parameter's dtype.
-  orthogonalizer_->orthogonalize(items);
-  for (auto& item : items) {
-    if (stage_) stage_->apply(item, *orthogonalizer_);
-    apply_update(item.param, item.orth, item.options->lr(), item.alpha);
-  }
-  items.clear();
-}
-
-std::pair<at::Tensor, MuonParamState*> Muon::decay_and_momentum(at::Tensor& p,
-                                                                const MuonOptions& o) {
-  at::Tensor grad = p.grad();
-  const double mu = o.momentum();
-  const double wd = o.weight_decay();
-  const bool ema = o.momentum_style() == MomentumStyle::kEma;
-
-  auto& st = state_of(p);
-  if (!st.momentum_buffer().defined()) {
-    st.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
-  }
-  st.step(st.step() + 1);
-  auto& buf = st.momentum_buffer();
-
-  // 1. weight decay. l2 makes a new gradient tensor: p.grad() is never written.
-  if (wd != 0) {
-    switch (o.weight_decay_mode()) {
-      case WeightDecayMode::kDecoupled:
-      case WeightDecayMode::kIndependent:
-      case WeightDecayMode::kPalm:
-        p.mul_(detail::decay_factor(o));
-        break;
-      case WeightDecayMode::kL2:
-        grad = grad.add(p, wd);
-        break;
-    }
-  }
-  // 2–3. momentum in place on the buffer and the Nesterov update (a new
-  // tensor): one pass over contiguous fp32 CPU tensors, the same arithmetic
-  // as the fused step's.
-  if (detail::fused_eligible(buf) && detail::fused_eligible(grad) && grad.sizes() == buf.sizes()) {
-    at::Tensor nesterov_update;
-    detail::momentum_step(buf, grad, {mu, ema, o.nesterov()}, &nesterov_update);
-    return {o.nesterov() ? nesterov_update : buf, &st};
-  }
-  if (ema) {
-    buf.lerp_(grad, 1 - mu);
-  } else {
-    buf.mul_(mu).add_(grad);
-  }
-  // 3. nesterov: a new tensor. Without it the buffer itself is passed on:
-  // newton_schulz reads its input and returns a tensor that never aliases it.
-  at::Tensor update = buf;
-  if (o.nesterov()) update = ema ? grad.lerp(buf, mu) : grad.add(buf, mu);
-  return {update, &st};
 }
 
 MuonParamState& Muon::state_of(const at::Tensor& p) {
   auto& slot = state_[compat::state_key(p)];
   if (!slot) slot = new_state(p);
-  return static_cast<MuonParamState&>(*slot);
-}
-
-MuonParamState* Muon::fused_state(at::Tensor& p, const MuonOptions& o) {
-  const auto compute = o.ns().compute_dtype();
-  const at::Tensor& grad = p.grad();
-  if (!detail::fused_eligible(p) || !detail::fused_eligible(grad) ||
-      grad.sizes() != p.sizes() || p.numel() == 0 || !o.split_sizes().empty() ||
-      (compute != at::kFloat && compute != at::kBFloat16) ||
-      (o.weight_decay() != 0 && o.weight_decay_mode() == WeightDecayMode::kL2)) {
-    return nullptr;
+  auto& st = static_cast<MuonParamState&>(*slot);
+  if (!st.momentum_buffer().defined()) {
+    st.momentum_buffer(at::zeros_like(p, at::MemoryFormat::Preserve));
   }
-  auto& st = state_of(p);
-  if (st.momentum_buffer().defined() && !detail::fused_eligible(st.momentum_buffer())) {
-    return nullptr;
-  }
-  if (!st.momentum_buffer().defined()) st.momentum_buffer(at::zeros_like(p));
-  return &st;
+  return st;
 }
 
 std::unique_ptr<MuonParamState> Muon::new_state(const at::Tensor& /*param*/) const {

@@ -1,5 +1,7 @@
-// Muon's fused passes: parameters of one shape and options orthogonalized
-// as one batch, batches side by side on the persistent worker threads.
+// Muon's step (muon_step: steps 1–6 of a batch, as tensor ops or fused
+// passes) and the megabatches of its fused passes: parameters of one shape
+// and options orthogonalized as one batch, batches side by side on the
+// persistent worker threads.
 #include "optim/muon_fused.h"
 
 #include <ATen/Parallel.h>
@@ -9,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <unordered_set>
 #include <vector>
 
@@ -32,91 +35,140 @@ double cost_of(int64_t matrices, int64_t rows, int64_t cols) {
          static_cast<double>(std::min(rows, cols));
 }
 
-// Jobs whose matrices share one shape and one set of Newton–Schulz options,
+// Items whose matrices share one shape and one set of Newton–Schulz options,
 // orthogonalized as one batch (a "megabatch" across parameters): the fixed
 // costs of a Newton–Schulz call (dispatch, allocation, one product call per
 // step) are paid once for all of them instead of once per parameter.
 struct Batch {
-  std::vector<const FusedJob*> jobs;
+  std::vector<MuonStepItem> items;
   int64_t matrices = 0;
   double cost = 0;
 };
 
-bool same_batch_key(const FusedJob& a, const FusedJob& b) {
+bool same_batch_key(const MuonStepItem& a, const MuonStepItem& b) {
   return a.view.rows == b.view.rows && a.view.cols == b.view.cols &&
          (a.options == b.options || a.options->ns() == b.options->ns());
 }
 
-// The fused jobs' megabatches (make_batches), with their sizes and costs.
-std::vector<Batch> batches_of(const std::vector<FusedJob>& jobs, int ways) {
+// The fused items' megabatches (make_batches), with their sizes and costs;
+// the items move into them.
+std::vector<Batch> batches_of(std::vector<MuonStepItem>& items, int ways) {
   const auto runs = make_batches(
-      jobs.size(), [&](size_t i, size_t j) { return same_batch_key(jobs[i], jobs[j]); },
-      [&](size_t i) { return jobs[i].view.batch; },
-      [&](size_t i) { return jobs[i].view.rows * jobs[i].view.cols; }, ways);
+      items.size(), [&](size_t i, size_t j) { return same_batch_key(items[i], items[j]); },
+      [&](size_t i) { return items[i].view.batch; },
+      [&](size_t i) { return items[i].view.rows * items[i].view.cols; }, ways);
   std::vector<Batch> batches;
   for (const auto& run : runs) {
     Batch b;
     for (const size_t i : run) {
-      const auto& v = jobs[i].view;
-      b.jobs.push_back(&jobs[i]);
+      const auto& v = items[i].view;
       b.matrices += v.batch;
       b.cost += cost_of(v.batch, v.rows, v.cols);
+      b.items.push_back(std::move(items[i]));
     }
     batches.push_back(std::move(b));
   }
   return batches;
 }
 
-// Steps 1–6 of every job of a batch: each job's momentum pass, the
-// normalized inputs of all of them in one tensor, one Newton–Schulz call,
-// then each job's decay and update.
-void run_batch(const Batch& batch, Scratch& scratch) {
-  ++batches_run;
-  ScratchScope reuse(&scratch);
-  const auto& first = *batch.jobs.front();
-  const auto& ns = first.options->ns();
-  const int64_t rows = first.view.rows;
-  const int64_t cols = first.view.cols;
-  auto x0 = scratch_empty({batch.matrices, rows, cols},
-                          first.param->options().dtype(ns.compute_dtype()));
-  int64_t offset = 0;
-  for (const auto* job : batch.jobs) {
-    at::Tensor& p = *job->param;
-    const MuonOptions& o = *job->options;
-    const at::Tensor& grad = p.grad();
-    auto& st = *job->state;
-    st.step(st.step() + 1);
-    auto& buf = st.momentum_buffer();
+MomentumRule rule_of(const MuonOptions& o) {
+  return {o.momentum(), o.momentum_style() == MomentumStyle::kEma, o.nesterov()};
+}
 
-    // 2–3. momentum into the buffer and Σu² of the Nesterov update u, per matrix.
-    const int64_t n = job->view.batch;
-    const MomentumRule rule{o.momentum(), o.momentum_style() == MomentumStyle::kEma,
-                            o.nesterov()};
-    std::vector<double> scale(static_cast<size_t>(n));
-    momentum_pass(buf, grad, rule, n, scale.data());
-    // Σu² past fp32's range (|u| ≳ 1e19): u again, exactly, summed in fp64.
-    if (!std::all_of(scale.begin(), scale.end(), [](double s) { return std::isfinite(s); })) {
-      auto u = at::empty({n, rows, cols}, p.options());
-      const std::vector<double> ones(scale.size(), 1.0);
-      normalized_update(u, buf, grad, rule, n, ones.data());
-      for (const auto m : c10::irange(n)) scale[static_cast<size_t>(m)] = sum_of_squares(u[m]);
+// Steps 1–3 as tensor ops: weight decay (on the parameter, or on a copy of
+// the gradient for l2), momentum into the buffer, Nesterov. Returns the
+// tensor to orthogonalize: never the gradient; the buffer itself without
+// Nesterov (newton_schulz reads its input and returns a tensor that never
+// aliases it).
+at::Tensor decay_and_momentum(const MuonStepItem& item) {
+  at::Tensor p = item.param;  // a handle: the decay is in place
+  const MuonOptions& o = *item.options;
+  at::Tensor grad = p.grad();
+  auto& buf = item.state->momentum_buffer();
+  // 1. weight decay. l2 makes a new gradient tensor: p.grad() is never written.
+  if (o.weight_decay() != 0) {
+    if (o.weight_decay_mode() == WeightDecayMode::kL2) {
+      grad = grad.add(p, o.weight_decay());
+    } else {
+      p.mul_(decay_factor(o));
     }
-    // 4. X₀ = u / (‖u‖_F·safety + eps), written once in the compute dtype.
-    for (auto& s : scale) s = normalization_factor(s, ns);
-    auto slot = x0.narrow(0, offset, n);
-    normalized_update(slot, buf, grad, rule, n, scale.data());
-    offset += n;
   }
-  const auto orth = newton_schulz_normalized(std::move(x0), ns).contiguous();
-  // 1, 5–6. weight decay, scale and update in one pass per parameter.
-  offset = 0;
-  for (const auto* job : batch.jobs) {
-    const MuonOptions& o = *job->options;
-    const int64_t n = job->view.batch;
-    const double alpha = scale_factor(rows, cols, o.scale_mode(), o.extra_scale_factor());
-    decay_and_add(*job->param, orth.narrow(0, offset, n), decay_factor(o), -o.lr() * alpha);
-    offset += n;
+  // 2–3. momentum in place on the buffer and the Nesterov update (a new
+  // tensor): one pass over contiguous fp32 CPU tensors, the arithmetic of
+  // the fused passes.
+  const double mu = o.momentum();
+  const bool ema = o.momentum_style() == MomentumStyle::kEma;
+  if (fused_eligible(buf) && fused_eligible(grad) && grad.sizes() == buf.sizes()) {
+    at::Tensor nesterov_update;
+    momentum_step(buf, grad, rule_of(o), &nesterov_update);
+    return o.nesterov() ? nesterov_update : buf;
   }
+  if (ema) {
+    buf.lerp_(grad, 1 - mu);
+  } else {
+    buf.mul_(mu).add_(grad);
+  }
+  if (!o.nesterov()) return buf;
+  return ema ? grad.lerp(buf, mu) : grad.add(buf, mu);
+}
+
+// Steps 2–3 and step 4's normalization as fused passes: momentum into the
+// buffer with Σu² of the Nesterov update u per matrix, then
+// X₀ = u / (‖u‖_F·safety + eps) written once into `x0` in the compute
+// dtype; u itself is never stored. The weight decay waits for the update's
+// pass.
+void fused_momentum(const MuonStepItem& item, at::Tensor x0) {
+  const MuonOptions& o = *item.options;
+  const at::Tensor& grad = item.param.grad();
+  auto& buf = item.state->momentum_buffer();
+  const int64_t n = item.view.batch;
+  const MomentumRule rule = rule_of(o);
+  std::vector<double> scale(static_cast<size_t>(n));
+  momentum_pass(buf, grad, rule, n, scale.data());
+  // Σu² past fp32's range (|u| ≳ 1e19): u again, exactly, summed in fp64.
+  if (!std::all_of(scale.begin(), scale.end(), [](double s) { return std::isfinite(s); })) {
+    auto u = at::empty({n, item.view.rows, item.view.cols}, item.param.options());
+    const std::vector<double> ones(scale.size(), 1.0);
+    normalized_update(u, buf, grad, rule, n, ones.data());
+    for (const auto m : c10::irange(n)) scale[static_cast<size_t>(m)] = sum_of_squares(u[m]);
+  }
+  for (auto& s : scale) s = normalization_factor(s, o.ns());
+  normalized_update(x0, buf, grad, rule, n, scale.data());
+}
+
+// Step 4 of a fused batch: one Newton–Schulz call on the normalized inputs
+// of all its items; each item's part and scale.
+void orthogonalize_fused(at::Tensor x0, c10::ArrayRef<MuonStepItem> batch,
+                         std::vector<OrthogonalizeItem>& work) {
+  const auto& first = batch.front();
+  const auto orth = newton_schulz_normalized(std::move(x0), first.options->ns()).contiguous();
+  int64_t offset = 0;
+  for (const auto i : c10::irange(batch.size())) {
+    const auto& v = batch[i].view;
+    const MuonOptions& o = *batch[i].options;
+    work[i].orth = orth.narrow(0, offset, v.batch);
+    work[i].alpha = scale_factor(v.rows, v.cols, o.scale_mode(), o.extra_scale_factor());
+    work[i].rows = v.rows;
+    work[i].cols = v.cols;
+    offset += v.batch;
+  }
+}
+
+// Steps 5–6: param ← param·decay − lr·alpha·orth, in the parameter's dtype;
+// `decay` is the weight decay the fused passes left to this pass (else 1).
+void apply_update(const OrthogonalizeItem& item, double decay) {
+  at::Tensor p = item.param;  // a handle: the update is in place
+  at::Tensor orth = item.orth;
+  const double step = -item.options->lr() * item.alpha;
+  if (fused_eligible(p) && orth.is_contiguous() && orth.device().is_cpu() &&
+      orth.numel() == p.numel() &&
+      (orth.scalar_type() == at::kFloat || orth.scalar_type() == at::kBFloat16)) {
+    decay_and_add(p, orth, decay, step);
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(decay == 1.0);
+  if (orth.scalar_type() != p.scalar_type()) orth = orth.to(p.scalar_type());
+  p.add_(orth.view(p.sizes()), step);
 }
 
 // Below this much work in all (batch·rows·cols·min), running on several
@@ -130,21 +182,83 @@ constexpr double kMinParallelCost = 4194304.0;
 // second thread, while two batches on two threads never wait on each other.
 // It needs every product on oneDNN (a BLAS keeps its own thread pool) and
 // enough work.
-int side_by_side_threads(const std::vector<FusedJob>& jobs) {
+int side_by_side_threads(const std::vector<MuonStepItem>& items) {
   const int threads = at::get_num_threads();
-  if (threads < 2 || jobs.size() < 2 || at::in_parallel_region()) return 1;
+  if (threads < 2 || items.size() < 2 || at::in_parallel_region()) return 1;
   double total = 0;
   std::unordered_set<const MuonParamState*> states;
-  for (const auto& job : jobs) {
-    if (!products_follow_thread_scope(job.options->ns().compute_dtype())) return 1;
-    if (!states.insert(job.state).second) return 1;
-    total += cost_of(job.view.batch, job.view.rows, job.view.cols);
+  for (const auto& item : items) {
+    if (!products_follow_thread_scope(item.options->ns().compute_dtype())) return 1;
+    if (!states.insert(item.state).second) return 1;
+    total += cost_of(item.view.batch, item.view.rows, item.view.cols);
   }
   return total < kMinParallelCost ? 1 : threads;
 }
 
+void run_batch(const Batch& batch, Scratch& scratch) {
+  muon_step(batch.items, MuonStepPasses{/*fused=*/true, nullptr, nullptr, &scratch});
+}
 
 }  // namespace
+
+bool fusable(const MuonStepItem& item) {
+  const at::Tensor& p = item.param;
+  const MuonOptions& o = *item.options;
+  const auto compute = o.ns().compute_dtype();
+  const at::Tensor& grad = p.grad();
+  return fused_eligible(p) && fused_eligible(grad) && fused_eligible(item.state->momentum_buffer()) &&
+         grad.sizes() == p.sizes() && p.numel() > 0 && o.split_sizes().empty() &&
+         (compute == at::kFloat || compute == at::kBFloat16) &&
+         (o.weight_decay() == 0 || o.weight_decay_mode() != WeightDecayMode::kL2);
+}
+
+void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) {
+  const bool fused = passes.fused;
+  TORCH_INTERNAL_ASSERT(fused ? passes.stage == nullptr : passes.strategy != nullptr);
+  std::optional<ScratchScope> reuse;
+  at::Tensor x0;  // fused: every item's normalized input, one batch for one call
+  if (fused && !batch.empty()) {
+    ++batches_run;
+    reuse.emplace(passes.scratch);
+    int64_t matrices = 0;
+    for (const auto& item : batch) matrices += item.view.batch;
+    const auto& first = batch.front();
+    x0 = scratch_empty({matrices, first.view.rows, first.view.cols},
+                       first.param.options().dtype(first.options->ns().compute_dtype()));
+  }
+  // 1–3. weight decay, momentum, Nesterov (fused: and step 4's normalization).
+  std::vector<OrthogonalizeItem> work(batch.size());
+  int64_t offset = 0;
+  for (const auto i : c10::irange(batch.size())) {
+    const auto& item = batch[i];
+    auto& st = *item.state;
+    st.step(st.step() + 1);
+    auto& w = work[i];
+    w.param = item.param;
+    w.options = item.options;
+    w.group = item.group;
+    w.state = item.state;
+    if (fused) {
+      fused_momentum(item, x0.narrow(0, offset, item.view.batch));
+      offset += item.view.batch;
+    } else {
+      w.update = decay_and_momentum(item);
+    }
+  }
+  // 4. orthogonalize: one Newton–Schulz call (fused) or the strategy, each
+  // giving the scale of step 5.
+  if (fused) {
+    if (!batch.empty()) orthogonalize_fused(std::move(x0), batch, work);
+  } else {
+    passes.strategy->orthogonalize(work);  // collective: called even with no item
+  }
+  // The stage, then 5–6. scale and apply (fused: with step 1's weight decay,
+  // in one pass).
+  for (auto& w : work) {
+    if (passes.stage != nullptr) passes.stage->apply(w, *passes.strategy);
+    apply_update(w, fused ? decay_factor(*w.options) : 1.0);
+  }
+}
 
 std::vector<std::vector<size_t>> make_batches(size_t count,
                                               const std::function<bool(size_t, size_t)>& same,
@@ -193,9 +307,9 @@ MatrixView matrix_view(const at::Tensor& p, const MuonOptions& o) {
   return {1, rows, cols};
 }
 
-void run_fused(std::vector<FusedJob>& jobs, FusedScratch& scratch) {
-  const int ways = side_by_side_threads(jobs);
-  auto batches = batches_of(jobs, ways);
+void run_fused(std::vector<MuonStepItem> items, FusedScratch& scratch) {
+  const int ways = side_by_side_threads(items);
+  auto batches = batches_of(items, ways);
   // Side by side only when no batch holds more than its share of the work
   // (it would run alone at the end on one thread).
   double total = 0;

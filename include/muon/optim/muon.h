@@ -266,22 +266,8 @@ class Muon : public torch::optim::Optimizer, public StateBytes, public StepGuard
   void check_group(size_t index) const;
 
  private:
-  /// Steps 1–3 for `param`, which has a gradient: weight decay (on the
-  /// parameter, or on a copy of the gradient for l2), momentum (into the
-  /// state's buffer; the state is created at first use and its step count
-  /// incremented), Nesterov. Returns the tensor to orthogonalize (never
-  /// aliasing the gradient; the buffer itself without Nesterov) and the
-  /// parameter's state.
-  std::pair<at::Tensor, MuonParamState*> decay_and_momentum(at::Tensor& param,
-                                                            const MuonOptions& options);
-  /// Steps 4–6 for `items`: the strategy, the stage, the update.
-  void orthogonalize_and_apply(std::vector<OrthogonalizeItem>& items);
-  /// The state of `param` (its momentum buffer created) when steps 1–6 of
-  /// it can run as fused passes; nullptr, touching nothing, when the
-  /// strategy, the parameter, its gradient or the options are not a case
-  /// they take.
-  MuonParamState* fused_state(at::Tensor& param, const MuonOptions& options);
-  /// The parameter's state, created at first use.
+  /// The state of `param`, created at first use, with its momentum buffer
+  /// (zeros of the parameter's shape, dtype, device and layout).
   MuonParamState& state_of(const at::Tensor& param);
 
   std::shared_ptr<Orthogonalizer> orthogonalizer_;
