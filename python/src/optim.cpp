@@ -172,7 +172,7 @@ class Engine {
   // or another rank holds it).
   py::object state_of(const at::Tensor& param) const {
     const auto* leaf = leaf_of(param);
-    auto* st = find_state(param);
+    auto* st = leaf == nullptr ? nullptr : find_state(*leaf, param);
     if (st == nullptr) return py::none();
     py::dict d;
     fill(*leaf, *st, d);
@@ -255,10 +255,8 @@ class Engine {
     return it == leaves_.end() ? nullptr : &it->second;
   }
 
-  OptimizerParamState* find_state(const at::Tensor& param) const {
-    const auto* leaf = leaf_of(param);
-    if (leaf == nullptr) return nullptr;
-    auto& map = leaf->optimizer->state();
+  static OptimizerParamState* find_state(const Leaf& leaf, const at::Tensor& param) {
+    auto& map = leaf.optimizer->state();
     const auto s = map.find(compat::state_key(param));
     return s == map.end() ? nullptr : s->second.get();
   }
@@ -285,11 +283,12 @@ class Engine {
 
   void refresh_state(const py::object& state) const {
     for (const auto& p : params_) {
-      auto* st = find_state(p);
+      const auto* leaf = leaf_of(p);
+      auto* st = leaf == nullptr ? nullptr : find_state(*leaf, p);
       if (st == nullptr) continue;
       auto entry = state[py::cast(p)];  // torch.optim's state is a defaultdict(dict)
       auto d = py::reinterpret_borrow<py::dict>(entry);
-      fill(*leaf_of(p), *st, d);
+      fill(*leaf, *st, d);
     }
   }
 
