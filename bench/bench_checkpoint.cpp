@@ -31,11 +31,11 @@
 #include <vector>
 
 #include "dist_bench_util.h"
-#include "muon/distributed/checkpoint.h"
-#include "muon/distributed/group.h"
-#include "muon/distributed/make.h"
-#include "muon/distributed/shard.h"
-#include "muon/distributed/sharded.h"
+#include "muon/dist/checkpoints/checkpoint.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/dist/runtime/group.h"
 
 namespace {
 

@@ -30,10 +30,10 @@
 #include <vector>
 
 #include "dist_bench_util.h"
-#include "muon/distributed/group.h"
-#include "muon/distributed/layerwise.h"
-#include "muon/distributed/shard.h"
-#include "muon/distributed/sharded.h"
+#include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/dist/runtime/group.h"
 #include "muon/optim/muon.h"
 
 namespace {

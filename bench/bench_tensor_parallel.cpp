@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "dist_bench_util.h"
-#include "muon/distributed/group.h"
-#include "muon/distributed/tensor_parallel.h"
+#include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/dist/runtime/group.h"
 #include "muon/optim/muon.h"
 
 namespace {

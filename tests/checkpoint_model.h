@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "dist_util.h"
-#include "muon/distributed/checkpoint.h"
-#include "muon/distributed/make.h"
-#include "muon/distributed/shard.h"
-#include "muon/distributed/sharded.h"
+#include "muon/dist/checkpoints/checkpoint.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
 
 namespace muon::test::checkpoint {
 

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "muon/distributed/group.h"
+#include "muon/dist/runtime/group.h"
 
 namespace muon::test {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "muon/distributed/shard.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
 
 namespace muon::test {
 

@@ -1,4 +1,4 @@
-// Checkpoints (muon/distributed/checkpoint.h): resuming in the same layout is
+// Checkpoints (muon/dist/checkpoints/checkpoint.h): resuming in the same layout is
 // bit-identical to never stopping; resharding across world sizes and
 // layouts (single process, layer-wise, sharded, tensor parallel) equals
 // single-process training up to float rounding; damaged, truncated, missing
@@ -26,8 +26,8 @@
 #include <torch/optim/adamw.h>
 
 #include "checkpoint_model.h"
+#include "dist/checkpoints/checkpoint_state.h"
 #include "process_util.h"
-#include "distributed/checkpoint_state.h"
 
 namespace {
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "dist_util.h"
-#include "muon/distributed/shard.h"
-#include "muon/distributed/sharded.h"
-#include "muon/distributed/tensor_parallel.h"
+#include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
 #include "muon/optim/adaptive_muon.h"
 
 namespace muon::test {

@@ -11,11 +11,11 @@
 
 #include "dist_util.h"
 #include "muon/config.h"
-#include "muon/distributed/agreement.h"
-#include "muon/distributed/layerwise.h"
-#include "muon/distributed/make.h"
-#include "muon/distributed/sharded.h"
-#include "muon/distributed/tensor_parallel.h"
+#include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/dist/runtime/agreement.h"
 #include "muon/optim/hybrid.h"
 
 namespace muon::test {

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "muon/distributed/assignment.h"
+#include "muon/dist/layouts/assignment.h"
 
 namespace {
 

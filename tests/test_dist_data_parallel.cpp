@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "dist_util.h"
-#include "muon/distributed/checkpoint.h"
-#include "muon/distributed/data_parallel.h"
+#include "muon/dist/checkpoints/checkpoint.h"
+#include "muon/dist/layouts/sharded_data_parallel.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
 

@@ -11,7 +11,7 @@
 
 #include "dist_util.h"
 #include "env_util.h"
-#include "muon/distributed/group.h"
+#include "muon/dist/runtime/group.h"
 
 namespace {
 

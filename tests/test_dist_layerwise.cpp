@@ -15,7 +15,7 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/distributed/layerwise.h"
+#include "muon/dist/layouts/layerwise.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/state_bytes.h"

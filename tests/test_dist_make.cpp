@@ -17,9 +17,9 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/distributed/layerwise.h"
-#include "muon/distributed/make.h"
-#include "muon/distributed/shard.h"
+#include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
 #include "muon/groups.h"
 
 namespace {

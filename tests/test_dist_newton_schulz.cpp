@@ -8,7 +8,7 @@
 #include <string>
 
 #include "dist_util.h"
-#include "muon/distributed/newton_schulz.h"
+#include "muon/dist/layouts/newton_schulz.h"
 #include "muon/newton_schulz.h"
 #include "tensor_parallel_util.h"
 

@@ -15,7 +15,7 @@
 
 #include "env_util.h"
 #include "expect_util.h"
-#include "muon/distributed/group.h"
+#include "muon/dist/runtime/group.h"
 
 namespace muon::test {
 namespace {

@@ -28,7 +28,7 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/distributed/tensor_parallel.h"
+#include "muon/dist/layouts/tensor_parallel.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 #include "tensor_parallel_util.h"

@@ -1,4 +1,4 @@
-// Tensor-parallel layers (muon/distributed/tensor_parallel_layers.h) against
+// Tensor-parallel layers (muon/dist/layouts/tensor_parallel_layers.h) against
 // the single-process computation on the whole weights, with ranks as threads
 // over real Gloo process groups.
 //
@@ -38,8 +38,8 @@
 
 #include "dist_util.h"
 #include "expect_util.h"
-#include "muon/distributed/make.h"
-#include "muon/distributed/tensor_parallel_layers.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/tensor_parallel_layers.h"
 #include "muon/registry.h"
 #include "tensor_parallel_util.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "checkpoint_model.h"
-#include "distributed/checkpoint_state.h"
+#include "dist/checkpoints/checkpoint_state.h"
 #include "muon/plugin.h"
 #include "muon/registry.h"
 

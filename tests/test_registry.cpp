@@ -19,14 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/symmetric.h"
 #include "muon/compat.h"
-#include "muon/distributed/make.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/state_bytes.h"
-#include "kernels/symmetric.h"
-#include "muon/newton_schulz.h"
 #include "muon/registry.h"
 
 namespace muon::test {

@@ -15,8 +15,8 @@
 
 #include "dist_util.h"
 #include "expect_util.h"
-#include "muon/distributed/layerwise.h"
-#include "muon/distributed/sharded.h"
+#include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/sharded_muon.h"
 #include "muon/muon.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/hybrid.h"

@@ -9,7 +9,7 @@
 ///
 /// Tensor parallel: given a tensor-parallel group of p ranks, the attention
 /// and MLP matrices are Megatron-style column- and row-parallel layers
-/// (muon/distributed/tensor_parallel_layers.h) and each rank holds its
+/// (muon/dist/layouts/tensor_parallel_layers.h) and each rank holds its
 /// block: the fused QKV projection and the attention output split by heads,
 /// fc1 by rows and fc2 by columns. The embeddings, norms, head and experts
 /// are whole on every rank. With one rank (the default) the same code is the
@@ -30,9 +30,9 @@
 #include <map>
 #include <string>
 
-#include "muon/distributed/group.h"
-#include "muon/distributed/shard.h"
-#include "muon/distributed/tensor_parallel_layers.h"
+#include "muon/dist/layouts/tensor_parallel_layers.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/dist/runtime/group.h"
 
 namespace train_gpt {
 

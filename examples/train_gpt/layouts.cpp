@@ -6,10 +6,10 @@
 #include <memory>
 #include <utility>
 
-#include "muon/distributed/agreement.h"
-#include "muon/distributed/data_parallel.h"
-#include "muon/distributed/layerwise.h"
-#include "muon/distributed/make.h"
+#include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/sharded_data_parallel.h"
+#include "muon/dist/runtime/agreement.h"
 
 namespace train_gpt {
 namespace {

@@ -23,7 +23,7 @@
 
 #include "gpt.h"
 #include "muon/config.h"
-#include "muon/distributed/group.h"
+#include "muon/dist/runtime/group.h"
 #include "trainer.h"
 
 namespace train_gpt {

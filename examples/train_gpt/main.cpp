@@ -39,16 +39,16 @@
 #include <string>
 #include <vector>
 
+#include "compare.h"
 #include "data.h"
 #include "gpt.h"
-#include "compare.h"
 #include "layouts.h"
 #include "muon/config.h"
-#include "muon/distributed/agreement.h"
-#include "muon/distributed/checkpoint.h"
-#include "muon/distributed/group.h"
-#include "muon/distributed/layerwise.h"
-#include "muon/distributed/make.h"
+#include "muon/dist/checkpoints/checkpoint.h"
+#include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/runtime/agreement.h"
+#include "muon/dist/runtime/group.h"
 #include "muon/plugin.h"
 #include "muon/registry.h"
 #include "muon/schedule.h"

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "muon/distributed/checkpoint.h"
+#include "muon/dist/checkpoints/checkpoint.h"
 #include "muon/optim/state_bytes.h"
 
 namespace train_gpt {

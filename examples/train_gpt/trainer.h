@@ -2,7 +2,7 @@
 
 /// One training run of the small GPT: data-parallel over the ranks of a
 /// communicator (gradients averaged across ranks), evaluation, progress,
-/// reshardable checkpoints (muon/distributed/checkpoint.h), and the run's
+/// reshardable checkpoints (muon/dist/checkpoints/checkpoint.h), and the run's
 /// log.
 #include <torch/optim/optimizer.h>
 
@@ -14,8 +14,8 @@
 
 #include "data.h"
 #include "gpt.h"
-#include "muon/distributed/group.h"
-#include "muon/distributed/make.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/runtime/group.h"
 #include "progress.h"
 #include "report.h"
 
@@ -56,7 +56,7 @@ struct Stepper {
   /// What checkpoints save and load: parameters by name (the model's, or
   /// the optimizer's shards of them), laid out as `checkpoint_layout` says.
   torch::OrderedDict<std::string, at::Tensor> checkpoint_parameters;
-  /// The layout of `checkpoint_parameters` (muon/distributed/checkpoint.h).
+  /// The layout of `checkpoint_parameters` (muon/dist/checkpoints/checkpoint.h).
   muon::dist::DistributedLayout checkpoint_layout;
   /// After a checkpoint was loaded into `checkpoint_parameters`: makes the
   /// model's parameters equal to them (e.g. gathers shards). May be empty.

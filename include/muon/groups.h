@@ -5,7 +5,7 @@
 /// fields a group carries (`group_fields`) and a group's complete settings
 /// (`group_settings`). The Python package builds its optimizers on these,
 /// with or without a distributed layout; muon::dist::make_grouped_optimizer
-/// (muon/distributed/make.h) builds an optimizer over such groups.
+/// (muon/dist/layouts/make.h) builds an optimizer over such groups.
 ///
 ///     auto plan = muon::plan_groups(model->named_parameters(), config);
 ///     plan[0].settings["lr"] = 0.01;  // one group's learning rate

@@ -14,7 +14,7 @@
 /// (LibTorch's own) and lion.
 ///
 /// Layers built on the registry add config fields of their own through a
-/// `ConfigExtension`: the distributed layouts (muon/distributed/make.h) add
+/// `ConfigExtension`: the distributed layouts (muon/dist/layouts/make.h) add
 /// `layout`, `layout_*` and `muon_tp_mode` to the global registry this way
 /// (through `extend_global`, so that the registry names no layer).
 ///
@@ -244,13 +244,13 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named_par
 /// invalid settings for a parameter (the optimizer's own checks), settings
 /// an extension's check rejects (with the global registry: a muon_tp_mode
 /// other than "duplicated", since tensor-parallel layouts need the process
-/// groups: muon::dist::make_optimizer in muon/distributed/make.h).
+/// groups: muon::dist::make_optimizer in muon/dist/layouts/make.h).
 std::unique_ptr<CompositeOptimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const OptimizerConfig& config, const OptimizerRegistry& registry = OptimizerRegistry::global());
 
 /// What `make_optimizer` needs beyond the config when it builds part of a
-/// larger optimizer (the distributed layouts in muon/distributed/make.h use it).
+/// larger optimizer (the distributed layouts in muon/dist/layouts/make.h use it).
 struct BuildContext {
   /// Building over a subset of a model's parameters (e.g. those one rank
   /// owns): a user rule that matches none of them is not an error.

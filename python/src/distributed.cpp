@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "common.h"
-#include "muon/distributed/agreement.h"
-#include "muon/distributed/group.h"
-#include "muon/distributed/layerwise.h"
-#include "muon/distributed/make.h"
-#include "muon/distributed/shard.h"
-#include "muon/distributed/sharded.h"
-#include "muon/distributed/tensor_parallel.h"
+#include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/dist/runtime/agreement.h"
+#include "muon/dist/runtime/group.h"
 
 namespace muon::python {
 

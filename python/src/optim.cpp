@@ -16,8 +16,8 @@
 
 #include "common.h"
 #include "muon/compat.h"
-#include "muon/distributed/layerwise.h"
-#include "muon/distributed/make.h"
+#include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/make.h"
 #include "muon/groups.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/state_bytes.h"

@@ -14,7 +14,7 @@
 #include <cstring>
 #include <thread>
 
-#include "muon/distributed/group.h"
+#include "muon/dist/runtime/group.h"
 
 int main(int argc, char** argv) {
   int fail_rank = -1;

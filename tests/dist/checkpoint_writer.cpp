@@ -19,8 +19,8 @@
 #include <string>
 
 #include "checkpoint_model.h"
-#include "muon/distributed/group.h"
-#include "distributed/checkpoint_state.h"
+#include "dist/checkpoints/checkpoint_state.h"
+#include "muon/dist/runtime/group.h"
 
 namespace {
 

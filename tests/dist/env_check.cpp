@@ -22,7 +22,7 @@
 #include <exception>
 #include <string>
 
-#include "muon/distributed/group.h"
+#include "muon/dist/runtime/group.h"
 #include "util/threads.h"
 
 namespace {

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "muon/distributed/group.h"
-#include "muon/distributed/tensor_parallel.h"
+#include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/dist/runtime/group.h"
 #include "muon/optim/muon.h"
 
 int main(int argc, char** argv) {

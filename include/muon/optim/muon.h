@@ -211,7 +211,7 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
 /// Step 4 runs through the `Orthogonalizer` the optimizer holds
 /// (muon/optim/orthogonalizer.h): whole matrices on this process by
 /// default, tensor-parallel blocks or row shards with the strategies of
-/// muon/distributed/. An optional `UpdateStage` (the NorMuon / AdaMuon second
+/// muon/dist/. An optional `UpdateStage` (the NorMuon / AdaMuon second
 /// moment) runs after it, in any layout.
 class Muon : public torch::optim::Optimizer, public StateBytes, public StepGuard {
  public:

@@ -1,0 +1,202 @@
+#pragma once
+
+/// Sharded data parallelism (ZeRO-2) for a model whose modules hold full
+/// parameters: gradients are reduce-scattered, each rank keeps the optimizer
+/// state and a master copy of only its rows of every parameter, and the
+/// updated rows are all-gathered back into the full parameters.
+///
+///     auto world = muon::dist::init_from_env();
+///     auto config = muon::OptimizerConfig().set("optimizer", "muon").set("lr", 0.02);
+///     muon::dist::ShardedDataParallel dp(model->named_parameters(), config, world);
+///     for (...) {
+///       dp.zero_grad();
+///       loss_of(model, batch_of(world.rank())).backward();
+///       dp.step();  // reduce-scatter, step on the shards, all-gather
+///     }
+///
+/// Every parameter (any dim >= 1) is split by rows (dim 0) over the
+/// data-parallel group `dp` with `balanced_split_sizes(size(0), dp.size())`;
+/// shards may be uneven or empty (1 row over 3 ranks). The optimizer is
+/// `muon::dist::make_optimizer` with the config's `layout` set to "sharded"
+/// over the shards (muon/dist/layouts/make.h), so Muon matrices are
+/// orthogonalized whole by one owner rank (muon/dist/layouts/sharded_muon.h) and
+/// element-wise optimizers (AdamW, Lion, ...) run on the shards: each rank
+/// holds about 1/W of the optimizer state, and the full parameters equal
+/// one process stepping the whole tensors with the gradient averaged over
+/// the ranks.
+///
+/// A step, collective over `dp`:
+///  1. which gradients are defined is compared (one all-gather of a bitmask);
+///  2. the gradients are reduce-scattered in buckets of about `bucket_bytes`
+///     (an all-to-all per bucket: rank r receives every rank's copy of its
+///     rows, sums them in rank order and divides by W; the next bucket's
+///     all-to-all runs while the current one is summed);
+///  3. non-finite averaged gradients are handled under the optimizer's
+///     policy (config field `nonfinite`), agreed over the ranks;
+///  4. the optimizer steps the shards;
+///  5. the updated rows are all-gathered into the full parameters, in
+///     buckets, in place.
+///
+/// 2-D layout (tensor parallel inside, sharded data parallel outside, the
+/// groups from `Group::mesh`): a parameter named in `tensor_parallel` is this
+/// rank's TP block of a larger matrix; its rows are split over `dp` as any
+/// other parameter, and Muon orthogonalizes the whole matrix over the TP
+/// group in `tp_mode`. Steps are then collective over the TP groups too.
+///
+/// Checkpoints: `save_checkpoint(dir, shards(), optimizer(), step, layout(),
+/// ...)` and `load_checkpoint` into `shards()` (muon/dist/checkpoints/checkpoint.h)
+/// followed by `gather_parameters()`; a checkpoint saved at W ranks loads at
+/// any other number. In a 2-D layout pass the world as
+/// `CheckpointOptions::group`.
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "muon/config.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/dist/runtime/group.h"
+#include "muon/registry.h"
+
+namespace muon::dist {
+
+/// Default bytes of full gradients (and of full parameters) per bucket.
+constexpr int64_t kDefaultDataParallelBucketBytes = int64_t{4} << 20;
+
+/// Options of `ShardedDataParallel`.
+struct ShardedDataParallelOptions {
+  /// Bytes of full gradients each reduce-scatter bucket packs (and of full
+  /// parameters each all-gather bucket fills), >= 1. A parameter larger than
+  /// this is a bucket of its own; parameters of different dtypes or devices
+  /// never share one.
+  TORCH_ARG(int64_t, bucket_bytes) = kDefaultDataParallelBucketBytes;
+  /// How Muon orthogonalizes the TP blocks named in `tensor_parallel` (2-D
+  /// layout); unused without them.
+  TORCH_ARG(TensorParallelMode, tp_mode) = TensorParallelMode::kDistributed;
+};
+
+/// ZeRO-2 data parallelism over `dp` (see the top of this header). Holds
+/// references to the full parameters it was given (the model's tensors)
+/// and owns the master shards and the optimizer over them.
+///
+/// Construction is collective over `dp` (and the TP groups): the ranks
+/// compare their parameter names, shapes and dtypes, the checksums of their
+/// values (data-parallel replicas start equal: broadcast them first,
+/// muon::dist::broadcast_parameters) and their configs, and raise the same
+/// c10::ValueError on every rank naming the first difference. Raises
+/// c10::ValueError for an invalid group, a 0-d or undefined parameter
+/// (naming it), a `tensor_parallel` entry naming no parameter, a config
+/// `layout` other than "none" or "sharded", a bad option (naming it and its
+/// value), and anything make_optimizer raises.
+class ShardedDataParallel {
+ public:
+  ShardedDataParallel(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                      const OptimizerConfig& config, Group dp,
+                      std::map<std::string, TensorParallelShard> tensor_parallel = {},
+                      ShardedDataParallelOptions options = {},
+                      const OptimizerRegistry& registry = OptimizerRegistry::global());
+  ~ShardedDataParallel();
+  ShardedDataParallel(ShardedDataParallel&&);
+  ShardedDataParallel& operator=(ShardedDataParallel&&);
+  ShardedDataParallel(const ShardedDataParallel&) = delete;
+  ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
+
+  /// Averages the full parameters' gradients over `dp` into the shards'
+  /// gradients, steps the optimizer on the shards and all-gathers the
+  /// updated rows into the full parameters (in place, without autograd).
+  /// Collective over `dp` (and the TP groups). A parameter without a
+  /// gradient is skipped; it must lack one on every rank, else every rank
+  /// raises the same c10::ValueError naming it and the ranks that have one.
+  /// A gradient of another shape, dtype, device or layout than its
+  /// parameter raises on every rank naming the parameter and the rank. A
+  /// non-finite averaged gradient raises (naming the parameter), skips the
+  /// step on every rank (counted in `skipped_steps()`) or propagates, as the
+  /// optimizer's non-finite policy says. Whenever it raises or skips, and
+  /// when the optimizer raises, the full parameters are unchanged.
+  void step();
+
+  /// Sets the gradients of the full parameters and of the shards to
+  /// undefined (as torch's `zero_grad(set_to_none=true)`). Not collective.
+  void zero_grad();
+
+  /// Copies every rank's shards into the full parameters (collective over
+  /// `dp`): after loading a checkpoint into `shards()`, or after changing
+  /// them in any other way.
+  void gather_parameters();
+
+  /// The optimizer over the shards (for learning-rate schedules and
+  /// checkpoints). Its `step()` alone does not update the full parameters.
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  /// The optimizer over the shards.
+  const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  /// This rank's master shards (its rows of every parameter), by parameter
+  /// name, in the order given.
+  const torch::OrderedDict<std::string, at::Tensor>& shards() const { return shards_; }
+  /// The full parameters, by name, in the order given (the tensors passed in).
+  const torch::OrderedDict<std::string, at::Tensor>& parameters() const { return params_; }
+  /// group = dp and a RowShard (global shape, dp) for every parameter, with
+  /// its tensor-parallel block where it has one: what save_checkpoint and
+  /// load_checkpoint take with `shards()`.
+  const DistributedLayout& layout() const { return layout_; }
+  /// The data-parallel group.
+  const Group& group() const { return layout_.group; }
+  /// The options it was built with.
+  const ShardedDataParallelOptions& options() const { return options_; }
+
+  /// Rows of parameter `name` held by each rank of `dp`, in rank order.
+  /// Raises c10::ValueError naming an unknown `name`.
+  const std::vector<int64_t>& rows_per_rank(const std::string& name) const;
+  /// The first row of parameter `name` this rank holds. Raises as
+  /// rows_per_rank.
+  int64_t row_offset(const std::string& name) const;
+  /// Bytes of this rank's full parameters plus its master shards.
+  int64_t parameter_bytes() const;
+  /// Bytes of this rank's optimizer state (muon::optimizer_state_bytes).
+  int64_t state_bytes() const;
+  /// Steps skipped for a non-finite gradient under the skip_step policy.
+  int64_t skipped_steps() const { return skipped_steps_; }
+  /// Number of buckets each step's reduce-scatter (and all-gather) uses.
+  size_t bucket_count() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> members;  // indices into the parameters, in order
+  };
+  size_t index_of(const std::string& name) const;
+  // Checks which gradients are defined and that they fit their parameters,
+  // agreed over dp: the parameters to step, or a message (the same on every
+  // rank of dp) when a rank's gradients differ.
+  std::vector<bool> exchange_grad_mask(std::string& error) const;
+  // Sets the shards' gradients to the dp average of the active gradients.
+  void reduce_scatter(const std::vector<bool>& active);
+  // The first shard gradient that is not finite, agreed over dp: a message,
+  // or empty.
+  std::string find_nonfinite() const;
+  // Copies the active parameters' shards of every rank into the full parameters.
+  void all_gather(const std::vector<bool>& active);
+  void clear_shard_grads();
+
+  torch::OrderedDict<std::string, at::Tensor> params_;
+  torch::OrderedDict<std::string, at::Tensor> shards_;
+  std::vector<std::vector<int64_t>> rows_;     // per parameter: rows of every rank
+  std::vector<std::vector<int64_t>> offsets_;  // per parameter: first row of every rank
+  std::vector<int64_t> row_numel_;             // per parameter: elements per row
+  std::unordered_map<std::string, size_t> index_;
+  std::vector<Bucket> buckets_;
+  std::vector<Group> step_groups_;  // dp, then the distinct TP groups
+  DistributedLayout layout_;
+  ShardedDataParallelOptions options_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  int64_t skipped_steps_ = 0;
+};
+
+}  // namespace muon::dist
