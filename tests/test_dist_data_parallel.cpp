@@ -482,7 +482,9 @@ TEST(DataParallel, NonFiniteGradientOnOneRankRaisesOnEveryRankAndChangesNothing)
       for (size_t k = 0; k < kModel.size(); ++k) {
         named[kModel[k].name].mutable_grad() = rank_grad(kModel[k], k, 0, group.rank());
       }
-      // The last row of fc.weight: held by rank 1, poisoned by rank 0.
+      // The last row of fc.weight: held by rank 1, poisoned by rank 0. The
+      // step's agreement sees it before the reduction and names the rank
+      // whose gradient it is.
       if (group.rank() == 0) named[0].value().mutable_grad()[6][0] = std::numeric_limits<float>::quiet_NaN();
       step_expecting_error(dp, caught);
       expect_unchanged(named, before);
@@ -491,7 +493,7 @@ TEST(DataParallel, NonFiniteGradientOnOneRankRaisesOnEveryRankAndChangesNothing)
                                                                        dp.shards()[k].value().size(0))));
       }
     });
-    expect_same_error_everywhere(caught, {"'blocks.0.fc.weight'", "non-finite", "rank 1"});
+    expect_same_error_everywhere(caught, {"'blocks.0.fc.weight'", "non-finite", "on rank 0"});
   }
 }
 

@@ -6,9 +6,7 @@
 #include <memory>
 #include <utility>
 
-#include "muon/dist/layouts/layerwise.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/sharded_data_parallel.h"
+#include "muon/dist/layouts/layout.h"
 #include "muon/dist/runtime/agreement.h"
 
 namespace train_gpt {
@@ -26,18 +24,6 @@ constexpr Named kNames[] = {{Parallel::kSingle, "single"},
 
 bool tensor_parallel(Parallel p) {
   return p == Parallel::kTensorParallel || p == Parallel::kTensorSharded;
-}
-
-// An optimizer over the model's parameters, gradients averaged over `dp`
-// before each step; checkpoints of the model's parameters in `layout`.
-Stepper replicated_parameters(Gpt& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
-                              const muon::dist::Group& dp, muon::dist::DistributedLayout layout) {
-  return model_stepper(
-      model, std::move(optimizer),
-      [dp](const std::vector<at::Tensor>& params) {
-        if (dp.size() > 1) muon::dist::all_reduce_gradients(params, dp);
-      },
-      std::move(layout));
 }
 
 }  // namespace
@@ -113,42 +99,29 @@ std::string describe(Parallel parallel, const Mesh& mesh, const std::string& opt
   return "?";
 }
 
-Stepper make_stepper(Parallel parallel, const Mesh& mesh, Gpt& model, muon::OptimizerConfig config,
-                     const std::string& optimizer_layout) {
+std::unique_ptr<muon::dist::Layout> make_layout(Parallel parallel, const Mesh& mesh, Gpt& model,
+                                                muon::OptimizerConfig config,
+                                                const std::string& optimizer_layout) {
   // Replicas start equal, as DDP makes them: the data-parallel rank 0's
   // parameters (a rank started with another --seed trains the same model).
   muon::dist::broadcast_parameters(model->named_parameters(), mesh.dp);
-  muon::dist::DistributedLayout layout;
-  layout.group = mesh.world;
+  auto groups = muon::dist::LayoutGroups().world(mesh.world).dp(mesh.dp);
   switch (parallel) {
     case Parallel::kSingle:
     case Parallel::kDdp:
       if (mesh.world.size() > 1 && optimizer_layout == "layerwise") config.set("layout", "layerwise");
-      return replicated_parameters(
-          model, muon::dist::make_optimizer(model->named_parameters(), config, layout), mesh.dp, layout);
-    case Parallel::kTensorParallel: {
-      layout.tensor_parallel = model->tensor_parallel_shards();
+      break;
+    case Parallel::kTensorParallel:
+      groups.tensor_parallel(model->tensor_parallel_shards());
       config.set("layout", "tensor_parallel");
-      return replicated_parameters(
-          model, muon::dist::make_optimizer(model->named_parameters(), config, layout), mesh.dp, layout);
-    }
+      break;
     case Parallel::kSharded:
-    case Parallel::kTensorSharded: {
-      auto sharded = std::make_shared<muon::dist::ShardedDataParallel>(
-          model->named_parameters(), config, mesh.dp, model->tensor_parallel_shards());
-      Stepper s;
-      s.optimizer = &sharded->optimizer();
-      s.zero_grad = [sharded] { sharded->zero_grad(); };
-      s.step = [sharded] { sharded->step(); };
-      s.checkpoint_parameters = sharded->shards();
-      s.checkpoint_layout = sharded->layout();
-      s.after_load = [sharded] { sharded->gather_parameters(); };
-      for (const auto& p : sharded->shards().values()) s.extra_parameter_bytes += p.numel() * p.element_size();
-      s.owner = sharded;
-      return s;
-    }
+    case Parallel::kTensorSharded:
+      groups.tensor_parallel(model->tensor_parallel_shards());
+      config.set("layout", "sharded");
+      break;
   }
-  TORCH_CHECK(false, "[muon-train-gpt] unknown layout");
+  return std::make_unique<muon::dist::Layout>(model->named_parameters(), config, groups);
 }
 
 }  // namespace train_gpt

@@ -18,11 +18,13 @@
 ///               ranks (world / tp) are data parallel with averaged gradients.
 ///   tp,sharded  2-D: tensor parallel inside (--tp ranks), sharded data
 ///               parallel outside, on a (world / tp, tp) mesh.
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "gpt.h"
 #include "muon/config.h"
+#include "muon/dist/layouts/layout.h"
 #include "muon/dist/runtime/group.h"
 #include "trainer.h"
 
@@ -66,9 +68,11 @@ std::string describe(Parallel parallel, const Mesh& mesh, const std::string& opt
 
 /// How a run of `config` steps `model` in `parallel` over `mesh`: broadcasts
 /// the data-parallel rank 0's parameters over `mesh.dp` (as DDP does), then
-/// builds the optimizer of the layout (for ddp, `optimizer_layout`:
-/// "layerwise" or "replicated"). Collective.
-Stepper make_stepper(Parallel parallel, const Mesh& mesh, Gpt& model, muon::OptimizerConfig config,
-                     const std::string& optimizer_layout);
+/// builds the muon::dist::Layout the config's `layout` field names (set
+/// here from `parallel`; for ddp, `optimizer_layout`: "layerwise" or
+/// "replicated"). Collective.
+std::unique_ptr<muon::dist::Layout> make_layout(Parallel parallel, const Mesh& mesh, Gpt& model,
+                                                muon::OptimizerConfig config,
+                                                const std::string& optimizer_layout);
 
 }  // namespace train_gpt

@@ -376,13 +376,13 @@ int run_rank(const Flags& f) {
       if (f.explain && rank == 0) {
         std::printf("run '%s':\n%s\n", run.c_str(), muon::explain(model->named_parameters(), config).c_str());
       }
-      return train_gpt::make_stepper(parallel, mesh, model, config, f.layout);
+      return train_gpt::make_layout(parallel, mesh, model, config, f.layout);
     };
     auto schedule = [&](torch::optim::Optimizer& opt) -> train_gpt::LrSetter {
       auto s = std::make_shared<muon::WarmupDecaySchedule>(opt, muon::lr_schedule_options(config));
       return [s](int64_t step) { s->set_step(step); };
     };
-    logs.push_back(train_gpt::train(data, o, train_gpt::StepperFactory(factory), dp, schedule));
+    logs.push_back(train_gpt::train(data, o, train_gpt::LayoutFactory(factory), dp, schedule));
   }
   if (rank != 0) return 0;
   if (!f.summary.empty()) train_gpt::write_summary(f.summary, f.parallel, world, logs);

@@ -230,7 +230,7 @@ void add_point(RunLog& log, Progress& p, int64_t step, double train_loss, double
 // checkpoint of another model is named by its flag rather than by a
 // parameter's shape.
 Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist::Group& world,
-                const GptConfig& config, const Stepper& stepper,
+                const GptConfig& config, muon::dist::Layout& layout,
                 const muon::dist::CheckpointOptions& checkpoint_options, const Validation& validation,
                 Gpt& model, RunLog& log) {
   std::string error;
@@ -251,9 +251,7 @@ Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist:
   agree(dp, error,
         "[train_gpt] run '" + o.name + "': another rank could not resume from " + o.resume +
             " (its message says why)");
-  const auto info = muon::dist::load_checkpoint(path, stepper.checkpoint_parameters, *stepper.optimizer,
-                                                stepper.checkpoint_layout, checkpoint_options);
-  if (stepper.after_load) stepper.after_load();
+  const auto info = muon::dist::load_checkpoint(path, layout, checkpoint_options);
   Progress p{info.step, run.tokens, run.seconds, run.optimizer_seconds, run.train_loss_sum, run.train_steps};
   log.points = run.points;
   // The loaded model is the saved one: where the checkpoint's step is a log
@@ -276,11 +274,11 @@ Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist:
 }
 
 // The layout's cost on the most loaded rank.
-void measure_cost(RunLog& log, const Stepper& stepper, Gpt& model, const muon::dist::Group& world,
+void measure_cost(RunLog& log, const muon::dist::Layout& layout, Gpt& model, const muon::dist::Group& world,
                   int64_t steps_taken, int64_t step_bytes) {
-  int64_t parameter_bytes = stepper.extra_parameter_bytes;
+  int64_t parameter_bytes = layout.extra_parameter_bytes();
   for (const auto& p : model->parameters()) parameter_bytes += p.numel() * p.element_size();
-  const auto costs = world.all_gather_ints({muon::optimizer_state_bytes(*stepper.optimizer), parameter_bytes,
+  const auto costs = world.all_gather_ints({layout.state_bytes(), parameter_bytes,
                                             steps_taken > 0 ? step_bytes / steps_taken : 0});
   for (const auto& c : costs) {
     log.cost.optimizer_state_bytes = std::max(log.cost.optimizer_state_bytes, c[0]);
@@ -291,32 +289,17 @@ void measure_cost(RunLog& log, const Stepper& stepper, Gpt& model, const muon::d
 
 }  // namespace
 
-Stepper model_stepper(Gpt& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
-                      std::function<void(const std::vector<at::Tensor>&)> average_gradients,
-                      muon::dist::DistributedLayout layout) {
-  auto opt = std::shared_ptr<torch::optim::Optimizer>(std::move(optimizer));
-  Stepper s;
-  s.optimizer = opt.get();
-  s.zero_grad = [opt] { opt->zero_grad(); };
-  s.reduce_gradients = [average = std::move(average_gradients), params = model->parameters()] {
-    average(params);
-  };
-  s.step = [opt] { opt->step(); };
-  s.checkpoint_parameters = model->named_parameters();
-  s.checkpoint_layout = std::move(layout);
-  s.owner = opt;
-  return s;
-}
-
 RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory& make_optimizer,
              const DataParallel& dp, const ScheduleFactory& make_schedule) {
   auto factory = [&](Gpt& model) {
-    return model_stepper(model, make_optimizer(model), dp.average_gradients, o.distributed);
+    const auto world = o.world.valid() ? o.world : muon::dist::Group::single();
+    return std::make_unique<muon::dist::Layout>(model->named_parameters(), make_optimizer(model),
+                                                muon::dist::LayoutGroups().world(world), o.distributed);
   };
-  return train(data, o, StepperFactory(factory), dp, make_schedule);
+  return train(data, o, LayoutFactory(factory), dp, make_schedule);
 }
 
-RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& make_stepper,
+RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& make_layout,
              const DataParallel& dp, const ScheduleFactory& make_schedule) {
   check_options(o, dp);
   const auto world = o.world.valid()               ? o.world
@@ -333,15 +316,15 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
   GptConfig config = o.model;
   config.vocab_size = data.vocab.size();
   Gpt model(config, tp);
-  const auto stepper = make_stepper(model);
-  auto* opt = stepper.optimizer;
+  const auto layout = make_layout(model);
+  auto* opt = &layout->optimizer();
   const LrSetter before_step = make_schedule ? make_schedule(*opt) : nullptr;
   RunLog log{o.name, {}, {}};
   const Validation validation(data.valid, o.eval_windows, config.context, dp);
 
   Progress p;
   if (!o.resume.empty()) {
-    p = resume(o, dp, world, config, stepper, checkpoint_options, validation, model, log);
+    p = resume(o, dp, world, config, *layout, checkpoint_options, validation, model, log);
   } else {
     log.points.push_back({0, 0, std::numeric_limits<double>::quiet_NaN(), validation.loss(model), 0, 0});
   }
@@ -358,8 +341,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
       dp.all_reduce_sum(sum);
       run.train_loss_sum = sum[0].item<double>() / static_cast<double>(dp.world);
     }
-    muon::dist::save_checkpoint(o.save_dir, stepper.checkpoint_parameters, *opt, step,
-                                stepper.checkpoint_layout, run_to_json(run), checkpoint_options);
+    muon::dist::save_checkpoint(o.save_dir, *layout, step, run_to_json(run), checkpoint_options);
   };
 
   const int64_t tokens_per_step = o.global_batch * config.context;
@@ -378,12 +360,14 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
     if (before_step) before_step(step);
     const auto batch =
         train_batch(data.train, step, o.global_batch, config.context, dp.rank, dp.world, o.seed);
-    stepper.zero_grad();
+    layout->zero_grad();
     auto loss = model->loss(batch);
     loss.backward();
-    if (stepper.reduce_gradients) stepper.reduce_gradients();
+    // An all-reduce of the gradients is timed apart from the optimizer's
+    // step (DDP overlaps it with backward); a reduce-scatter is part of it.
+    if (layout->reduction() == muon::dist::GradientReduction::kAllReduce) layout->reduce_gradients();
     const auto t_opt = Clock::now();
-    stepper.step();
+    layout->step();
     p.opt_seconds += since(t_opt);
     p.seconds += since(t0);
     step_bytes += bytes_sent() - bytes0;
@@ -421,7 +405,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const StepperFactory& m
     }
     if (!o.save_dir.empty()) save(o.steps);
   }
-  measure_cost(log, stepper, model, world, o.steps - p.start, step_bytes);
+  measure_cost(log, *layout, model, world, o.steps - p.start, step_bytes);
   if (!o.out_dir.empty() && world.rank() == 0) write_csv(log, o.out_dir + "/" + o.name + ".csv");
   return log;
 }

@@ -14,6 +14,7 @@
 
 #include "data.h"
 #include "gpt.h"
+#include "muon/dist/layouts/layout.h"
 #include "muon/dist/layouts/make.h"
 #include "muon/dist/runtime/group.h"
 #include "progress.h"
@@ -32,39 +33,6 @@ struct DataParallel {
   int64_t world = 1;
   /// Sums each tensor over the data-parallel ranks, in place (every rank gets the sum).
   std::function<void(std::vector<at::Tensor>&)> all_reduce_sum = [](std::vector<at::Tensor>&) {};
-  /// Averages the parameters' gradients over the ranks, in place (e.g.
-  /// muon::dist::all_reduce_gradients), for optimizers built by an
-  /// OptimizerFactory.
-  std::function<void(const std::vector<at::Tensor>&)> average_gradients =
-      [](const std::vector<at::Tensor>&) {};
-};
-
-/// How a layout steps the model, and what its checkpoints hold.
-struct Stepper {
-  /// The optimizer: the learning-rate schedule sets its rates, and the
-  /// checkpoints hold its state.
-  torch::optim::Optimizer* optimizer = nullptr;
-  /// Clears the gradients before a step's backward.
-  std::function<void()> zero_grad;
-  /// After backward: the gradients averaged over the ranks where the
-  /// layout does it apart from the optimizer (data parallel); may be empty.
-  std::function<void()> reduce_gradients;
-  /// Then the optimizer's step (timed as such), with whatever communication
-  /// the layout's optimizer does (sharded: the reduce-scatter of the
-  /// gradients and the all-gather of the updated rows).
-  std::function<void()> step;
-  /// What checkpoints save and load: parameters by name (the model's, or
-  /// the optimizer's shards of them), laid out as `checkpoint_layout` says.
-  torch::OrderedDict<std::string, at::Tensor> checkpoint_parameters;
-  /// The layout of `checkpoint_parameters` (muon/dist/checkpoints/checkpoint.h).
-  muon::dist::DistributedLayout checkpoint_layout;
-  /// After a checkpoint was loaded into `checkpoint_parameters`: makes the
-  /// model's parameters equal to them (e.g. gathers shards). May be empty.
-  std::function<void()> after_load;
-  /// Bytes of parameters held besides the model's (e.g. master shards).
-  int64_t extra_parameter_bytes = 0;
-  /// Keeps what the members refer to alive.
-  std::shared_ptr<void> owner;
 };
 
 /// How a run trains.
@@ -127,14 +95,9 @@ struct TrainOptions {
 
 /// Builds the optimizer of a run from the model's named parameters.
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(Gpt&)>;
-/// Builds how a run steps from the fresh model.
-using StepperFactory = std::function<Stepper(Gpt&)>;
-
-/// The Stepper of `optimizer` over `model`'s parameters: `average_gradients`
-/// on them as reduce_gradients; checkpoints of the model's parameters in `layout`.
-Stepper model_stepper(Gpt& model, std::unique_ptr<torch::optim::Optimizer> optimizer,
-                      std::function<void(const std::vector<at::Tensor>&)> average_gradients,
-                      muon::dist::DistributedLayout layout);
+/// Builds how a run steps from the fresh model: the layout of its
+/// parameters, gradients, optimizer and checkpoints (muon/dist/layouts/layout.h).
+using LayoutFactory = std::function<std::unique_ptr<muon::dist::Layout>(Gpt&)>;
 
 /// Sets the learning rates for a step (called before each step with its index).
 using LrSetter = std::function<void(int64_t step)>;
@@ -151,12 +114,13 @@ using ScheduleFactory = std::function<LrSetter(torch::optim::Optimizer&)>;
 /// checkpoints, `options.world`). Raises c10::ValueError on every rank for
 /// bad options, a checkpoint that cannot be written or read, or one of
 /// another model shape.
-RunLog train(const Dataset& data, const TrainOptions& options, const StepperFactory& make_stepper,
+RunLog train(const Dataset& data, const TrainOptions& options, const LayoutFactory& make_layout,
              const DataParallel& dp, const ScheduleFactory& make_schedule = nullptr);
 
-/// As above with an optimizer over the model's parameters, gradients
-/// averaged with `dp.average_gradients` before each step, checkpoints of the
-/// model's parameters in `options.distributed`.
+/// As above with an optimizer over the model's parameters, replicated over
+/// `options.world` (gradients all-reduced over it when it has several
+/// ranks; muon::dist::Layout's constructor for an optimizer built
+/// elsewhere), checkpoints of the model's parameters in `options.distributed`.
 RunLog train(const Dataset& data, const TrainOptions& options, const OptimizerFactory& make_optimizer,
              const DataParallel& dp, const ScheduleFactory& make_schedule = nullptr);
 

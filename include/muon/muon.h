@@ -8,6 +8,7 @@
 #include "muon/dist/checkpoints/checkpoint.h"
 #include "muon/dist/layouts/assignment.h"
 #include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/layout.h"
 #include "muon/dist/layouts/make.h"
 #include "muon/dist/layouts/newton_schulz.h"
 #include "muon/dist/layouts/row_shard.h"

@@ -149,6 +149,13 @@ void CompositeOptimizer::check_before_step() {
                           [this](size_t g, size_t i) { return describe(g, i); });
 }
 
+void CompositeOptimizer::set_agreed_by_layout(bool agreed) {
+  StepGuard::set_agreed_by_layout(agreed);
+  for (auto& part : parts_) {
+    if (auto* guard = step_guard(*part.optimizer)) guard->set_agreed_by_layout(agreed);
+  }
+}
+
 std::pair<int64_t, int64_t> CompositeOptimizer::max_over_processes(int64_t code) {
   std::pair<int64_t, int64_t> worst{code, 0};
   for (auto& part : parts_) {

@@ -102,7 +102,8 @@ at::Tensor Muon::step(LossClosure closure) {
   // Options changed or groups added since, gradients, non-finite values:
   // checked for every group before anything changes, agreed over the layout.
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
-  orthogonalizer_->begin_step(param_groups_);
+  // The strategy agrees which parameters step, unless the layout did.
+  if (!agreed_by_layout()) orthogonalizer_->begin_step(param_groups_);
   // Steps 1–6 are detail::muon_step's, on batches of parameters. Those its
   // fused passes take run after the loop, possibly side by side; the others
   // go to the strategy one at a time, or together when it batches: all at

@@ -66,7 +66,7 @@ std::pair<int64_t, int64_t> StepGuard::max_over_processes(int64_t code) { return
 
 bool StepGuard::admit_step(const std::vector<OptimizerParamGroup>& groups, const char* who,
                            const std::function<void()>& local_checks, const Describe& describe) {
-  if (checked_by_owner_) return true;
+  if (checked_by_owner_ || agreed_by_layout_) return true;
   // Every optimizer's step passes here: the BLAS pool follows LibTorch's
   // thread count (a no-op unless that count changed or the user chose one).
   detail::align_blas_threads();

@@ -100,6 +100,8 @@ class CompositeOptimizer : public torch::optim::Optimizer,
   void check_before_step() override;
   /// Agreed over every part that is distributed, in part order.
   std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
+  /// Passes it on to every part.
+  void set_agreed_by_layout(bool agreed) override;
 
   /// One archive: part names, group names and every group's options, plus
   /// each part's own archive nested under "parts/<i>/optimizer".

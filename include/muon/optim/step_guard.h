@@ -85,6 +85,14 @@ class StepGuard {
   void checked_by_owner(bool owned) { checked_by_owner_ = owned; }
   /// See checked_by_owner.
   bool is_checked_by_owner() const { return checked_by_owner_; }
+  /// Marks this optimizer as stepped by a muon::dist::Layout, which agrees
+  /// every step over its processes before calling `step()` (gradients
+  /// present, these checks, the non-finite policy: one collective for the
+  /// whole layout): the step then runs its checks on none of its own, and
+  /// no collective to agree on them. Optimizers made of others pass it on.
+  virtual void set_agreed_by_layout(bool agreed) { agreed_by_layout_ = agreed; }
+  /// See set_agreed_by_layout.
+  bool agreed_by_layout() const { return agreed_by_layout_; }
 
  protected:
   /// Names parameter `index` of group `group` in messages.
@@ -96,7 +104,7 @@ class StepGuard {
   /// policy. The outcome is agreed through `max_over_processes`. Returns true
   /// when the step goes on, false when it is skipped (and counted); raises
   /// c10::ValueError on every process when one of them failed.
-  /// When `is_checked_by_owner()`, returns true at once.
+  /// When `is_checked_by_owner()` or `agreed_by_layout()`, returns true at once.
   bool admit_step(const std::vector<torch::optim::OptimizerParamGroup>& groups, const char* who,
                   const std::function<void()>& local_checks, const Describe& describe = nullptr);
 
@@ -104,6 +112,7 @@ class StepGuard {
   NonFinitePolicy policy_ = NonFinitePolicy::kError;
   int64_t skipped_ = 0;
   bool checked_by_owner_ = false;
+  bool agreed_by_layout_ = false;
 };
 
 /// The step guard of `optimizer` when it is one of this library's; nullptr

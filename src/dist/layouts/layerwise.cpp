@@ -192,6 +192,13 @@ void LayerwiseOptimizer::check_before_step() {
   }
 }
 
+void LayerwiseOptimizer::set_agreed_by_layout(bool agreed) {
+  StepGuard::set_agreed_by_layout(agreed);
+  if (inner_) {
+    if (auto* guard = muon::step_guard(*inner_)) guard->set_agreed_by_layout(agreed);
+  }
+}
+
 std::pair<int64_t, int64_t> LayerwiseOptimizer::max_over_processes(int64_t code) {
   return detail::max_over_groups({&group_}, code);
 }
@@ -240,7 +247,7 @@ at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
     return muon::detail::describe_param(owned_groups[g].params()[i], g, i);
   };
   if (!admit_step(owned_groups, kWho, [this] { check_before_step(); }, describe)) return loss;
-  agree_on_gradients();
+  if (!agreed_by_layout()) agree_on_gradients();
   const auto& mine = buckets_[static_cast<size_t>(group_.rank())];
   const bool overlap = options_.max_in_flight() > 0 && mine.size() > 1;
   if (inner_ && !overlap) inner_->step();

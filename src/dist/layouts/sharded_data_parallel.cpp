@@ -1,5 +1,6 @@
-// Sharded data parallelism (ZeRO-2): bucketed reduce-scatter by all-to-all,
-// the sharded-layout optimizer on this rank's rows, bucketed all-gather.
+// Sharded data parallelism (ZeRO-2): this rank's rows of every parameter,
+// bucketed reduce-scatter by all-to-all, bucketed all-gather; and
+// ShardedDataParallel, the sharded Layout built from a data-parallel group.
 #include "muon/dist/layouts/sharded_data_parallel.h"
 
 #include <c10/util/Exception.h>
@@ -10,8 +11,8 @@
 #include <numeric>
 #include <utility>
 
+#include "dist/layouts/row_shards.h"
 #include "dist/runtime/agreement.h"
-#include "dist/runtime/max_over.h"
 #include "muon/dist/layouts/sharded_muon.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
@@ -21,42 +22,10 @@ namespace muon::dist {
 namespace {
 
 constexpr const char* kWho = "[muon::dist::ShardedDataParallel] ";
+
 constexpr size_t kShownName = 80;  // characters of a parameter name in messages
-constexpr size_t kShownRanks = 8;  // ranks listed in a message
-constexpr int64_t kBitsPerWord = 63;  // bitmask bits per int64 (never the sign bit)
 
 std::string shown(const std::string& name) { return muon::detail::clip(name, kShownName); }
-
-// "[0, 2, 5]", at most kShownRanks of them, then "… (N ranks)".
-std::string rank_list(const std::vector<int64_t>& ranks) {
-  std::string out = "[";
-  for (const auto i : c10::irange(std::min(ranks.size(), kShownRanks))) {
-    if (i > 0) out += ", ";
-    out += std::to_string(ranks[i]);
-  }
-  if (ranks.size() > kShownRanks) out += ", \u2026 (" + std::to_string(ranks.size()) + " ranks)";
-  return out + "]";
-}
-
-// Why a defined gradient cannot be averaged into its parameter's shard.
-enum GradProblem : int64_t { kGradOk = 0, kGradShape, kGradDtype, kGradDevice, kGradLayout };
-
-GradProblem grad_problem(const at::Tensor& param, const at::Tensor& grad) {
-  if (grad.layout() != at::kStrided) return kGradLayout;
-  if (grad.sizes() != param.sizes()) return kGradShape;
-  if (grad.scalar_type() != param.scalar_type()) return kGradDtype;
-  if (grad.device() != param.device()) return kGradDevice;
-  return kGradOk;
-}
-
-const char* problem_text(int64_t problem) {
-  switch (problem) {
-    case kGradShape: return "shape";
-    case kGradDtype: return "dtype";
-    case kGradDevice: return "device";
-    default: return "layout (it must be dense)";
-  }
-}
 
 // Low-precision gradients are summed in fp32.
 at::ScalarType accumulate_type(at::ScalarType t) {
@@ -79,36 +48,32 @@ void pipeline(const std::vector<Bucket>& buckets, const Start& start, const Fini
 
 }  // namespace
 
-ShardedDataParallel::ShardedDataParallel(
-    const torch::OrderedDict<std::string, at::Tensor>& named_parameters, const OptimizerConfig& config,
-    Group dp, std::map<std::string, TensorParallelShard> tensor_parallel,
-    ShardedDataParallelOptions options, const OptimizerRegistry& registry)
-    : params_(named_parameters), options_(options) {
-  TORCH_CHECK_VALUE(dp.valid(), kWho, "dp is invalid (default-constructed); pass the data-parallel "
-                    "group, e.g. muon::dist::init_from_env() or the first group of Group::mesh");
-  TORCH_CHECK_VALUE(options_.bucket_bytes() >= 1, kWho, "bucket_bytes must be >= 1, got ",
-                    options_.bucket_bytes());
-  const auto& layout_kind = config.get_string("layout");
-  TORCH_CHECK_VALUE(layout_kind == "none" || layout_kind == "sharded", kWho, "config field 'layout' is '",
-                    shown(layout_kind), "'; ShardedDataParallel builds the 'sharded' layout itself: "
-                    "leave it 'none' or 'sharded'");
+namespace detail {
+
+RowShards::RowShards(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                     const Group& dp, const TensorParallelShards& tensor_parallel,
+                     TensorParallelMode tp_mode, int64_t bucket_bytes, const char* who)
+    : who_(who), params_(named_parameters) {
+  TORCH_CHECK_VALUE(dp.valid(), who_, "the data-parallel group is invalid (default-constructed); "
+                    "pass one, e.g. muon::dist::init_from_env() or the first group of Group::mesh");
+  TORCH_CHECK_VALUE(bucket_bytes >= 1, who_, "bucket_bytes must be >= 1, got ", bucket_bytes);
   for (const auto& item : named_parameters) {
     const auto& p = item.value();
-    TORCH_CHECK_VALUE(p.defined(), kWho, "parameter '", shown(item.key()), "' is undefined");
-    TORCH_CHECK_VALUE(p.dim() >= 1, kWho, "parameter '", shown(item.key()),
+    TORCH_CHECK_VALUE(p.defined(), who_, "parameter '", shown(item.key()), "' is undefined");
+    TORCH_CHECK_VALUE(p.dim() >= 1, who_, "parameter '", shown(item.key()),
                       "' is 0-d (a scalar); rows cannot be split: give it shape [1]");
   }
   for (const auto& entry : tensor_parallel) {
-    TORCH_CHECK_VALUE(named_parameters.contains(entry.first), kWho, "tensor_parallel names '",
+    TORCH_CHECK_VALUE(named_parameters.contains(entry.first), who_, "tensor_parallel names '",
                       shown(entry.first), "', which is not one of the ", named_parameters.size(),
                       " parameters");
   }
   const int world = dp.size();
   const int rank = dp.rank();
-  check_ranks_agree(dp, detail::parameter_items(named_parameters), kWho,
+  check_ranks_agree(dp, detail::parameter_items(named_parameters), who_,
                     "every rank of the data-parallel group must pass the same named parameters "
                     "(names, shapes, dtypes, order)");
-  check_ranks_agree(dp, detail::value_items(named_parameters), kWho,
+  check_ranks_agree(dp, detail::value_items(named_parameters), who_,
                     "data-parallel replicas must start equal: broadcast them from rank 0 "
                     "(muon::dist::broadcast_parameters) first");
 
@@ -125,23 +90,13 @@ ShardedDataParallel::ShardedDataParallel(
     shards_.insert(name, shard);
     RowShard row_shard(p.sizes().vec(), dp);
     const auto tp = tensor_parallel.find(name);
-    if (tp != tensor_parallel.end()) row_shard.tensor_parallel(tp->second, options_.tp_mode());
+    if (tp != tensor_parallel.end()) row_shard.tensor_parallel(tp->second, tp_mode);
     layout_.row_shards.emplace(name, std::move(row_shard));
     const auto rest = p.sizes().slice(1);
     row_numel_.push_back(std::accumulate(rest.begin(), rest.end(), int64_t{1}, std::multiplies<>()));
     rows_.push_back(std::move(rows));
     offsets_.push_back(std::move(offsets));
     index_.emplace(name, i);
-  }
-
-  // Steps agree over dp and over every TP group (2-D), each once.
-  step_groups_.push_back(dp);
-  for (const auto& entry : tensor_parallel) {
-    const auto& g = entry.second.group();
-    const bool seen = std::any_of(step_groups_.begin(), step_groups_.end(), [&](const Group& s) {
-      return s.name() == g.name() && s.world_ranks() == g.world_ranks();
-    });
-    if (!seen) step_groups_.push_back(g);
   }
 
   // Buckets: parameters in order, by dtype and device, each up to bucket_bytes.
@@ -152,7 +107,7 @@ ShardedDataParallel::ShardedDataParallel(
     const auto key = c10::str(p.scalar_type(), "@", p.device());
     const auto bytes = static_cast<int64_t>(p.nbytes());
     auto it = std::find_if(open.begin(), open.end(), [&](const auto& o) { return o.first == key; });
-    if (it == open.end() || filled[it->second] + bytes > options_.bucket_bytes()) {
+    if (it == open.end() || filled[it->second] + bytes > bucket_bytes) {
       buckets_.push_back({});
       filled.push_back(0);
       if (it == open.end()) {
@@ -165,98 +120,34 @@ ShardedDataParallel::ShardedDataParallel(
     filled[it->second] += bytes;
   }
 
-  auto sharded_config = config;
-  sharded_config.set("layout", "sharded");
-  optimizer_ = make_optimizer(shards_, sharded_config, layout_, registry);
 }
 
-ShardedDataParallel::~ShardedDataParallel() = default;
-ShardedDataParallel::ShardedDataParallel(ShardedDataParallel&&) = default;
-ShardedDataParallel& ShardedDataParallel::operator=(ShardedDataParallel&&) = default;
-
-size_t ShardedDataParallel::index_of(const std::string& name) const {
+size_t RowShards::index_of(const std::string& name) const {
   const auto it = index_.find(name);
-  TORCH_CHECK_VALUE(it != index_.end(), kWho, "no parameter named '", shown(name), "' (there are ",
+  TORCH_CHECK_VALUE(it != index_.end(), who_, "no parameter named '", shown(name), "' (there are ",
                     params_.size(), ")");
   return it->second;
 }
 
-const std::vector<int64_t>& ShardedDataParallel::rows_per_rank(const std::string& name) const {
+const std::vector<int64_t>& RowShards::rows_per_rank(const std::string& name) const {
   return rows_[index_of(name)];
 }
 
-int64_t ShardedDataParallel::row_offset(const std::string& name) const {
+int64_t RowShards::row_offset(const std::string& name) const {
   return offsets_[index_of(name)][static_cast<size_t>(group().rank())];
 }
 
-int64_t ShardedDataParallel::parameter_bytes() const {
+int64_t RowShards::shard_bytes() const {
   int64_t bytes = 0;
-  for (const auto i : c10::irange(params_.size())) {
-    bytes += static_cast<int64_t>(params_[i].value().nbytes() + shards_[i].value().nbytes());
-  }
+  for (const auto& item : shards_) bytes += static_cast<int64_t>(item.value().nbytes());
   return bytes;
 }
 
-int64_t ShardedDataParallel::state_bytes() const { return muon::optimizer_state_bytes(*optimizer_); }
-
-void ShardedDataParallel::zero_grad() {
-  for (auto& item : params_) item.value().mutable_grad() = at::Tensor();
-  clear_shard_grads();
-}
-
-void ShardedDataParallel::clear_shard_grads() {
+void RowShards::clear_shard_grads() {
   for (auto& item : shards_) item.value().mutable_grad() = at::Tensor();
 }
 
-std::vector<bool> ShardedDataParallel::exchange_grad_mask(std::string& error) const {
-  const auto n = params_.size();
-  const auto words = (static_cast<int64_t>(n) + kBitsPerWord - 1) / kBitsPerWord;
-  // [first parameter whose gradient does not fit (or -1), its problem, mask words...]
-  std::vector<int64_t> mine(static_cast<size_t>(2 + words), 0);
-  mine[0] = -1;
-  for (const auto i : c10::irange(n)) {
-    const auto& p = params_[i].value();
-    const auto& g = p.grad();
-    if (!g.defined()) continue;
-    mine[static_cast<size_t>(2 + static_cast<int64_t>(i) / kBitsPerWord)] |=
-        int64_t{1} << (static_cast<int64_t>(i) % kBitsPerWord);
-    const auto problem = grad_problem(p, g);
-    if (problem != kGradOk && mine[0] < 0) {
-      mine[0] = static_cast<int64_t>(i);
-      mine[1] = problem;
-    }
-  }
-  const auto all = group().all_gather_ints(mine);
-  for (const auto r : c10::irange(all.size())) {
-    if (all[r][0] < 0) continue;
-    const auto i = static_cast<size_t>(all[r][0]);
-    const auto& p = params_[i].value();
-    error = c10::str(kWho, "the gradient of parameter '", shown(params_[i].key()), "' (shape ",
-                     p.sizes(), ", ", p.scalar_type(), ") on rank ", r, " has another ",
-                     problem_text(all[r][1]), " than the parameter");
-    return {};
-  }
-  std::vector<bool> active(n, false);
-  for (const auto i : c10::irange(n)) {
-    const auto word = static_cast<size_t>(2 + static_cast<int64_t>(i) / kBitsPerWord);
-    const auto bit = int64_t{1} << (static_cast<int64_t>(i) % kBitsPerWord);
-    std::vector<int64_t> with;
-    std::vector<int64_t> without;
-    for (const auto r : c10::irange(all.size())) {
-      ((all[r][word] & bit) != 0 ? with : without).push_back(static_cast<int64_t>(r));
-    }
-    if (!with.empty() && !without.empty()) {
-      error = c10::str(kWho, "parameter '", shown(params_[i].key()), "' has a gradient on ranks ",
-                       rank_list(with), " and none on ranks ", rank_list(without),
-                       "; every rank of the data-parallel group must produce it, or none");
-      return {};
-    }
-    active[i] = !with.empty();
-  }
-  return active;
-}
-
-void ShardedDataParallel::reduce_scatter(const std::vector<bool>& active) {
+void RowShards::reduce_scatter(const std::vector<bool>& active) {
   const auto world = static_cast<size_t>(group().size());
   const auto me = static_cast<size_t>(group().rank());
   struct InFlight {
@@ -314,27 +205,7 @@ void ShardedDataParallel::reduce_scatter(const std::vector<bool>& active) {
   pipeline(buckets_, start, finish);
 }
 
-std::string ShardedDataParallel::find_nonfinite() const {
-  int64_t first = -1;
-  for (const auto i : c10::irange(shards_.size())) {
-    const auto& g = shards_[i].value().grad();
-    if (g.defined() && g.numel() > 0 && !muon::detail::all_finite(g)) {
-      first = static_cast<int64_t>(i);
-      break;
-    }
-  }
-  const auto all = group().all_gather_ints({first});
-  for (const auto r : c10::irange(all.size())) {
-    if (all[r][0] < 0) continue;
-    const auto i = static_cast<size_t>(all[r][0]);
-    return c10::str(kWho, "non-finite gradient (NaN or Inf) in parameter '", shown(params_[i].key()),
-                    "' (shape ", params_[i].value().sizes(), "), in the rows rank ", r,
-                    " holds after averaging over the data-parallel group; nothing was updated");
-  }
-  return "";
-}
-
-void ShardedDataParallel::all_gather(const std::vector<bool>& active) {
+void RowShards::all_gather(const std::vector<bool>& active) {
   const auto world = static_cast<size_t>(group().size());
   const auto me = static_cast<size_t>(group().rank());
   struct InFlight {
@@ -384,57 +255,61 @@ void ShardedDataParallel::all_gather(const std::vector<bool>& active) {
   pipeline(buckets_, start, finish);
 }
 
-void ShardedDataParallel::gather_parameters() {
-  all_gather(std::vector<bool>(params_.size(), true));
+}  // namespace detail
+
+namespace {
+
+OptimizerConfig sharded_config(const OptimizerConfig& config) {
+  const auto& kind = config.get_string("layout");
+  TORCH_CHECK_VALUE(kind == "none" || kind == "sharded", kWho, "config field 'layout' is '",
+                    shown(kind), "'; ShardedDataParallel builds the 'sharded' layout itself: "
+                    "leave it 'none' or 'sharded'");
+  auto out = config;
+  out.set("layout", "sharded");
+  return out;
 }
 
-void ShardedDataParallel::step() {
-  at::NoGradGuard no_grad;
-  clear_shard_grads();
-  std::string error;
-  const auto active = exchange_grad_mask(error);
-  if (error.empty()) reduce_scatter(active);
-
-  auto* guard = muon::step_guard(*optimizer_);
-  const auto policy = guard != nullptr ? guard->nonfinite() : NonFinitePolicy::kPropagate;
-  bool skip = false;
-  if (error.empty() && policy != NonFinitePolicy::kPropagate) {
-    auto nonfinite = find_nonfinite();
-    if (!nonfinite.empty()) {
-      if (policy == NonFinitePolicy::kSkipStep) {
-        skip = true;
-      } else {
-        error = std::move(nonfinite);
-      }
-    }
-  }
-  // 2-D: a data-parallel group that raises or skips stops its TP peers in
-  // other data-parallel groups from stepping (and waiting for it).
-  if (step_groups_.size() > 1) {
-    constexpr int64_t kSkip = 1;
-    constexpr int64_t kFail = 2;
-    const int64_t code = !error.empty() ? kFail : skip ? kSkip : 0;
-    std::vector<const Group*> groups;
-    for (const auto& g : step_groups_) groups.push_back(&g);
-    const auto [agreed, who] = detail::max_over_groups(groups, code);
-    if (agreed == kFail && error.empty()) {
-      error = c10::str(kWho, "rank ", who, " of group '", group().name(),
-                       "' or a tensor-parallel peer failed this step's checks (its message names "
-                       "the parameter); nothing was updated");
-    }
-    if (agreed == kSkip) skip = true;
-  }
-  if (!error.empty()) {
-    clear_shard_grads();
-    TORCH_CHECK_VALUE(false, error);
-  }
-  if (skip) {
-    clear_shard_grads();
-    ++skipped_steps_;
-    return;
-  }
-  optimizer_->step();
-  all_gather(active);
+LayoutGroups sharded_groups(const Group& dp, TensorParallelShards tensor_parallel,
+                            const ShardedDataParallelOptions& options) {
+  TORCH_CHECK_VALUE(dp.valid(), kWho, "dp is invalid (default-constructed); pass the data-parallel "
+                    "group, e.g. muon::dist::init_from_env() or the first group of Group::mesh");
+  TORCH_CHECK_VALUE(options.bucket_bytes() >= 1, kWho, "bucket_bytes must be >= 1, got ",
+                    options.bucket_bytes());
+  return LayoutGroups()
+      .dp(dp)
+      .tensor_parallel(std::move(tensor_parallel))
+      .bucket_bytes(options.bucket_bytes())
+      .tp_mode(options.tp_mode());
 }
+
+}  // namespace
+
+ShardedDataParallel::ShardedDataParallel(
+    const torch::OrderedDict<std::string, at::Tensor>& named_parameters, const OptimizerConfig& config,
+    Group dp, std::map<std::string, TensorParallelShard> tensor_parallel,
+    ShardedDataParallelOptions options, const OptimizerRegistry& registry)
+    : Layout(named_parameters, sharded_config(config), sharded_groups(dp, std::move(tensor_parallel), options),
+             registry),
+      options_(options) {
+  set_who(kWho);
+}
+
+const torch::OrderedDict<std::string, at::Tensor>& ShardedDataParallel::shards() const {
+  return rows().shards();
+}
+
+const std::vector<int64_t>& ShardedDataParallel::rows_per_rank(const std::string& name) const {
+  return rows().rows_per_rank(name);
+}
+
+int64_t ShardedDataParallel::row_offset(const std::string& name) const { return rows().row_offset(name); }
+
+int64_t ShardedDataParallel::parameter_bytes() const {
+  int64_t bytes = rows().shard_bytes();
+  for (const auto& item : parameters()) bytes += static_cast<int64_t>(item.value().nbytes());
+  return bytes;
+}
+
+size_t ShardedDataParallel::bucket_count() const { return rows().bucket_count(); }
 
 }  // namespace muon::dist

@@ -69,6 +69,7 @@
 #include <optional>
 #include <string>
 
+#include "muon/dist/layouts/layout.h"
 #include "muon/dist/layouts/make.h"
 #include "muon/dist/runtime/group.h"
 
@@ -128,6 +129,18 @@ CheckpointInfo load_checkpoint(const std::string& path,
                                const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                                torch::optim::Optimizer& optimizer,
                                const DistributedLayout& layout = {},
+                               const CheckpointOptions& options = {});
+
+/// save_checkpoint of a Layout: its checkpoint_parameters() and optimizer
+/// in its checkpoint_layout(), over `options.group()` or, when that is
+/// invalid, the layout's world. Collective as save_checkpoint.
+std::string save_checkpoint(const std::string& dir, Layout& layout, int64_t step,
+                            const std::string& extra = "", const CheckpointOptions& options = {});
+
+/// load_checkpoint into a Layout (any layout and world size wrote it), then
+/// Layout::parameters_loaded() (the sharded layout gathers its rows into
+/// the parameters). Collective as load_checkpoint.
+CheckpointInfo load_checkpoint(const std::string& path, Layout& layout,
                                const CheckpointOptions& options = {});
 
 /// The newest complete checkpoint in directory `dir` (its manifest read, no

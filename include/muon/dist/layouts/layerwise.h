@@ -102,6 +102,8 @@ class LayerwiseOptimizer : public torch::optim::Optimizer,
   void check_before_step() override;
   /// Collective over the group.
   std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
+  /// Passes it on to the inner optimizer.
+  void set_agreed_by_layout(bool agreed) override;
 
   /// This rank's inner state and options, with the layout it belongs to.
   void save(torch::serialize::OutputArchive& archive) const override;

@@ -57,10 +57,10 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "muon/config.h"
+#include "muon/dist/layouts/layout.h"
 #include "muon/dist/layouts/make.h"
 #include "muon/dist/layouts/tensor_parallel.h"
 #include "muon/dist/layouts/tensor_parallel_shard.h"
@@ -84,9 +84,11 @@ struct ShardedDataParallelOptions {
   TORCH_ARG(TensorParallelMode, tp_mode) = TensorParallelMode::kDistributed;
 };
 
-/// ZeRO-2 data parallelism over `dp` (see the top of this header). Holds
-/// references to the full parameters it was given (the model's tensors)
-/// and owns the master shards and the optimizer over them.
+/// ZeRO-2 data parallelism over `dp` (see the top of this header): the
+/// Layout of kind "sharded" (muon/dist/layouts/layout.h) built from a
+/// data-parallel group, with accessors of its rows. Holds references to the
+/// full parameters it was given (the model's tensors) and owns the master
+/// shards and the optimizer over them.
 ///
 /// Construction is collective over `dp` (and the TP groups): the ranks
 /// compare their parameter names, shapes and dtypes, the checksums of their
@@ -97,61 +99,37 @@ struct ShardedDataParallelOptions {
 /// (naming it), a `tensor_parallel` entry naming no parameter, a config
 /// `layout` other than "none" or "sharded", a bad option (naming it and its
 /// value), and anything make_optimizer raises.
-class ShardedDataParallel {
+///
+/// `step()` (Layout::step) agrees, averages the full parameters' gradients
+/// over `dp` into the shards' gradients, steps the optimizer on the shards
+/// and all-gathers the updated rows into the full parameters (in place,
+/// without autograd). A parameter without a gradient is skipped; it must
+/// lack one on every rank, else every rank raises the same c10::ValueError
+/// naming it and the ranks that have one. Whenever it raises or skips, and
+/// when the optimizer raises, the full parameters are unchanged.
+class ShardedDataParallel : public Layout {
  public:
   ShardedDataParallel(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                       const OptimizerConfig& config, Group dp,
                       std::map<std::string, TensorParallelShard> tensor_parallel = {},
                       ShardedDataParallelOptions options = {},
                       const OptimizerRegistry& registry = OptimizerRegistry::global());
-  ~ShardedDataParallel();
-  ShardedDataParallel(ShardedDataParallel&&);
-  ShardedDataParallel& operator=(ShardedDataParallel&&);
-  ShardedDataParallel(const ShardedDataParallel&) = delete;
-  ShardedDataParallel& operator=(const ShardedDataParallel&) = delete;
-
-  /// Averages the full parameters' gradients over `dp` into the shards'
-  /// gradients, steps the optimizer on the shards and all-gathers the
-  /// updated rows into the full parameters (in place, without autograd).
-  /// Collective over `dp` (and the TP groups). A parameter without a
-  /// gradient is skipped; it must lack one on every rank, else every rank
-  /// raises the same c10::ValueError naming it and the ranks that have one.
-  /// A gradient of another shape, dtype, device or layout than its
-  /// parameter raises on every rank naming the parameter and the rank. A
-  /// non-finite averaged gradient raises (naming the parameter), skips the
-  /// step on every rank (counted in `skipped_steps()`) or propagates, as the
-  /// optimizer's non-finite policy says. Whenever it raises or skips, and
-  /// when the optimizer raises, the full parameters are unchanged.
-  void step();
-
-  /// Sets the gradients of the full parameters and of the shards to
-  /// undefined (as torch's `zero_grad(set_to_none=true)`). Not collective.
-  void zero_grad();
 
   /// Copies every rank's shards into the full parameters (collective over
   /// `dp`): after loading a checkpoint into `shards()`, or after changing
   /// them in any other way.
-  void gather_parameters();
-
-  /// The optimizer over the shards (for learning-rate schedules and
-  /// checkpoints). Its `step()` alone does not update the full parameters.
-  torch::optim::Optimizer& optimizer() { return *optimizer_; }
-  /// The optimizer over the shards.
-  const torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  void gather_parameters() { parameters_loaded(); }
   /// This rank's master shards (its rows of every parameter), by parameter
   /// name, in the order given.
-  const torch::OrderedDict<std::string, at::Tensor>& shards() const { return shards_; }
-  /// The full parameters, by name, in the order given (the tensors passed in).
-  const torch::OrderedDict<std::string, at::Tensor>& parameters() const { return params_; }
+  const torch::OrderedDict<std::string, at::Tensor>& shards() const;
   /// group = dp and a RowShard (global shape, dp) for every parameter, with
   /// its tensor-parallel block where it has one: what save_checkpoint and
   /// load_checkpoint take with `shards()`.
-  const DistributedLayout& layout() const { return layout_; }
+  const DistributedLayout& layout() const { return checkpoint_layout(); }
   /// The data-parallel group.
-  const Group& group() const { return layout_.group; }
+  const Group& group() const { return dp(); }
   /// The options it was built with.
   const ShardedDataParallelOptions& options() const { return options_; }
-
   /// Rows of parameter `name` held by each rank of `dp`, in rank order.
   /// Raises c10::ValueError naming an unknown `name`.
   const std::vector<int64_t>& rows_per_rank(const std::string& name) const;
@@ -160,43 +138,11 @@ class ShardedDataParallel {
   int64_t row_offset(const std::string& name) const;
   /// Bytes of this rank's full parameters plus its master shards.
   int64_t parameter_bytes() const;
-  /// Bytes of this rank's optimizer state (muon::optimizer_state_bytes).
-  int64_t state_bytes() const;
-  /// Steps skipped for a non-finite gradient under the skip_step policy.
-  int64_t skipped_steps() const { return skipped_steps_; }
   /// Number of buckets each step's reduce-scatter (and all-gather) uses.
-  size_t bucket_count() const { return buckets_.size(); }
+  size_t bucket_count() const;
 
  private:
-  struct Bucket {
-    std::vector<size_t> members;  // indices into the parameters, in order
-  };
-  size_t index_of(const std::string& name) const;
-  // Checks which gradients are defined and that they fit their parameters,
-  // agreed over dp: the parameters to step, or a message (the same on every
-  // rank of dp) when a rank's gradients differ.
-  std::vector<bool> exchange_grad_mask(std::string& error) const;
-  // Sets the shards' gradients to the dp average of the active gradients.
-  void reduce_scatter(const std::vector<bool>& active);
-  // The first shard gradient that is not finite, agreed over dp: a message,
-  // or empty.
-  std::string find_nonfinite() const;
-  // Copies the active parameters' shards of every rank into the full parameters.
-  void all_gather(const std::vector<bool>& active);
-  void clear_shard_grads();
-
-  torch::OrderedDict<std::string, at::Tensor> params_;
-  torch::OrderedDict<std::string, at::Tensor> shards_;
-  std::vector<std::vector<int64_t>> rows_;     // per parameter: rows of every rank
-  std::vector<std::vector<int64_t>> offsets_;  // per parameter: first row of every rank
-  std::vector<int64_t> row_numel_;             // per parameter: elements per row
-  std::unordered_map<std::string, size_t> index_;
-  std::vector<Bucket> buckets_;
-  std::vector<Group> step_groups_;  // dp, then the distinct TP groups
-  DistributedLayout layout_;
   ShardedDataParallelOptions options_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  int64_t skipped_steps_ = 0;
 };
 
 }  // namespace muon::dist
