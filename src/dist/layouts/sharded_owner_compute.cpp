@@ -6,11 +6,11 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
-#include <deque>
 #include <map>
 #include <tuple>
 #include <utility>
 
+#include "dist/layouts/pipeline.h"
 #include "dist/layouts/sharded_internal.h"
 #include "muon/dist/layouts/sharded_muon.h"
 
@@ -30,33 +30,21 @@ class ShardedOrthogonalizer::OwnerComputeGroup {
         me_(static_cast<size_t>(group_.rank())),
         batches_(batches_of(g, active)) {}
 
-  // The batches in order, with up to `ahead` forwards (and as many returns)
-  // in flight beyond the one being orthogonalized.
+  // The batches in order: forwards travel up to `ahead` batches beyond the
+  // one being orthogonalized; each batch's return is started when it is
+  // orthogonalized, and up to max(ahead, 1) returns travel while later
+  // batches are.
   void run(size_t ahead) {
-    const auto nb = batches_.size();
-    std::deque<PendingCollective> forward;
-    std::deque<std::pair<size_t, PendingCollective>> backward;
-    size_t launched = 0;
-    auto launch_forward_upto = [&](size_t limit) {
-      while (launched < nb && launched < limit) forward.push_back(start_forward(launched++));
+    auto apply_returned = [&](size_t b, const std::vector<at::Tensor>& returned) {
+      apply(b, returned.at(0));
     };
-    launch_forward_upto(1 + ahead);
-    for (size_t b = 0; b < nb; ++b) {
-      const auto received = forward.front().wait()[0];
-      forward.pop_front();
-      launch_forward_upto(b + 2 + ahead);  // keep the next batches travelling
-      backward.emplace_back(b, orthogonalize_and_return(b, received));
-      while (backward.size() > std::max<size_t>(ahead, 1)) {
-        auto [done, pending] = std::move(backward.front());
-        backward.pop_front();
-        apply(done, pending.wait()[0]);
-      }
-    }
-    while (!backward.empty()) {
-      auto [done, pending] = std::move(backward.front());
-      backward.pop_front();
-      apply(done, pending.wait()[0]);
-    }
+    detail::Pipeline<decltype(apply_returned)> backward(std::max<size_t>(ahead, 1), apply_returned);
+    detail::run_pipeline(
+        batches_.size(), ahead + 1, [&](size_t b) { return start_forward(b); },
+        [&](size_t b, const std::vector<at::Tensor>& received) {
+          backward.push(b, orthogonalize_and_return(b, received.at(0)));
+        });
+    backward.drain();
   }
 
  private:
