@@ -77,10 +77,12 @@ detail::BatchKey batch_key(const OrthogonalizeItem& item, const MatrixView& v) {
 
 class LocalOrthogonalizer final : public Orthogonalizer {
  public:
+  // Muon's own update on whole matrices: fused passes where they apply, the
+  // rest handed over in batches of a few megabatches.
+  LocalOrthogonalizer()
+      : Orthogonalizer(Traits{/*empty_parts=*/false, /*fuses=*/true,
+                              /*call_elements=*/4 * detail::kMaxBatchElements}) {}
   std::string name() const override { return "local"; }
-  bool fuses() const override { return true; }
-  bool batches() const override { return true; }
-  int64_t max_pending_elements() const override { return 4 * detail::kMaxBatchElements; }
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override {
     std::vector<MatrixView> views;
     std::vector<detail::BatchKey> keys;
