@@ -11,6 +11,7 @@
 
 #include "muon/compat.h"
 #include "optim/archive_kind.h"
+#include "optim/closure.h"
 #include "optim/muon_fused.h"
 
 namespace muon {
@@ -94,11 +95,7 @@ void Muon::check_group(size_t index) const {
 
 at::Tensor Muon::step(LossClosure closure) {
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = muon::detail::loss_of(closure);
   // Options changed or groups added since, gradients, non-finite values:
   // checked for every group before anything changes, agreed over the layout.
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;

@@ -18,6 +18,7 @@
 #include "muon/optim/state_bytes.h"
 #include "muon/scaling.h"
 #include "optim/archive_kind.h"
+#include "optim/closure.h"
 
 namespace muon::dist {
 namespace {
@@ -219,12 +220,8 @@ void LayerwiseOptimizer::agree_on_gradients() const {
 }
 
 at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   at::NoGradGuard no_grad;
+  at::Tensor loss = muon::detail::loss_of(closure);
   // This rank checks the parameters it owns; the outcome is agreed over the
   // group before any rank changes anything.
   static const std::vector<OptimizerParamGroup> kNoGroups;
