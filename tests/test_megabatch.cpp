@@ -14,6 +14,7 @@
 #include "kernels/symmetric.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/muon.h"
+#include "optim/muon_fused.h"
 #include "optim/muon_internal.h"
 #include "util/worker_pool.h"
 
@@ -237,6 +238,37 @@ TEST(WorkerPool, BusyOrNestedCallsRunNothingAndReturnFalse) {
   EXPECT_FALSE(nested.load());
   EXPECT_FALSE(other.load());
   EXPECT_FALSE(detail::run_on_workers(1, [](int) {}));  // one worker: nothing to share
+}
+
+// The one key every path batches by: shape, dtype and Newton–Schulz options
+// (across param groups unless a layout keeps them apart), a layout's split,
+// fused-QKV matrices alone; groups in order of first appearance.
+TEST(Megabatch, BatchKeyGroupsInOrderOfFirstAppearance) {
+  const MuonOptions a(0.02);
+  const MuonOptions b(0.01);  // another group, the same Newton–Schulz options
+  MuonOptions c(0.02);
+  c.ns().steps(3);
+  using detail::BatchKey;
+  const auto key = [](int64_t rows, const MuonOptions& o) {
+    BatchKey k;
+    k.rows = rows;
+    k.cols = 8;
+    k.options = &o;
+    return k;
+  };
+  using G = std::vector<std::vector<size_t>>;
+  EXPECT_EQ(detail::group_by_key({key(4, a), key(6, a), key(4, b), key(4, c), key(6, b)}),
+            (G{{0, 2}, {1, 4}, {3}}));
+  auto apart = key(4, b);
+  apart.by_group = true;
+  auto bf16 = key(4, a);
+  bf16.dtype = at::kBFloat16;
+  auto split = key(4, a);
+  split.split = {1, 0};
+  auto alone = key(4, a);
+  alone.alone = true;
+  EXPECT_EQ(detail::group_by_key({key(4, a), apart, bf16, split, alone, key(4, a)}),
+            (G{{0, 5}, {1}, {2}, {3}, {4}}));
 }
 
 }  // namespace

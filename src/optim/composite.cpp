@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "optim/archive_kind.h"
+#include "optim/closure.h"
 #include "util/names.h"
 
 namespace muon {
@@ -201,12 +202,8 @@ const std::vector<std::string>& CompositeOptimizer::group_names(size_t group) co
 }
 
 at::Tensor CompositeOptimizer::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   at::NoGradGuard no_grad;
+  at::Tensor loss = muon::detail::loss_of(closure);
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); },
                   [this](size_t g, size_t i) { return describe(g, i); })) {
     return loss;

@@ -12,6 +12,7 @@
 
 #include "muon/compat.h"
 #include "optim/archive_kind.h"
+#include "optim/closure.h"
 
 namespace muon {
 namespace {
@@ -104,11 +105,7 @@ Lion::Lion(std::vector<at::Tensor> params, LionOptions defaults)
 
 at::Tensor Lion::step(LossClosure closure) {
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = muon::detail::loss_of(closure);
   // A scheduler or a direct edit may have changed options since: every group
   // is checked before any is stepped.
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;

@@ -11,6 +11,7 @@
 
 #include "muon/compat.h"
 #include "optim/archive_kind.h"
+#include "optim/closure.h"
 #include "optim/muon_fused.h"
 
 namespace muon {
@@ -78,8 +79,8 @@ void Muon::check_group(size_t index) const {
                       "); Muon orthogonalizes matrices (ndim >= 2). Give vectors and scalars "
                       "(biases, norm gains) to AdamW, e.g. with muon::MuonWithAdamW "
                       "(muon/optim/hybrid.h), which routes them by shape and name");
-    TORCH_CHECK_VALUE(orthogonalizer_->allows_empty() || p.numel() > 0, kWho, "parameter ", j, " of group ", index,
-                      " has zero size (shape ", p.sizes(), ")");
+    TORCH_CHECK_VALUE(orthogonalizer_->traits().empty_parts || p.numel() > 0, kWho, "parameter ",
+                      j, " of group ", index, " has zero size (shape ", p.sizes(), ")");
     TORCH_CHECK_VALUE(at::isFloatingType(p.scalar_type()), kWho, "parameter ", j, " of group ",
                       index, " must have a floating dtype, got ", p.scalar_type());
     if (!split.empty()) {
@@ -94,11 +95,7 @@ void Muon::check_group(size_t index) const {
 
 at::Tensor Muon::step(LossClosure closure) {
   at::NoGradGuard no_grad;
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  at::Tensor loss = muon::detail::loss_of(closure);
   // Options changed or groups added since, gradients, non-finite values:
   // checked for every group before anything changes, agreed over the layout.
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
@@ -106,16 +103,14 @@ at::Tensor Muon::step(LossClosure closure) {
   if (!agreed_by_layout()) orthogonalizer_->begin_step(param_groups_);
   // Steps 1–6 are detail::muon_step's, on batches of parameters. Those its
   // fused passes take run after the loop, possibly side by side; the others
-  // go to the strategy one at a time, or together when it batches: all at
-  // once, or in turns of max_pending_elements() (a tensor is in one group
-  // only: check_steppable).
-  const bool fuses = orthogonalizer_->fuses() && stage_ == nullptr;
-  const bool batches = orthogonalizer_->batches();
+  // go to the strategy in the calls its traits ask for (a tensor is in one
+  // group only: check_steppable).
+  const auto& traits = orthogonalizer_->traits();
+  const bool fuses = traits.fuses && stage_ == nullptr;
   const detail::MuonStepPasses tensor_ops{/*fused=*/false, orthogonalizer_.get(), stage_.get(),
                                           nullptr};
   std::vector<detail::MuonStepItem> fused;
   std::vector<detail::MuonStepItem> pending;
-  const int64_t limit = batches ? orthogonalizer_->max_pending_elements() : 0;
   int64_t pending_elements = 0;
   for (const auto gi : c10::irange(param_groups_.size())) {
     auto& group = param_groups_[gi];
@@ -132,14 +127,14 @@ at::Tensor Muon::step(LossClosure closure) {
       }
       pending_elements += p.numel();
       pending.push_back(std::move(item));
-      if (!batches || (limit >= 0 && pending_elements >= limit)) {
+      if (traits.call_elements >= 0 && pending_elements >= traits.call_elements) {
         detail::muon_step(pending, tensor_ops);
         pending.clear();
         pending_elements = 0;
       }
     }
   }
-  if (batches) detail::muon_step(pending, tensor_ops);  // collective: called even with no item
+  detail::muon_step(pending, tensor_ops);  // collective: called even with no item
   if (!fused.empty()) {
     if (!scratch_) scratch_ = std::make_shared<detail::FusedScratch>();
     detail::run_fused(std::move(fused), *scratch_);

@@ -45,17 +45,17 @@ struct Batch {
   double cost = 0;
 };
 
-bool same_batch_key(const MuonStepItem& a, const MuonStepItem& b) {
-  return a.view.rows == b.view.rows && a.view.cols == b.view.cols &&
-         (a.options == b.options || a.options->ns() == b.options->ns());
-}
-
 // The fused items' megabatches (make_batches), with their sizes and costs;
 // the items move into them.
 std::vector<Batch> batches_of(std::vector<MuonStepItem>& items, int ways) {
+  std::vector<BatchKey> keys;
+  keys.reserve(items.size());
+  for (const auto& item : items) {
+    keys.push_back({item.view.rows, item.view.cols, item.param.scalar_type(),
+                    item.param.device(), item.options});
+  }
   const auto runs = make_batches(
-      items.size(), [&](size_t i, size_t j) { return same_batch_key(items[i], items[j]); },
-      [&](size_t i) { return items[i].view.batch; },
+      keys, [&](size_t i) { return items[i].view.batch; },
       [&](size_t i) { return items[i].view.rows * items[i].view.cols; }, ways);
   std::vector<Batch> batches;
   for (const auto& run : runs) {
@@ -260,21 +260,32 @@ void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) 
   }
 }
 
-std::vector<std::vector<size_t>> make_batches(size_t count,
-                                              const std::function<bool(size_t, size_t)>& same,
-                                              const std::function<int64_t(size_t)>& matrices,
-                                              const std::function<int64_t(size_t)>& matrix_elements,
-                                              int ways) {
+bool same_batch(const BatchKey& a, const BatchKey& b) {
+  return !a.alone && !b.alone && a.rows == b.rows && a.cols == b.cols && a.dtype == b.dtype &&
+         a.device == b.device && a.split == b.split &&
+         (a.options == b.options ||
+          (!a.by_group && !b.by_group && a.options->ns() == b.options->ns()));
+}
+
+std::vector<std::vector<size_t>> group_by_key(const std::vector<BatchKey>& keys) {
   std::vector<std::vector<size_t>> groups;
-  for (size_t j = 0; j < count; ++j) {
+  for (size_t j = 0; j < keys.size(); ++j) {
     auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return same(g.front(), j); });
+                           [&](const auto& g) { return same_batch(keys[g.front()], keys[j]); });
     if (it == groups.end()) {
       groups.push_back({j});
     } else {
       it->push_back(j);
     }
   }
+  return groups;
+}
+
+std::vector<std::vector<size_t>> make_batches(const std::vector<BatchKey>& keys,
+                                              const std::function<int64_t(size_t)>& matrices,
+                                              const std::function<int64_t(size_t)>& matrix_elements,
+                                              int ways) {
+  const auto groups = group_by_key(keys);
   std::vector<std::vector<size_t>> runs;
   for (const auto& group : groups) {
     int64_t total = 0;

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/ArrayRef.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -34,15 +35,42 @@ MatrixView matrix_view(const at::Tensor& param, const MuonOptions& options);
 /// large matrix.
 constexpr int64_t kMaxBatchElements = int64_t{1} << 21;
 
-/// Megabatches: the indices of `count` items, grouped and cut. Item j joins
-/// the group of the first earlier item i with same(i, j), else starts one;
-/// each group, in order, is cut into runs of whole items holding at most
-/// kMaxBatchElements elements and, when the group has that many matrices,
-/// at most 1/`ways` of them (so that `ways` threads can share it). An item
-/// holds matrices(i) matrices of matrix_elements(i) elements. The result
-/// depends only on the items and `ways`.
-std::vector<std::vector<size_t>> make_batches(size_t count,
-                                              const std::function<bool(size_t, size_t)>& same,
+/// What matrices must share to be orthogonalized as one batch, the one key
+/// every path groups by (Muon's fused passes, the local strategy, the
+/// owner-compute row-shard strategy): their shape, dtype and device, their
+/// Newton–Schulz options, and what a layout adds.
+struct BatchKey {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  at::ScalarType dtype = at::kFloat;
+  /// Left at its default by layouts whose processes must form the same
+  /// batches (devices may differ between processes).
+  at::Device device = at::kCPU;
+  /// The options of the matrix's param group: keys match when they are the
+  /// same options, or (unless `by_group`) have equal Newton–Schulz options.
+  const MuonOptions* options = nullptr;
+  /// Keep param groups apart: only the same options match.
+  bool by_group = false;
+  /// How a layout splits the matrix, which must match too (zeros for a
+  /// whole matrix; a tensor-parallel mode and partition dim).
+  std::array<int64_t, 2> split{};
+  /// Never batched (a fused-QKV matrix: one call per block).
+  bool alone = false;
+};
+
+/// Whether matrices under `a` and `b` go in one batch.
+bool same_batch(const BatchKey& a, const BatchKey& b);
+
+/// The indices of `keys` grouped by same_batch with each group's first
+/// member: groups in order of first appearance, members in order.
+std::vector<std::vector<size_t>> group_by_key(const std::vector<BatchKey>& keys);
+
+/// Megabatches: group_by_key's groups, each, in order, cut into runs of whole
+/// items holding at most kMaxBatchElements elements and, when the group has
+/// that many matrices, at most 1/`ways` of them (so that `ways` threads can
+/// share it). An item holds matrices(i) matrices of matrix_elements(i)
+/// elements. The result depends only on the items and `ways`.
+std::vector<std::vector<size_t>> make_batches(const std::vector<BatchKey>& keys,
                                               const std::function<int64_t(size_t)>& matrices,
                                               const std::function<int64_t(size_t)>& matrix_elements,
                                               int ways);

@@ -68,29 +68,32 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
 // as Muon's fused passes batch theirs: the fixed costs of a call are paid
 // once per batch. Each matrix gives the bits it would alone. Fused-QKV
 // items keep one call per block.
-bool same_batch(const OrthogonalizeItem& a, const MatrixView& va, const OrthogonalizeItem& b,
-                const MatrixView& vb) {
-  return a.options->split_sizes().empty() && b.options->split_sizes().empty() &&
-         va.rows == vb.rows && va.cols == vb.cols &&
-         a.update.scalar_type() == b.update.scalar_type() &&
-         a.update.device() == b.update.device() &&
-         (a.options == b.options || a.options->ns() == b.options->ns());
+detail::BatchKey batch_key(const OrthogonalizeItem& item, const MatrixView& v) {
+  detail::BatchKey key{v.rows, v.cols, item.update.scalar_type(), item.update.device(),
+                       item.options};
+  key.alone = !item.options->split_sizes().empty();
+  return key;
 }
 
 class LocalOrthogonalizer final : public Orthogonalizer {
  public:
+  // Muon's own update on whole matrices: fused passes where they apply, the
+  // rest handed over in batches of a few megabatches.
+  LocalOrthogonalizer()
+      : Orthogonalizer(Traits{/*empty_parts=*/false, /*fuses=*/true,
+                              /*call_elements=*/4 * detail::kMaxBatchElements}) {}
   std::string name() const override { return "local"; }
-  bool fuses() const override { return true; }
-  bool batches() const override { return true; }
-  int64_t max_pending_elements() const override { return 4 * detail::kMaxBatchElements; }
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override {
     std::vector<MatrixView> views;
+    std::vector<detail::BatchKey> keys;
     views.reserve(items.size());
-    for (auto& item : items) views.push_back(detail::matrix_view(item.param, *item.options));
+    keys.reserve(items.size());
+    for (auto& item : items) {
+      views.push_back(detail::matrix_view(item.param, *item.options));
+      keys.push_back(batch_key(item, views.back()));
+    }
     const auto runs = detail::make_batches(
-        items.size(),
-        [&](size_t i, size_t j) { return same_batch(items[i], views[i], items[j], views[j]); },
-        [&](size_t i) { return views[i].batch; },
+        keys, [&](size_t i) { return views[i].batch; },
         [&](size_t i) { return views[i].rows * views[i].cols; }, /*ways=*/1);
     for (const auto& run : runs) {
       auto& first = items[run.front()];

@@ -70,9 +70,49 @@ enum class PartSum {
 
 /// The strategy that orthogonalizes `Muon`'s updates (see the top of this
 /// header). Implementations are held by the optimizer, not derived from it.
+///
+/// One operation, `orthogonalize`, like Ceres's `LinearSolver::Solve`; what
+/// `Muon` needs to know about a strategy to drive it is a plain `Traits`
+/// value given at construction, not a virtual. The other virtuals are the
+/// points where a distributed strategy must communicate or validate:
+///
+///   name                archives record the layout a state belongs to
+///   attach, begin_step  distributed strategies exchange and check their
+///                       layouts (collective), once and before every step
+///   max_over_processes  the checks before a step agree over the processes
+///                       of the layout (muon/optim/step_guard.h)
+///   check_options       what options a layout cannot apply (per group)
+///   orthogonalize       the operation itself
+///   sum_parts           whole-matrix statistics of split matrices, for the
+///                       update stages (NorMuon / AdaMuon)
 class Orthogonalizer {
  public:
+  /// How `Muon` hands a step's parameters to the strategy, fixed for the
+  /// strategy's lifetime.
+  struct Traits {
+    /// Parameters of zero size are valid (empty blocks or shards of a split
+    /// matrix); otherwise `Muon` rejects them.
+    bool empty_parts = false;
+    /// Steps 1–6 of a contiguous fp32 CPU parameter may run as Muon's fused
+    /// passes instead of `orthogonalize`: true only where the update is
+    /// Muon's own Newton–Schulz on whole matrices of this process.
+    bool fuses = false;
+    /// `Muon` hands the waiting parameters over once they hold at least this
+    /// many elements (0: each parameter alone; more: batches, bounding the
+    /// updates alive at once), and the rest at the end of the step, in a
+    /// call made even when none waits. -1: every parameter of a step in that
+    /// one last call (collective strategies that batch need that).
+    int64_t call_elements = 0;
+  };
+
+  /// A strategy that `Muon` hands one parameter at a time, none empty.
+  Orthogonalizer() = default;
+  /// A strategy driven as `traits` says.
+  explicit Orthogonalizer(Traits traits) : traits_(traits) {}
   virtual ~Orthogonalizer() = default;
+
+  /// How `Muon` drives this strategy (see Traits).
+  const Traits& traits() const { return traits_; }
 
   /// A short name, written in archives ("local", "tensor_parallel", "sharded").
   virtual std::string name() const = 0;
@@ -91,20 +131,6 @@ class Orthogonalizer {
   /// Raises c10::ValueError, naming group `group`, for options this strategy
   /// cannot apply (e.g. fused-QKV splits on row shards).
   virtual void check_options(const MuonOptions& options, size_t group) const;
-  /// Whether parameters of zero size are valid (empty blocks or shards).
-  virtual bool allows_empty() const { return false; }
-  /// Whether steps 1–6 of a contiguous fp32 CPU parameter may run as Muon's
-  /// fused passes: true only where the update is Muon's own, on whole
-  /// matrices of this process.
-  virtual bool fuses() const { return false; }
-  /// Whether `orthogonalize` takes every parameter of a step in one call (to
-  /// batch matrices and overlap communication); otherwise one parameter a call.
-  virtual bool batches() const { return false; }
-  /// For a strategy that batches: once the parameters waiting for a call
-  /// hold this many elements, `Muon` hands them over without waiting for
-  /// the rest of the step (bounding the updates alive at once). -1: every
-  /// parameter of a step in one call (collective strategies need that).
-  virtual int64_t max_pending_elements() const { return -1; }
   /// Writes `orth`, `alpha`, `rows` and `cols` of every item. Collective for
   /// distributed strategies: every process of a group passes its parts of
   /// the same matrices in the same order.
@@ -114,6 +140,9 @@ class Orthogonalizer {
   /// For a kRows sum, `partial` has one entry per local row. The default
   /// (whole matrices) leaves it as it is. Collective where parts are split.
   virtual void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const;
+
+ private:
+  Traits traits_;
 };
 
 /// Whole matrices on this process: `muon::newton_schulz` on each parameter's

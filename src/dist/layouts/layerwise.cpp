@@ -9,15 +9,16 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
-#include <deque>
 #include <functional>
 #include <utility>
 
+#include "dist/layouts/pipeline.h"
 #include "dist/runtime/max_over.h"
 #include "muon/dist/layouts/assignment.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/scaling.h"
 #include "optim/archive_kind.h"
+#include "optim/closure.h"
 
 namespace muon::dist {
 namespace {
@@ -226,12 +227,8 @@ void LayerwiseOptimizer::agree_on_gradients() const {
 }
 
 at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
-  at::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   at::NoGradGuard no_grad;
+  at::Tensor loss = muon::detail::loss_of(closure);
   // This rank checks the parameters it owns; the outcome is agreed over the
   // group before any rank changes anything.
   static const std::vector<OptimizerParamGroup> kNoGroups;
@@ -265,29 +262,24 @@ at::Tensor LayerwiseOptimizer::step(LossClosure closure) {
       params_[static_cast<size_t>(owned_[j])].mutable_grad() = grads[j];
     }
   };
-  std::deque<std::pair<size_t, PendingCollective>> in_flight;
+  // Bucket k: the inner step on its gradients (with overlap), then its
+  // all-gather, which travels while the next buckets are computed.
+  auto start = [&](size_t k) {
+    if (overlap && k < mine.size()) {
+      for (const auto i : owned_) params_[static_cast<size_t>(i)].mutable_grad() = at::Tensor();
+      for (const auto& e : mine[k]) {
+        const auto j = std::lower_bound(owned_.begin(), owned_.end(), e.param) - owned_.begin();
+        params_[static_cast<size_t>(e.param)].mutable_grad() = grads[static_cast<size_t>(j)];
+      }
+      inner_->step();
+    }
+    return start_gather(k);
+  };
+  auto finish = [&](size_t k, const std::vector<at::Tensor>& gathered) { unpack(k, gathered); };
   try {
-    for (const auto k : c10::irange(bucket_bytes_.size())) {
-      if (overlap && k < mine.size()) {
-        for (const auto i : owned_) params_[static_cast<size_t>(i)].mutable_grad() = at::Tensor();
-        for (const auto& e : mine[k]) {
-          const auto j = std::lower_bound(owned_.begin(), owned_.end(), e.param) - owned_.begin();
-          params_[static_cast<size_t>(e.param)].mutable_grad() = grads[static_cast<size_t>(j)];
-        }
-        inner_->step();
-      }
-      in_flight.emplace_back(k, start_gather(k));
-      while (static_cast<int64_t>(in_flight.size()) > std::max<int64_t>(options_.max_in_flight(), 0)) {
-        auto [done, pending] = std::move(in_flight.front());
-        in_flight.pop_front();
-        unpack(done, pending.wait());
-      }
-    }
-    while (!in_flight.empty()) {
-      auto [done, pending] = std::move(in_flight.front());
-      in_flight.pop_front();
-      unpack(done, pending.wait());
-    }
+    detail::run_pipeline(bucket_bytes_.size(),
+                         static_cast<size_t>(std::max<int64_t>(options_.max_in_flight(), 0)), start,
+                         finish);
   } catch (...) {
     restore_grads();
     throw;

@@ -92,7 +92,8 @@ std::string ShardedMuon::archive_kind() const { return "muon::dist::ShardedMuon"
 // ---- the strategy ------------------------------------------------------------
 
 ShardedOrthogonalizer::ShardedOrthogonalizer(ShardedOptions options)
-    : options_(std::move(options)) {
+    : Orthogonalizer(Traits{/*empty_parts=*/true, /*fuses=*/false, /*call_elements=*/-1}),
+      options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_.max_in_flight() >= 0, kWho, "max_in_flight must be >= 0, got ",
                     options_.max_in_flight());
 }

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <utility>
 
+#include "dist/layouts/pipeline.h"
 #include "dist/layouts/row_shards.h"
 #include "dist/runtime/agreement.h"
 #include "muon/dist/layouts/sharded_muon.h"
@@ -30,20 +31,6 @@ std::string shown(const std::string& name) { return muon::detail::clip(name, kSh
 // Low-precision gradients are summed in fp32.
 at::ScalarType accumulate_type(at::ScalarType t) {
   return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
-}
-
-// Runs `finish` on what `start` began for every bucket in order, with the
-// next bucket's collective started before the current one is finished.
-template <typename Bucket, typename Start, typename Finish>
-void pipeline(const std::vector<Bucket>& buckets, const Start& start, const Finish& finish) {
-  if (buckets.empty()) return;
-  auto current = start(buckets.front());
-  for (const auto k : c10::irange(buckets.size())) {
-    decltype(current) next;
-    if (k + 1 < buckets.size()) next = start(buckets[k + 1]);
-    finish(current);
-    current = std::move(next);
-  }
 }
 
 }  // namespace
@@ -153,11 +140,11 @@ void RowShards::reduce_scatter(const std::vector<bool>& active) {
   struct InFlight {
     std::vector<size_t> members;
     int64_t recv = 0;  // elements of my rows of the members
-    PendingCollective pending;
   };
-  auto start = [&](const Bucket& bucket) {
-    InFlight f;
-    for (const auto i : bucket.members) {
+  std::vector<InFlight> stages(buckets_.size());
+  auto start = [&](size_t k) -> PendingCollective {
+    auto& f = stages[k];
+    for (const auto i : buckets_[k].members) {
       if (active[i]) f.members.push_back(i);
     }
     std::vector<int64_t> send(world, 0);
@@ -173,17 +160,17 @@ void RowShards::reduce_scatter(const std::vector<bool>& active) {
     }
     for (const auto i : f.members) f.recv += rows_[i][me] * row_numel_[i];
     const auto total = std::accumulate(send.begin(), send.end(), int64_t{0});
-    if (total == 0) return f;  // nothing to exchange on any rank (all agree)
+    if (total == 0) return {};  // nothing to exchange on any rank (all agree)
     const auto& first = params_[f.members.front()].value();
     const auto input = pieces.empty() ? at::empty({0}, first.options().requires_grad(false))
                                       : at::cat(pieces);
-    f.pending = group().all_to_all_async(input, send, std::vector<int64_t>(world, f.recv));
-    return f;
+    return group().all_to_all_async(input, send, std::vector<int64_t>(world, f.recv));
   };
-  auto finish = [&](InFlight& f) {
+  auto finish = [&](size_t k, const std::vector<at::Tensor>& results) {
+    const auto& f = stages[k];
     at::Tensor sum;
-    if (f.pending.valid()) {
-      const auto received = f.pending.wait().at(0);
+    if (!results.empty()) {
+      const auto& received = results.at(0);
       const auto type = received.scalar_type();
       // Every rank's copy of my rows, summed in rank order, then averaged.
       sum = received.narrow(0, 0, f.recv).to(accumulate_type(type), /*non_blocking=*/false, /*copy=*/true);
@@ -202,46 +189,41 @@ void RowShards::reduce_scatter(const std::vector<bool>& active) {
     }
   };
   // The next bucket's all-to-all runs while this one is summed.
-  pipeline(buckets_, start, finish);
+  detail::run_pipeline(buckets_.size(), /*depth=*/1, start, finish);
 }
 
 void RowShards::all_gather(const std::vector<bool>& active) {
   const auto world = static_cast<size_t>(group().size());
   const auto me = static_cast<size_t>(group().rank());
-  struct InFlight {
-    std::vector<size_t> members;
-    PendingCollective pending;
-  };
-  auto start = [&](const Bucket& bucket) {
-    InFlight f;
-    for (const auto i : bucket.members) {
-      if (active[i]) f.members.push_back(i);
+  std::vector<std::vector<size_t>> members(buckets_.size());
+  auto start = [&](size_t k) -> PendingCollective {
+    auto& f = members[k];
+    for (const auto i : buckets_[k].members) {
+      if (active[i]) f.push_back(i);
     }
     // Ranks hold different numbers of rows: every rank pads to the largest.
     int64_t largest = 0;
     for (const auto r : c10::irange(world)) {
       int64_t count = 0;
-      for (const auto i : f.members) count += rows_[i][r] * row_numel_[i];
+      for (const auto i : f) count += rows_[i][r] * row_numel_[i];
       largest = std::max(largest, count);
     }
-    if (largest == 0) return f;
-    const auto& first = shards_[f.members.front()].value();
+    if (largest == 0) return {};
+    const auto& first = shards_[f.front()].value();
     auto buffer = at::zeros({largest}, first.options().requires_grad(false));
     int64_t pos = 0;
-    for (const auto i : f.members) {
+    for (const auto i : f) {
       const auto n = rows_[i][me] * row_numel_[i];
       if (n > 0) buffer.narrow(0, pos, n).copy_(shards_[i].value().detach().reshape({-1}));
       pos += n;
     }
-    f.pending = group().all_gather_async(buffer);
-    return f;
+    return group().all_gather_async(buffer);
   };
-  auto finish = [&](InFlight& f) {
-    if (!f.pending.valid()) return;
-    const auto gathered = f.pending.wait();
+  auto finish = [&](size_t k, const std::vector<at::Tensor>& gathered) {
+    if (gathered.empty()) return;
     for (const auto r : c10::irange(world)) {
       int64_t pos = 0;
-      for (const auto i : f.members) {
+      for (const auto i : members[k]) {
         const auto rows = rows_[i][r];
         const auto n = rows * row_numel_[i];
         if (n == 0) continue;
@@ -252,7 +234,7 @@ void RowShards::all_gather(const std::vector<bool>& active) {
     }
   };
   at::NoGradGuard no_grad;
-  pipeline(buckets_, start, finish);
+  detail::run_pipeline(buckets_.size(), /*depth=*/1, start, finish);
 }
 
 }  // namespace detail

@@ -6,13 +6,12 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
-#include <deque>
-#include <map>
-#include <tuple>
 #include <utility>
 
+#include "dist/layouts/pipeline.h"
 #include "dist/layouts/sharded_internal.h"
 #include "muon/dist/layouts/sharded_muon.h"
+#include "optim/muon_fused.h"
 
 namespace muon::dist {
 
@@ -30,56 +29,50 @@ class ShardedOrthogonalizer::OwnerComputeGroup {
         me_(static_cast<size_t>(group_.rank())),
         batches_(batches_of(g, active)) {}
 
-  // The batches in order, with up to `ahead` forwards (and as many returns)
-  // in flight beyond the one being orthogonalized.
+  // The batches in order: forwards travel up to `ahead` batches beyond the
+  // one being orthogonalized; each batch's return is started when it is
+  // orthogonalized, and up to max(ahead, 1) returns travel while later
+  // batches are.
   void run(size_t ahead) {
-    const auto nb = batches_.size();
-    std::deque<PendingCollective> forward;
-    std::deque<std::pair<size_t, PendingCollective>> backward;
-    size_t launched = 0;
-    auto launch_forward_upto = [&](size_t limit) {
-      while (launched < nb && launched < limit) forward.push_back(start_forward(launched++));
+    auto apply_returned = [&](size_t b, const std::vector<at::Tensor>& returned) {
+      apply(b, returned.at(0));
     };
-    launch_forward_upto(1 + ahead);
-    for (size_t b = 0; b < nb; ++b) {
-      const auto received = forward.front().wait()[0];
-      forward.pop_front();
-      launch_forward_upto(b + 2 + ahead);  // keep the next batches travelling
-      backward.emplace_back(b, orthogonalize_and_return(b, received));
-      while (backward.size() > std::max<size_t>(ahead, 1)) {
-        auto [done, pending] = std::move(backward.front());
-        backward.pop_front();
-        apply(done, pending.wait()[0]);
-      }
-    }
-    while (!backward.empty()) {
-      auto [done, pending] = std::move(backward.front());
-      backward.pop_front();
-      apply(done, pending.wait()[0]);
-    }
+    detail::Pipeline<decltype(apply_returned)> backward(std::max<size_t>(ahead, 1), apply_returned);
+    detail::run_pipeline(
+        batches_.size(), ahead + 1, [&](size_t b) { return start_forward(b); },
+        [&](size_t b, const std::vector<at::Tensor>& received) {
+          backward.push(b, orthogonalize_and_return(b, received.at(0)));
+        });
+    backward.drain();
   }
 
  private:
   const at::Tensor& update(size_t i) const { return items_[i]->update; }
 
-  // Batches: same (rows, cols, dtype), in order of first appearance.
+  // Batches: same (rows, cols, dtype) and param group, in order of first
+  // appearance (muon::detail::BatchKey).
   std::vector<std::vector<size_t>> batches_of(size_t g, const std::vector<size_t>& active) const {
-    std::vector<std::vector<size_t>> batches;
-    // TP blocks batch by their whole matrix and layout, so that every TP rank
-    // forms the same batches in the same order (their blocks may differ).
-    std::map<std::tuple<size_t, int64_t, int64_t, int, int64_t, int64_t, int64_t>, size_t> batch_of;
+    std::vector<size_t> members;
+    std::vector<muon::detail::BatchKey> keys;
     for (const auto i : active) {
       const auto& l = self_.layout_[i];
       if (l.group_index != static_cast<int64_t>(g)) continue;
-      const size_t pg = l.param_group;
-      const auto key = l.tp ? std::make_tuple(pg, l.scale_rows, l.scale_cols,
-                                              static_cast<int>(update(i).scalar_type()), int64_t{1},
-                                              static_cast<int64_t>(l.tp_mode), l.tp_dim)
-                            : std::make_tuple(pg, l.rows, l.cols, static_cast<int>(update(i).scalar_type()),
-                                              int64_t{0}, int64_t{0}, int64_t{0});
-      const auto [it, fresh] = batch_of.emplace(key, batches.size());
-      if (fresh) batches.emplace_back();
-      batches[it->second].push_back(i);
+      // TP blocks batch by their whole matrix and layout, so that every TP
+      // rank forms the same batches in the same order (their blocks may
+      // differ). The device is left out: it may differ between ranks.
+      muon::detail::BatchKey key;
+      key.rows = l.tp ? l.scale_rows : l.rows;
+      key.cols = l.tp ? l.scale_cols : l.cols;
+      key.dtype = update(i).scalar_type();
+      key.options = items_[i]->options;
+      key.by_group = true;
+      if (l.tp) key.split = {1 + static_cast<int64_t>(l.tp_mode), l.tp_dim};
+      members.push_back(i);
+      keys.push_back(key);
+    }
+    auto batches = muon::detail::group_by_key(keys);
+    for (auto& batch : batches) {
+      for (auto& k : batch) k = members[k];
     }
     return batches;
   }

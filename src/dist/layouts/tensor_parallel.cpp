@@ -111,7 +111,9 @@ void detail::sum_block_parts(at::Tensor& partial, PartSum what, TensorParallelMo
 }
 
 TensorParallelOrthogonalizer::TensorParallelOrthogonalizer(TensorParallelOptions tp)
-    : tp_(std::move(tp)), local_(make_local_orthogonalizer()) {}
+    : Orthogonalizer(Traits{/*empty_parts=*/true, /*fuses=*/false, /*call_elements=*/0}),
+      tp_(std::move(tp)),
+      local_(make_local_orthogonalizer()) {}
 
 void TensorParallelOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param_groups) {
   // Which declared shards are parameters of this optimizer, in group order.

@@ -96,7 +96,9 @@ struct ShardedOptions {
 /// TP group); a mismatch raises c10::ValueError on every rank naming the
 /// first difference (muon/dist/runtime/agreement.h). `begin_step`,
 /// `orthogonalize` and `sum_parts` are collective too; a parameter must have
-/// a gradient on every rank of its group or on none.
+/// a gradient on every rank of its group or on none. Shards may be empty (a
+/// rank without rows); `Muon` hands over every parameter of a step in one
+/// call, so that the batches and their collectives are the same on every rank.
 class ShardedOrthogonalizer final : public Orthogonalizer {
  public:
   /// The strategy for the shards `options` declares (every parameter of
@@ -112,9 +114,6 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
   /// which parameters are experts is fixed at `attach` (turning it on or off
   /// afterwards raises).
   void check_options(const MuonOptions& options, size_t group) const override;
-  /// Shards may be empty (a rank without rows).
-  bool allows_empty() const override { return true; }
-  bool batches() const override { return true; }
   /// Collective over every group of the layout (muon/optim/step_guard.h).
   std::pair<int64_t, int64_t> max_over_processes(int64_t code) const override;
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override;

@@ -92,6 +92,9 @@ struct TensorParallelOptions {
 /// ranks exchange their block shapes and the options of the shard's param
 /// group, and raise together on a mismatch, naming it);
 /// `orthogonalize` and `sum_parts` are collective over a shard's group.
+/// Empty blocks are valid (a matrix with fewer rows than ranks); empty
+/// parameters that are not shards are rejected in `attach`. `Muon` hands
+/// over one parameter at a time.
 class TensorParallelOrthogonalizer final : public Orthogonalizer {
  public:
   /// The strategy for the shards `tp` declares.
@@ -99,9 +102,6 @@ class TensorParallelOrthogonalizer final : public Orthogonalizer {
 
   std::string name() const override { return "tensor_parallel"; }
   void attach(const std::vector<torch::optim::OptimizerParamGroup>& groups) override;
-  /// Empty blocks are valid (a matrix with fewer rows than ranks); empty
-  /// parameters that are not shards are rejected in `attach`.
-  bool allows_empty() const override { return true; }
   /// Collective over every group of the layout (muon/optim/step_guard.h).
   std::pair<int64_t, int64_t> max_over_processes(int64_t code) const override;
   /// Collective over every shard's group: the ranks agree on which shards
