@@ -93,16 +93,14 @@ void expect_layout_equals(const Named& reference, const OptimizerConfig& c,
   auto opt = muon::dist::make_optimizer(named, c, layout);
   for (int64_t s = 0; s < 3; ++s) {
     for (size_t k = 0; k < kModel.size(); ++k) {
-      auto g = full_grad(k, s);
-      if (!rows[k].empty()) g = muon::dist::local_rows(g, rows[k], group.rank());
-      named[kModel[k].first].mutable_grad() = g;
+      named[kModel[k].first].mutable_grad() = muon::test::rows_or_whole(full_grad(k, s), rows[k], group.rank());
     }
     opt->step();
   }
   // As the layer-wise test: the same computation up to summation order.
   for (size_t k = 0; k < kModel.size(); ++k) {
     const auto& whole = reference[kModel[k].first];
-    const auto expected = rows[k].empty() ? whole.detach() : muon::dist::local_rows(whole.detach(), rows[k], group.rank());
+    const auto expected = muon::test::rows_or_whole(whole.detach(), rows[k], group.rank());
     EXPECT_LE(relative(named[kModel[k].first].detach(), expected, whole), 1e-5) << what << " " << kModel[k].first;
   }
 }
