@@ -17,6 +17,7 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
+#include "expect_util.h"
 #include "muon/dist/layouts/layerwise.h"
 #include "muon/dist/layouts/make.h"
 #include "muon/dist/layouts/tensor_parallel_shard.h"
@@ -277,23 +278,12 @@ TEST(DistMakeGrouped, BadSettingsNameTheGroupAndTheKey) {
   typo.names = {"blocks.0.fc2.weight"};
   typo.params = {named["blocks.0.fc2.weight"]};
   typo.settings = {{"momentun", 0.9}};
-  try {
+  const auto make_good_and_typo = [&] {
     muon::dist::make_grouped_optimizer({good, typo}, config("none"), DistributedLayout());
-    FAIL() << "no error";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    EXPECT_NE(msg.find("param group 1"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("did you mean 'momentum'"), std::string::npos) << msg;
-  }
+  };
+  muon::test::expect_value_error(make_good_and_typo, {"param group 1", "did you mean 'momentum'"});
   typo.settings = {{"momentum", 1.5}};
-  try {
-    muon::dist::make_grouped_optimizer({good, typo}, config("none"), DistributedLayout());
-    FAIL() << "no error";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    EXPECT_NE(msg.find("momentum"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("1.5"), std::string::npos) << msg;
-  }
+  muon::test::expect_value_error(make_good_and_typo, {"momentum", "1.5"});
   auto twice = good;  // the same tensor in two groups
   twice.names = {"again"};
   EXPECT_THROW(muon::dist::make_grouped_optimizer({good, twice}, config("none"), DistributedLayout()),
