@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dist_util.h"
+#include "expect_util.h"
 #include "muon/dist/checkpoints/checkpoint.h"
 #include "muon/dist/layouts/sharded_data_parallel.h"
 #include "muon/optim/state_bytes.h"
@@ -519,20 +520,10 @@ TEST(DataParallel, GradientOfAnotherShapeRaisesOnEveryRank) {
   expect_same_error_everywhere(caught, {"'blocks.0.proj.weight'", "rank 1", "shape"});
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::ValueError& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 TEST(DataParallel, BadArgumentsRaiseNamingThem) {
   auto named = make_params(kModel);
   const auto single = Group::single();
-  auto message = error_of([&] {
+  auto message = muon::test::error_of([&] {
     ShardedDataParallel dp(named, muon_config(), single, {}, ShardedDataParallelOptions().bucket_bytes(0));
   });
   EXPECT_NE(message.find("bucket_bytes"), std::string::npos) << message;
@@ -541,25 +532,25 @@ TEST(DataParallel, BadArgumentsRaiseNamingThem) {
 
   Named scalar;
   scalar.insert("temperature", at::ones({}).requires_grad_(true));
-  message = error_of([&] { ShardedDataParallel dp(scalar, muon_config(), single); });
+  message = muon::test::error_of([&] { ShardedDataParallel dp(scalar, muon_config(), single); });
   EXPECT_NE(message.find("'temperature'"), std::string::npos) << message;
   EXPECT_NE(message.find("0-d"), std::string::npos) << message;
 
-  message = error_of([&] { ShardedDataParallel dp(named, muon_config(), Group()); });
+  message = muon::test::error_of([&] { ShardedDataParallel dp(named, muon_config(), Group()); });
   EXPECT_NE(message.find("dp is invalid"), std::string::npos) << message;
 
-  message = error_of([&] {
+  message = muon::test::error_of([&] {
     ShardedDataParallel dp(named, muon_config().set("layout", "layerwise"), single);
   });
   EXPECT_NE(message.find("'layerwise'"), std::string::npos) << message;
 
   std::map<std::string, muon::dist::TensorParallelShard> tp{
       {"no.such.weight", muon::dist::TensorParallelShard({4, 4}, 0, single)}};
-  message = error_of([&] { ShardedDataParallel dp(named, muon_config(), single, tp); });
+  message = muon::test::error_of([&] { ShardedDataParallel dp(named, muon_config(), single, tp); });
   EXPECT_NE(message.find("'no.such.weight'"), std::string::npos) << message;
 
   ShardedDataParallel dp(named, muon_config(), single);
-  message = error_of([&] { dp.rows_per_rank("missing.weight"); });
+  message = muon::test::error_of([&] { dp.rows_per_rank("missing.weight"); });
   EXPECT_NE(message.find("'missing.weight'"), std::string::npos) << message;
 }
 
