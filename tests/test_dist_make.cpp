@@ -94,7 +94,8 @@ void expect_layout_equals(const Named& reference, const OptimizerConfig& c,
   auto opt = muon::dist::make_optimizer(named, c, layout);
   for (int64_t s = 0; s < 3; ++s) {
     for (size_t k = 0; k < kModel.size(); ++k) {
-      named[kModel[k].first].mutable_grad() = muon::test::rows_or_whole(full_grad(k, s), rows[k], group.rank());
+      named[kModel[k].first].mutable_grad() =
+          muon::test::rows_or_whole(full_grad(k, s), rows[k], group.rank());
     }
     opt->step();
   }
