@@ -22,14 +22,9 @@ import time
 import torch
 
 import isa_mask  # bench/isa_mask.py
+from compare_newton_schulz import COEFFICIENT_SETS
 
-QUINTIC = [
-    (4.0848, -6.8946, 2.9270),
-    (3.9505, -6.3029, 2.6377),
-    (3.7418, -5.5913, 2.3037),
-    (2.8769, -3.1427, 1.2046),
-    (2.8366, -3.0525, 1.2012),
-]
+QUINTIC = COEFFICIENT_SETS["quintic"]["coefficients"]
 MODELS = {
     "25m": [(1536, 512), (512, 512), (2048, 512), (512, 2048)] * 8,
     "64x128x128": [(128, 128)] * 64,

@@ -144,68 +144,51 @@ std::string nearest_name(const std::string& name, const std::vector<std::string>
 
 // ---- FieldSpec -----------------------------------------------------------------
 
-FieldSpec FieldSpec::boolean(std::string name, bool def, std::string doc) {
+namespace {
+// A field of `type` with its default, doc and numeric bounds; what every
+// FieldSpec factory starts from.
+FieldSpec field_spec(std::string name, FieldType type, FieldValue def, std::string doc,
+                     std::optional<double> min = std::nullopt,
+                     std::optional<double> max = std::nullopt) {
   FieldSpec f;
   f.name = std::move(name);
-  f.type = FieldType::kBool;
-  f.default_value = def;
+  f.type = type;
+  f.default_value = std::move(def);
   f.doc = std::move(doc);
+  f.min = min;
+  f.max = max;
   return f;
+}
+}  // namespace
+
+FieldSpec FieldSpec::boolean(std::string name, bool def, std::string doc) {
+  return field_spec(std::move(name), FieldType::kBool, def, std::move(doc));
 }
 
 FieldSpec FieldSpec::integer(std::string name, int64_t def, std::string doc,
                              std::optional<double> min, std::optional<double> max) {
-  FieldSpec f;
-  f.name = std::move(name);
-  f.type = FieldType::kInt;
-  f.default_value = def;
-  f.doc = std::move(doc);
-  f.min = min;
-  f.max = max;
-  return f;
+  return field_spec(std::move(name), FieldType::kInt, def, std::move(doc), min, max);
 }
 
 FieldSpec FieldSpec::real(std::string name, double def, std::string doc, std::optional<double> min,
                           std::optional<double> max) {
-  FieldSpec f;
-  f.name = std::move(name);
-  f.type = FieldType::kDouble;
-  f.default_value = def;
-  f.doc = std::move(doc);
-  f.min = min;
-  f.max = max;
-  return f;
+  return field_spec(std::move(name), FieldType::kDouble, def, std::move(doc), min, max);
 }
 
 FieldSpec FieldSpec::text(std::string name, std::string def, std::string doc,
                           std::vector<std::string> choices) {
-  FieldSpec f;
-  f.name = std::move(name);
-  f.type = FieldType::kString;
-  f.default_value = std::move(def);
-  f.doc = std::move(doc);
+  FieldSpec f = field_spec(std::move(name), FieldType::kString, std::move(def), std::move(doc));
   f.choices = std::move(choices);
   return f;
 }
 
 FieldSpec FieldSpec::int_list(std::string name, std::vector<int64_t> def, std::string doc,
                               std::optional<double> min) {
-  FieldSpec f;
-  f.name = std::move(name);
-  f.type = FieldType::kIntList;
-  f.default_value = std::move(def);
-  f.doc = std::move(doc);
-  f.min = min;
-  return f;
+  return field_spec(std::move(name), FieldType::kIntList, std::move(def), std::move(doc), min);
 }
 
 FieldSpec FieldSpec::string_list(std::string name, std::vector<std::string> def, std::string doc) {
-  FieldSpec f;
-  f.name = std::move(name);
-  f.type = FieldType::kStringList;
-  f.default_value = std::move(def);
-  f.doc = std::move(doc);
-  return f;
+  return field_spec(std::move(name), FieldType::kStringList, std::move(def), std::move(doc));
 }
 
 std::string FieldSpec::requirement() const {
@@ -328,10 +311,7 @@ const FieldValue& OptimizerConfig::get(const std::string& key) const {
 namespace {
 template <typename T>
 const T& typed(const OptimizerConfig& c, const std::string& key, FieldType want) {
-  const auto& v = c.get(key);
-  TORCH_CHECK_VALUE(type_of(v) == want, kConfigWho, "field ", key, " is a ", to_string(type_of(v)),
-                    ", not a ", to_string(want));
-  return std::get<T>(v);
+  return detail::typed_value<T>(c.get(key), want, "[muon::OptimizerConfig] field ", key);
 }
 }  // namespace
 

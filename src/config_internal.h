@@ -2,11 +2,13 @@
 // config_json.cpp, config_flags.cpp) and the registry; not installed.
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "muon/config.h"
@@ -50,6 +52,17 @@ std::string did_you_mean(const std::string& name, const std::vector<std::string>
 
 /// The shortest decimal form of `x` that reads back as `x` ("0.02").
 std::string format_number(double x);
+
+/// `value` as the T of type `want`; raises c10::ValueError
+/// "<who><key> is a <its type>, not a <want>" when it holds another type
+/// (who: "[muon::OptimizerConfig] field ").
+template <typename T>
+const T& typed_value(const FieldValue& value, FieldType want, const char* who,
+                     const std::string& key) {
+  TORCH_CHECK_VALUE(type_of(value) == want, who, key, " is a ", to_string(type_of(value)),
+                    ", not a ", to_string(want));
+  return std::get<T>(value);
+}
 
 /// "${field}" → "field"; empty when `value` is not such a reference.
 std::string reference_of(const FieldValue& value);

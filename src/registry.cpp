@@ -40,10 +40,7 @@ const FieldValue& OptimizerSettings::get(const std::string& key) const {
 namespace {
 template <typename T>
 const T& typed_setting(const OptimizerSettings& s, const std::string& key, FieldType want) {
-  const auto& v = s.get(key);
-  TORCH_CHECK_VALUE(type_of(v) == want, "[muon::OptimizerSettings] setting ", key, " is a ",
-                    to_string(type_of(v)), ", not a ", to_string(want));
-  return std::get<T>(v);
+  return detail::typed_value<T>(s.get(key), want, "[muon::OptimizerSettings] setting ", key);
 }
 }  // namespace
 

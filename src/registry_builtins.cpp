@@ -38,6 +38,34 @@ std::unique_ptr<Optimizer> build(std::vector<OptimizerParamGroup> groups) {
   return opt;
 }
 
+// An entry's factory that builds an Opt with `build`.
+template <typename Opt, typename Options>
+decltype(OptimizerEntry::factory) build_factory() {
+  return [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
+    return build<Opt, Options>(std::move(groups));
+  };
+}
+
+// An entry with its name, state schema and doc line; the rest to fill in.
+OptimizerEntry entry(std::string name, StateSchema state, std::string doc) {
+  OptimizerEntry e;
+  e.name = std::move(name);
+  e.state = std::move(state);
+  e.doc = std::move(doc);
+  return e;
+}
+
+// Adam's and AdamW's options (Options: torch::optim::AdamOptions or
+// AdamWOptions) from the adam_* fields and the common ones.
+template <typename Options>
+std::unique_ptr<Options> adam_options(const OptimizerSettings& s) {
+  return std::make_unique<Options>(
+      Options(s.get_double("lr"))
+          .betas(std::make_tuple(s.get_double("beta1"), s.get_double("beta2")))
+          .eps(s.get_double("eps"))
+          .weight_decay(s.get_double("weight_decay")));
+}
+
 // ---- built-in entries ----------------------------------------------------------
 
 // The hybrid's routing rules (muon::default_routing_rules), as config rules
@@ -134,26 +162,21 @@ MuonOptions muon_options(const OptimizerSettings& s) {
 }
 
 OptimizerEntry muon_entry() {
-  OptimizerEntry e;
-  e.name = "muon";
-  e.state = detail::muon_state();
-  e.doc = "Muon (muon::Muon): momentum orthogonalized by Newton–Schulz; 1-D, embedding and "
-          "head parameters go to scalar_optimizer";
+  OptimizerEntry e =
+      entry("muon", detail::muon_state(),
+            "Muon (muon::Muon): momentum orthogonalized by Newton–Schulz; 1-D, embedding and "
+            "head parameters go to scalar_optimizer");
   e.fields = muon_fields();
   e.make_options = [](const OptimizerSettings& s) { return std::make_unique<MuonOptions>(muon_options(s)); };
-  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
-    return build<Muon, MuonOptions>(std::move(groups));
-  };
+  e.factory = build_factory<Muon, MuonOptions>();
   e.default_overrides = scalar_defaults("muon");
   return e;
 }
 
 OptimizerEntry adaptive_muon_entry() {
-  OptimizerEntry e;
-  e.name = "adaptive_muon";
-  e.state = detail::adaptive_muon_state();
-  e.doc = "Muon with a NorMuon (per row) or AdaMuon (per element) second moment "
-          "(muon::AdaptiveMuon); reads the muon_* fields too";
+  OptimizerEntry e = entry("adaptive_muon", detail::adaptive_muon_state(),
+                           "Muon with a NorMuon (per row) or AdaMuon (per element) second moment "
+                           "(muon::AdaptiveMuon); reads the muon_* fields too");
   e.fields = {
       FieldSpec::text("mode", "normuon", "second moment: normuon (per row) | adamuon (per element)",
                       {"normuon", "adamuon"})
@@ -178,52 +201,31 @@ OptimizerEntry adaptive_muon_entry() {
 }
 
 OptimizerEntry adam_entry() {
-  OptimizerEntry e;
-  e.name = "adam";
-  e.state = detail::adam_state();
-  e.doc = "Adam (torch::optim::Adam; weight_decay is L2)";
+  OptimizerEntry e =
+      entry("adam", detail::adam_state(), "Adam (torch::optim::Adam; weight_decay is L2)");
   e.fields = {
       FieldSpec::real("beta1", 0.9, "first-moment decay (adam and adamw)", 0.0, 1.0).exclusive_max(),
       FieldSpec::real("beta2", 0.95, "second-moment decay (adam and adamw)", 0.0, 1.0).exclusive_max(),
       FieldSpec::real("eps", 1e-8, "denominator epsilon (adam and adamw)", 0.0).exclusive_min(),
   };
-  e.make_options = [](const OptimizerSettings& s) {
-    return std::make_unique<torch::optim::AdamOptions>(
-        torch::optim::AdamOptions(s.get_double("lr"))
-            .betas(std::make_tuple(s.get_double("beta1"), s.get_double("beta2")))
-            .eps(s.get_double("eps"))
-            .weight_decay(s.get_double("weight_decay")));
-  };
-  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
-    return build<torch::optim::Adam, torch::optim::AdamOptions>(std::move(groups));
-  };
+  e.make_options = adam_options<torch::optim::AdamOptions>;
+  e.factory = build_factory<torch::optim::Adam, torch::optim::AdamOptions>();
   return e;
 }
 
 OptimizerEntry adamw_entry() {
-  OptimizerEntry e;
-  e.name = "adamw";
-  e.state = detail::adamw_state();
-  e.doc = "AdamW (torch::optim::AdamW; decoupled weight decay); reads the adam_* fields";
+  OptimizerEntry e =
+      entry("adamw", detail::adamw_state(),
+            "AdamW (torch::optim::AdamW; decoupled weight decay); reads the adam_* fields");
   e.uses_fields_of = {"adam"};
-  e.make_options = [](const OptimizerSettings& s) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(s.get_double("lr"))
-            .betas(std::make_tuple(s.get_double("beta1"), s.get_double("beta2")))
-            .eps(s.get_double("eps"))
-            .weight_decay(s.get_double("weight_decay")));
-  };
-  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
-    return build<torch::optim::AdamW, torch::optim::AdamWOptions>(std::move(groups));
-  };
+  e.make_options = adam_options<torch::optim::AdamWOptions>;
+  e.factory = build_factory<torch::optim::AdamW, torch::optim::AdamWOptions>();
   return e;
 }
 
 OptimizerEntry sgd_entry() {
-  OptimizerEntry e;
-  e.name = "sgd";
-  e.state = detail::sgd_state();
-  e.doc = "SGD with momentum (torch::optim::SGD; weight_decay is L2)";
+  OptimizerEntry e =
+      entry("sgd", detail::sgd_state(), "SGD with momentum (torch::optim::SGD; weight_decay is L2)");
   e.fields = {
       FieldSpec::real("momentum", 0.9, "momentum", 0.0, 1.0).exclusive_max(),
       FieldSpec::boolean("nesterov", false, "Nesterov momentum (needs momentum > 0, dampening 0)"),
@@ -241,17 +243,13 @@ OptimizerEntry sgd_entry() {
             .dampening(s.get_double("dampening"))
             .weight_decay(s.get_double("weight_decay")));
   };
-  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
-    return build<torch::optim::SGD, torch::optim::SGDOptions>(std::move(groups));
-  };
+  e.factory = build_factory<torch::optim::SGD, torch::optim::SGDOptions>();
   return e;
 }
 
 OptimizerEntry lion_entry() {
-  OptimizerEntry e;
-  e.name = "lion";
-  e.state = detail::lion_state();
-  e.doc = "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay";
+  OptimizerEntry e = entry("lion", detail::lion_state(),
+                           "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay");
   e.fields = {
       FieldSpec::real("beta1", 0.9, "interpolation weight of the momentum in the update", 0.0, 1.0)
           .exclusive_max(),
@@ -263,9 +261,7 @@ OptimizerEntry lion_entry() {
     o->validate();
     return o;
   };
-  e.factory = [](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
-    return build<Lion, LionOptions>(std::move(groups));
-  };
+  e.factory = build_factory<Lion, LionOptions>();
   return e;
 }
 

@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/ordered_dict.h>
 
 #include <chrono>
 #include <exception>
@@ -16,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "muon/dist/layouts/row_shard.h"
 #include "muon/dist/runtime/group.h"
 
 namespace muon::test {
@@ -25,6 +27,30 @@ namespace muon::test {
 inline at::Tensor seeded_randn(const std::vector<int64_t>& shape, uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return at::randn(shape, gen, at::TensorOptions(at::kFloat));
+}
+
+/// A parameter of a test model: its name and shape.
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+/// Fresh parameters requiring grad, by name, identical on every thread rank:
+/// parameter k is seeded_randn(its shape, seed + k).
+inline torch::OrderedDict<std::string, at::Tensor> seeded_params(const std::vector<ParamSpec>& specs,
+                                                                 uint64_t seed) {
+  torch::OrderedDict<std::string, at::Tensor> named;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    named.insert(specs[k].name, seeded_randn(specs[k].shape, seed + k).requires_grad_(true));
+  }
+  return named;
+}
+
+/// This rank's rows `rows_per_rank[rank]` of `whole` (muon::dist::local_rows),
+/// or `whole` itself when `rows_per_rank` is empty (a tensor not split).
+inline at::Tensor rows_or_whole(const at::Tensor& whole, const std::vector<int64_t>& rows_per_rank,
+                                int rank) {
+  return rows_per_rank.empty() ? whole : dist::local_rows(whole, rows_per_rank, rank);
 }
 
 /// Timeout of thread-rank groups: short, so a hang fails the test quickly.

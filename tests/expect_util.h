@@ -22,4 +22,16 @@ inline void expect_value_error(const std::function<void()>& f, const std::vector
   }
 }
 
+/// The message (without backtrace) of the E that `f` throws; "" when it
+/// throws none, so that any expectation on the message fails.
+template <typename E = c10::ValueError, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
 }  // namespace muon::test

@@ -151,33 +151,24 @@ TEST(AdaptiveMuon, SecondMomentShapesAndStateBytes) {
 }
 
 TEST(AdaptiveMuon, ResumedRunIsBitIdentical) {
-  at::manual_seed(4);
-  const auto init = at::randn({5, 9});
-  std::vector<at::Tensor> grads;
-  for (int i = 0; i < 6; ++i) grads.push_back(at::randn({5, 9}));
-  auto run = [&](at::Tensor& p, AdaptiveMuon& opt, int from, int to) {
-    for (int i = from; i < to; ++i) {
-      p.mutable_grad() = grads[static_cast<size_t>(i)].clone();
-      opt.step();
-    }
-  };
+  const auto data = gradient_run(4, {5, 9}, 6);
   const auto adaptive = AdaptiveMuonOptions().mode("adamuon").beta2(0.8);
-  auto a = leaf(init);
+  auto a = leaf(data.init);
   AdaptiveMuon straight({a}, MuonOptions(0.02), adaptive);
-  run(a, straight, 0, 6);
-  auto b = leaf(init);
+  data.run(a, straight, 0, 6);
+  auto b = leaf(data.init);
   AdaptiveMuon first({b}, MuonOptions(0.02), adaptive);
-  run(b, first, 0, 3);
+  data.run(b, first, 0, 3);
   const auto bytes = save_to_string(first);
   auto c = leaf(b.detach());
   AdaptiveMuon second({c}, MuonOptions(0.02), AdaptiveMuonOptions().mode("adamuon"));
   load_from_string(second, bytes);
   EXPECT_DOUBLE_EQ(second.adaptive_options().beta2(), 0.8);  // restored from the archive
-  run(c, second, 3, 6);
+  data.run(c, second, 3, 6);
   EXPECT_TRUE(at::equal(a.detach(), c.detach()));
 
   // Another mode, or plain Muon, does not load it.
-  auto d = leaf(init);
+  auto d = leaf(data.init);
   AdaptiveMuon other({d}, MuonOptions(0.02), AdaptiveMuonOptions().mode("normuon"));
   EXPECT_THROW(load_from_string(other, bytes), c10::ValueError);
   muon::Muon plain({d});

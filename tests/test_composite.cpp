@@ -179,20 +179,24 @@ TEST(Composite, PartFailingToLoadLeavesEveryPartAsItWas) {
     parts.push_back(make_part("muon", std::make_unique<muon::Muon>(std::vector<at::Tensor>{w}), {{"w"}}));
     return std::make_unique<CompositeOptimizer>(std::move(parts));
   };
-  auto b1 = leaf(at::randn({4}));
-  auto w1 = leaf(at::randn({6, 4}));
-  auto saved = make(b1, w1);
-  b1.mutable_grad() = at::randn({4});
-  w1.mutable_grad() = at::randn({6, 4});
-  saved->step();
+  // A fresh bias (4) and weight of `w_shape` in `make`'s composite, stepped
+  // once on random gradients or on ones.
+  auto stepped = [&](const std::vector<int64_t>& w_shape, bool random_grads) {
+    auto b = leaf(at::randn({4}));
+    auto w = leaf(at::randn(w_shape));
+    auto opt = make(b, w);
+    const auto grad = [&](at::IntArrayRef shape) {
+      return random_grads ? at::randn(shape) : at::ones(shape);
+    };
+    b.mutable_grad() = grad({4});
+    w.mutable_grad() = grad(w_shape);
+    opt->step();
+    return opt;
+  };
+  auto saved = stepped({6, 4}, /*random_grads=*/true);
   const auto bytes = save_to_string(*saved);
 
-  auto b2 = leaf(at::randn({4}));
-  auto w2 = leaf(at::randn({4, 6}));
-  auto target = make(b2, w2);
-  b2.mutable_grad() = at::ones({4});
-  w2.mutable_grad() = at::ones({4, 6});
-  target->step();
+  auto target = stepped({4, 6}, /*random_grads=*/false);
   const auto before = save_to_string(target->part(0));
   EXPECT_THROW(load_from_string(*target, bytes), c10::ValueError);
   EXPECT_EQ(save_to_string(target->part(0)), before);  // AdamW's state is back

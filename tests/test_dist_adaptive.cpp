@@ -7,6 +7,7 @@
 // Ranks are threads over real Gloo groups, world sizes 1–4.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,22 @@ at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
       .contiguous();
 }
 
+// Steps `opt` kSteps times, parameter k's gradient this rank's part
+// `local(k, full)` of the whole gradient, then expects each parameter to be
+// the same part of one process's result `reference[k]`; `what` names the run.
+void expect_steps_equal(AdaptiveMuon& opt, std::vector<at::Tensor>& params,
+                        const std::function<at::Tensor(size_t, const at::Tensor&)>& local,
+                        const std::vector<at::Tensor>& reference, const std::string& what) {
+  for (int64_t s = 0; s < kSteps; ++s) {
+    for (size_t k = 0; k < kModel.size(); ++k) params[k].mutable_grad() = local(k, full_grad(k, s));
+    opt.step();
+  }
+  for (size_t k = 0; k < kModel.size(); ++k) {
+    expect_equal(params[k], local(k, reference[k].detach()), reference[k],
+                 what + " matrix " + std::to_string(k));
+  }
+}
+
 class AdaptiveLayouts : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AdaptiveLayouts, TensorParallelEqualsOneProcess) {
@@ -95,18 +112,14 @@ TEST_P(AdaptiveLayouts, TensorParallelEqualsOneProcess) {
         }
         AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
                          muon::dist::make_orthogonalizer(tp));
-        for (int64_t s = 0; s < kSteps; ++s) {
-          for (size_t k = 0; k < kModel.size(); ++k) {
-            params[k].mutable_grad() = block_of(full_grad(k, s), kModel[k].dim, group.rank(), world);
-          }
-          opt.step();
-        }
-        for (size_t k = 0; k < kModel.size(); ++k) {
-          expect_equal(params[k], block_of(reference[k].detach(), kModel[k].dim, group.rank(), world),
-                       reference[k], mode + " tp " + tp_mode + " world " + std::to_string(world) +
-                                         " rank " + std::to_string(group.rank()) + " matrix " +
-                                         std::to_string(k));
-        }
+        expect_steps_equal(
+            opt, params,
+            [&](size_t k, const at::Tensor& full) {
+              return block_of(full, kModel[k].dim, group.rank(), world);
+            },
+            reference,
+            mode + " tp " + tp_mode + " world " + std::to_string(world) + " rank " +
+                std::to_string(group.rank()));
       });
     }
   }
@@ -134,18 +147,14 @@ TEST_P(AdaptiveLayouts, RowShardsEqualOneProcess) {
         for (size_t k = 0; k < kModel.size(); ++k) so.shard(params[k], shards[k]);
         AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
                          muon::dist::make_orthogonalizer(so));
-        for (int64_t s = 0; s < kSteps; ++s) {
-          for (size_t k = 0; k < kModel.size(); ++k) {
-            params[k].mutable_grad() = muon::dist::local_rows(full_grad(k, s), rows[k], group.rank());
-          }
-          opt.step();
-        }
-        for (size_t k = 0; k < kModel.size(); ++k) {
-          expect_equal(params[k], muon::dist::local_rows(reference[k].detach(), rows[k], group.rank()),
-                       reference[k], mode + " " + sharded_mode + " world " + std::to_string(world) +
-                                         " rank " + std::to_string(group.rank()) + " matrix " +
-                                         std::to_string(k));
-        }
+        expect_steps_equal(
+            opt, params,
+            [&](size_t k, const at::Tensor& full) {
+              return muon::dist::local_rows(full, rows[k], group.rank());
+            },
+            reference,
+            mode + " " + sharded_mode + " world " + std::to_string(world) + " rank " +
+                std::to_string(group.rank()));
       });
     }
   }
@@ -172,20 +181,14 @@ TEST_P(AdaptiveLayouts, TwoDimensionalEqualsOneProcess) {
       }
       AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
                        muon::dist::make_orthogonalizer(so));
-      for (int64_t s = 0; s < kSteps; ++s) {
-        for (size_t k = 0; k < kModel.size(); ++k) {
-          params[k].mutable_grad() = muon::dist::local_rows(
-              block_of(full_grad(k, s), kModel[k].dim, tp.rank(), tp.size()), rows[k], dp.rank());
-        }
-        opt.step();
-      }
-      for (size_t k = 0; k < kModel.size(); ++k) {
-        const auto expected = muon::dist::local_rows(
-            block_of(reference[k].detach(), kModel[k].dim, tp.rank(), tp.size()), rows[k], dp.rank());
-        expect_equal(params[k], expected, reference[k],
-                     mode + " 2-D " + muon::dist::to_string(tp_mode) + " rank " +
-                         std::to_string(world.rank()) + " matrix " + std::to_string(k));
-      }
+      expect_steps_equal(
+          opt, params,
+          [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& full) {
+            return muon::dist::local_rows(block_of(full, kModel[k].dim, tp.rank(), tp.size()),
+                                          rows[k], dp.rank());
+          },
+          reference,
+          mode + " 2-D " + muon::dist::to_string(tp_mode) + " rank " + std::to_string(world.rank()));
     });
   }
 }

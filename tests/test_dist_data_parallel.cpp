@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dist_util.h"
+#include "expect_util.h"
 #include "muon/dist/checkpoints/checkpoint.h"
 #include "muon/dist/layouts/sharded_data_parallel.h"
 #include "muon/optim/state_bytes.h"
@@ -29,19 +30,16 @@ using muon::OptimizerConfig;
 using muon::dist::Group;
 using muon::dist::ShardedDataParallel;
 using muon::dist::ShardedDataParallelOptions;
+using muon::test::ParamSpec;
 using muon::test::seeded_randn;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
-struct Spec {
-  std::string name;
-  std::vector<int64_t> shape;
-};
 
 // Two Muon matrices with rows that do not divide 2 or 3, a 2-row matrix
 // (an empty shard at 3 ranks), a bias and a 1-row gain (AdamW by the 1-D
 // rule; empty shards at 2 and 3 ranks) and an embedding (AdamW by the
 // embedding rule).
-const std::vector<Spec> kModel{{"blocks.0.fc.weight", {7, 5}},  {"blocks.0.proj.weight", {6, 7}},
+const std::vector<ParamSpec> kModel{{"blocks.0.fc.weight", {7, 5}},  {"blocks.0.proj.weight", {6, 7}},
                                {"blocks.0.fc.bias", {5}},       {"embed.weight", {11, 5}},
                                {"blocks.0.gate.weight", {2, 5}}, {"blocks.0.gain", {1}}};
 
@@ -49,22 +47,18 @@ const std::vector<Spec> kModel{{"blocks.0.fc.weight", {7, 5}},  {"blocks.0.proj.
 constexpr size_t kSkippedParam = 1;
 constexpr int64_t kSkippedStep = 1;
 
-Named make_params(const std::vector<Spec>& specs, uint64_t seed = 10) {
-  Named named;
-  for (size_t k = 0; k < specs.size(); ++k) {
-    named.insert(specs[k].name, seeded_randn(specs[k].shape, seed + k).requires_grad_(true));
-  }
-  return named;
+Named make_params(const std::vector<ParamSpec>& specs, uint64_t seed = 10) {
+  return muon::test::seeded_params(specs, seed);
 }
 
 // Rank `rank`'s own gradient of parameter k at `step`: different on every rank.
-at::Tensor rank_grad(const Spec& spec, size_t k, int64_t step, int64_t rank) {
+at::Tensor rank_grad(const ParamSpec& spec, size_t k, int64_t step, int64_t rank) {
   return seeded_randn(spec.shape, 1000 + 101 * static_cast<uint64_t>(step) + 17 * static_cast<uint64_t>(rank) + k);
 }
 
 // The mean of the ranks' gradients as one process would take it: at::mean
 // over the stacked copies (a reduction order of its own, not the library's).
-at::Tensor mean_grad(const Spec& spec, size_t k, int64_t step, int world) {
+at::Tensor mean_grad(const ParamSpec& spec, size_t k, int64_t step, int world) {
   std::vector<at::Tensor> grads;
   for (int r = 0; r < world; ++r) grads.push_back(rank_grad(spec, k, step, r));
   return at::stack(grads).mean(0);
@@ -89,7 +83,7 @@ OptimizerConfig config_named(const std::string& name) {
 
 // Steps `from` to `to` of one process over the whole tensors: the gradient
 // averaged over `world` ranks, none for kSkippedParam at kSkippedStep.
-void reference_steps(Named& named, torch::optim::Optimizer& opt, const std::vector<Spec>& specs,
+void reference_steps(Named& named, torch::optim::Optimizer& opt, const std::vector<ParamSpec>& specs,
                      int64_t from, int64_t to, int world) {
   for (int64_t s = from; s < to; ++s) {
     for (size_t k = 0; k < specs.size(); ++k) {
@@ -107,7 +101,7 @@ Named reference(const OptimizerConfig& config, int64_t steps, int world) {
   return named;
 }
 
-void distributed_steps(ShardedDataParallel& dp, const std::vector<Spec>& specs, int64_t from,
+void distributed_steps(ShardedDataParallel& dp, const std::vector<ParamSpec>& specs, int64_t from,
                        int64_t to, int rank) {
   for (int64_t s = from; s < to; ++s) {
     dp.zero_grad();
@@ -255,7 +249,7 @@ TEST(DataParallel, SplitsRowsAsBalancedSplitSizes) {
 
 TEST(DataParallel, OptimizerStateIsSplitOverTheRanks) {
   // Every dim 0 divides 2 and 4: each rank holds exactly 1/W of the rows.
-  const std::vector<Spec> model{{"blocks.0.fc.weight", {16, 12}}, {"blocks.0.proj.weight", {12, 16}},
+  const std::vector<ParamSpec> model{{"blocks.0.fc.weight", {16, 12}}, {"blocks.0.proj.weight", {12, 16}},
                                 {"blocks.0.fc.bias", {16}},       {"embed.weight", {32, 12}}};
   auto whole = make_params(model);
   auto single = muon::make_optimizer(whole, muon_config());
@@ -302,7 +296,7 @@ TEST(DataParallel, TwoDimensionalEqualsOneProcessOnWholeMatrices) {
   // fc1 is column-parallel (dim 0 split over TP), fc2 row-parallel (dim 1);
   // the bias is replicated over TP. Block rows are then split over dp,
   // unevenly (5 → 3 + 2, 7 → 4 + 3).
-  const std::vector<Spec> whole_model{{"blocks.0.fc1.weight", {10, 6}},
+  const std::vector<ParamSpec> whole_model{{"blocks.0.fc1.weight", {10, 6}},
                                       {"blocks.0.fc2.weight", {7, 9}},
                                       {"blocks.0.fc2.bias", {7}}};
   const std::map<std::string, int64_t> partition{{"blocks.0.fc1.weight", 0}, {"blocks.0.fc2.weight", 1}};
@@ -528,20 +522,10 @@ TEST(DataParallel, GradientOfAnotherShapeRaisesOnEveryRank) {
   expect_same_error_everywhere(caught, {"'blocks.0.proj.weight'", "rank 1", "shape"});
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::ValueError& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
 TEST(DataParallel, BadArgumentsRaiseNamingThem) {
   auto named = make_params(kModel);
   const auto single = Group::single();
-  auto message = error_of([&] {
+  auto message = muon::test::error_of([&] {
     ShardedDataParallel dp(named, muon_config(), single, {}, ShardedDataParallelOptions().bucket_bytes(0));
   });
   EXPECT_NE(message.find("bucket_bytes"), std::string::npos) << message;
@@ -550,25 +534,25 @@ TEST(DataParallel, BadArgumentsRaiseNamingThem) {
 
   Named scalar;
   scalar.insert("temperature", at::ones({}).requires_grad_(true));
-  message = error_of([&] { ShardedDataParallel dp(scalar, muon_config(), single); });
+  message = muon::test::error_of([&] { ShardedDataParallel dp(scalar, muon_config(), single); });
   EXPECT_NE(message.find("'temperature'"), std::string::npos) << message;
   EXPECT_NE(message.find("0-d"), std::string::npos) << message;
 
-  message = error_of([&] { ShardedDataParallel dp(named, muon_config(), Group()); });
+  message = muon::test::error_of([&] { ShardedDataParallel dp(named, muon_config(), Group()); });
   EXPECT_NE(message.find("dp is invalid"), std::string::npos) << message;
 
-  message = error_of([&] {
+  message = muon::test::error_of([&] {
     ShardedDataParallel dp(named, muon_config().set("layout", "layerwise"), single);
   });
   EXPECT_NE(message.find("'layerwise'"), std::string::npos) << message;
 
   std::map<std::string, muon::dist::TensorParallelShard> tp{
       {"no.such.weight", muon::dist::TensorParallelShard({4, 4}, 0, single)}};
-  message = error_of([&] { ShardedDataParallel dp(named, muon_config(), single, tp); });
+  message = muon::test::error_of([&] { ShardedDataParallel dp(named, muon_config(), single, tp); });
   EXPECT_NE(message.find("'no.such.weight'"), std::string::npos) << message;
 
   ShardedDataParallel dp(named, muon_config(), single);
-  message = error_of([&] { dp.rows_per_rank("missing.weight"); });
+  message = muon::test::error_of([&] { dp.rows_per_rank("missing.weight"); });
   EXPECT_NE(message.find("'missing.weight'"), std::string::npos) << message;
 }
 

@@ -254,6 +254,16 @@ std::vector<pid_t> rank_pids(const std::string& out) {
   return pids;
 }
 
+// Reads `launcher`'s output until both ranks printed their pids (at most
+// 60 s); the pids seen, two unless it failed (a test failure naming the
+// output).
+std::vector<pid_t> two_rank_pids(Child& launcher) {
+  std::vector<pid_t> pids;
+  EXPECT_TRUE(launcher.read_until([&] { return (pids = rank_pids(launcher.out())).size() == 2; }, 60))
+      << launcher.out() << launcher.err();
+  return pids;
+}
+
 // Polls until every pid is gone or `limit_s` passes.
 bool all_gone_within(const std::vector<pid_t>& pids, double limit_s) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
@@ -275,9 +285,8 @@ TEST(MuonLaunch, RanksDieWithTheLauncherWhenItIsKilled) {
   // Each rank prints its pid and sleeps 60 s. SIGKILL cannot be caught or
   // forwarded: the kernel must take the ranks down with the launcher.
   Child launcher({kLaunch, "-n", "2", "--", "/bin/sh", "-c", "echo pid $$; exec sleep 60"});
-  std::vector<pid_t> pids;
-  ASSERT_TRUE(launcher.read_until([&] { return (pids = rank_pids(launcher.out())).size() == 2; }, 60))
-      << launcher.out() << launcher.err();
+  const auto pids = two_rank_pids(launcher);
+  ASSERT_EQ(pids.size(), 2u);
   kill(launcher.pid(), SIGKILL);
   EXPECT_EQ(launcher.wait(60), 128 + SIGKILL);
   // Generous: the signal is immediate; the bound only absorbs a busy machine.
@@ -285,20 +294,26 @@ TEST(MuonLaunch, RanksDieWithTheLauncherWhenItIsKilled) {
   kill_all(pids);
 }
 
+// Runs `rank_command` on 2 ranks with 2 s of grace (each rank prints
+// "pid P" of a process that sleeps 60 s), sends the launcher `signal` once
+// both printed, and expects it to exit with 128 + signal well before the
+// sleeps end and the printed processes to be gone within `gone_s`.
+void expect_signal_takes_the_ranks_down(int signal, const std::string& rank_command,
+                                        double gone_s) {
+  Child launcher({kLaunch, "-n", "2", "--grace", "2", "--", "/bin/sh", "-c", rank_command});
+  const auto pids = two_rank_pids(launcher);
+  ASSERT_EQ(pids.size(), 2u);
+  kill(launcher.pid(), signal);
+  EXPECT_EQ(launcher.wait(60), 128 + signal) << launcher.err();
+  // 2 s of grace, then SIGKILL; well under the 60 s of sleep.
+  EXPECT_LT(launcher.seconds(), 30.0);
+  EXPECT_TRUE(all_gone_within(pids, gone_s)) << "a rank or what it started outlived the launcher";
+  kill_all(pids);
+}
+
 TEST(MuonLaunch, RanksThatIgnoreSigtermAreKilledAfterTheGrace) {
   // The ranks ignore SIGTERM (an ignored signal stays ignored across exec).
-  Child launcher({kLaunch, "-n", "2", "--grace", "2", "--", "/bin/sh", "-c",
-                  "trap '' TERM; echo pid $$; exec sleep 60"});
-  std::vector<pid_t> pids;
-  ASSERT_TRUE(launcher.read_until([&] { return (pids = rank_pids(launcher.out())).size() == 2; }, 60))
-      << launcher.out() << launcher.err();
-  kill(launcher.pid(), SIGTERM);
-  const int status = launcher.wait(60);
-  EXPECT_EQ(status, 128 + SIGTERM) << launcher.err();
-  // 2 s of grace, then SIGKILL; well under the ranks' 60 s of sleep.
-  EXPECT_LT(launcher.seconds(), 30.0);
-  EXPECT_TRUE(all_gone_within(pids, 5));
-  kill_all(pids);
+  expect_signal_takes_the_ranks_down(SIGTERM, "trap '' TERM; echo pid $$; exec sleep 60", 5);
 }
 
 TEST(MuonLaunch, WhatTheRanksStartedGoesWithThemAfterSigint) {
@@ -306,16 +321,7 @@ TEST(MuonLaunch, WhatTheRanksStartedGoesWithThemAfterSigint) {
   // non-interactive shell's background jobs do), prints its pid and waits.
   // SIGINT to the launcher ends the shells at once; the sleeps, left in the
   // ranks' process groups, must go too (SIGKILL after the grace).
-  Child launcher({kLaunch, "-n", "2", "--grace", "2", "--", "/bin/sh", "-c",
-                  "sleep 60 & echo pid $!; wait"});
-  std::vector<pid_t> pids;
-  ASSERT_TRUE(launcher.read_until([&] { return (pids = rank_pids(launcher.out())).size() == 2; }, 60))
-      << launcher.out() << launcher.err();
-  kill(launcher.pid(), SIGINT);
-  EXPECT_EQ(launcher.wait(60), 128 + SIGINT) << launcher.err();
-  EXPECT_LT(launcher.seconds(), 30.0);
-  EXPECT_TRUE(all_gone_within(pids, 10)) << "a rank's background child outlived the launcher";
-  kill_all(pids);
+  expect_signal_takes_the_ranks_down(SIGINT, "sleep 60 & echo pid $!; wait", 10);
 }
 
 // Ranks started by hand with different WORLD_SIZE: before the group exists,

@@ -25,16 +25,13 @@ namespace {
 using muon::dist::Group;
 using muon::dist::LayerwiseOptimizer;
 using muon::dist::LayerwiseOptions;
+using muon::test::ParamSpec;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
-struct Spec {
-  std::string name;
-  std::vector<int64_t> shape;
-};
 
 // A small model: hidden matrices for Muon; embedding, head, norm gains and a
 // bias for AdamW (the hybrid's default routing).
-std::vector<Spec> hybrid_model() {
+std::vector<ParamSpec> hybrid_model() {
   return {{"wte.weight", {40, 16}},          {"blocks.0.qkv.weight", {48, 16}},
           {"blocks.0.proj.weight", {16, 16}}, {"blocks.0.norm.weight", {16}},
           {"blocks.0.fc1.weight", {64, 16}},  {"blocks.0.fc1.bias", {64}},
@@ -45,13 +42,7 @@ std::vector<Spec> hybrid_model() {
 using muon::test::seeded_randn;
 
 // Fresh parameters, identical on every rank (seeded by name index).
-Named make_params(const std::vector<Spec>& specs) {
-  Named named;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    named.insert(specs[i].name, seeded_randn(specs[i].shape, 1000 + i).set_requires_grad(true));
-  }
-  return named;
-}
+Named make_params(const std::vector<ParamSpec>& specs) { return muon::test::seeded_params(specs, 1000); }
 
 // The (already averaged) gradient of step `step`, identical on every rank.
 void set_grads(Named& named, int64_t step) {
@@ -80,7 +71,7 @@ double max_relative_difference(const Named& a, const Named& b) {
   return diff / scale;
 }
 
-Named reference_after(const std::vector<Spec>& specs, int64_t steps) {
+Named reference_after(const std::vector<ParamSpec>& specs, int64_t steps) {
   auto named = make_params(specs);
   auto opt = make_hybrid(named);
   for (int64_t s = 0; s < steps; ++s) {
@@ -118,7 +109,7 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndOverlap, LayerwiseEquality,
                                             ::testing::Values(int64_t{0}, int64_t{2})));
 
 TEST(Layerwise, FewerParametersThanRanks) {
-  const std::vector<Spec> specs{{"a.weight", {24, 16}}, {"b.weight", {16, 8}}};
+  const std::vector<ParamSpec> specs{{"a.weight", {24, 16}}, {"b.weight", {16, 8}}};
   const auto reference = reference_after(specs, 3);
   muon::test::run_ranks(4, [&](Group& group) {
     auto named = make_params(specs);
@@ -137,8 +128,8 @@ TEST(Layerwise, FewerParametersThanRanks) {
 // Per layer the shapes of bench/bench_distributed_layouts.cpp (d = 512: 1536×512,
 // 512×512, 2048×512, 512×2048) divided by 16: every matrix has
 // min(m, n) = 32, so NS cost and state bytes are both proportional to m·n.
-std::vector<Spec> balanced_model() {
-  std::vector<Spec> specs;
+std::vector<ParamSpec> balanced_model() {
+  std::vector<ParamSpec> specs;
   for (int layer = 0; layer < 8; ++layer) {
     const auto p = "layers." + std::to_string(layer) + ".";
     specs.push_back({p + "qkv.weight", {96, 32}});

@@ -17,6 +17,7 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
+#include "expect_util.h"
 #include "muon/dist/layouts/layerwise.h"
 #include "muon/dist/layouts/make.h"
 #include "muon/dist/layouts/tensor_parallel_shard.h"
@@ -93,16 +94,15 @@ void expect_layout_equals(const Named& reference, const OptimizerConfig& c,
   auto opt = muon::dist::make_optimizer(named, c, layout);
   for (int64_t s = 0; s < 3; ++s) {
     for (size_t k = 0; k < kModel.size(); ++k) {
-      auto g = full_grad(k, s);
-      if (!rows[k].empty()) g = muon::dist::local_rows(g, rows[k], group.rank());
-      named[kModel[k].first].mutable_grad() = g;
+      named[kModel[k].first].mutable_grad() =
+          muon::test::rows_or_whole(full_grad(k, s), rows[k], group.rank());
     }
     opt->step();
   }
   // As the layer-wise test: the same computation up to summation order.
   for (size_t k = 0; k < kModel.size(); ++k) {
     const auto& whole = reference[kModel[k].first];
-    const auto expected = rows[k].empty() ? whole.detach() : muon::dist::local_rows(whole.detach(), rows[k], group.rank());
+    const auto expected = muon::test::rows_or_whole(whole.detach(), rows[k], group.rank());
     EXPECT_LE(relative(named[kModel[k].first].detach(), expected, whole), 1e-5) << what << " " << kModel[k].first;
   }
 }
@@ -279,23 +279,12 @@ TEST(DistMakeGrouped, BadSettingsNameTheGroupAndTheKey) {
   typo.names = {"blocks.0.fc2.weight"};
   typo.params = {named["blocks.0.fc2.weight"]};
   typo.settings = {{"momentun", 0.9}};
-  try {
+  const auto make_good_and_typo = [&] {
     muon::dist::make_grouped_optimizer({good, typo}, config("none"), DistributedLayout());
-    FAIL() << "no error";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    EXPECT_NE(msg.find("param group 1"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("did you mean 'momentum'"), std::string::npos) << msg;
-  }
+  };
+  muon::test::expect_value_error(make_good_and_typo, {"param group 1", "did you mean 'momentum'"});
   typo.settings = {{"momentum", 1.5}};
-  try {
-    muon::dist::make_grouped_optimizer({good, typo}, config("none"), DistributedLayout());
-    FAIL() << "no error";
-  } catch (const c10::ValueError& e) {
-    const std::string msg = e.what_without_backtrace();
-    EXPECT_NE(msg.find("momentum"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("1.5"), std::string::npos) << msg;
-  }
+  muon::test::expect_value_error(make_good_and_typo, {"momentum", "1.5"});
   auto twice = good;  // the same tensor in two groups
   twice.names = {"again"};
   EXPECT_THROW(muon::dist::make_grouped_optimizer({good, twice}, config("none"), DistributedLayout()),

@@ -108,6 +108,16 @@ void set_local_grads(Local& local, const std::vector<Matrix>& model, const Group
   }
 }
 
+// Steps `opt` through steps [from, to), each on the gradients
+// set_local_grads gives.
+void local_steps(torch::optim::Optimizer& opt, Local& local, const std::vector<Matrix>& model,
+                 const Group& group, int64_t from, int64_t to) {
+  for (int64_t s = from; s < to; ++s) {
+    set_local_grads(local, model, group, s);
+    opt.step();
+  }
+}
+
 // max |ours − reference rows| / max |reference| over the model.
 double max_relative_difference(const Local& local, const std::vector<at::Tensor>& ref, int rank) {
   double diff = 0;
@@ -134,10 +144,7 @@ TEST_P(ShardedEquality, EqualsSingleProcessMuonOnWholeMatrices) {
     auto local = shard_model(model, group);
     ShardedMuon opt(local.params, local.shards, options(),
                     ShardedOptions().mode(mode).max_in_flight(in_flight));
-    for (int64_t s = 0; s < kSteps; ++s) {
-      set_local_grads(local, model, group, s);
-      opt.step();
-    }
+    local_steps(opt, local, model, group, 0, kSteps);
     // The owner runs newton_schulz on the same whole matrix as one process
     // does; momentum and the update are element-wise. 1e-5 (the issue's
     // bound) leaves room only for summation order in batched BLAS calls.
@@ -159,10 +166,7 @@ TEST(Sharded, FewerMatricesThanRanks) {
   muon::test::run_ranks(4, [&](Group& group) {
     auto local = shard_model(model, group);
     ShardedMuon opt(local.params, local.shards, options());
-    for (int64_t s = 0; s < 3; ++s) {
-      set_local_grads(local, model, group, s);
-      opt.step();
-    }
+    local_steps(opt, local, model, group, 0, 3);
     EXPECT_LE(max_relative_difference(local, ref, group.rank()), 1e-5) << "rank " << group.rank();
   });
 }
@@ -453,26 +457,17 @@ TEST(Sharded, SaveLoadResumesBitIdentically) {
   muon::test::run_ranks(3, [&](Group& group) {
     auto straight = shard_model(model, group);
     ShardedMuon a(straight.params, straight.shards, options());
-    for (int64_t s = 0; s < 4; ++s) {
-      set_local_grads(straight, model, group, s);
-      a.step();
-    }
+    local_steps(a, straight, model, group, 0, 4);
     auto resumed = shard_model(model, group);
     std::string archive;
     {
       ShardedMuon b(resumed.params, resumed.shards, options());
-      for (int64_t s = 0; s < 2; ++s) {
-        set_local_grads(resumed, model, group, s);
-        b.step();
-      }
+      local_steps(b, resumed, model, group, 0, 2);
       archive = muon::test::save_to_string(b);
     }
     ShardedMuon c(resumed.params, resumed.shards, options());
     muon::test::load_from_string(c, archive);
-    for (int64_t s = 2; s < 4; ++s) {
-      set_local_grads(resumed, model, group, s);
-      c.step();
-    }
+    local_steps(c, resumed, model, group, 2, 4);
     for (size_t k = 0; k < model.size(); ++k) {
       EXPECT_TRUE(at::equal(straight.params[k], resumed.params[k])) << k;
     }
@@ -636,10 +631,7 @@ TEST_P(StackedExpertEquality, EqualSingleProcessMuonOnTheWholeStacks) {
         EXPECT_EQ(opt.owners()[k], -1) << k;
       }
     }
-    for (int64_t s = 0; s < kSteps; ++s) {
-      set_local_grads(local, model.all, group, s);  // other gradients every step
-      opt.step();
-    }
+    local_steps(opt, local, model.all, group, 0, kSteps);  // other gradients every step
     EXPECT_LE(max_relative_difference(local, ref, group.rank()), kExpertTolerance)
         << "world " << world << " rank " << group.rank();
   });
@@ -763,15 +755,13 @@ TEST(StackedExperts, FromTheConfigWithAnOverrideRule) {
       auto opt = muon::dist::make_optimizer(named, config("sharded"), layout);
       for (int64_t s = 0; s < kSteps; ++s) {
         for (size_t k = 0; k < specs.size(); ++k) {
-          auto g = grad(k, s);
-          if (!rows[k].empty()) g = muon::dist::local_rows(g, rows[k], group.rank());
-          named[specs[k].first].mutable_grad() = g;
+          named[specs[k].first].mutable_grad() = muon::test::rows_or_whole(grad(k, s), rows[k], group.rank());
         }
         opt->step();
       }
       for (size_t k = 0; k < specs.size(); ++k) {
         const auto& expected_whole = whole[specs[k].first].detach();
-        const auto expected = rows[k].empty() ? expected_whole : muon::dist::local_rows(expected_whole, rows[k], group.rank());
+        const auto expected = muon::test::rows_or_whole(expected_whole, rows[k], group.rank());
         if (expected.numel() == 0) continue;
         EXPECT_LE((named[specs[k].first].detach() - expected).abs().max().item<double>() /
                       expected_whole.abs().max().item<double>(),
@@ -858,19 +848,14 @@ TEST(StackedExperts, CheckpointSavedAtTwoRanksLoadsAtThree) {
     const auto ckpt = muon::dist::CheckpointOptions().group(group).fsync(false);
     int64_t from = 0;
     if (save) {
-      for (; from < 2; ++from) {
-        set_local_grads(local, model.all, group, from);
-        opt.step();
-      }
+      local_steps(opt, local, model.all, group, 0, 2);
+      from = 2;
       muon::dist::save_checkpoint(dir.string(), named, opt, from, layout, "", ckpt);
     } else {
       from = muon::dist::load_checkpoint(dir.string(), named, opt, layout, ckpt).step;
       EXPECT_EQ(from, 2);
     }
-    for (; from < 4; ++from) {
-      set_local_grads(local, model.all, group, from);
-      opt.step();
-    }
+    local_steps(opt, local, model.all, group, from, 4);
     EXPECT_LE(max_relative_difference(local, ref, group.rank()), kExpertTolerance)
         << (save ? "saved" : "loaded") << " at " << group.size() << " rank " << group.rank();
   };

@@ -140,37 +140,63 @@ struct LinearReference {
   at::Tensor dx, dw, db;
 };
 
+// This rank's block of a layer whose weight is split into uneven blocks.
+struct RankBlock {
+  std::vector<int64_t> sizes;  // every rank's block along the split dimension
+  int64_t offset;              // this rank's first row (or column)
+  int64_t size;                // this rank's rows (or columns)
+  std::string where;           // " at W ranks, rank R", for the messages
+};
+
+// At 2 and 3 ranks, every rank builds a `Layer` (ref's in → out features,
+// with bias) whose weight is split along `split_dim` into uneven blocks (3,
+// 7 and 1, 3, 6), checks that it holds its block (offset, weight shape),
+// loads ref's whole weight and bias into it and runs `body(layer, block)`.
+template <typename Layer, typename Body>
+void run_uneven_layer(const LinearReference& ref, int64_t split_dim, const Body& body) {
+  const int64_t in = ref.w.size(1);
+  const int64_t out = ref.w.size(0);
+  for (const int world : {2, 3}) {
+    run_ranks(world, [&](Group& tp) {
+      RankBlock block;
+      block.sizes = uneven_sizes(ref.w.size(split_dim), world);
+      block.offset = muon::dist::split_offset(block.sizes, tp.rank());
+      block.size = block.sizes[static_cast<size_t>(tp.rank())];
+      block.where = " at " + std::to_string(world) + " ranks, rank " + std::to_string(tp.rank());
+      Layer layer(in, out, tp, /*bias=*/true, block.sizes);
+      auto block_shape = ref.w.sizes().vec();
+      block_shape[static_cast<size_t>(split_dim)] = block.size;
+      ASSERT_EQ(layer->offset(), block.offset);
+      ASSERT_EQ(layer->weight.sizes(), block_shape);
+      layer->load_full(ref.w, ref.b);
+      body(layer, block);
+    });
+  }
+}
+
 TEST(TensorParallelLayers, ColumnParallelEqualsLinearOnTheWholeWeight) {
   constexpr int64_t kIn = 7;
   constexpr int64_t kOut = 10;
   const LinearReference ref(kIn, kOut, 1);
   Worst worst;
-  for (const int world : {2, 3}) {
-    run_ranks(world, [&](Group& tp) {
-      const auto& [w, b, x0, g, y_ref, n, dx_ref, dw_ref, db_ref] = ref;
-      const auto rows = uneven_sizes(kOut, world);  // 3, 7 and 1, 3, 6
-      ColumnParallelLinear layer(kIn, kOut, tp, /*bias=*/true, rows);
-      ASSERT_EQ(layer->rows_per_rank(), rows);
-      const int64_t off = muon::dist::split_offset(rows, tp.rank());
-      const int64_t r = rows[static_cast<size_t>(tp.rank())];
-      ASSERT_EQ(layer->offset(), off);
-      ASSERT_EQ(layer->weight.sizes(), (std::vector<int64_t>{r, kIn}));
-      layer->load_full(w, b);
-      auto x = leaf(x0);
-      auto y = layer(x);
-      const auto g_r = g.narrow(-1, off, r);
-      y.backward(g_r);
-      const std::string where = " at " + std::to_string(world) + " ranks, rank " + std::to_string(tp.rank());
-      check_sum(y, y_ref.narrow(-1, off, r),
-                at::linear(x0.abs(), w.abs(), b.abs()).narrow(-1, off, r), kIn + 1, "output" + where, worst);
-      // The whole input gradient Σ_r g_r·W_r (the all-reduce of the backward).
-      check_sum(x.grad(), dx_ref, at::matmul(g.abs(), w.abs()), kOut, "input grad" + where, worst);
-      check_sum(layer->weight.grad(), dw_ref.narrow(0, off, r),
-                at::matmul(flat(g_r).abs().t(), flat(x0).abs()), n, "weight grad" + where, worst);
-      check_sum(layer->bias.grad(), db_ref.narrow(0, off, r), flat(g_r).abs().sum(0), n,
-                "bias grad" + where, worst);
-    });
-  }
+  run_uneven_layer<ColumnParallelLinear>(ref, /*split_dim=*/0, [&](ColumnParallelLinear& layer,
+                                                                    const RankBlock& block) {
+    const auto& [w, b, x0, g, y_ref, n, dx_ref, dw_ref, db_ref] = ref;
+    const auto& [rows, off, r, where] = block;
+    ASSERT_EQ(layer->rows_per_rank(), rows);
+    auto x = leaf(x0);
+    auto y = layer(x);
+    const auto g_r = g.narrow(-1, off, r);
+    y.backward(g_r);
+    check_sum(y, y_ref.narrow(-1, off, r),
+              at::linear(x0.abs(), w.abs(), b.abs()).narrow(-1, off, r), kIn + 1, "output" + where, worst);
+    // The whole input gradient Σ_r g_r·W_r (the all-reduce of the backward).
+    check_sum(x.grad(), dx_ref, at::matmul(g.abs(), w.abs()), kOut, "input grad" + where, worst);
+    check_sum(layer->weight.grad(), dw_ref.narrow(0, off, r),
+              at::matmul(flat(g_r).abs().t(), flat(x0).abs()), n, "weight grad" + where, worst);
+    check_sum(layer->bias.grad(), db_ref.narrow(0, off, r), flat(g_r).abs().sum(0), n,
+              "bias grad" + where, worst);
+  });
   std::printf("measured: largest |diff| / bound %.3g\n", worst.value());
 }
 
@@ -179,32 +205,24 @@ TEST(TensorParallelLayers, RowParallelEqualsLinearOnTheWholeWeight) {
   constexpr int64_t kOut = 7;
   const LinearReference ref(kIn, kOut, 11);
   Worst worst;
-  for (const int world : {2, 3}) {
-    run_ranks(world, [&](Group& tp) {
-      const auto& [w, b, x0, g, y_ref, n, dx_ref, dw_ref, db_ref] = ref;
-      const auto cols = uneven_sizes(kIn, world);  // 3, 7 and 1, 3, 6
-      RowParallelLinear layer(kIn, kOut, tp, /*bias=*/true, cols);
-      ASSERT_EQ(layer->cols_per_rank(), cols);
-      const int64_t off = muon::dist::split_offset(cols, tp.rank());
-      const int64_t c = cols[static_cast<size_t>(tp.rank())];
-      ASSERT_EQ(layer->offset(), off);
-      ASSERT_EQ(layer->weight.sizes(), (std::vector<int64_t>{kOut, c}));
-      ASSERT_EQ(layer->bias.sizes(), (std::vector<int64_t>{kOut}));
-      layer->load_full(w, b);
-      auto x = leaf(x0.narrow(-1, off, c));
-      auto y = layer(x);
-      y.backward(g);
-      const std::string where = " at " + std::to_string(world) + " ranks, rank " + std::to_string(tp.rank());
-      // The whole output: partial products summed over the ranks, bias once.
-      check_sum(y, y_ref, at::linear(x0.abs(), w.abs(), b.abs()), kIn + 1, "output" + where, worst);
-      check_sum(x.grad(), dx_ref.narrow(-1, off, c), at::matmul(g.abs(), w.abs()).narrow(-1, off, c),
-                kOut, "input grad" + where, worst);
-      check_sum(layer->weight.grad(), dw_ref.narrow(1, off, c),
-                at::matmul(flat(g).abs().t(), flat(x0).abs()).narrow(1, off, c), n, "weight grad" + where,
-                worst);
-      check_sum(layer->bias.grad(), db_ref, flat(g).abs().sum(0), n, "bias grad" + where, worst);
-    });
-  }
+  run_uneven_layer<RowParallelLinear>(ref, /*split_dim=*/1, [&](RowParallelLinear& layer,
+                                                                 const RankBlock& block) {
+    const auto& [w, b, x0, g, y_ref, n, dx_ref, dw_ref, db_ref] = ref;
+    const auto& [cols, off, c, where] = block;
+    ASSERT_EQ(layer->cols_per_rank(), cols);
+    ASSERT_EQ(layer->bias.sizes(), (std::vector<int64_t>{kOut}));
+    auto x = leaf(x0.narrow(-1, off, c));
+    auto y = layer(x);
+    y.backward(g);
+    // The whole output: partial products summed over the ranks, bias once.
+    check_sum(y, y_ref, at::linear(x0.abs(), w.abs(), b.abs()), kIn + 1, "output" + where, worst);
+    check_sum(x.grad(), dx_ref.narrow(-1, off, c), at::matmul(g.abs(), w.abs()).narrow(-1, off, c),
+              kOut, "input grad" + where, worst);
+    check_sum(layer->weight.grad(), dw_ref.narrow(1, off, c),
+              at::matmul(flat(g).abs().t(), flat(x0).abs()).narrow(1, off, c), n, "weight grad" + where,
+              worst);
+    check_sum(layer->bias.grad(), db_ref, flat(g).abs().sum(0), n, "bias grad" + where, worst);
+  });
   std::printf("measured: largest |diff| / bound %.3g\n", worst.value());
 }
 

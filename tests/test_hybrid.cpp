@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_util.h"
@@ -65,6 +66,16 @@ void copy_params(const TinyLm& from, TinyLm& to) {
   at::NoGradGuard no_grad;
   auto src = from->named_parameters();
   for (auto& item : to->named_parameters()) item.value().copy_(src[item.key()]);
+}
+
+// Two models with the same values, `first`'s: the second is made from
+// `second_seed` and then overwritten, so that nothing but the copy makes
+// them equal.
+std::pair<TinyLm, TinyLm> equal_models(uint64_t first_seed, uint64_t second_seed) {
+  auto first = make_model(first_seed);
+  auto second = make_model(second_seed);
+  copy_params(first, second);
+  return {first, second};
 }
 
 // Deterministic synthetic gradients, one set per step, by parameter name.
@@ -191,9 +202,7 @@ TEST(Hybrid, GroupsAndRouting) {
 }
 
 TEST(Hybrid, StepEqualsStandaloneMuonAndTorchAdamW) {
-  auto model = make_model(2);
-  auto twin = make_model(3);
-  copy_params(model, twin);
+  auto [model, twin] = equal_models(2, 3);
   const auto grads = make_grads(model, 4);
   MuonWithAdamWOptions options;
   options.muon(MuonOptions(0.03).weight_decay(0.01)).adamw(AdamWOptions(1e-3).weight_decay(0.05));
@@ -277,9 +286,7 @@ TEST(Hybrid, ZeroGradAndClosure) {
 }
 
 TEST(Hybrid, ResumedRunIsBitIdentical) {
-  auto straight = make_model(6);
-  auto first = make_model(7);
-  copy_params(straight, first);
+  auto [straight, first] = equal_models(6, 7);
   const auto grads = make_grads(straight, 6);
   MuonWithAdamWOptions options;
   options.muon(MuonOptions(0.02).weight_decay(0.1)).adamw(AdamWOptions(3e-3));

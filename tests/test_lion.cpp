@@ -89,30 +89,21 @@ TEST(Lion, SchedulerDrivesLr) {
 }
 
 TEST(Lion, ResumedRunIsBitIdentical) {
-  at::manual_seed(1);
-  const auto init = at::randn({6, 4});
-  std::vector<at::Tensor> grads;
-  for (int i = 0; i < 6; ++i) grads.push_back(at::randn({6, 4}));
-  auto run = [&](at::Tensor& p, Lion& opt, int from, int to) {
-    for (int i = from; i < to; ++i) {
-      p.mutable_grad() = grads[static_cast<size_t>(i)].clone();
-      opt.step();
-    }
-  };
-  auto a = leaf(init);
+  const auto data = gradient_run(1, {6, 4}, 6);
+  auto a = leaf(data.init);
   Lion straight({a}, LionOptions(0.01).weight_decay(0.1));
-  run(a, straight, 0, 6);
+  data.run(a, straight, 0, 6);
 
-  auto b = leaf(init);
+  auto b = leaf(data.init);
   Lion first({b}, LionOptions(0.01).weight_decay(0.1));
-  run(b, first, 0, 3);
+  data.run(b, first, 0, 3);
   first.param_groups()[0].options().set_lr(0.01);  // unchanged value, exercised path
   const auto bytes = save_to_string(first);
   auto c = leaf(b.detach());
   Lion second({c}, LionOptions(0.5));  // options come from the archive
   load_from_string(second, bytes);
   EXPECT_DOUBLE_EQ(second.param_groups()[0].options().get_lr(), 0.01);
-  run(c, second, 3, 6);
+  data.run(c, second, 3, 6);
   EXPECT_TRUE(at::equal(a.detach(), c.detach()));
 }
 

@@ -13,8 +13,10 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "expect_util.h"
 #include "reference.h"
 
 namespace {
@@ -577,14 +579,10 @@ TEST(NewtonSchulzOptions, CustomCoefficients) {
             1e-4);
 }
 
+// The message of any c10::Error `f` throws ("" when none).
 template <typename F>
 std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
+  return muon::test::error_of<c10::Error>(std::forward<F>(f));
 }
 
 TEST(NewtonSchulzOptions, ValidationErrorsNameArgumentAndValue) {

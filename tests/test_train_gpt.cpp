@@ -535,6 +535,13 @@ std::vector<Output> run_two_ranks(const std::string& args0, const std::string& a
 const char* kTinyShape = "--layers 1 --heads 2 --context 32 --chars 60000 --eval-every 5 "
                          "--eval-windows 16 --no-progress --threads 1 --no-plot --runs muon ";
 
+// The flags both ranks of a short two-rank run share: the tiny shape, 4
+// steps of batch 8, the output under `dir`.
+std::string two_rank_flags(const std::filesystem::path& dir) {
+  return std::string(kTinyShape) + "--batch 8 --steps 4 --timeout 60 --out " + (dir / "out").string() +
+         " ";
+}
+
 TEST(TrainGptProgram, ResumeNamesWhatDiffersFromTheCheckpoint) {
   const auto dir = scratch("resume_mismatch");
   const auto ckpt = dir / "ckpt";
@@ -776,8 +783,7 @@ TEST(TrainGptProgram, UnwritableSaveFailsBeforeTraining) {
 
 TEST(TrainGptProgram, RanksStartedWithOtherFlagsFailOnEveryRank) {
   const auto dir = scratch("rank_flags");
-  const std::string common = std::string(kTinyShape) + "--batch 8 --steps 4 --timeout 60 --out " +
-                             (dir / "out").string() + " ";
+  const std::string common = two_rank_flags(dir);
   const auto outs = run_two_ranks(common + "--width 32", common + "--width 16", dir);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(outs[static_cast<size_t>(r)].status, 1) << outs[static_cast<size_t>(r)].text;
@@ -793,8 +799,7 @@ TEST(TrainGptProgram, AnotherSeedOnOneRankTrainsRankZerosModel) {
   // DDP does); without it the layer-wise optimizer refuses parameters whose
   // values differ between the ranks.
   const auto dir = scratch("rank_seeds");
-  const std::string common = std::string(kTinyShape) + "--width 32 --batch 8 --steps 4 --timeout 60 --out " +
-                             (dir / "out").string() + " ";
+  const std::string common = two_rank_flags(dir) + "--width 32 ";
   const auto outs = run_two_ranks(common + "--seed 1", common + "--seed 2", dir);
   for (const auto& out : outs) EXPECT_EQ(out.status, 0) << out.text;
   std::filesystem::remove_all(dir);

@@ -14,8 +14,10 @@ factors (include/muon/scaling.h). The test modules import them with
 """
 import math
 import os
+import re
 import sys
 
+import pytest
 import torch
 
 _path = os.environ.get("MUON_CPP_PATH")
@@ -300,3 +302,14 @@ def ref_lion_step(s, g, lr, beta1, beta2, wd):
 
 def max_diff(a, b):
     return (a.detach().to(torch.float64) - b.detach().to(torch.float64)).abs().max().item()
+
+
+def value_error(fn, *patterns):
+    """Runs fn, expects ValueError whose message matches every regex in patterns;
+    returns the message."""
+    with pytest.raises(ValueError) as info:
+        fn()
+    msg = str(info.value)
+    for pat in patterns:
+        assert re.search(pat, msg), f"{pat!r} not found in {msg!r}"
+    return msg

@@ -80,6 +80,29 @@ def from_rows(shards, rows, m):
     return full[:m]
 
 
+def mode_results(all_results, mode):
+    """Every rank's results of `mode`, with rank 0's row counts and reference."""
+    results = [r[mode] for r in all_results]
+    return results, results[0]["rows"], results[0]["ref"]
+
+
+def whole_from_row_shards(results, variant, k, rows, m):
+    """Matrix `k` of `m` rows from every rank's row shard of it in `variant`,
+    each checked to hold its rank's `rows`."""
+    shards = [res["shards"][variant][k] for res in results]
+    for r, shard in enumerate(shards):
+        assert shard.shape[0] == rows[r], (variant, k, r)
+    return from_rows(shards, rows, m)
+
+
+def check_whole(whole, ref, scale, init, what):
+    """`whole` is one process's `ref` within FP32_LAYOUT_TOL relative to `scale`,
+    and the optimizer moved it away from `init`."""
+    err = max_abs(whole - ref) / scale
+    assert err <= FP32_LAYOUT_TOL, what + (err,)
+    assert max_abs(whole - init) > 1e-3, what
+
+
 # ---- the harness ----------------------------------------------------------------------
 
 
@@ -195,23 +218,16 @@ def sharded_results():
 
 @pytest.mark.parametrize("mode", SHARDED_MODES)
 def test_sharded_equals_single_process(sharded_results, mode):
-    world = 2
-    results = [r[mode] for r in sharded_results]
+    results, rows, ref = mode_results(sharded_results, mode)
     r0 = results[0]
-    rows, ref = r0["rows"], r0["ref"]
     scale = max(max_abs(t) for t in ref)
     assert any(0 in rs for rs in rows) and any(sum(rs) > s[0] for rs, (s, _) in zip(rows, dc.SHARDED_MODEL))
     for in_flight in (0, 2):
         for k, (shape, split) in enumerate(dc.SHARDED_MODEL):
-            shards = [results[r]["shards"][in_flight][k] for r in range(world)]
-            for r in range(world):
-                assert shards[r].shape[0] == rows[k][r], (k, r)
-            whole = from_rows(shards, rows[k], shape[0])
+            whole = whole_from_row_shards(results, in_flight, k, rows[k], shape[0])
             # The owner runs newton_schulz on the same whole matrix as one process;
             # momentum and the update are element-wise (bound: module docstring).
-            err = max_abs(whole - ref[k]) / scale
-            assert err <= FP32_LAYOUT_TOL, (mode, in_flight, k, shape, split, err)
-            assert max_abs(whole - dc.sharded_param(k, shape)) > 1e-3, k
+            check_whole(whole, ref[k], scale, dc.sharded_param(k, shape), (mode, in_flight, k, shape, split))
     # Orthogonalizing rank 0's rows alone (the DeepSpeed bug) would be caught.
     # (Relative to the change the optimizer made, as the blockwise TP check.)
     rows0 = rows[0][0]
@@ -248,9 +264,7 @@ def test_sharded_expert_groups(mesh4_results):
         shards = [results[r]["shards"][results[r]["ids"].index(k)] for r in holders]
         whole = from_rows(shards, rows, shape[0])
         # As the dense case: the owner orthogonalizes the whole matrix.
-        err = rel_to_scale(whole, ref[k], ref[k])
-        assert err <= FP32_LAYOUT_TOL, (k, shape, split, err)
-        assert max_abs(whole - dc.sharded_param(k, shape)) > 1e-3, k
+        check_whole(whole, ref[k], max_abs(ref[k]), dc.sharded_param(k, shape), (k, shape, split))
         seen.add(k)
     assert seen == set(range(len(dc.EXPERT_ALL)))
 
@@ -336,19 +350,15 @@ def adaptive_results():
 @pytest.mark.parametrize("adaptive_mode", ADAPTIVE_MODES)
 def test_adaptive_muon_sharded(adaptive_results, adaptive_mode):
     world = 2
-    results = [r[adaptive_mode] for r in adaptive_results]
-    r0 = results[0]
-    rows, ref = r0["rows"], r0["ref"]
+    results, rows, ref = mode_results(adaptive_results, adaptive_mode)
     for sharded_mode in ("owner_compute", "replicated"):
         for k, shape in enumerate(dc.ADAPTIVE_SHAPES):
-            shards = [results[r]["shards"][sharded_mode][k] for r in range(world)]
-            whole = from_rows(shards, rows[k], shape[0])
+            whole = whole_from_row_shards(results, sharded_mode, k, rows[k], shape[0])
             # Only the order of fp32 sums differs (Gram, norm, row means and the
             # stage's two norms summed over parts): a stage using a part's own
             # statistics would be off by ~1e-3 (tests/test_dist_adaptive.cpp).
-            err = rel_to_scale(whole, ref[k], ref[k])
-            assert err <= FP32_LAYOUT_TOL, (adaptive_mode, sharded_mode, k, shape, err)
-            assert max_abs(whole - dc.adaptive_param(k)) > 1e-3, k
+            check_whole(whole, ref[k], max_abs(ref[k]), dc.adaptive_param(k),
+                        (adaptive_mode, sharded_mode, k, shape))
             for r in range(world):
                 if rows[k][r] == 0:
                     continue

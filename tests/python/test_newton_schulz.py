@@ -8,7 +8,6 @@ documents (conftest.SET_FACTS).
 """
 import math
 import os
-import re
 import zlib
 
 import pytest
@@ -16,7 +15,8 @@ import torch
 
 import muon_cpp
 from conftest import (SET_FACTS, U_BF16, U_FP32, plain_error_over_orders, plain_scale,
-                      ref_newton_schulz, rel_err, safety_of, schedule_of, with_spectrum)
+                      ref_newton_schulz, rel_err, safety_of, schedule_of, value_error,
+                      with_spectrum)
 
 ALL_SETS = sorted(SET_FACTS)
 SHAPES = [(24, 24), (16, 40), (40, 16), (3, 12, 20), (2, 20, 12)]
@@ -194,36 +194,27 @@ def test_scale_factor_default_mode_is_shape_scaling():
 @pytest.mark.parametrize("extra", [0.0, -1.0, float("nan"), float("inf")])
 def test_scale_factor_refuses_an_extra_factor_that_is_not_positive(extra):
     # 0 would zero every update and a negative factor would ascend.
-    msg = _value_error(lambda: muon_cpp.scale_factor(48, 12, "spectral", extra),
+    msg = value_error(lambda: muon_cpp.scale_factor(48, 12, "spectral", extra),
                        "extra_scale_factor must be finite and > 0, got")
     assert len(msg) < 200
 
 
-def _value_error(fn, *words):
-    with pytest.raises(ValueError) as info:
-        fn()
-    msg = str(info.value)
-    for w in words:
-        assert re.search(w, msg), f"{w!r} not in {msg!r}"
-    return msg
-
-
 def test_bad_arguments_raise_value_error_naming_them():
     x = torch.randn(4, 6)
-    _value_error(lambda: muon_cpp.newton_schulz(x, steps=0), r"steps", r"\b0\b")
-    _value_error(lambda: muon_cpp.newton_schulz(x, steps=100), r"steps", r"100")
-    _value_error(lambda: muon_cpp.newton_schulz(x, "quintik"), r"coefficient", r"quintik")
-    _value_error(lambda: muon_cpp.newton_schulz(torch.randn(5)), r"\bx\b", r"5")
-    _value_error(lambda: muon_cpp.newton_schulz(torch.randn(2, 3, 4, 5)), r"\bx\b")
-    _value_error(lambda: muon_cpp.newton_schulz(x, eps=0.0), r"eps")
-    _value_error(lambda: muon_cpp.newton_schulz(x, eps_mode="mul"), r"eps_mode", r"mul")
-    _value_error(lambda: muon_cpp.newton_schulz(x, method="fast"), r"method", r"fast")
-    _value_error(lambda: muon_cpp.newton_schulz(x, compute_dtype=torch.int32), r"compute_dtype")
-    _value_error(lambda: muon_cpp.newton_schulz(x, [(1.0, 2.0)]), r"coefficients")
-    _value_error(lambda: muon_cpp.coefficients("quintik"), r"quintik")
-    _value_error(lambda: muon_cpp.scale_factor(0, 4), r"rows", r"\b0\b")
-    _value_error(lambda: muon_cpp.scale_factor(4, 0), r"cols", r"\b0\b")
-    _value_error(lambda: muon_cpp.scale_factor(4, 4, "spectrall"), r"spectrall")
+    value_error(lambda: muon_cpp.newton_schulz(x, steps=0), r"steps", r"\b0\b")
+    value_error(lambda: muon_cpp.newton_schulz(x, steps=100), r"steps", r"100")
+    value_error(lambda: muon_cpp.newton_schulz(x, "quintik"), r"coefficient", r"quintik")
+    value_error(lambda: muon_cpp.newton_schulz(torch.randn(5)), r"\bx\b", r"5")
+    value_error(lambda: muon_cpp.newton_schulz(torch.randn(2, 3, 4, 5)), r"\bx\b")
+    value_error(lambda: muon_cpp.newton_schulz(x, eps=0.0), r"eps")
+    value_error(lambda: muon_cpp.newton_schulz(x, eps_mode="mul"), r"eps_mode", r"mul")
+    value_error(lambda: muon_cpp.newton_schulz(x, method="fast"), r"method", r"fast")
+    value_error(lambda: muon_cpp.newton_schulz(x, compute_dtype=torch.int32), r"compute_dtype")
+    value_error(lambda: muon_cpp.newton_schulz(x, [(1.0, 2.0)]), r"coefficients")
+    value_error(lambda: muon_cpp.coefficients("quintik"), r"quintik")
+    value_error(lambda: muon_cpp.scale_factor(0, 4), r"rows", r"\b0\b")
+    value_error(lambda: muon_cpp.scale_factor(4, 0), r"cols", r"\b0\b")
+    value_error(lambda: muon_cpp.scale_factor(4, 4, "spectrall"), r"spectrall")
 
 
 def test_cpu_kernels_say_what_bf16_runs_on():

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 import muon_cpp
-from conftest import (RefParam, max_diff, ref_adaptive_step, ref_lion_step, ref_muon_step)
+from conftest import (RefParam, max_diff, ref_adaptive_step, ref_lion_step, ref_muon_step,
+                      value_error)
 
 FP64_TOL = 1e-10
 FP32_STEP_TOL = 1e-5
@@ -40,16 +41,6 @@ FP32_STEP_TOL = 1e-5
 
 def leaf(t):
     return t.detach().clone().requires_grad_(True)
-
-
-def value_error(fn, *patterns):
-    """Runs fn, expects ValueError whose message matches every regex in patterns."""
-    with pytest.raises(ValueError) as info:
-        fn()
-    msg = str(info.value)
-    for pat in patterns:
-        assert re.search(pat, msg), f"{pat!r} not found in {msg!r}"
-    return msg
 
 
 def run_muon_groups(groups, steps=3, dtype=torch.float64, seed=1234, check_each_step=True):

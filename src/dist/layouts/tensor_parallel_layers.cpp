@@ -153,13 +153,17 @@ void check_full(const at::Tensor& weight, const at::Tensor& bias, const at::Tens
                     shape_text(bias));
 }
 
-void print_layer(std::ostream& stream, const char* who, int64_t in_features,
-                 int64_t out_features, const char* split_name,
-                 const std::vector<int64_t>& split, const Group& tp, bool bias) {
-  stream << "muon::dist::" << who << "(in_features=" << in_features
-         << ", out_features=" << out_features << ", " << split_name << "=" << list_text(split)
-         << ", tp=" << tp.name() << " rank " << tp.rank() << "/" << tp.size()
-         << ", bias=" << (bias ? "true" : "false") << ")";
+// The names a layer splitting dimension `split_dim` of its weight goes by in
+// its messages and its printout.
+struct SplitNames {
+  const char* layer;       // "ColumnParallelLinear"
+  const char* sizes;       // "rows_per_rank": the constructor's argument
+  const char* split_total; // "out_features": the size of the split dimension
+};
+
+SplitNames split_names(int64_t split_dim) {
+  if (split_dim == 0) return {"ColumnParallelLinear", "rows_per_rank", "out_features"};
+  return {"RowParallelLinear", "cols_per_rank", "in_features"};
 }
 
 }  // namespace
@@ -223,87 +227,85 @@ std::vector<int64_t> rows_per_rank_by_heads(int64_t heads, int64_t rows_per_head
   return rows;
 }
 
+// ---- ParallelLinearBase ---------------------------------------------------------
+
+ParallelLinearBase::ParallelLinearBase(int64_t in_features, int64_t out_features, Group tp,
+                                       bool bias, std::vector<int64_t> sizes_per_rank,
+                                       int64_t split_dim)
+    : in_features_(in_features),
+      out_features_(out_features),
+      tp_(std::move(tp)),
+      split_dim_(split_dim) {
+  const SplitNames names = split_names(split_dim_);
+  check_construction(in_features, out_features, tp_, names.layer);
+  const int64_t split_total = split_dim_ == 0 ? out_features : in_features;
+  sizes_per_rank_ = block_sizes(std::move(sizes_per_rank), split_total, tp_, names.layer,
+                                names.sizes, names.split_total);
+  offset_ = split_offset(sizes_per_rank_, tp_.rank());
+  const int64_t size = sizes_per_rank_[static_cast<size_t>(tp_.rank())];
+  auto [w, b] = linear_init(in_features, out_features, bias);
+  weight = register_parameter(
+      "weight", w.narrow(split_dim_, offset_, size).clone(at::MemoryFormat::Contiguous));
+  if (!bias) return;
+  // The bias goes with the output features: split with the rows, whole when
+  // the columns are split.
+  this->bias = register_parameter(
+      "bias", split_dim_ == 0 ? b.narrow(0, offset_, size).clone(at::MemoryFormat::Contiguous) : b);
+}
+
+void ParallelLinearBase::load_full(const at::Tensor& full_weight, const at::Tensor& full_bias) {
+  check_full(full_weight, full_bias, bias, in_features_, out_features_,
+             split_names(split_dim_).layer);
+  at::NoGradGuard no_grad;
+  const int64_t size = weight.size(split_dim_);
+  weight.copy_(full_weight.narrow(split_dim_, offset_, size));
+  if (!full_bias.defined()) return;
+  bias.copy_(split_dim_ == 0 ? full_bias.narrow(0, offset_, size) : full_bias);
+}
+
+std::vector<std::pair<std::string, TensorParallelShard>>
+ParallelLinearBase::tensor_parallel_shards() const {
+  std::vector<std::pair<std::string, TensorParallelShard>> shards;
+  shards.emplace_back("weight",
+                      TensorParallelShard({out_features_, in_features_}, split_dim_, tp_));
+  if (split_dim_ == 0 && bias.defined()) {
+    shards.emplace_back("bias", TensorParallelShard({out_features_}, 0, tp_));
+  }
+  return shards;
+}
+
+void ParallelLinearBase::pretty_print(std::ostream& stream) const {
+  const SplitNames names = split_names(split_dim_);
+  stream << "muon::dist::" << names.layer << "(in_features=" << in_features_
+         << ", out_features=" << out_features_ << ", " << names.sizes << "="
+         << list_text(sizes_per_rank_) << ", tp=" << tp_.name() << " rank " << tp_.rank() << "/"
+         << tp_.size() << ", bias=" << (bias.defined() ? "true" : "false") << ")";
+}
+
 // ---- ColumnParallelLinear -------------------------------------------------------
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t out_features,
                                                    Group tp, bool bias,
                                                    std::vector<int64_t> rows_per_rank)
-    : in_features_(in_features), out_features_(out_features), tp_(std::move(tp)) {
-  check_construction(in_features, out_features, tp_, "ColumnParallelLinear");
-  rows_per_rank_ = block_sizes(std::move(rows_per_rank), out_features, tp_,
-                               "ColumnParallelLinear", "rows_per_rank", "out_features");
-  offset_ = split_offset(rows_per_rank_, tp_.rank());
-  const int64_t rows = rows_per_rank_[static_cast<size_t>(tp_.rank())];
-  auto [w, b] = linear_init(in_features, out_features, bias);
-  weight = register_parameter("weight", w.narrow(0, offset_, rows).clone(at::MemoryFormat::Contiguous));
-  if (bias) {
-    this->bias =
-        register_parameter("bias", b.narrow(0, offset_, rows).clone(at::MemoryFormat::Contiguous));
-  }
-}
+    : ParallelLinearBase(in_features, out_features, std::move(tp), bias, std::move(rows_per_rank),
+                         /*split_dim=*/0) {}
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
   return at::linear(copy_to_tensor_parallel(x, tp_), weight, bias);
-}
-
-void ColumnParallelLinearImpl::load_full(const at::Tensor& full_weight, const at::Tensor& full_bias) {
-  check_full(full_weight, full_bias, bias, in_features_, out_features_, "ColumnParallelLinear");
-  at::NoGradGuard no_grad;
-  const int64_t rows = weight.size(0);
-  weight.copy_(full_weight.narrow(0, offset_, rows));
-  if (full_bias.defined()) bias.copy_(full_bias.narrow(0, offset_, rows));
-}
-
-std::vector<std::pair<std::string, TensorParallelShard>>
-ColumnParallelLinearImpl::tensor_parallel_shards() const {
-  std::vector<std::pair<std::string, TensorParallelShard>> shards;
-  shards.emplace_back("weight", TensorParallelShard({out_features_, in_features_}, 0, tp_));
-  if (bias.defined()) shards.emplace_back("bias", TensorParallelShard({out_features_}, 0, tp_));
-  return shards;
-}
-
-void ColumnParallelLinearImpl::pretty_print(std::ostream& stream) const {
-  print_layer(stream, "ColumnParallelLinear", in_features_, out_features_, "rows_per_rank",
-              rows_per_rank_, tp_, bias.defined());
 }
 
 // ---- RowParallelLinear ----------------------------------------------------------
 
 RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_features, Group tp,
                                              bool bias, std::vector<int64_t> cols_per_rank)
-    : in_features_(in_features), out_features_(out_features), tp_(std::move(tp)) {
-  check_construction(in_features, out_features, tp_, "RowParallelLinear");
-  cols_per_rank_ = block_sizes(std::move(cols_per_rank), in_features, tp_, "RowParallelLinear",
-                               "cols_per_rank", "in_features");
-  offset_ = split_offset(cols_per_rank_, tp_.rank());
-  const int64_t cols = cols_per_rank_[static_cast<size_t>(tp_.rank())];
-  auto [w, b] = linear_init(in_features, out_features, bias);
-  weight = register_parameter("weight", w.narrow(1, offset_, cols).clone(at::MemoryFormat::Contiguous));
-  if (bias) this->bias = register_parameter("bias", b);
-}
+    : ParallelLinearBase(in_features, out_features, std::move(tp), bias, std::move(cols_per_rank),
+                         /*split_dim=*/1) {}
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x_local) {
   // One rank: torch::nn::Linear's own computation (the bias inside the GEMM).
   if (tp_.size() == 1) return at::linear(x_local, weight, bias);
   auto y = reduce_from_tensor_parallel(at::linear(x_local, weight), tp_);
   return bias.defined() ? y + bias : y;
-}
-
-void RowParallelLinearImpl::load_full(const at::Tensor& full_weight, const at::Tensor& full_bias) {
-  check_full(full_weight, full_bias, bias, in_features_, out_features_, "RowParallelLinear");
-  at::NoGradGuard no_grad;
-  weight.copy_(full_weight.narrow(1, offset_, weight.size(1)));
-  if (full_bias.defined()) bias.copy_(full_bias);
-}
-
-std::vector<std::pair<std::string, TensorParallelShard>>
-RowParallelLinearImpl::tensor_parallel_shards() const {
-  return {{"weight", TensorParallelShard({out_features_, in_features_}, 1, tp_)}};
-}
-
-void RowParallelLinearImpl::pretty_print(std::ostream& stream) const {
-  print_layer(stream, "RowParallelLinear", in_features_, out_features_, "cols_per_rank",
-              cols_per_rank_, tp_, bias.defined());
 }
 
 }  // namespace muon::dist

@@ -92,6 +92,63 @@ std::map<std::string, TensorParallelShard> tensor_parallel_shards(const torch::n
 /// for heads < 1, rows_per_head < 1 or tp_size < 1, naming the argument.
 std::vector<int64_t> rows_per_rank_by_heads(int64_t heads, int64_t rows_per_head, int64_t tp_size);
 
+/// What ColumnParallelLinear and RowParallelLinear share: a linear layer
+/// y = x·Wᵀ + b over the whole (out_features, in_features) weight W, of
+/// which this rank holds one block along the split dimension (0: rows, the
+/// output features; 1: columns, the input features), and the bias, split
+/// with the rows or, when the columns are split, replicated. Constructed only
+/// as one of the two layers.
+class ParallelLinearBase : public torch::nn::Module, public TensorParallelModule {
+ public:
+  /// Copies this rank's block of a whole (out_features, in_features)
+  /// `weight` and, when given, of a whole (out_features) `bias` (its rows
+  /// when the rows are split, else the whole bias) into the parameters
+  /// (without recording gradients; any dtype and device, converted). An
+  /// undefined `bias` leaves the bias as it is. Not collective. Raises
+  /// c10::ValueError for a wrong shape, or a `bias` given to a layer without
+  /// one.
+  void load_full(const at::Tensor& weight, const at::Tensor& bias = {});
+
+  /// "weight" (along the split dimension) and, when it is split with the
+  /// rows and present, "bias" (dim 0), over `group()`; a replicated bias is
+  /// not a shard.
+  std::vector<std::pair<std::string, TensorParallelShard>> tensor_parallel_shards() const override;
+
+  /// "muon::dist::ColumnParallelLinear(in_features=…, out_features=…,
+  /// rows_per_rank=…, …)", or RowParallelLinear with cols_per_rank.
+  void pretty_print(std::ostream& stream) const override;
+
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  /// First row (or column) of this rank's block in the whole weight.
+  int64_t offset() const { return offset_; }
+  /// The TP group the features are split over.
+  const Group& group() const { return tp_; }
+
+  /// This rank's block of the weight: (rows_r, in_features) or
+  /// (out_features, cols_r).
+  at::Tensor weight;
+  /// This rank's block of the bias, (rows_r), or the whole bias,
+  /// (out_features), replicated; undefined without bias.
+  at::Tensor bias;
+
+ protected:
+  /// Checks the arguments (see the two layers), splits dimension
+  /// `split_dim` into `sizes_per_rank` (balanced when empty) and draws the
+  /// whole weight and bias as torch::nn::Linear(in_features, out_features)
+  /// does, keeping this rank's block. Not collective.
+  ParallelLinearBase(int64_t in_features, int64_t out_features, Group tp, bool bias,
+                     std::vector<int64_t> sizes_per_rank, int64_t split_dim);
+
+  int64_t in_features_;
+  int64_t out_features_;
+  Group tp_;
+  int64_t split_dim_;
+  /// Rows (or columns) of every rank's block, in rank order.
+  std::vector<int64_t> sizes_per_rank_;
+  int64_t offset_;
+};
+
 /// A linear layer y = x·Wᵀ + b whose output features are split over `tp`:
 /// this rank holds rows [offset(), offset() + rows) of the whole
 /// (out_features, in_features) weight W and of the bias, and computes those
@@ -122,7 +179,7 @@ std::vector<int64_t> rows_per_rank_by_heads(int64_t heads, int64_t rows_per_head
 /// Raises c10::ValueError, naming the argument and its value, for
 /// in_features < 1, out_features < 1, an invalid `tp`, or rows_per_rank
 /// without one entry ≥ 0 per rank summing to out_features.
-class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallelModule {
+class ColumnParallelLinearImpl : public ParallelLinearBase {
  public:
   /// `rows_per_rank`: rows of every rank's block, in rank order; empty means
   /// balanced_split_sizes(out_features, tp.size()). Not collective.
@@ -133,40 +190,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
   /// features. Its backward is collective over `tp`.
   at::Tensor forward(const at::Tensor& x);
 
-  /// Copies this rank's rows of a whole (out_features, in_features) `weight`
-  /// and, when given, of a whole (out_features) `bias` into the parameters
-  /// (without recording gradients; any dtype and device, converted). An
-  /// undefined `bias` leaves the bias as it is. Not collective. Raises
-  /// c10::ValueError for a wrong shape, or a `bias` given to a layer without
-  /// one.
-  void load_full(const at::Tensor& weight, const at::Tensor& bias = {});
-
-  /// "weight" (dim 0) and, when present, "bias" (dim 0) over `group()`.
-  std::vector<std::pair<std::string, TensorParallelShard>> tensor_parallel_shards() const override;
-
-  /// "muon::dist::ColumnParallelLinear(in_features=…, out_features=…, rows=…, …)".
-  void pretty_print(std::ostream& stream) const override;
-
-  int64_t in_features() const { return in_features_; }
-  int64_t out_features() const { return out_features_; }
   /// Rows of every rank's block, in rank order.
-  const std::vector<int64_t>& rows_per_rank() const { return rows_per_rank_; }
-  /// First row of this rank's block in the whole weight.
-  int64_t offset() const { return offset_; }
-  /// The TP group the output features are split over.
-  const Group& group() const { return tp_; }
-
-  /// This rank's block of the weight, (rows_r, in_features).
-  at::Tensor weight;
-  /// This rank's block of the bias, (rows_r); undefined without bias.
-  at::Tensor bias;
-
- private:
-  int64_t in_features_;
-  int64_t out_features_;
-  Group tp_;
-  std::vector<int64_t> rows_per_rank_;
-  int64_t offset_;
+  const std::vector<int64_t>& rows_per_rank() const { return sizes_per_rank_; }
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -187,7 +212,7 @@ TORCH_MODULE(ColumnParallelLinear);
 /// Initialization as ColumnParallelLinear: the whole weight and bias drawn as
 /// torch::nn::Linear(in_features, out_features) draws them, this rank keeping
 /// its columns and the whole bias.
-class RowParallelLinearImpl : public torch::nn::Module, public TensorParallelModule {
+class RowParallelLinearImpl : public ParallelLinearBase {
  public:
   /// `cols_per_rank`: columns of every rank's block, in rank order; empty
   /// means balanced_split_sizes(in_features, tp.size()). Not collective.
@@ -201,40 +226,8 @@ class RowParallelLinearImpl : public torch::nn::Module, public TensorParallelMod
   /// whole output on every rank. Collective over `tp`.
   at::Tensor forward(const at::Tensor& x_local);
 
-  /// Copies this rank's columns of a whole (out_features, in_features)
-  /// `weight` and, when given, the whole (out_features) `bias` (without
-  /// recording gradients; converted to the parameters' dtype and device). An
-  /// undefined `bias` leaves the bias as it is. Not collective. Raises
-  /// c10::ValueError for a wrong shape, or a `bias` given to a layer without
-  /// one.
-  void load_full(const at::Tensor& weight, const at::Tensor& bias = {});
-
-  /// "weight" (dim 1) over `group()`; the bias is replicated, not a shard.
-  std::vector<std::pair<std::string, TensorParallelShard>> tensor_parallel_shards() const override;
-
-  /// "muon::dist::RowParallelLinear(in_features=…, out_features=…, cols=…, …)".
-  void pretty_print(std::ostream& stream) const override;
-
-  int64_t in_features() const { return in_features_; }
-  int64_t out_features() const { return out_features_; }
   /// Columns of every rank's block, in rank order.
-  const std::vector<int64_t>& cols_per_rank() const { return cols_per_rank_; }
-  /// First column of this rank's block in the whole weight.
-  int64_t offset() const { return offset_; }
-  /// The TP group the input features are split over.
-  const Group& group() const { return tp_; }
-
-  /// This rank's block of the weight, (out_features, cols_r).
-  at::Tensor weight;
-  /// The whole bias, (out_features), replicated; undefined without bias.
-  at::Tensor bias;
-
- private:
-  int64_t in_features_;
-  int64_t out_features_;
-  Group tp_;
-  std::vector<int64_t> cols_per_rank_;
-  int64_t offset_;
+  const std::vector<int64_t>& cols_per_rank() const { return sizes_per_rank_; }
 };
 TORCH_MODULE(RowParallelLinear);
 
