@@ -17,6 +17,7 @@
 #include "common.h"
 #include "muon/compat.h"
 #include "muon/dist/layouts/layerwise.h"
+#include "muon/dist/layouts/layout.h"
 #include "muon/dist/layouts/make.h"
 #include "muon/groups.h"
 #include "muon/optim/composite.h"
@@ -71,12 +72,19 @@ class Engine {
     // Python made (a collective's output) takes the GIL to free its Python
     // object while it holds the queue's lock; holding the GIL here while
     // waiting on a collective queued behind it would deadlock the rank.
-    dist::GroupedOptimizer built;
+    // The Python layouts are Layouts whose gradients PyTorch reduces (DDP,
+    // FSDP2, muon_cpp.distributed.all_reduce_gradients): one agreement per
+    // step, then the optimizer.
+    auto layout_groups = dist::LayoutGroups()
+                      .world(layout.group)
+                      .tensor_parallel(layout.tensor_parallel)
+                      .row_shards(layout.row_shards)
+                      .gradients_reduced(true);
     {
       py::gil_scoped_release release;
-      built = dist::make_grouped_optimizer(specs, config_, layout);
+      layout_ = std::make_unique<dist::Layout>(specs, config_, std::move(layout_groups));
     }
-    optimizer_ = std::move(built.optimizer);
+    optimizer_ = &layout_->optimizer();
     for (auto& holder : state_holders(*optimizer_, "muon_cpp: ")) {
       for (const auto& g : holder.optimizer->param_groups()) {
         for (const auto& p : g.params()) leaves_[p.unsafeGetTensorImpl()] = {holder.optimizer, holder.entry};
@@ -92,7 +100,7 @@ class Engine {
         r.values[f.name] = settings.get(f.name);
       }
       r.num_params = specs[i].params.size();
-      r.index = built.group_index[i];
+      r.index = layout_->group_index()[i];
       records_.push_back(std::move(r));
       for (const auto& p : specs[i].params) params_.push_back(p);
     }
@@ -106,7 +114,7 @@ class Engine {
     {
       py::gil_scoped_release release;
       const auto start = std::chrono::steady_clock::now();
-      optimizer_->step();
+      layout_->step();
       last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     if (!state.is_none()) refresh_state(state);
@@ -232,12 +240,12 @@ class Engine {
   }
 
   int64_t state_bytes() const {
-    if (const auto* s = dynamic_cast<const StateBytes*>(optimizer_.get())) return s->state_bytes();
+    if (const auto* s = dynamic_cast<const StateBytes*>(optimizer_)) return s->state_bytes();
     return 0;
   }
 
   std::vector<int64_t> owners() const {
-    if (const auto* l = dynamic_cast<const dist::LayerwiseOptimizer*>(optimizer_.get())) return l->owners();
+    if (const auto* l = dynamic_cast<const dist::LayerwiseOptimizer*>(optimizer_)) return l->owners();
     return {};
   }
 
@@ -293,7 +301,8 @@ class Engine {
   }
 
   OptimizerConfig config_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<dist::Layout> layout_;
+  Optimizer* optimizer_ = nullptr;
   std::unordered_map<const void*, Leaf> leaves_;
   std::vector<GroupRecord> records_;
   std::vector<at::Tensor> params_;

@@ -88,15 +88,19 @@ void Layout::set_groups(LayoutGroups& groups) {
                                   : Group::single();
   dp_ = groups.dp().valid() ? groups.dp() : world_;
   // Without a group spanning every rank, the step's agreement runs over dp
-  // and is passed on over each tensor-parallel group.
+  // and each group the shards name (tensor-parallel, row-shard groups).
   peers_.clear();
   if (!groups.world().valid()) {
     std::vector<Group> distinct{dp_};
-    for (const auto& entry : groups.tensor_parallel()) {
-      const auto& g = entry.second.group();
+    auto add = [&](const Group& g) {
       const bool seen = std::any_of(distinct.begin(), distinct.end(),
                                     [&](const Group& s) { return same_group(s, g); });
       if (!seen) distinct.push_back(g);
+    };
+    for (const auto& entry : groups.tensor_parallel()) add(entry.second.group());
+    for (const auto& entry : groups.row_shards()) {
+      add(entry.second.group());
+      if (entry.second.has_tensor_parallel()) add(entry.second.tp().group());
     }
     if (distinct.size() > 1) peers_ = std::move(distinct);
   }
@@ -139,8 +143,13 @@ void Layout::build(const torch::OrderedDict<std::string, at::Tensor>* named_para
   } else {
     bucket_bytes_ = layout_groups.bucket_bytes() > 0 ? layout_groups.bucket_bytes() : kAllReduceBucketBytes;
     reduction_ = data_parallel && !fsdp ? GradientReduction::kAllReduce : GradientReduction::kNone;
-    optimizer_ = groups != nullptr ? make_grouped_optimizer(*groups, config, dl, registry).optimizer
-                                   : make_optimizer(params_, config, dl, registry);
+    if (groups != nullptr) {
+      auto built = make_grouped_optimizer(*groups, config, dl, registry);
+      optimizer_ = std::move(built.optimizer);
+      group_index_ = std::move(built.group_index);
+    } else {
+      optimizer_ = make_optimizer(params_, config, dl, registry);
+    }
   }
   checkpoint_layout_ = std::move(dl);
   const auto& agreement = peers_.empty() ? world_ : dp_;

@@ -165,6 +165,44 @@ std::vector<bool> agreed_mask(const std::vector<std::vector<int64_t>>& all,
   return active;
 }
 
+// Raises (the same on every rank of `group`) for what `all`, the gathered
+// integers of its ranks, shows; else adds the outcome to `verdict`.
+void evaluate(const std::vector<std::vector<int64_t>>& all, const Group& group,
+              const StepCheck& check, const std::exception_ptr& failure, StepVerdict& verdict) {
+  const auto me = static_cast<size_t>(group.rank());
+  for (const auto r : c10::irange(all.size())) {
+    if (all[r][kFailed] == 0) continue;
+    if (failure) std::rethrow_exception(failure);
+    TORCH_CHECK_VALUE(false, check.who, "rank ", r, " of group '", group.name(),
+                      "' failed its checks before the step (see its error); nothing of this "
+                      "step was applied on any rank");
+  }
+  verdict.active = agreed_mask(all, *check.params, group, check.who);
+  for (const auto r : c10::irange(all.size())) {
+    if (all[r][kDigest] == all[me][kDigest]) continue;
+    // Name the setting that differs (a collective every rank of the group
+    // reaches: all saw the same digests).
+    check_ranks_agree(group, settings_items(*check.optimizer), check.who,
+                      "every rank must step with the same settings; set them on every rank");
+    TORCH_CHECK_VALUE(false, check.who, "the ranks of group '", group.name(),
+                      "' step with different settings; nothing of this step was applied");
+  }
+  for (const auto r : c10::irange(all.size())) {
+    if (all[r][kNonFinite] < 0) continue;
+    if (policy_of(*check.optimizer) == NonFinitePolicy::kSkipStep) {
+      verdict.skip = true;
+      break;
+    }
+    const auto i = static_cast<size_t>(all[r][kNonFinite]);
+    TORCH_CHECK_VALUE(false, check.who, "parameter '", shown((*check.params)[i].key()), "' (shape ",
+                      (*check.params)[i].value().sizes(), ") has a non-finite gradient (NaN or "
+                      "Inf) on rank ", r, " of group '", group.name(), "'; nothing of this step "
+                      "was applied. Set the nonfinite policy to skip_step to skip such steps, or "
+                      "propagate to apply them");
+  }
+  for (const auto& v : all) verdict.recheck = verdict.recheck || v[kLarge] != 0;
+}
+
 }  // namespace
 
 StepVerdict agree_step(const Group& group, const std::vector<const Group*>& peers,
@@ -173,58 +211,29 @@ StepVerdict agree_step(const Group& group, const std::vector<const Group*>& peer
   muon::detail::align_blas_threads();
   std::exception_ptr failure;
   const auto mine = local_view(check, failure);
-  const auto all = group.all_gather_ints(mine);  // no communication for one rank
-  const auto me = static_cast<size_t>(group.rank());
-  // The outcome, the same on every rank of `group`, passed on over the peers.
-  constexpr int64_t kStep = 0;
+  // One all-gather over `group` (no communication for one rank), or one
+  // over each peer group; every rank takes part in each, whatever it found.
+  const std::vector<const Group*> groups = peers.empty() ? std::vector<const Group*>{&group} : peers;
+  StepVerdict verdict;
+  std::exception_ptr raised;
+  for (const auto* g : groups) {
+    const auto all = g->all_gather_ints(mine);
+    if (raised) continue;
+    try {
+      evaluate(all, *g, check, failure, verdict);
+    } catch (const std::exception&) {
+      raised = std::current_exception();
+    }
+  }
+  // Several groups: the outcome passed on, so that a group that raises or
+  // skips stops the ranks it shares only another group with.
   constexpr int64_t kSkipAll = 1;
   constexpr int64_t kFail = 2;
-  int64_t outcome = kStep;
-  int64_t failed_rank = -1;
-  for (const auto r : c10::irange(all.size())) {
-    if (all[r][kFailed] != 0 && failed_rank < 0) failed_rank = static_cast<int64_t>(r);
-  }
-  std::exception_ptr raised;
-  StepVerdict verdict;
-  try {
-    if (failed_rank >= 0) {
-      if (failure) std::rethrow_exception(failure);
-      TORCH_CHECK_VALUE(false, check.who, "rank ", failed_rank, " of group '", group.name(),
-                        "' failed its checks before the step (see its error); nothing of this "
-                        "step was applied on any rank");
-    }
-    verdict.active = agreed_mask(all, *check.params, group, check.who);
-    for (const auto r : c10::irange(all.size())) {
-      if (all[r][kDigest] == all[me][kDigest]) continue;
-      // Name the setting that differs (a collective every rank of the group
-      // reaches: all saw the same digests).
-      check_ranks_agree(group, settings_items(*check.optimizer), check.who,
-                        "every rank must step with the same settings; set them on every rank");
-      TORCH_CHECK_VALUE(false, check.who, "the ranks of group '", group.name(),
-                        "' step with different settings; nothing of this step was applied");
-    }
-    for (const auto r : c10::irange(all.size())) {
-      if (all[r][kNonFinite] < 0) continue;
-      if (policy_of(*check.optimizer) == NonFinitePolicy::kSkipStep) {
-        verdict.skip = true;
-        break;
-      }
-      const auto i = static_cast<size_t>(all[r][kNonFinite]);
-      TORCH_CHECK_VALUE(false, check.who, "parameter '", shown((*check.params)[i].key()), "' (shape ",
-                        (*check.params)[i].value().sizes(), ") has a non-finite gradient (NaN or "
-                        "Inf) on rank ", r, "; nothing of this step was applied. Set the nonfinite "
-                        "policy to skip_step to skip such steps, or propagate to apply them");
-    }
-    for (const auto& v : all) verdict.recheck = verdict.recheck || v[kLarge] != 0;
-    outcome = verdict.skip ? kSkipAll : kStep;
-  } catch (const std::exception&) {
-    raised = std::current_exception();
-    outcome = kFail;
-  }
-  if (!peers.empty()) {
-    const auto [agreed, who] = max_over_groups(peers, outcome);
+  if (groups.size() > 1) {
+    const int64_t outcome = raised ? kFail : verdict.skip ? kSkipAll : 0;
+    const auto [agreed, who] = max_over_groups(groups, outcome);
     if (agreed == kFail && !raised) {
-      TORCH_CHECK_VALUE(false, check.who, "rank ", who, " of group '", peers[0]->name(),
+      TORCH_CHECK_VALUE(false, check.who, "rank ", who, " of group '", groups[0]->name(),
                         "' or a peer in another group failed this step's checks (its message "
                         "names the parameter); nothing of this step was applied");
     }

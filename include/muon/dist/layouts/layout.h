@@ -195,6 +195,10 @@ class Layout {
   int64_t extra_parameter_bytes() const;
   /// Bytes of this rank's optimizer state (muon::optimizer_state_bytes).
   int64_t state_bytes() const;
+  /// Built from GroupSpecs: for each, the index of its param group in
+  /// `optimizer().param_groups()`, or -1 when none of its parameters steps
+  /// on this rank (layer-wise). Empty otherwise.
+  const std::vector<int64_t>& group_index() const { return group_index_; }
   /// Steps skipped on every rank for a non-finite gradient (skip_step policy).
   int64_t skipped_steps() const { return skipped_; }
 
@@ -221,6 +225,7 @@ class Layout {
   DistributedLayout checkpoint_layout_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<detail::RowShards> rows_;
+  std::vector<int64_t> group_index_;
   std::vector<bool> active_;
   bool reduced_ = false;
   bool skip_ = false;

@@ -25,16 +25,17 @@
 /// one process stepping the whole tensors with the gradient averaged over
 /// the ranks.
 ///
-/// A step, collective over `dp`:
-///  1. which gradients are defined is compared (one all-gather of a bitmask);
+/// A step (Layout::step), collective over `dp`:
+///  1. the step's agreement (muon/dist/layouts/layout.h): one all-gather of
+///     a few integers (gradients present and fitting, the optimizer's
+///     checks and settings, non-finite gradients under the optimizer's
+///     policy, config field `nonfinite`);
 ///  2. the gradients are reduce-scattered in buckets of about `bucket_bytes`
 ///     (an all-to-all per bucket: rank r receives every rank's copy of its
 ///     rows, sums them in rank order and divides by W; the next bucket's
 ///     all-to-all runs while the current one is summed);
-///  3. non-finite averaged gradients are handled under the optimizer's
-///     policy (config field `nonfinite`), agreed over the ranks;
-///  4. the optimizer steps the shards;
-///  5. the updated rows are all-gathered into the full parameters, in
+///  3. the optimizer steps the shards;
+///  4. the updated rows are all-gathered into the full parameters, in
 ///     buckets, in place.
 ///
 /// 2-D layout (tensor parallel inside, sharded data parallel outside, the
@@ -43,11 +44,11 @@
 /// other parameter, and Muon orthogonalizes the whole matrix over the TP
 /// group in `tp_mode`. Steps are then collective over the TP groups too.
 ///
-/// Checkpoints: `save_checkpoint(dir, shards(), optimizer(), step, layout(),
-/// ...)` and `load_checkpoint` into `shards()` (muon/dist/checkpoints/checkpoint.h)
-/// followed by `gather_parameters()`; a checkpoint saved at W ranks loads at
+/// Checkpoints: `save_checkpoint(dir, dp, step)` and `load_checkpoint(path,
+/// dp)` (muon/dist/checkpoints/checkpoint.h: its shards in its layout, and
+/// the rows gathered after a load); a checkpoint saved at W ranks loads at
 /// any other number. In a 2-D layout pass the world as
-/// `CheckpointOptions::group`.
+/// `CheckpointOptions::group` (or build a Layout with LayoutGroups::world).
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
