@@ -1,7 +1,7 @@
-// Bindings of <muon/distributed/*.h>: a Group over a torch.distributed
-// process group (c10d::ProcessGroup, whose pybind11 holder torch registers
-// as c10::intrusive_ptr), the shard descriptions and the layout a
-// muon_cpp optimizer is built with.
+// Bindings of <muon/dist/runtime/*.h> and <muon/dist/layouts/*.h>: a Group
+// over a torch.distributed process group (c10d::ProcessGroup, whose
+// pybind11 holder torch registers as c10::intrusive_ptr), the shard
+// descriptions and the layout a muon_cpp optimizer is built with.
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>

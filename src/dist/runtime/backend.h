@@ -1,6 +1,6 @@
 #pragma once
-// Backend construction, one file per backend (backend_gloo.cpp,
-// backend_nccl.cpp or backend_no_nccl.cpp, chosen in CMake). Internal.
+// Backend construction, one file per backend (backends/gloo.cpp,
+// backends/nccl.cpp or backends/no_nccl.cpp, chosen in CMake). Internal.
 #include <c10/util/intrusive_ptr.h>
 
 #include "dist/runtime/compat.h"
