@@ -6,28 +6,25 @@
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
+#include <array>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "muon/compat.h"
-#include "optim/archive_kind.h"
 #include "optim/closure.h"
+#include "optim/elementwise_optimizer.h"
 
 namespace muon {
 namespace {
 
+using detail::read_archived_double;
 using torch::optim::OptimizerParamGroup;
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::Lion] ";
-
-double read_double(InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  return v.toDouble();
-}
 
 }  // namespace
 
@@ -49,10 +46,10 @@ void LionOptions::serialize(OutputArchive& archive) const {
 }
 
 void LionOptions::serialize(InputArchive& archive) {
-  lr_ = read_double(archive, "lr");
-  beta1_ = read_double(archive, "beta1");
-  beta2_ = read_double(archive, "beta2");
-  weight_decay_ = read_double(archive, "weight_decay");
+  lr_ = read_archived_double(archive, "lr");
+  beta1_ = read_archived_double(archive, "beta1");
+  beta2_ = read_archived_double(archive, "beta2");
+  weight_decay_ = read_archived_double(archive, "weight_decay");
 }
 
 bool operator==(const LionOptions& a, const LionOptions& b) {
@@ -66,20 +63,18 @@ void LionOptions::set_lr(const double lr) { this->lr(lr); }
 
 void LionParamState::serialize(OutputArchive& archive) const {
   archive.write("step", c10::IValue(step_));
-  if (exp_avg_.defined()) archive.write("exp_avg", exp_avg_, /*is_buffer=*/true);
+  detail::write_optional_buffer(archive, "exp_avg", exp_avg_);
 }
 
 void LionParamState::serialize(InputArchive& archive) {
   c10::IValue step;
   archive.read("step", step);
   step_ = step.toInt();
-  at::Tensor buf;
-  if (archive.try_read("exp_avg", buf, /*is_buffer=*/true)) exp_avg_ = buf;
+  exp_avg_ = detail::read_optional_buffer(archive, "exp_avg");
 }
 
 bool operator==(const LionParamState& a, const LionParamState& b) {
-  if (a.step() != b.step() || a.exp_avg().defined() != b.exp_avg().defined()) return false;
-  return !a.exp_avg().defined() || at::equal(a.exp_avg(), b.exp_avg());
+  return a.step() == b.step() && detail::same_buffer(a.exp_avg(), b.exp_avg());
 }
 
 Lion::Lion(std::vector<OptimizerParamGroup> param_groups, LionOptions defaults)
@@ -90,13 +85,7 @@ Lion::Lion(std::vector<OptimizerParamGroup> param_groups, LionOptions defaults)
 }
 
 void Lion::check_before_step() {
-  for (const auto i : c10::irange(param_groups_.size())) {
-    const auto* o = dynamic_cast<const LionOptions*>(&param_groups_[i].options());
-    TORCH_CHECK_VALUE(o != nullptr, kWho, "param group ", i,
-                      " has options of another optimizer; give it muon::LionOptions");
-    o->validate();
-  }
-  detail::check_steppable(param_groups_, kWho);
+  detail::check_group_options<LionOptions>(param_groups_, kWho, "muon::LionOptions");
 }
 
 Lion::Lion(std::vector<at::Tensor> params, LionOptions defaults)
@@ -109,77 +98,38 @@ at::Tensor Lion::step(LossClosure closure) {
   // A scheduler or a direct edit may have changed options since: every group
   // is checked before any is stepped.
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
-  for (auto& group : param_groups_) {
-    const auto& o = static_cast<const LionOptions&>(group.options());
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      const auto& grad = p.grad();
-      auto& slot = state_[compat::state_key(p)];
-      if (!slot) {
+  detail::for_each_stepped<LionParamState, LionOptions>(
+      *this,
+      [](const at::Tensor& p) {
         auto st = std::make_unique<LionParamState>();
         st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(st);
-      }
-      auto& st = static_cast<LionParamState&>(*slot);
-      st.step(st.step() + 1);
-      auto& m = st.exp_avg();
-      // u = sign(β1·m + (1 − β1)·g) = sign(m.lerp(g, 1 − β1)); m is read before it is updated.
-      const auto u = m.lerp(grad, 1 - o.beta1()).sign_();
-      if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
-      p.add_(u, -o.lr());
-      m.lerp_(grad, 1 - o.beta2());
-    }
-  }
+        return st;
+      },
+      [](at::Tensor& p, const at::Tensor& grad, LionParamState& st, const LionOptions& o) {
+        st.step(st.step() + 1);
+        auto& m = st.exp_avg();
+        // u = sign(β1·m + (1 − β1)·g) = sign(m.lerp(g, 1 − β1)); m is read before it is updated.
+        const auto u = m.lerp(grad, 1 - o.beta1()).sign_();
+        if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+        p.add_(u, -o.lr());
+        m.lerp_(grad, 1 - o.beta2());
+      });
   return loss;
 }
 
 int64_t Lion::state_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& item : state_) {
-    const auto& m = static_cast<const LionParamState&>(*item.second).exp_avg();
-    if (m.defined()) bytes += static_cast<int64_t>(m.nbytes());
-  }
-  return bytes;
+  return detail::buffer_bytes<LionParamState>(*this, [](const LionParamState& s) {
+    return std::array<const at::Tensor*, 1>{&s.exp_avg()};
+  });
 }
 
 void Lion::save(OutputArchive& archive) const {
-  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
-  // LibTorch's generic loader restores state only; options go beside it.
-  archive.write("lion_groups", c10::IValue(static_cast<int64_t>(param_groups_.size())));
-  for (const auto i : c10::irange(param_groups_.size())) {
-    OutputArchive options(archive.compilation_unit());
-    static_cast<const LionOptions&>(param_groups_[i].options()).serialize(options);
-    archive.write("lion_options/" + std::to_string(i), options);
-    archive.write("lion_group_size/" + std::to_string(i),
-                  c10::IValue(static_cast<int64_t>(param_groups_[i].params().size())));
-  }
+  detail::save_with_options<LionParamState, LionOptions>(*this, archive, "lion");
 }
 
 void Lion::load(InputArchive& archive) {
-  c10::IValue groups;
-  TORCH_CHECK_VALUE(archive.try_read("lion_groups", groups), kWho, "the archive holds ",
-                    detail::describe_archive(archive), "; this optimizer is muon::Lion");
-  TORCH_CHECK_VALUE(groups.toInt() == static_cast<int64_t>(param_groups_.size()), kWho,
-                    "the archive has ", groups.toInt(), " param groups, this optimizer has ",
-                    param_groups_.size());
-  std::vector<LionOptions> options(param_groups_.size());
-  for (const auto i : c10::irange(param_groups_.size())) {
-    InputArchive a;
-    archive.read("lion_options/" + std::to_string(i), a);
-    options[i].serialize(a);
-    options[i].validate();
-    c10::IValue size;
-    archive.read("lion_group_size/" + std::to_string(i), size);
-    TORCH_CHECK_VALUE(size.toInt() == static_cast<int64_t>(param_groups_[i].params().size()),
-                      kWho, "param group ", i, " of the archive has ", size.toInt(),
-                      " parameters, this optimizer's has ", param_groups_[i].params().size());
-  }
-  // Checked above: LibTorch's loader below cannot fail half-way on structure.
-  state_.clear();
-  torch::optim::serialize<LionParamState, LionOptions>(archive, *this);
-  for (const auto i : c10::irange(param_groups_.size())) {
-    param_groups_[i].set_options(std::make_unique<LionOptions>(options[i]));
-  }
+  detail::load_with_options<LionParamState, LionOptions>(*this, archive, "lion", kWho,
+                                                         "muon::Lion");
 }
 
 }  // namespace muon

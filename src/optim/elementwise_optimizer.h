@@ -1,0 +1,143 @@
+// What the library's element-wise optimizers (muon::Lion) share: the walk over the parameters a step updates, their options checks,
+// and save/load in LibTorch's archive layout with each group's options
+// written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
+// "<prefix>_group_size/<i>" (LibTorch's generic loader restores state
+// only). Internal.
+#pragma once
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/serialize.h>
+#include <torch/serialize/archive.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "muon/compat.h"
+#include "muon/optim/step_guard.h"
+#include "optim/archive_kind.h"
+
+namespace muon::detail {
+
+/// The double under `key` of `archive`.
+inline double read_archived_double(torch::serialize::InputArchive& archive, const char* key) {
+  c10::IValue v;
+  archive.read(key, v);
+  return v.toDouble();
+}
+
+/// Writes `buffer` under `key` when it is defined.
+inline void write_optional_buffer(torch::serialize::OutputArchive& archive, const char* key,
+                                  const at::Tensor& buffer) {
+  if (buffer.defined()) archive.write(key, buffer, /*is_buffer=*/true);
+}
+
+/// The buffer under `key`, or an undefined tensor when there is none.
+inline at::Tensor read_optional_buffer(torch::serialize::InputArchive& archive, const char* key) {
+  at::Tensor buffer;
+  if (archive.try_read(key, buffer, /*is_buffer=*/true)) return buffer;
+  return {};
+}
+
+/// Whether `a` and `b` are both undefined, or bit-equal.
+inline bool same_buffer(const at::Tensor& a, const at::Tensor& b) {
+  if (a.defined() != b.defined()) return false;
+  return !a.defined() || at::equal(a, b);
+}
+
+/// Raises c10::ValueError "<who>..." unless every group's options are
+/// `Options` (named `options_name` in the message) and valid, and every
+/// parameter can be stepped in place (check_steppable).
+template <typename Options>
+void check_group_options(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                         const char* who, const char* options_name) {
+  for (const auto i : c10::irange(groups.size())) {
+    const auto* o = dynamic_cast<const Options*>(&groups[i].options());
+    TORCH_CHECK_VALUE(o != nullptr, who, "param group ", i,
+                      " has options of another optimizer; give it ", options_name);
+    o->validate();
+  }
+  check_steppable(groups, who);
+}
+
+/// Writes `opt`'s state (LibTorch's layout) and every group's options and size.
+template <typename State, typename Options>
+void save_with_options(const torch::optim::Optimizer& opt, torch::serialize::OutputArchive& archive,
+                       const std::string& prefix) {
+  torch::optim::serialize<State, Options>(archive, opt);
+  const auto& groups = opt.param_groups();
+  archive.write(prefix + "_groups", c10::IValue(static_cast<int64_t>(groups.size())));
+  for (const auto i : c10::irange(groups.size())) {
+    torch::serialize::OutputArchive options(archive.compilation_unit());
+    static_cast<const Options&>(groups[i].options()).serialize(options);
+    archive.write(prefix + "_options/" + std::to_string(i), options);
+    archive.write(prefix + "_group_size/" + std::to_string(i),
+                  c10::IValue(static_cast<int64_t>(groups[i].params().size())));
+  }
+}
+
+/// Restores what save_with_options wrote into `opt` (named `kind`, e.g.
+/// "muon::Lion", in messages). The structure and every group's options are
+/// checked before anything changes: an archive of another optimizer or
+/// another group structure raises c10::ValueError and leaves `opt` as it was.
+template <typename State, typename Options>
+void load_with_options(torch::optim::Optimizer& opt, torch::serialize::InputArchive& archive,
+                       const std::string& prefix, const char* who, const char* kind) {
+  auto& groups = opt.param_groups();
+  c10::IValue count;
+  TORCH_CHECK_VALUE(archive.try_read(prefix + "_groups", count), who, "the archive holds ",
+                    describe_archive(archive), "; this optimizer is ", kind);
+  TORCH_CHECK_VALUE(count.toInt() == static_cast<int64_t>(groups.size()), who, "the archive has ",
+                    count.toInt(), " param groups, this optimizer has ", groups.size());
+  std::vector<Options> options(groups.size());
+  for (const auto i : c10::irange(groups.size())) {
+    torch::serialize::InputArchive a;
+    archive.read(prefix + "_options/" + std::to_string(i), a);
+    options[i].serialize(a);
+    options[i].validate();
+    c10::IValue size;
+    archive.read(prefix + "_group_size/" + std::to_string(i), size);
+    TORCH_CHECK_VALUE(size.toInt() == static_cast<int64_t>(groups[i].params().size()), who,
+                      "param group ", i, " of the archive has ", size.toInt(),
+                      " parameters, this optimizer's has ", groups[i].params().size());
+  }
+  // Checked above: LibTorch's loader below cannot fail half-way on structure.
+  opt.state().clear();
+  torch::optim::serialize<State, Options>(archive, opt);
+  for (const auto i : c10::irange(groups.size()))
+    groups[i].set_options(std::make_unique<Options>(options[i]));
+}
+
+/// Calls `update(param, grad, state, options)` for every parameter of `opt`
+/// with a gradient, in group order; a parameter's first call makes its
+/// state with `make_state(param)` (a std::unique_ptr<State>).
+template <typename State, typename Options, typename MakeState, typename Update>
+void for_each_stepped(torch::optim::Optimizer& opt, MakeState make_state, Update update) {
+  auto& states = opt.state();
+  for (auto& group : opt.param_groups()) {
+    const auto& options = static_cast<const Options&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = make_state(p);
+      update(p, p.grad(), static_cast<State&>(*slot), options);
+    }
+  }
+}
+
+/// Bytes held in the tensors `buffers_of(state)` lists, over every state of `opt`.
+template <typename State, typename Buffers>
+int64_t buffer_bytes(const torch::optim::Optimizer& opt, Buffers buffers_of) {
+  int64_t bytes = 0;
+  for (const auto& item : opt.state()) {
+    for (const at::Tensor* t : buffers_of(static_cast<const State&>(*item.second))) {
+      if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace muon::detail
