@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include "muon/optim/adaptive_muon.h"
+#include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/scaling.h"
@@ -95,6 +96,16 @@ StateSchema lion_state() {
   s.add(step_of<LionParamState>());
   s.add(StateField::tensor_of<LionParamState>("exp_avg",
                                               [](LionParamState& st) -> at::Tensor& { return st.exp_avg(); }));
+  return s;
+}
+
+StateSchema laprop_state() {
+  using S = LaPropParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<LaProp>();
+  s.add(step_of<S>());
+  s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
+  s.add(StateField::tensor_of<S>("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }));
   return s;
 }
 

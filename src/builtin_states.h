@@ -12,5 +12,6 @@ StateSchema adam_state();
 StateSchema adamw_state();
 StateSchema sgd_state();
 StateSchema lion_state();
+StateSchema laprop_state();
 
 }  // namespace muon::detail

@@ -1,5 +1,5 @@
 // The built-in registry entries (muon, adaptive_muon, adam, adamw, sgd,
-// lion), registered explicitly here, and the global registry.
+// lion, laprop), registered explicitly here, and the global registry.
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -14,6 +14,7 @@
 #include "muon/compat.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
+#include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/routing.h"
@@ -265,6 +266,33 @@ OptimizerEntry lion_entry() {
   return e;
 }
 
+// Defaults are muon::LaPropOptions' own (Emerging-Optimizers'), lr aside (the common field).
+OptimizerEntry laprop_entry() {
+  OptimizerEntry e = entry("laprop", detail::laprop_state(),
+                           "LaProp (muon::LaProp): momentum of gradients normalized by the second "
+                           "moment, decoupled weight decay");
+  const LaPropOptions d;
+  e.fields = {
+      FieldSpec::real("beta1", d.beta1(), "decay of the momentum of normalized gradients", 0.0, 1.0)
+          .exclusive_max(),
+      FieldSpec::real("beta2", d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
+      FieldSpec::real("eps", d.eps(), "added to the square root of the second moment", 0.0),
+      FieldSpec::boolean("correct_bias", d.correct_bias(), "Adam-style bias correction of both moments"),
+  };
+  e.make_options = [](const OptimizerSettings& s) {
+    auto o = std::make_unique<LaPropOptions>(s.get_double("lr"));
+    o->beta1(s.get_double("beta1"))
+        .beta2(s.get_double("beta2"))
+        .eps(s.get_double("eps"))
+        .weight_decay(s.get_double("weight_decay"))
+        .correct_bias(s.get_bool("correct_bias"));
+    o->validate();
+    return o;
+  };
+  e.factory = build_factory<LaProp, LaPropOptions>();
+  return e;
+}
+
 }  // namespace
 
 OptimizerRegistry& OptimizerRegistry::global() {
@@ -284,6 +312,7 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
   registry.add(adamw_entry());
   registry.add(sgd_entry());
   registry.add(lion_entry());
+  registry.add(laprop_entry());
 }
 
 namespace detail {

@@ -24,6 +24,7 @@
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/hybrid.h"
+#include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/orthogonalizer.h"

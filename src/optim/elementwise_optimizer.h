@@ -1,4 +1,5 @@
-// What the library's element-wise optimizers (muon::Lion) share: the walk over the parameters a step updates, their options checks,
+// What the library's element-wise optimizers (muon::Lion, muon::LaProp)
+// share: the walk over the parameters a step updates, their options checks,
 // and save/load in LibTorch's archive layout with each group's options
 // written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
 // "<prefix>_group_size/<i>" (LibTorch's generic loader restores state

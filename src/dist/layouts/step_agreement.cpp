@@ -17,6 +17,7 @@
 
 #include "dist/runtime/agreement.h"
 #include "dist/runtime/max_over.h"
+#include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/step_guard.h"
@@ -127,6 +128,8 @@ void mix_options(Mixer& mix, const torch::optim::OptimizerOptions& options) {
     for (const auto& c : ns.schedule()) mix(c.a, c.b, c.c);
   } else if (const auto* o = dynamic_cast<const LionOptions*>(&options)) {
     mix(o->beta1(), o->beta2(), o->weight_decay());
+  } else if (const auto* o = dynamic_cast<const LaPropOptions*>(&options)) {
+    mix(o->beta1(), o->beta2(), o->eps(), o->weight_decay(), o->correct_bias());
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
     mix(std::get<0>(o->betas()), std::get<1>(o->betas()), o->eps(), o->weight_decay(), o->amsgrad());
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
