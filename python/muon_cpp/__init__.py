@@ -31,6 +31,7 @@ from ._C import (  # noqa: F401
 )
 from .optim import (  # noqa: F401
     AdaptiveMuon,
+    LaProp,
     Lion,
     Muon,
     MuonWithAdamW,

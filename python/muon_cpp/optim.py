@@ -23,7 +23,7 @@ from . import _C
 from . import _dtensor as _dt
 from . import distributed as _dist
 
-__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "MuonWithAdamW", "make_optimizer",
+__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "MuonWithAdamW", "make_optimizer",
            "explain", "option_fields"]
 
 # Keys of a param group that are not options.
@@ -360,6 +360,18 @@ class Lion(_OneOptimizer):
     _kind = "lion"
 
     def __init__(self, params, lr=1e-4, weight_decay=0.0, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class LaProp(_OneOptimizer):
+    """LaProp: a momentum of gradients normalized by the second moment, decoupled
+    weight decay (options beta1=0.9, beta2=0.999, eps=1e-8, correct_bias=True;
+    Emerging-Optimizers' defaults)."""
+
+    _kind = "laprop"
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.0, *, layout=None, nonfinite="error",
                  **options):
         super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 

@@ -57,6 +57,9 @@ def build(kind, model, **over):
     if kind == "lion":
         groups[1].update(beta1=0.8, lr=0.02)
         return muon_cpp.Lion(groups, **dict(dict(lr=0.01, weight_decay=0.1), **over))
+    if kind == "laprop":
+        groups[1].update(beta1=0.8, correct_bias=False, lr=0.02)
+        return muon_cpp.LaProp(groups, **dict(dict(lr=0.01, weight_decay=0.1), **over))
     raise AssertionError(kind)
 
 
@@ -92,9 +95,10 @@ STATE_KEYS = {
     "adamuon": {"step", "momentum_buffer", "second_moment"},
     "normuon": {"step", "momentum_buffer", "second_moment"},
     "lion": {"step", "exp_avg"},
+    "laprop": {"step", "exp_avg", "exp_avg_sq"},
 }
 
-KINDS = ["muon", "adamuon", "normuon", "lion", "hybrid"]
+KINDS = ["muon", "adamuon", "normuon", "lion", "laprop", "hybrid"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
