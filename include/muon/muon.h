@@ -29,6 +29,7 @@
 #include "muon/optim/muon.h"
 #include "muon/optim/orthogonalizer.h"
 #include "muon/optim/routing.h"
+#include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/state_schema.h"
 #include "muon/optim/step_guard.h"

@@ -57,8 +57,8 @@ std::string describe_archive(torch::serialize::InputArchive& archive) {
                               : std::string("local");
     return c10::str("the state of ", k, " (layout '", l, "')");
   }
-  if (read(archive, "lion_groups", v)) return "the state of muon::Lion";
-  if (read(archive, "laprop_groups", v)) return "the state of muon::LaProp";
+  if (read(archive, "elementwise_kind", v) && v.isString()) return "the state of " + v.toStringRef();
+  if (read(archive, "lion_groups", v)) return "the state of muon::Lion";  // written before elementwise_kind
   if (read(archive, "pytorch_version", v)) return "the state of a LibTorch optimizer (e.g. AdamW)";
   return "no optimizer state this library writes";
 }

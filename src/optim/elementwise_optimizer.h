@@ -64,11 +64,14 @@ void check_group_options(const std::vector<torch::optim::OptimizerParamGroup>& g
   check_steppable(groups, who);
 }
 
-/// Writes `opt`'s state (LibTorch's layout) and every group's options and size.
+/// Writes `opt`'s state (LibTorch's layout), every group's options and size,
+/// and `kind` (e.g. "muon::Lion") under "elementwise_kind", which
+/// describe_archive names.
 template <typename State, typename Options>
 void save_with_options(const torch::optim::Optimizer& opt, torch::serialize::OutputArchive& archive,
-                       const std::string& prefix) {
+                       const std::string& prefix, const char* kind) {
   torch::optim::serialize<State, Options>(archive, opt);
+  archive.write("elementwise_kind", c10::IValue(std::string(kind)));
   const auto& groups = opt.param_groups();
   archive.write(prefix + "_groups", c10::IValue(static_cast<int64_t>(groups.size())));
   for (const auto i : c10::irange(groups.size())) {

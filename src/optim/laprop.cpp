@@ -61,6 +61,10 @@ void LaPropOptions::serialize(OutputArchive& archive) const {
   archive.write("correct_bias", c10::IValue(correct_bias_));
 }
 
+void LaPropOptions::mix_settings(SettingsDigest& mix) const {
+  mix(beta1_, beta2_, eps_, weight_decay_, correct_bias_);
+}
+
 void LaPropOptions::serialize(InputArchive& archive) {
   lr_ = read_archived_double(archive, "lr");
   beta1_ = read_archived_double(archive, "beta1");
@@ -141,7 +145,7 @@ int64_t LaProp::state_bytes() const {
 }
 
 void LaProp::save(OutputArchive& archive) const {
-  detail::save_with_options<LaPropParamState, LaPropOptions>(*this, archive, "laprop");
+  detail::save_with_options<LaPropParamState, LaPropOptions>(*this, archive, "laprop", "muon::LaProp");
 }
 
 void LaProp::load(InputArchive& archive) {

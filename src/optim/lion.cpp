@@ -45,6 +45,8 @@ void LionOptions::serialize(OutputArchive& archive) const {
   archive.write("weight_decay", c10::IValue(weight_decay_));
 }
 
+void LionOptions::mix_settings(SettingsDigest& mix) const { mix(beta1_, beta2_, weight_decay_); }
+
 void LionOptions::serialize(InputArchive& archive) {
   lr_ = read_archived_double(archive, "lr");
   beta1_ = read_archived_double(archive, "beta1");
@@ -124,7 +126,7 @@ int64_t Lion::state_bytes() const {
 }
 
 void Lion::save(OutputArchive& archive) const {
-  detail::save_with_options<LionParamState, LionOptions>(*this, archive, "lion");
+  detail::save_with_options<LionParamState, LionOptions>(*this, archive, "lion", "muon::Lion");
 }
 
 void Lion::load(InputArchive& archive) {

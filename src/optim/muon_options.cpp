@@ -233,6 +233,14 @@ void MuonOptions::serialize(OutputArchive& archive) const {
   archive.write("num_query_groups", c10::IValue(num_query_groups_));
 }
 
+void MuonOptions::mix_settings(SettingsDigest& mix) const {
+  mix(momentum_, nesterov_, momentum_style_, weight_decay_, weight_decay_mode_, scale_mode_,
+      extra_scale_factor_, stacked_experts_, num_query_groups_);
+  for (const auto s : split_sizes_) mix(s);
+  mix(ns_.steps(), ns_.eps(), ns_.eps_mode(), ns_.compute_dtype(), ns_.method(), ns_.symmetric());
+  for (const auto& c : ns_.schedule()) mix(c.a, c.b, c.c);
+}
+
 void MuonOptions::serialize(InputArchive& archive) {
   lr_ = read_value<double>(archive, "lr");
   momentum_ = read_value<double>(archive, "momentum");

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
 
@@ -35,7 +36,8 @@ namespace muon {
 /// Options of `muon::LaProp` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9, β2 0.999, ε 1e-8,
 /// no weight decay, bias correction on.
-struct LaPropOptions : public torch::optim::OptimizerCloneableOptions<LaPropOptions> {
+struct LaPropOptions : public torch::optim::OptimizerCloneableOptions<LaPropOptions>,
+                       public DigestibleOptions {
   /// Options with learning rate `lr` and every other field at its default.
   LaPropOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -60,6 +62,8 @@ struct LaPropOptions : public torch::optim::OptimizerCloneableOptions<LaPropOpti
   void serialize(torch::serialize::InputArchive& archive) override;
   /// Writes every field.
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Mixes every field that changes a step (lr aside) into `digest`.
+  void mix_settings(SettingsDigest& digest) const override;
   /// Field-wise equality.
   friend bool operator==(const LaPropOptions& lhs, const LaPropOptions& rhs);
   ~LaPropOptions() override = default;

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
 
@@ -29,7 +30,8 @@ namespace muon {
 
 /// Options of `muon::Lion` (per parameter group), as chained setters.
 /// Defaults are the paper's: lr 1e-4, β1 0.9, β2 0.99, no weight decay.
-struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions> {
+struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions>,
+                     public DigestibleOptions {
   /// Options with learning rate `lr` and every other field at its default.
   LionOptions(double lr = 1e-4);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -49,6 +51,8 @@ struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions>
   void serialize(torch::serialize::InputArchive& archive) override;
   /// Writes every field.
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Mixes every field that changes a step (lr aside) into `digest`.
+  void mix_settings(SettingsDigest& digest) const override;
   /// Field-wise equality.
   friend bool operator==(const LionOptions& lhs, const LionOptions& rhs);
   ~LionOptions() override = default;

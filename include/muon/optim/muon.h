@@ -40,6 +40,7 @@
 
 #include "muon/newton_schulz.h"
 #include "muon/optim/orthogonalizer.h"
+#include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
 #include "muon/scaling.h"
@@ -106,7 +107,8 @@ constexpr double kDefaultMuonMomentum = 0.95;
 ///    Muon use, is ~1.5× faster where bf16 matrix units exist
 ///    (docs/optimizer.md).
 ///  - extra_scale_factor 1; stacked_experts off; no QKV split.
-struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
+struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>,
+                     public DigestibleOptions {
   /// Options with learning rate `lr` and every other field at its default.
   MuonOptions(double lr = kDefaultMuonLr);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -169,6 +171,8 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   void serialize(torch::serialize::InputArchive& archive) override;
   /// Writes every field.
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Mixes every field that changes a step (lr aside) into `digest`.
+  void mix_settings(SettingsDigest& digest) const override;
   /// Field-wise equality (ns compared with NewtonSchulzOptions::operator==).
   friend bool operator==(const MuonOptions& lhs, const MuonOptions& rhs);
   ~MuonOptions() override = default;

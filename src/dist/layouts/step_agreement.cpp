@@ -17,9 +17,7 @@
 
 #include "dist/runtime/agreement.h"
 #include "dist/runtime/max_over.h"
-#include "muon/optim/laprop.h"
-#include "muon/optim/lion.h"
-#include "muon/optim/muon.h"
+#include "muon/optim/settings_digest.h"
 #include "muon/optim/step_guard.h"
 #include "util/names.h"
 #include "util/threads.h"
@@ -93,43 +91,14 @@ std::vector<AgreementItem> settings_items(const torch::optim::Optimizer& optimiz
   return items;
 }
 
-// Adds the bytes of each value to `hash`.
-class Mixer {
- public:
-  template <typename... T>
-  void operator()(const T&... values) {
-    (add(values), ...);
-  }
-  uint64_t hash = kFnvOffset;
-
- private:
-  template <typename T>
-  void add(const T& v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const auto* bytes = reinterpret_cast<const unsigned char*>(&v);
-    for (size_t i = 0; i < sizeof(T); ++i) {
-      hash ^= bytes[i];
-      hash *= 1099511628211ULL;
-    }
-  }
-};
-
-// One param group's settings, read field by field for the option types of
-// this library and of LibTorch's element-wise optimizers (a few hundred
-// nanoseconds: it runs every step); other types by their type and lr.
-void mix_options(Mixer& mix, const torch::optim::OptimizerOptions& options) {
+// One param group's settings: its type and lr, then every field, read
+// directly (a few hundred nanoseconds: it runs every step) from options that
+// implement muon::DigestibleOptions and from LibTorch's element-wise
+// optimizers' options; other types by their type and lr only.
+void mix_options(SettingsDigest& mix, const torch::optim::OptimizerOptions& options) {
   mix(typeid(options).hash_code(), options.get_lr());
-  if (const auto* o = dynamic_cast<const MuonOptions*>(&options)) {
-    mix(o->momentum(), o->nesterov(), o->momentum_style(), o->weight_decay(), o->weight_decay_mode(),
-        o->scale_mode(), o->extra_scale_factor(), o->stacked_experts(), o->num_query_groups());
-    for (const auto s : o->split_sizes()) mix(s);
-    const auto& ns = o->ns();
-    mix(ns.steps(), ns.eps(), ns.eps_mode(), ns.compute_dtype(), ns.method(), ns.symmetric());
-    for (const auto& c : ns.schedule()) mix(c.a, c.b, c.c);
-  } else if (const auto* o = dynamic_cast<const LionOptions*>(&options)) {
-    mix(o->beta1(), o->beta2(), o->weight_decay());
-  } else if (const auto* o = dynamic_cast<const LaPropOptions*>(&options)) {
-    mix(o->beta1(), o->beta2(), o->eps(), o->weight_decay(), o->correct_bias());
+  if (const auto* o = dynamic_cast<const DigestibleOptions*>(&options)) {
+    o->mix_settings(mix);
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
     mix(std::get<0>(o->betas()), std::get<1>(o->betas()), o->eps(), o->weight_decay(), o->amsgrad());
   } else if (const auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
@@ -142,9 +111,9 @@ void mix_options(Mixer& mix, const torch::optim::OptimizerOptions& options) {
 // A digest of every param group's settings: equal settings give equal
 // digests (a difference is then named from settings_items).
 int64_t settings_digest(const torch::optim::Optimizer& optimizer) {
-  Mixer mix;
+  SettingsDigest mix;
   for (const auto& group : optimizer.param_groups()) mix_options(mix, group.options());
-  return signature_value(mix.hash);
+  return signature_value(mix.value());
 }
 
 // This rank's integers (see Slot); `failure` keeps what its checks raised.

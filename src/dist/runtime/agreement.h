@@ -81,10 +81,9 @@ std::vector<AgreementItem> value_items(
 
 /// Appends the items of one param group's options: "optimizer of <where>"
 /// (the options' type) and "<field> of <where>" for every field the options
-/// write in their archive (serialize), which for muon::MuonOptions,
-/// muon::LionOptions, muon::LaPropOptions and LibTorch's options is every
-/// field that changes the step (options whose type writes no archive give
-/// only the type). Doubles are written in the shortest text that reads back
+/// write in their archive (serialize), which for this library's options and
+/// LibTorch's is every field that changes the step (options whose type
+/// writes no archive give only the type). Doubles are written in the shortest text that reads back
 /// exactly, so two ranks whose values differ in the last bit disagree.
 void append_option_items(std::vector<AgreementItem>& out,
                          const torch::optim::OptimizerOptions& options, const std::string& where);
