@@ -152,9 +152,18 @@ TEST(TrainGptReport, CsvRoundTripAndTable) {
   EXPECT_DOUBLE_EQ(back.points[2].valid_loss, 2.0);
   EXPECT_EQ(back.points[2].tokens, 200);
   // fast reaches slow's final loss (3.0) at step 10, slow at 20: 0.50x.
+  a.cost.optimizer_state_bytes = 3 << 20;  // b's cost is unknown, as for a run read from its CSV
   const auto table = train_gpt::comparison_table({a, b}, 1);
   EXPECT_NE(table.find("10 (0.50x)"), std::string::npos) << table;
   EXPECT_NE(table.find("20 (1.00x)"), std::string::npos) << table;
+  EXPECT_NE(table.find("state/rank"), std::string::npos) << table;
+  EXPECT_NE(table.find("3.00 MiB"), std::string::npos) << table;
+  EXPECT_NE(table.find("- "), std::string::npos) << table;
+  // A long run name widens the name column instead of shifting the others.
+  b.name = "a_long_registry_name";
+  const auto wide = train_gpt::comparison_table({a, b}, 1);
+  const auto header = wide.substr(0, wide.find('\n'));
+  EXPECT_EQ(header.find("val loss"), header.find("run") + 20 + 1 + 2) << wide;
   std::filesystem::remove_all(dir);
 }
 
@@ -419,6 +428,39 @@ TEST(TrainGptProgram, RunsAreConfiguredThroughTheRegistryConfig) {
   const auto lion = run_program(std::string(kTiny) + " --nproc 1 --steps 5 --runs lion --no-plot --out " +
                                 dir.string());
   EXPECT_EQ(lion.status, 0) << lion.text;
+  std::filesystem::remove_all(dir);
+}
+
+// A run may be a config file: named after the file, built from its
+// `optimizer` and fields over that optimizer's preset, and addressed by
+// that name in --set; a name given twice, or a missing file, is an error.
+TEST(TrainGptProgram, ARunIsAConfigFile) {
+  const auto dir = scratch("run_file");
+  const auto file = (dir / "slow_lion.json").string();
+  {
+    std::ofstream json(file);
+    json << R"({"optimizer": "lion", "lr": 0.0007, "lion_beta2": 0.98})";
+  }
+  const auto out = run_program("--runs " + file + ",adamw --print-config --set slow_lion:lion_beta1=0.8");
+  ASSERT_EQ(out.status, 0) << out.text;
+  ASSERT_NE(out.text.find("run 'slow_lion'"), std::string::npos) << out.text;
+  const auto mine = out.text.substr(0, out.text.find("run 'adamw'"));
+  EXPECT_NE(mine.find("\"optimizer\": \"lion\""), std::string::npos) << mine;
+  EXPECT_NE(mine.find("\"lr\": 0.0007"), std::string::npos) << mine;
+  EXPECT_NE(mine.find("\"lion_beta2\": 0.98"), std::string::npos) << mine;
+  EXPECT_NE(mine.find("\"lion_beta1\": 0.8"), std::string::npos) << mine;
+  EXPECT_NE(mine.find("\"lr_decay_style\": \"cosine\""), std::string::npos) << mine;  // the preset's schedule
+  const auto twice = run_program("--print-config --runs " + file + "," + file);
+  EXPECT_NE(twice.status, 0);
+  EXPECT_NE(twice.text.find("names run 'slow_lion' twice"), std::string::npos) << twice.text;
+  const auto missing = run_program("--print-config --runs " + (dir / "none.json").string());
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.text.find("none.json"), std::string::npos) << missing.text;
+  // It trains like any run, its CSV named after it.
+  const auto run = run_program(std::string(kTiny) + " --nproc 1 --steps 4 --no-plot --runs " + file +
+                               " --out " + dir.string());
+  ASSERT_EQ(run.status, 0) << run.text;
+  EXPECT_TRUE(std::filesystem::exists(dir / "slow_lion.csv")) << run.text;
   std::filesystem::remove_all(dir);
 }
 

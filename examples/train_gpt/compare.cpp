@@ -33,16 +33,6 @@ std::string quote(const std::string& word) {
   return out + "'";
 }
 
-std::string bytes(int64_t n) {
-  char text[32];
-  if (n >= (int64_t{1} << 20)) {
-    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(n) / (1 << 20));
-  } else {
-    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(n) / 1024);
-  }
-  return text;
-}
-
 // The last `n` lines of a file.
 std::string tail(const std::string& path, size_t n) {
   std::ifstream in(path);
@@ -154,9 +144,9 @@ int compare_layouts(const std::string& program, const std::vector<std::string>& 
     }
     std::snprintf(line, sizeof line, "%-8s %-11s %5d %10.6f %11s %13s %13s %14s %9.1f\n",
                   name.c_str(), r.job.parallel.c_str(), r.job.ranks, loss, diff,
-                  bytes(r.run.at("optimizer_state_bytes").get<int64_t>()).c_str(),
-                  bytes(r.run.at("parameter_bytes").get<int64_t>()).c_str(),
-                  bytes(r.run.at("bytes_sent_per_step").get<int64_t>()).c_str(),
+                  format_bytes(r.run.at("optimizer_state_bytes").get<int64_t>()).c_str(),
+                  format_bytes(r.run.at("parameter_bytes").get<int64_t>()).c_str(),
+                  format_bytes(r.run.at("bytes_sent_per_step").get<int64_t>()).c_str(),
                   r.run.at("ms_per_step").get<double>());
     out << line;
   }

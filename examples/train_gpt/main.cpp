@@ -7,6 +7,7 @@
 //   muon-train-gpt --set muon:lr=0.03 --config adamw=my_adamw.json
 //   muon-train-gpt --print-config      # every run's optimizer config as JSON
 //   muon-train-gpt --plugin ./libmy_optimizer.so --runs my_optimizer,adamw
+//   muon-train-gpt --runs my_muon.json,adamw      # a run named my_muon, built from the file
 //   muon-train-gpt --timeout 30         # ranks wait 30 s for each other, not 300
 //   torchrun --no_python --nproc_per_node 2 muon-train-gpt
 //
@@ -199,25 +200,51 @@ muon::OptimizerConfig run_preset(const std::string& run, int64_t steps, int64_t 
 }
 
 // The preset, then the JSON files and --set values that name this run or all.
-muon::OptimizerConfig run_config(const std::string& run, const Flags& f) {
-  auto c = run_preset(run, f.train.steps, f.train.model.experts);
-  for (const auto& spec : f.configs) {
-    const auto eq = spec.find('=');
-    const std::string who = eq == std::string::npos ? "" : spec.substr(0, eq);
+// Whether a --runs entry is a config file (a run named after the file's
+// stem, built from the file) rather than a registered optimizer.
+bool is_config_file(const std::string& spec) {
+  return spec.size() > 5 && spec.compare(spec.size() - 5, 5, ".json") == 0;
+}
+
+// The name of the run a --runs entry describes: the optimizer, or the
+// config file's stem.
+std::string run_name(const std::string& spec) {
+  return is_config_file(spec) ? fs::path(spec).stem().string() : spec;
+}
+
+// A run's config: the preset of its optimizer (a config file's `optimizer`
+// field, "muon" when it has none), then the file, then --config files for
+// every run or for this one, then --set.
+muon::OptimizerConfig run_config(const std::string& spec, const Flags& f) {
+  const auto run = run_name(spec);
+  muon::OptimizerConfig c;
+  if (is_config_file(spec)) {
+    TORCH_CHECK_VALUE(fs::is_regular_file(spec), "[muon-train-gpt] --runs '", clip(spec),
+                      "': no such file (an entry ending in .json is a config file)");
+    muon::OptimizerConfig file;
+    muon::load_config_file(file, spec);
+    c = run_preset(file.get_string("optimizer"), f.train.steps, f.train.model.experts);
+    muon::load_config_file(c, spec);
+  } else {
+    c = run_preset(run, f.train.steps, f.train.model.experts);
+  }
+  for (const auto& config : f.configs) {
+    const auto eq = config.find('=');
+    const std::string who = eq == std::string::npos ? "" : config.substr(0, eq);
     if (!who.empty() && who != run) continue;
-    const auto path = eq == std::string::npos ? spec : spec.substr(eq + 1);
+    const auto path = eq == std::string::npos ? config : config.substr(eq + 1);
     TORCH_CHECK_VALUE(!fs::is_directory(path), "[muon-train-gpt] --config '", clip(path),
                       "' is a directory; give a JSON file");
     muon::load_config_file(c, path);
   }
-  for (const auto& spec : f.sets) {
-    const auto colon = spec.find(':');
-    const auto eq = spec.find('=');
+  for (const auto& set : f.sets) {
+    const auto colon = set.find(':');
+    const auto eq = set.find('=');
     TORCH_CHECK_VALUE(colon != std::string::npos && eq != std::string::npos && colon < eq,
-                      "[muon-train-gpt] --set takes RUN:FIELD=VALUE, got '", clip(spec), "'");
-    const auto who = spec.substr(0, colon);
+                      "[muon-train-gpt] --set takes RUN:FIELD=VALUE, got '", clip(set), "'");
+    const auto who = set.substr(0, colon);
     if (who != "all" && who != run) continue;
-    c.set_from_string(spec.substr(colon + 1, eq - colon - 1), spec.substr(eq + 1));
+    c.set_from_string(set.substr(colon + 1, eq - colon - 1), set.substr(eq + 1));
   }
   return c;
 }
@@ -230,6 +257,18 @@ std::vector<std::string> split_list(const std::string& text) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
+}
+
+// The names of the runs of --runs (each distinct: they name files and directories).
+std::vector<std::string> run_names(const std::string& runs) {
+  std::vector<std::string> names;
+  for (const auto& spec : split_list(runs)) {
+    const auto name = run_name(spec);
+    TORCH_CHECK_VALUE(std::find(names.begin(), names.end(), name) == names.end(),
+                      "[muon-train-gpt] --runs names run '", clip(name), "' twice");
+    names.push_back(name);
+  }
+  return names;
 }
 
 // The flags every rank must share, as the ranks compare them: a rank
@@ -346,12 +385,13 @@ int run_rank(const Flags& f) {
 
   // Every rank checks the directories (each raises the same error, so none
   // waits for another), before any run starts.
-  const auto runs = split_list(f.runs);
+  const auto specs = split_list(f.runs);
   make_directory("--out", f.out);
-  check_save_directories(f, runs);
+  check_save_directories(f, run_names(f.runs));
   group.barrier();
   std::vector<train_gpt::RunLog> logs;
-  for (const auto& run : runs) {
+  for (const auto& spec : specs) {
+    const auto run = run_name(spec);
     auto o = f.train;
     o.name = run;
     o.out_dir = f.out;
@@ -371,7 +411,7 @@ int run_rank(const Flags& f) {
     o.world = group;
     o.tensor_parallel = mesh.tp;
     o.counted_groups = mesh.distinct;
-    const auto config = run_config(run, f);
+    const auto config = run_config(spec, f);
     auto factory = [&](train_gpt::Gpt& model) {
       if (f.explain && rank == 0) {
         std::printf("run '%s':\n%s\n", run.c_str(), muon::explain(model->named_parameters(), config).c_str());
@@ -416,7 +456,8 @@ int main(int argc, char** argv) {
                  "itself, and more oversubscribes the cores)")
       ->check(count(1));
   app.add_option("--runs", f.runs,
-                 "comma-separated runs: registered optimizers (muon, adamw, ...); the last is the baseline");
+                 "comma-separated runs, each a registered optimizer (muon, adamw, ...) or a config file "
+                 "(FILE.json: a run named FILE built from it); the last is the baseline");
   app.add_option("--plugin", f.plugins,
                  "a shared library that registers optimizers (muon/plugin.h), loaded before the runs "
                  "are read: its optimizers can be runs; repeatable");
@@ -492,15 +533,16 @@ int main(int argc, char** argv) {
   try {
     for (const auto& plugin : f.plugins) muon::load_plugin(plugin);
     // Every run's config is checked here, before any process starts.
-    for (const auto& run : split_list(f.runs)) {
-      const auto config = run_config(run, f);
-      if (f.print_config) std::printf("run '%s':\n%s\n", run.c_str(), config.to_json().c_str());
+    run_names(f.runs);  // distinct names
+    for (const auto& spec : split_list(f.runs)) {
+      const auto config = run_config(spec, f);
+      if (f.print_config) std::printf("run '%s':\n%s\n", run_name(spec).c_str(), config.to_json().c_str());
     }
     TORCH_CHECK_VALUE(!split_list(f.runs).empty(), "[muon-train-gpt] --runs names no run");
     if (f.print_config) return 0;
     make_directory("--out", f.out);
-    check_save_directories(f, split_list(f.runs));
-    check_resume_directories(f, split_list(f.runs));
+    check_save_directories(f, run_names(f.runs));
+    check_resume_directories(f, run_names(f.runs));
     if (f.compare_layouts) {
       TORCH_CHECK_VALUE(std::getenv("RANK") == nullptr,
                         "[muon-train-gpt] --compare-layouts starts its own jobs; run it without a launcher");

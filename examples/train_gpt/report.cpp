@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -76,15 +77,27 @@ RunLog read_csv(const std::string& path) {
   return log;
 }
 
+std::string format_bytes(int64_t n) {
+  char text[32];
+  if (n >= (int64_t{1} << 20)) {
+    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(n) / (1 << 20));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(n) / 1024);
+  }
+  return text;
+}
+
 std::string comparison_table(const std::vector<RunLog>& runs, size_t baseline) {
   TORCH_CHECK_VALUE(baseline < runs.size(), "[train_gpt] baseline ", baseline, " of ",
                     runs.size(), " runs");
   const double target = runs[baseline].final_point().valid_loss;
   const double base_steps = runs[baseline].steps_to_reach(target);
+  int width = 10;  // the name column fits the longest name
+  for (const auto& run : runs) width = std::max(width, static_cast<int>(run.name.size()));
   std::ostringstream out;
-  char line[256];
-  std::snprintf(line, sizeof line, "%-10s %10s %12s %10s %26s\n", "run", "val loss", "ms/step",
-                "opt share", "steps to baseline's loss");
+  char line[512];
+  std::snprintf(line, sizeof line, "%-*s %10s %12s %10s %12s %26s\n", width, "run", "val loss",
+                "ms/step", "opt share", "state/rank", "steps to baseline's loss");
   out << line;
   for (const auto& run : runs) {
     const double s = run.steps_to_reach(target);
@@ -94,9 +107,11 @@ std::string comparison_table(const std::vector<RunLog>& runs, size_t baseline) {
     } else {
       std::snprintf(reach, sizeof reach, "%.0f (%.2fx)", s, base_steps > 0 ? s / base_steps : 0.0);
     }
-    std::snprintf(line, sizeof line, "%-10s %10.4f %12.1f %9.1f%% %26s\n", run.name.c_str(),
-                  run.final_point().valid_loss, 1000 * run.seconds_per_step(),
-                  100 * run.optimizer_share(), reach);
+    const auto state = run.cost.optimizer_state_bytes > 0 ? format_bytes(run.cost.optimizer_state_bytes)
+                                                          : std::string("-");
+    std::snprintf(line, sizeof line, "%-*s %10.4f %12.1f %9.1f%% %12s %26s\n", width,
+                  run.name.c_str(), run.final_point().valid_loss, 1000 * run.seconds_per_step(),
+                  100 * run.optimizer_share(), state.c_str(), reach);
     out << line;
   }
   return out.str();

@@ -61,9 +61,14 @@ void write_csv(const RunLog& log, const std::string& path);
 /// Reads a CSV written by write_csv (the name is the file's stem).
 RunLog read_csv(const std::string& path);
 
+/// `n` bytes in KiB (below 1 MiB) or MiB, e.g. "1.25 MiB".
+std::string format_bytes(int64_t n);
+
 /// The comparison table of `runs`: final validation loss, time per step,
-/// optimizer share of step time, and steps to reach the final validation
-/// loss of `runs[baseline]` (with the ratio to the baseline's steps).
+/// optimizer share of step time, optimizer state bytes per rank (the
+/// largest over the ranks; "-" for a run read back from its CSV, which does
+/// not hold it), and steps to reach the final validation loss of
+/// `runs[baseline]` (with the ratio to the baseline's steps).
 std::string comparison_table(const std::vector<RunLog>& runs, size_t baseline);
 
 }  // namespace train_gpt
