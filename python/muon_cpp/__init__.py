@@ -10,7 +10,8 @@ in the C++ engine (one call per step, GIL released)::
 ``newton_schulz`` and ``scale_factor`` expose the numerical core;
 ``make_optimizer`` builds any registered optimizer from one config (dict or
 JSON file) with per-parameter override rules; ``load_plugin`` loads a C++
-shared library that registers more (muon/plugin.h), and ``state_schema``
+shared library that registers more (muon/plugin.h), ``optimizer_names``
+lists the registered ones, and ``state_schema``
 says what an optimizer's per-parameter state is; ``muon_cpp.distributed`` has
 the layouts over ``torch.distributed`` process groups.
 """
@@ -25,6 +26,7 @@ from ._C import (  # noqa: F401
     load_plugin,
     newton_schulz_cpu_kernels,
     newton_schulz_flops,
+    optimizer_names,
     scale_factor,
     scale_mode_names,
     state_schema,
