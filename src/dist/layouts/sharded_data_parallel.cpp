@@ -24,10 +24,6 @@ namespace {
 
 constexpr const char* kWho = "[muon::dist::ShardedDataParallel] ";
 
-constexpr size_t kShownName = 80;  // characters of a parameter name in messages
-
-std::string shown(const std::string& name) { return muon::detail::clip(name, kShownName); }
-
 // Low-precision gradients are summed in fp32.
 at::ScalarType accumulate_type(at::ScalarType t) {
   return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t;
@@ -46,13 +42,13 @@ RowShards::RowShards(const torch::OrderedDict<std::string, at::Tensor>& named_pa
   TORCH_CHECK_VALUE(bucket_bytes >= 1, who_, "bucket_bytes must be >= 1, got ", bucket_bytes);
   for (const auto& item : named_parameters) {
     const auto& p = item.value();
-    TORCH_CHECK_VALUE(p.defined(), who_, "parameter '", shown(item.key()), "' is undefined");
-    TORCH_CHECK_VALUE(p.dim() >= 1, who_, "parameter '", shown(item.key()),
+    TORCH_CHECK_VALUE(p.defined(), who_, "parameter '", muon::detail::clip(item.key()), "' is undefined");
+    TORCH_CHECK_VALUE(p.dim() >= 1, who_, "parameter '", muon::detail::clip(item.key()),
                       "' is 0-d (a scalar); rows cannot be split: give it shape [1]");
   }
   for (const auto& entry : tensor_parallel) {
     TORCH_CHECK_VALUE(named_parameters.contains(entry.first), who_, "tensor_parallel names '",
-                      shown(entry.first), "', which is not one of the ", named_parameters.size(),
+                      muon::detail::clip(entry.first), "', which is not one of the ", named_parameters.size(),
                       " parameters");
   }
   const int world = dp.size();
@@ -111,7 +107,7 @@ RowShards::RowShards(const torch::OrderedDict<std::string, at::Tensor>& named_pa
 
 size_t RowShards::index_of(const std::string& name) const {
   const auto it = index_.find(name);
-  TORCH_CHECK_VALUE(it != index_.end(), who_, "no parameter named '", shown(name), "' (there are ",
+  TORCH_CHECK_VALUE(it != index_.end(), who_, "no parameter named '", muon::detail::clip(name), "' (there are ",
                     params_.size(), ")");
   return it->second;
 }
@@ -244,7 +240,7 @@ namespace {
 OptimizerConfig sharded_config(const OptimizerConfig& config) {
   const auto& kind = config.get_string("layout");
   TORCH_CHECK_VALUE(kind == "none" || kind == "sharded", kWho, "config field 'layout' is '",
-                    shown(kind), "'; ShardedDataParallel builds the 'sharded' layout itself: "
+                    muon::detail::clip(kind), "'; ShardedDataParallel builds the 'sharded' layout itself: "
                     "leave it 'none' or 'sharded'");
   auto out = config;
   out.set("layout", "sharded");

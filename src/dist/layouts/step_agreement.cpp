@@ -25,7 +25,6 @@
 namespace muon::dist::detail {
 namespace {
 
-constexpr size_t kShownName = 80;  // characters of a parameter name in messages
 constexpr size_t kShownRanks = 8;  // ranks listed in a message
 constexpr int64_t kBitsPerWord = 63;  // bitmask bits per int64 (never the sign bit)
 
@@ -35,7 +34,6 @@ enum Slot : size_t { kFailed, kBadIndex, kBadProblem, kNonFinite, kLarge, kDiges
 // Why a defined gradient cannot be reduced into (or step) its parameter.
 enum GradProblem : int64_t { kGradOk = 0, kGradShape, kGradDtype, kGradDevice, kGradLayout };
 
-std::string shown(const std::string& name) { return muon::detail::clip(name, kShownName); }
 
 // "[0, 2, 5]", at most kShownRanks of them, then "… (N ranks)".
 std::string rank_list(const std::vector<int64_t>& ranks) {
@@ -164,7 +162,7 @@ std::vector<bool> agreed_mask(const std::vector<std::vector<int64_t>>& all,
     if (all[r][kBadIndex] < 0) continue;
     const auto i = static_cast<size_t>(all[r][kBadIndex]);
     const auto& p = params[i].value();
-    TORCH_CHECK_VALUE(false, who, "the gradient of parameter '", shown(params[i].key()), "' (shape ",
+    TORCH_CHECK_VALUE(false, who, "the gradient of parameter '", muon::detail::clip(params[i].key()), "' (shape ",
                       p.sizes(), ", ", p.scalar_type(), ") on rank ", r, " has another ",
                       problem_text(all[r][kBadProblem]), " than the parameter; nothing of this step "
                       "was applied");
@@ -178,7 +176,7 @@ std::vector<bool> agreed_mask(const std::vector<std::vector<int64_t>>& all,
     for (const auto r : c10::irange(all.size())) {
       ((all[r][word] & bit) != 0 ? with : without).push_back(static_cast<int64_t>(r));
     }
-    TORCH_CHECK_VALUE(with.empty() || without.empty(), who, "parameter '", shown(params[i].key()),
+    TORCH_CHECK_VALUE(with.empty() || without.empty(), who, "parameter '", muon::detail::clip(params[i].key()),
                       "' has a gradient on ranks ", rank_list(with), " and none on ranks ",
                       rank_list(without), " of group '", group.name(), "'; every rank must produce "
                       "it, or none (nothing of this step was applied)");
@@ -216,7 +214,7 @@ void evaluate(const std::vector<std::vector<int64_t>>& all, const Group& group,
       break;
     }
     const auto i = static_cast<size_t>(all[r][kNonFinite]);
-    TORCH_CHECK_VALUE(false, check.who, "parameter '", shown((*check.params)[i].key()), "' (shape ",
+    TORCH_CHECK_VALUE(false, check.who, "parameter '", muon::detail::clip((*check.params)[i].key()), "' (shape ",
                       (*check.params)[i].value().sizes(), ") has a non-finite gradient (NaN or "
                       "Inf) on rank ", r, " of group '", group.name(), "'; nothing of this step "
                       "was applied. Set the nonfinite policy to skip_step to skip such steps, or "
@@ -289,7 +287,7 @@ bool agree_reduced_finite(const Group& group, const std::vector<const Group*>& p
                     "Inf) after averaging; nothing of this step was applied");
   const auto i = static_cast<size_t>(all[static_cast<size_t>(rank)][0]);
   TORCH_CHECK_VALUE(false, who, "non-finite gradient (NaN or Inf) in parameter '",
-                    shown(grads[i].key()), "' (shape ", grads[i].value().sizes(),
+                    muon::detail::clip(grads[i].key()), "' (shape ", grads[i].value().sizes(),
                     "), in the rows rank ", rank, " holds after averaging over the data-parallel "
                     "group (the ranks' gradients overflowed when summed); nothing was updated");
 }
