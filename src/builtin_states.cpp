@@ -9,6 +9,7 @@
 #include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/soap.h"
 #include "muon/scaling.h"
 
 namespace muon::detail {
@@ -106,6 +107,47 @@ StateSchema laprop_state() {
   s.add(step_of<S>());
   s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
   s.add(StateField::tensor_of<S>("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }));
+  return s;
+}
+
+StateSchema soap_state() {
+  using S = SoapParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<Soap>();
+  s.add(step_of<S>());
+  // Every tensor is of the whole matrix (rows m, cols n: Soap::whole_matrix_dims),
+  // held whole by the process that computes it (the owner in the sharded layout).
+  enum Side { kMatrix, kRowsSquare, kColsSquare };
+  const auto whole = [](std::string name, auto get, Side side, StateDtype dtype, StateInit init) {
+    auto f = StateField::tensor_of<S>(std::move(name), get, init);
+    f.shape = StateShape::kWhole;
+    f.dtype = dtype;
+    f.split = StateSplit::kOwner;
+    f.held = [](const Optimizer& opt, const at::Tensor& param) {
+      return static_cast<const Soap&>(opt).holds_whole_state(param);
+    };
+    f.whole_shape = [side](const Optimizer& opt, const at::Tensor& param) {
+      const auto [rows, cols] = static_cast<const Soap&>(opt).whole_matrix_dims(param);
+      if (side == kRowsSquare) return std::vector<int64_t>{rows, rows};
+      if (side == kColsSquare) return std::vector<int64_t>{cols, cols};
+      return std::vector<int64_t>{rows, cols};
+    };
+    return f;
+  };
+  // L and R exist for matrices (L alone for a 1-D parameter with
+  // precondition_1d): made by the first step, as the bases by the first refresh.
+  s.add(whole("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }, kMatrix, StateDtype::kParam,
+              StateInit::kZeros));
+  s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, kMatrix, StateDtype::kParam,
+              StateInit::kZeros));
+  s.add(whole("L", [](S& st) -> at::Tensor& { return st.L(); }, kRowsSquare, StateDtype::kFloat32Wide,
+              StateInit::kOnFirstUse));
+  s.add(whole("R", [](S& st) -> at::Tensor& { return st.R(); }, kColsSquare, StateDtype::kFloat32Wide,
+              StateInit::kOnFirstUse));
+  s.add(whole("Q_L", [](S& st) -> at::Tensor& { return st.Q_L(); }, kRowsSquare, StateDtype::kFloat32Wide,
+              StateInit::kOnFirstUse));
+  s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, kColsSquare, StateDtype::kFloat32Wide,
+              StateInit::kOnFirstUse));
   return s;
 }
 

@@ -13,5 +13,6 @@ StateSchema adamw_state();
 StateSchema sgd_state();
 StateSchema lion_state();
 StateSchema laprop_state();
+StateSchema soap_state();
 
 }  // namespace muon::detail

@@ -1,5 +1,5 @@
 // The built-in registry entries (muon, adaptive_muon, adam, adamw, sgd,
-// lion, laprop), registered explicitly here, and the global registry.
+// lion, laprop, soap), registered explicitly here, and the global registry.
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -18,6 +18,7 @@
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/routing.h"
+#include "muon/optim/soap.h"
 #include "muon/registry.h"
 #include "muon/scaling.h"
 #include "registry_internal.h"
@@ -293,6 +294,68 @@ OptimizerEntry laprop_entry() {
   return e;
 }
 
+// Defaults are muon::SoapOptions' own (Emerging-Optimizers'), lr and
+// weight_decay aside (the common fields). Like Muon, SOAP preconditions
+// matrices: 1-D, embedding and head parameters go to scalar_optimizer.
+OptimizerEntry soap_entry() {
+  OptimizerEntry e = entry("soap", detail::soap_state(),
+                           "SOAP (muon::Soap): Adam in the eigenbasis of Shampoo's Kronecker factors; "
+                           "1-D, embedding and head parameters go to scalar_optimizer");
+  const SoapOptions d;
+  e.fields = {
+      FieldSpec::real("beta1", d.beta1(), "Adam's first-moment decay", 0.0, 1.0).exclusive_max(),
+      FieldSpec::real("beta2", d.beta2(), "Adam's second-moment decay", 0.0, 1.0).exclusive_max(),
+      FieldSpec::real("shampoo_beta", d.shampoo_beta(), "decay of the Kronecker factors L and R", 0.0, 1.0)
+          .exclusive_max(),
+      FieldSpec::real("eps", d.eps(), "added to the square root of Adam's second moment", 0.0),
+      FieldSpec::text("weight_decay_method", to_string(d.weight_decay_method()), "how weight decay enters the step",
+                      {"decoupled", "independent", "l2"}),
+      FieldSpec::boolean("use_nesterov", d.use_nesterov(), "Nesterov momentum in the inner Adam"),
+      FieldSpec::integer("precondition_frequency", d.precondition_frequency(), "steps between eigenbasis refreshes",
+                         1.0),
+      FieldSpec::integer("adam_warmup_steps", d.adam_warmup_steps(), "steps of plain Adam before the first eigenbasis",
+                         0.0),
+      FieldSpec::boolean("precondition_1d", d.precondition_1d(), "precondition 1-D parameters with one factor"),
+      FieldSpec::boolean("correct_bias", d.correct_bias(), "Adam-style bias correction of both moments"),
+      FieldSpec::text("correct_shampoo_beta_bias", "auto",
+                      "bias correction of the factors' EMA (auto: as correct_bias)", {"auto", "true", "false"}),
+      FieldSpec::boolean("use_eigh", d.use_eigh(), "refresh the eigenbases by eigh (else orthogonal iteration)"),
+      FieldSpec::boolean("use_adaptive_criteria", d.use_adaptive_criteria(),
+                         "refresh an eigenbasis only when it no longer diagonalizes its factor"),
+      FieldSpec::real("adaptive_update_tolerance", d.adaptive_update_tolerance(),
+                      "tolerance of use_adaptive_criteria", 0.0, 1.0)
+          .exclusive_max(),
+      FieldSpec::integer("power_iter_steps", d.power_iter_steps(), "orthogonal-iteration steps per refresh", 1.0),
+      FieldSpec::real("max_update_rms", d.max_update_rms(), "clip the update's RMS to this (0: no clipping)", 0.0),
+  };
+  e.make_options = [](const OptimizerSettings& s) {
+    auto o = std::make_unique<SoapOptions>(s.get_double("lr"));
+    const auto& bias = s.get_string("correct_shampoo_beta_bias");
+    o->beta1(s.get_double("beta1"))
+        .beta2(s.get_double("beta2"))
+        .shampoo_beta(s.get_double("shampoo_beta"))
+        .eps(s.get_double("eps"))
+        .weight_decay(s.get_double("weight_decay"))
+        .weight_decay_method(s.get_string("weight_decay_method"))
+        .use_nesterov(s.get_bool("use_nesterov"))
+        .precondition_frequency(s.get_int("precondition_frequency"))
+        .adam_warmup_steps(s.get_int("adam_warmup_steps"))
+        .precondition_1d(s.get_bool("precondition_1d"))
+        .correct_bias(s.get_bool("correct_bias"))
+        .correct_shampoo_beta_bias(bias == "auto" ? -1 : bias == "true" ? 1 : 0)
+        .use_eigh(s.get_bool("use_eigh"))
+        .use_adaptive_criteria(s.get_bool("use_adaptive_criteria"))
+        .adaptive_update_tolerance(s.get_double("adaptive_update_tolerance"))
+        .power_iter_steps(s.get_int("power_iter_steps"))
+        .max_update_rms(s.get_double("max_update_rms"));
+    o->validate();
+    return o;
+  };
+  e.factory = build_factory<Soap, SoapOptions>();
+  e.default_overrides = scalar_defaults("soap");
+  return e;
+}
+
 }  // namespace
 
 OptimizerRegistry& OptimizerRegistry::global() {
@@ -313,6 +376,7 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
   registry.add(sgd_entry());
   registry.add(lion_entry());
   registry.add(laprop_entry());
+  registry.add(soap_entry());
 }
 
 namespace detail {

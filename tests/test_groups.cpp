@@ -81,7 +81,7 @@ TEST(Groups, FieldsOfAGroup) {
   EXPECT_FALSE(contains(adamw, "optimizer"));
   EXPECT_FALSE(contains(adamw, "lr_warmup_steps"));  // whole run
   EXPECT_TRUE(contains(names_of(muon::group_fields("muon")), "momentum"));
-  expect_value_error([] { muon::group_fields("soap"); }, {"'soap'"});
+  expect_value_error([] { muon::group_fields("shampoo"); }, {"'shampoo'"});
 
   // A registry's own fields: the built-ins alone have no layout fields, the
   // global registry has those the distributed layer adds.

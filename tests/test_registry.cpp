@@ -75,14 +75,14 @@ std::map<std::string, std::string> optimizer_by_name(const std::vector<muon::Res
 
 TEST(Registry, BuiltinsInOnePlace) {
   const auto keys = OptimizerRegistry::global().keys();
-  for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop"}) {
+  for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "soap"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     EXPECT_TRUE(OptimizerRegistry::global().has(name));
   }
   const auto help = OptimizerRegistry::global().help();
   EXPECT_NE(help.find("adaptive_muon"), std::string::npos);
   expect_value_error([] { OptimizerRegistry::global().at("moun"); },
-                     {"unknown optimizer 'moun'", "did you mean 'muon'", "muon, adaptive_muon, adam, adamw, sgd, lion, laprop"});
+                     {"unknown optimizer 'moun'", "did you mean 'muon'", "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, soap"});
 }
 
 TEST(Registry, AddErrors) {
@@ -118,9 +118,9 @@ TEST(Registry, AddErrors) {
   bad_rule.default_overrides = {OverrideRule().set("muon_momentum", 2.0).named("range")};
   expect_value_error([&] { r.add(bad_rule); }, {"muon_momentum", "2"});
   auto uses_unknown = entry("z");
-  uses_unknown.uses_fields_of = {"soap"};
-  expect_value_error([&] { r.add(uses_unknown); }, {"'soap', which is not registered"});
-  EXPECT_EQ(r.keys().size(), 7u);  // the built-ins: nothing was added
+  uses_unknown.uses_fields_of = {"shampoo"};
+  expect_value_error([&] { r.add(uses_unknown); }, {"'shampoo', which is not registered"});
+  EXPECT_EQ(r.keys().size(), 8u);  // the built-ins: nothing was added
 }
 
 TEST(Registry, ExtensionsAddFieldsAndChecks) {
@@ -150,8 +150,8 @@ TEST(Registry, ExtensionsAddFieldsAndChecks) {
   expect_value_error([&] { r.extend(unnamed); }, {"needs a name"});
   muon::ConfigExtension unknown;
   unknown.name = "x";
-  unknown.option_fields["soap"] = {muon::FieldSpec::real("f", 1.0, "f")};
-  expect_value_error([&] { r.extend(unknown); }, {"'soap', which is not registered"});
+  unknown.option_fields["shampoo"] = {muon::FieldSpec::real("f", 1.0, "f")};
+  expect_value_error([&] { r.extend(unknown); }, {"'shampoo', which is not registered"});
   EXPECT_EQ(r.extensions().size(), 1u);  // nothing was added
 
   // The check runs on param groups built by the entry's own factory only.
@@ -240,7 +240,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"adam", {{"lr", 0.01}}, {"adam"}},
         Case{"sgd", {{"lr", 0.2}}, {"sgd"}},
         Case{"lion", {{"lr", 0.002}}, {"lion"}},
-        Case{"laprop", {{"lr", 0.01}}, {"laprop"}}),
+        Case{"laprop", {{"lr", 0.01}}, {"laprop"}},
+        Case{"soap", {{"lr", 0.01}}, {"adamw", "soap"}}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.optimizer + "_" + std::to_string(info.index);
     });

@@ -34,6 +34,7 @@ from ._C import (  # noqa: F401
 from .optim import (  # noqa: F401
     AdaptiveMuon,
     LaProp,
+    SOAP,
     Lion,
     Muon,
     MuonWithAdamW,

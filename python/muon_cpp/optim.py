@@ -23,7 +23,7 @@ from . import _C
 from . import _dtensor as _dt
 from . import distributed as _dist
 
-__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "MuonWithAdamW", "make_optimizer",
+__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "SOAP", "MuonWithAdamW", "make_optimizer",
            "explain", "option_fields"]
 
 # Keys of a param group that are not options.
@@ -372,6 +372,23 @@ class LaProp(_OneOptimizer):
     _kind = "laprop"
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class SOAP(_OneOptimizer):
+    """SOAP: Adam in the eigenbasis of Shampoo's Kronecker factors (Vyas et al. 2024),
+    as Emerging-Optimizers' SOAP (options beta1=0.9, beta2=0.95, shampoo_beta=0.95,
+    eps=1e-8, weight_decay_method="decoupled", use_nesterov=False,
+    precondition_frequency=1, adam_warmup_steps=0, precondition_1d=False,
+    correct_bias=True, correct_shampoo_beta_bias="auto", use_eigh=False,
+    use_adaptive_criteria=False, adaptive_update_tolerance=1e-7, power_iter_steps=1,
+    max_update_rms=0.0). A parameter with ndim >= 2 is one matrix (dim 0 by the rest);
+    state per parameter: step, exp_avg, exp_avg_sq, L, R, Q_L, Q_R."""
+
+    _kind = "soap"
+
+    def __init__(self, params, lr=3e-3, weight_decay=0.01, *, layout=None, nonfinite="error",
                  **options):
         super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 

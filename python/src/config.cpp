@@ -119,9 +119,12 @@ void bind_config(py::module_& m) {
           d["name"] = f.name;
           d["shape"] = f.shape == StateShape::kCounter ? "counter"
                        : f.shape == StateShape::kParam ? "param"
+                       : f.shape == StateShape::kWhole ? "whole"
                                                        : "rows";
           d["init"] = f.init == StateInit::kZeros ? "zeros" : "on_first_use";
-          d["split"] = f.split == StateSplit::kWithRows ? "rows" : "replicated";
+          d["split"] = f.split == StateSplit::kWithRows ? "rows"
+                       : f.split == StateSplit::kOwner ? "owner"
+                                                       : "replicated";
           d["optional"] = static_cast<bool>(f.present);
           out.append(d);
         }

@@ -46,6 +46,10 @@ bool StateSchema::present(const StateField& field, const Optimizer& optimizer, c
   return !field.present || field.present(optimizer, options);
 }
 
+bool StateSchema::held_here(const StateField& field, const Optimizer& optimizer, const at::Tensor& param) {
+  return field.split != StateSplit::kOwner || !field.held || field.held(optimizer, param);
+}
+
 std::vector<int64_t> StateSchema::expected_shape(const StateField& field, const Optimizer& optimizer,
                                                  const at::Tensor& param) {
   switch (field.shape) {
@@ -56,6 +60,10 @@ std::vector<int64_t> StateSchema::expected_shape(const StateField& field, const 
     case StateShape::kRows:
       if (field.shape_of) return field.shape_of(optimizer, param.sizes());
       return {matrix_dims(param.sizes()).first, 1};
+    case StateShape::kWhole:
+      TORCH_CHECK_VALUE(field.whole_shape != nullptr, "[muon::StateSchema] field '", field.name,
+                        "' of shape kWhole needs whole_shape");
+      return field.whole_shape(optimizer, param);
   }
   return {};
 }
@@ -80,7 +88,7 @@ void StateSchema::complete(OptimizerParamState& state, const Optimizer& optimize
                            const OptimizerOptions& options, const at::Tensor& param) const {
   for (const auto& v : values(state)) {
     const auto& f = *v.field;
-    if (f.init != StateInit::kZeros || !present(f, optimizer, options)) continue;
+    if (f.init != StateInit::kZeros || !present(f, optimizer, options) || !held_here(f, optimizer, param)) continue;
     if (v.tensor != nullptr && !v.tensor->defined()) {
       *v.tensor = at::zeros(expected_shape(f, optimizer, param),
                             param.options().dtype(expected_dtype(f, param)));
@@ -119,10 +127,11 @@ std::string StateSchema::describe() const {
       out << "counter]";
       continue;
     }
-    out << (f.shape == StateShape::kParam ? "param" : "per row")
+    out << (f.shape == StateShape::kParam ? "param" : f.shape == StateShape::kWhole ? "whole matrix" : "per row")
         << (f.dtype == StateDtype::kFloat32Wide ? " fp32" : "")
         << (f.init == StateInit::kZeros ? ", zeros" : ", on first use")
-        << (f.split == StateSplit::kWithRows ? ", rows" : ", replicated") << (f.present ? ", optional" : "")
+        << (f.split == StateSplit::kWithRows ? ", rows" : f.split == StateSplit::kOwner ? ", owner" : ", replicated")
+        << (f.present ? ", optional" : "")
         << "]";
   }
   return out.str();

@@ -33,6 +33,7 @@ enum class StateShape {
   kCounter,  ///< an int64 (e.g. `step`), one per parameter
   kParam,    ///< the parameter's shape
   kRows,     ///< the parameter's rows by 1 or by its columns (per-row statistics), set by the options
+  kWhole,    ///< a shape of the whole matrix the parameter is (a part of), given by `whole_shape` (SOAP's factors)
 };
 
 /// A tensor field's dtype relative to its parameter's.
@@ -51,6 +52,7 @@ enum class StateInit {
 enum class StateSplit {
   kWithRows,    ///< along dim 0 with the parameter: each rank keeps its rows
   kReplicated,  ///< whole and equal on every rank that steps the parameter
+  kOwner,       ///< whole, held only by the rank that computes the whole matrix (`held` says which)
 };
 
 /// One field of a state (see the top of this header).
@@ -75,6 +77,13 @@ struct StateField {
       shape_of;
   /// kRows fields: what sets the shape, for messages (e.g. "mode normuon"). Optional.
   std::function<std::string(const torch::optim::Optimizer& optimizer)> shape_note;
+  /// kWhole fields: the exact shape for `param` (this process's tensor of
+  /// it), which may depend on the whole matrix it is a part of.
+  std::function<std::vector<int64_t>(const torch::optim::Optimizer& optimizer, const at::Tensor& param)>
+      whole_shape;
+  /// kOwner fields: whether this process holds the field of `param` (this
+  /// process's tensor of it) in `optimizer`. Empty: every process does.
+  std::function<bool(const torch::optim::Optimizer& optimizer, const at::Tensor& param)> held;
 
   /// A tensor field of state type S, reached by `get` (S& → at::Tensor&).
   template <typename S, typename Get>
@@ -139,6 +148,9 @@ struct StateSchema {
   /// Whether `field` exists for a parameter of `options`' group in `optimizer`.
   static bool present(const StateField& field, const torch::optim::Optimizer& optimizer,
                       const torch::optim::OptimizerOptions& options);
+  /// Whether this process holds `field` of `param` (a kOwner field only
+  /// where its `held` says so; every other field everywhere).
+  static bool held_here(const StateField& field, const torch::optim::Optimizer& optimizer, const at::Tensor& param);
   /// The state a first step starts from: kZeros fields that are present as
   /// zeros of their shape and dtype, counters 0.
   std::unique_ptr<torch::optim::OptimizerParamState> initial(
@@ -149,7 +161,7 @@ struct StateSchema {
   /// would start it.
   void complete(torch::optim::OptimizerParamState& state, const torch::optim::Optimizer& optimizer,
                 const torch::optim::OptimizerOptions& options, const at::Tensor& param) const;
-  /// The shape a tensor field keeps for `param` (a kRows field by `shape_of`).
+  /// The shape a tensor field keeps for `param` (a kRows field by `shape_of`, a kWhole one by `whole_shape`).
   static std::vector<int64_t> expected_shape(const StateField& field, const torch::optim::Optimizer& optimizer,
                                              const at::Tensor& param);
   /// The dtype a tensor field keeps for `param`.

@@ -175,7 +175,9 @@ std::unique_ptr<torch::optim::OptimizerParamState> read_state(ChunkReader& reade
       *field.integer = read_box(reader, key, l, Place{{}, {}, {}, {}}).item<int64_t>();
       continue;
     }
-    const auto box = field.split == StateSplit::kReplicated ? std::optional<Place>(whole_place(l.shape))
+    // A whole-matrix field is read by the rank that holds it (its owner here).
+    if (!field.held) continue;
+    const auto box = field.split != StateSplit::kWithRows ? std::optional<Place>(whole_place(l.shape))
                                                              : place_state(param_place, l.shape, true);
     TORCH_CHECK_VALUE(box.has_value(), kLoadWho, "'", shown(key), "' has shape ", shape_text(l.shape),
                       ", which does not fit parameter '", shown(name), "' of shape ",

@@ -64,7 +64,9 @@ std::vector<Piece> rank_pieces(const torch::OrderedDict<std::string, at::Tensor>
         continue;
       }
       if (!field.tensor->defined()) continue;
-      const auto place = field.split == StateSplit::kReplicated
+      // A whole-matrix field: whole, written by the rank that holds it.
+      if (!field.held) continue;
+      const auto place = field.split != StateSplit::kWithRows
                              ? std::optional<Place>(whole_place(field.tensor->sizes().vec()))
                              : place_state(param_place, field.tensor->sizes().vec(), false);
       TORCH_CHECK_VALUE(place.has_value(), kSaveWho, "state '", field.name, "' of parameter '",

@@ -57,7 +57,8 @@ std::unique_ptr<OptimizerParamState> empty_state(const StateSlot& slot) { return
 std::vector<StateField> state_fields(const StateSlot& slot, OptimizerParamState& state) {
   std::vector<StateField> out;
   for (const auto& v : slot.entry->state.values(state)) {
-    out.push_back({v.field->name, v.tensor, v.counter, v.field->split});
+    out.push_back({v.field->name, v.tensor, v.counter, v.field->split,
+                   StateSchema::held_here(*v.field, *slot.optimizer, slot.param)});
   }
   return out;
 }

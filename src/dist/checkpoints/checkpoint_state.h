@@ -22,6 +22,8 @@ struct StateField {
   int64_t* integer = nullptr;
   /// How it splits with the parameter (muon/optim/state_schema.h).
   StateSplit split = StateSplit::kWithRows;
+  /// Whether this rank holds it (a kOwner field only on its owner).
+  bool held = true;
 };
 
 /// A parameter stepped by an optimizer on this rank.

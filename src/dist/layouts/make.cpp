@@ -69,6 +69,16 @@ void add_strategy_factories(
   };
 }
 
+// Optimizers that need each parameter's whole matrix and have no strategy
+// for the layout `kind`: building one raises, naming it and the layout.
+void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& kind) {
+  context.factories["soap"] = [kind](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
+      -> std::unique_ptr<torch::optim::Optimizer> {
+    TORCH_CHECK_VALUE(false, kWho, "optimizer 'soap' preconditions whole matrices and does not run in layout '",
+                      kind, "', which splits them; use layout 'layerwise' (or 'none')");
+  };
+}
+
 // The layer-wise layout's options from the config's layout fields.
 LayerwiseOptions layerwise_options(const OptimizerConfig& config) {
   const auto bucket = static_cast<int64_t>(config.get_double("layout_bucket_mb") * (1 << 20));
@@ -87,6 +97,7 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
   BuildContext context;
   const auto names = names_of(named);
   if (kind == "tensor_parallel") {
+    refuse_whole_matrix_optimizers(context, kind);
     check_names(layout.tensor_parallel, named, "DistributedLayout::tensor_parallel");
     add_strategy_factories<TensorParallelOptions, TensorParallelMuon>(
         context, [&layout, names](const std::vector<OptimizerParamGroup>& groups,
@@ -111,6 +122,7 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
   }
 
   if (kind != "sharded") return context;
+  refuse_whole_matrix_optimizers(context, kind);
   check_names(layout.row_shards, named, "DistributedLayout::row_shards");
   const auto mode = config.get_string("layout_sharded_mode");
   const auto in_flight = config.get_int("layout_max_in_flight");

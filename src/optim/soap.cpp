@@ -1,0 +1,414 @@
+// The SOAP optimizer: options, state, the whole-matrix step, save/load.
+#include "muon/optim/soap.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <array>
+#include <cmath>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "muon/compat.h"
+#include "optim/closure.h"
+#include "optim/elementwise_optimizer.h"
+
+namespace muon {
+namespace {
+
+using detail::read_archived_double;
+using torch::optim::OptimizerParamGroup;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr const char* kWho = "[muon::Soap] ";
+// Emerging-Optimizers' _clip_update_rms_in_place epsilon.
+constexpr double kClipEps = 1e-7;
+
+int64_t read_archived_int(InputArchive& archive, const char* key) {
+  c10::IValue v;
+  archive.read(key, v);
+  return v.toInt();
+}
+
+bool read_archived_bool(InputArchive& archive, const char* key) {
+  c10::IValue v;
+  archive.read(key, v);
+  return v.toBool();
+}
+
+// Qᵀ·x·Q_R: into the eigenbasis (an undefined Q is the identity).
+at::Tensor to_eigenbasis(const at::Tensor& x, const at::Tensor& q_l, const at::Tensor& q_r) {
+  auto y = q_l.defined() ? at::mm(q_l.t(), x) : x;
+  return q_r.defined() ? at::mm(y, q_r) : y;
+}
+
+// Q_L·x·Q_Rᵀ: back from the eigenbasis.
+at::Tensor from_eigenbasis(const at::Tensor& x, const at::Tensor& q_l, const at::Tensor& q_r) {
+  auto y = q_l.defined() ? at::mm(q_l, x) : x;
+  return q_r.defined() ? at::mm(y, q_r.t()) : y;
+}
+
+// diag(Qᵀ·K·Q) (utils/eig.py conjugate(diag=True)).
+at::Tensor approx_eigvals(const at::Tensor& k, const at::Tensor& q) {
+  return (at::mm(q.t(), k) * q.t()).sum(1);
+}
+
+// Whether Q diagonalizes K within `tolerance` (eig.py met_approx_eigvals_criteria).
+bool diagonal_enough(const at::Tensor& k, const at::Tensor& eigvals, double tolerance) {
+  return at::linalg_norm(eigvals).item<double>() >= (1 - tolerance) * at::linalg_norm(k).item<double>();
+}
+
+// Eigenvectors of the symmetric K, by descending eigenvalue (eig.py
+// eigh_with_fallback): a diagonal K sorts its diagonal; otherwise eigh of
+// K + eps·I (eps 1e-7 in fp32, 1e-15 in fp64), in fp64 if fp32 fails.
+at::Tensor eigenbasis_eigh(const at::Tensor& k) {
+  const bool diagonal = !k.triu(1).any().item<bool>() && !k.tril(-1).any().item<bool>();
+  if (diagonal) {
+    const auto order = std::get<1>(k.diagonal().sort(/*dim=*/-1, /*descending=*/true));
+    return at::eye(k.size(0), k.options()).index_select(1, order);
+  }
+  const double eps = k.scalar_type() == at::kDouble ? 1e-15 : 1e-7;
+  const auto eye = at::eye(k.size(0), k.options());
+  const auto stabilized = at::addmm(k, eye, eye, /*beta=*/1, /*alpha=*/eps);
+  at::Tensor q;
+  try {
+    q = std::get<1>(at::linalg_eigh(stabilized));
+  } catch (const c10::Error&) {
+    q = std::get<1>(at::linalg_eigh(stabilized.to(at::kDouble))).to(k.scalar_type());
+  }
+  return q.flip({-1});
+}
+
+// One factor's refresh by orthogonal iteration (soap_utils.py
+// get_eigenbasis_qr, eig.py orthogonal_iteration): Q's columns sorted by
+// descending approximate eigenvalue (exp_avg_sq's `axis` permuted alike),
+// then power_iter_steps of Q ← qr(K·Q).Q. Returns the new Q, or `q` itself
+// when the adaptive criterion says it diagonalizes K well enough.
+at::Tensor refresh_by_qr(const at::Tensor& k, const at::Tensor& q, at::Tensor& exp_avg_sq, int64_t axis,
+                         const SoapOptions& o) {
+  const auto eigvals = approx_eigvals(k, q);
+  if (o.use_adaptive_criteria() && diagonal_enough(k, eigvals, o.adaptive_update_tolerance())) return q;
+  const auto order = at::argsort(eigvals, /*dim=*/0, /*descending=*/true);
+  exp_avg_sq = exp_avg_sq.index_select(axis, order);
+  auto out = q.index_select(1, order);
+  for (int64_t i = 0; i < o.power_iter_steps(); ++i) out = std::get<0>(at::linalg_qr(at::mm(k, out)));
+  return out;
+}
+
+// One factor's refresh by eigh (soap_utils.py get_eigenbasis_eigh), kept
+// under the adaptive criterion as refresh_by_qr.
+at::Tensor refresh_by_eigh(const at::Tensor& k, const at::Tensor& q, const SoapOptions& o) {
+  if (o.use_adaptive_criteria() && q.defined() &&
+      diagonal_enough(k, approx_eigvals(k, q), o.adaptive_update_tolerance())) {
+    return q;
+  }
+  return eigenbasis_eigh(k);
+}
+
+// Emerging-Optimizers' calculate_adam_update on the projected gradient
+// (step t, 1-based): the moments updated in place, the update returned.
+at::Tensor adam_update(const at::Tensor& g, SoapParamState& st, const SoapOptions& o, double t) {
+  auto& m = st.exp_avg();
+  auto& v = st.exp_avg_sq();
+  m.lerp_(g, 1 - o.beta1());
+  v.lerp_(g.square(), 1 - o.beta2());
+  const double bias1 = o.correct_bias() ? 1 - std::pow(o.beta1(), t) : 1.0;
+  const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
+  at::Tensor momentum;
+  if (o.use_nesterov()) {
+    const double bias_next = o.correct_bias() ? 1 - std::pow(o.beta1(), t + 1) : 1.0;
+    momentum = m * (o.beta1() / bias_next) + g * ((1 - o.beta1()) / bias1);
+  } else {
+    momentum = m / bias1;
+  }
+  return momentum / (v / bias2).sqrt_().add_(o.eps());
+}
+
+}  // namespace
+
+std::string to_string(const SoapWeightDecay method) {
+  switch (method) {
+    case SoapWeightDecay::kDecoupled:
+      return "decoupled";
+    case SoapWeightDecay::kIndependent:
+      return "independent";
+    case SoapWeightDecay::kL2:
+      return "l2";
+  }
+  return "?";
+}
+
+SoapWeightDecay parse_soap_weight_decay(const std::string& name) {
+  for (const auto m : {SoapWeightDecay::kDecoupled, SoapWeightDecay::kIndependent, SoapWeightDecay::kL2}) {
+    if (to_string(m) == name) return m;
+  }
+  TORCH_CHECK_VALUE(false, kWho, "weight_decay_method must be decoupled, independent or l2, got '", name, "'");
+}
+
+namespace detail {
+
+std::pair<int64_t, int64_t> soap_matrix_dims(at::IntArrayRef shape) {
+  if (shape.size() == 1) return {shape[0], 1};
+  int64_t cols = 1;
+  for (size_t d = 1; d < shape.size(); ++d) cols *= shape[d];
+  return {shape.empty() ? 1 : shape[0], cols};
+}
+
+at::Tensor soap_matrix_update(const at::Tensor& grad, const at::Tensor& adam_grad, SoapParamState& st,
+                              const SoapOptions& o, const bool one_d) {
+  const int64_t s = st.step();
+  const double t = static_cast<double>(s + 1);
+  const bool left = !one_d || o.precondition_1d();
+  const bool right = !one_d;
+  const auto wide = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto factor_options = grad.options().dtype(wide);
+  if (!st.exp_avg().defined()) st.exp_avg(at::zeros_like(grad, at::MemoryFormat::Contiguous));
+  if (!st.exp_avg_sq().defined()) st.exp_avg_sq(at::zeros_like(grad, at::MemoryFormat::Contiguous));
+  if (left && !st.L().defined()) st.L(at::zeros({grad.size(0), grad.size(0)}, factor_options));
+  if (right && !st.R().defined()) st.R(at::zeros({grad.size(1), grad.size(1)}, factor_options));
+
+  // The Kronecker factors, from the raw gradient.
+  double shampoo_beta = o.shampoo_beta();
+  if (o.shampoo_bias_corrected()) shampoo_beta = 1 - (1 - shampoo_beta) / (1 - std::pow(shampoo_beta, t));
+  const auto g = grad.to(wide);
+  if (left) st.L().lerp_(at::mm(g, g.t()), 1 - shampoo_beta);
+  if (right) st.R().lerp_(at::mm(g.t(), g), 1 - shampoo_beta);
+
+  // The eigenbases: eigh at the first refresh, then as the options say; the
+  // momentum is rotated from the old basis into the new one.
+  const bool preconditioned = s >= o.adam_warmup_steps();
+  const bool first = s == o.adam_warmup_steps();
+  if (left && preconditioned && (first || s % o.precondition_frequency() == 0)) {
+    auto m = from_eigenbasis(st.exp_avg(), st.Q_L(), st.Q_R());
+    if (first || o.use_eigh()) {
+      st.Q_L(refresh_by_eigh(st.L(), st.Q_L(), o));
+      if (right) st.Q_R(refresh_by_eigh(st.R(), st.Q_R(), o));
+    } else {
+      at::Tensor v = st.exp_avg_sq();
+      st.Q_L(refresh_by_qr(st.L(), st.Q_L(), v, 0, o));
+      if (right) st.Q_R(refresh_by_qr(st.R(), st.Q_R(), v, 1, o));
+      st.exp_avg_sq(v);
+    }
+    st.exp_avg(to_eigenbasis(m, st.Q_L(), st.Q_R()).to(st.exp_avg().scalar_type()).contiguous());
+  }
+
+  at::Tensor update;
+  if (preconditioned && left) {
+    const auto projected = to_eigenbasis(adam_grad.to(wide), st.Q_L(), st.Q_R()).to(grad.scalar_type());
+    const auto u = adam_update(projected, st, o, t);
+    update = from_eigenbasis(u.to(wide), st.Q_L(), st.Q_R()).to(grad.scalar_type());
+  } else {
+    update = adam_update(adam_grad, st, o, t);
+  }
+  if (o.max_update_rms() != 0) {
+    const auto rms = update.square().mean().sqrt();
+    update.mul_((o.max_update_rms() / (rms + kClipEps)).clamp_max(1.0));
+  }
+  st.step(s + 1);
+  return update;
+}
+
+}  // namespace detail
+
+SoapOptions::SoapOptions(double lr) : lr_(lr) {}
+
+SoapOptions& SoapOptions::weight_decay_method(const std::string& name) {
+  weight_decay_method_ = parse_soap_weight_decay(name);
+  return *this;
+}
+
+void SoapOptions::validate() const {
+  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
+  TORCH_CHECK_VALUE(beta1_ >= 0 && beta1_ < 1, kWho, "beta1 must be in [0, 1), got ", beta1_);
+  TORCH_CHECK_VALUE(beta2_ >= 0 && beta2_ < 1, kWho, "beta2 must be in [0, 1), got ", beta2_);
+  TORCH_CHECK_VALUE(shampoo_beta_ >= 0 && shampoo_beta_ < 1, kWho, "shampoo_beta must be in [0, 1), got ",
+                    shampoo_beta_);
+  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ >= 0, kWho, "eps must be >= 0, got ", eps_);
+  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho, "weight_decay must be >= 0, got ",
+                    weight_decay_);
+  TORCH_CHECK_VALUE(precondition_frequency_ >= 1, kWho, "precondition_frequency must be >= 1, got ",
+                    precondition_frequency_);
+  TORCH_CHECK_VALUE(adam_warmup_steps_ >= 0, kWho, "adam_warmup_steps must be >= 0, got ", adam_warmup_steps_);
+  TORCH_CHECK_VALUE(correct_shampoo_beta_bias_ >= -1 && correct_shampoo_beta_bias_ <= 1, kWho,
+                    "correct_shampoo_beta_bias must be -1 (as correct_bias), 0 or 1, got ",
+                    correct_shampoo_beta_bias_);
+  TORCH_CHECK_VALUE(adaptive_update_tolerance_ >= 0 && adaptive_update_tolerance_ < 1, kWho,
+                    "adaptive_update_tolerance must be in [0, 1), got ", adaptive_update_tolerance_);
+  TORCH_CHECK_VALUE(power_iter_steps_ >= 1, kWho, "power_iter_steps must be >= 1, got ", power_iter_steps_);
+  TORCH_CHECK_VALUE(std::isfinite(max_update_rms_) && max_update_rms_ >= 0, kWho,
+                    "max_update_rms must be >= 0, got ", max_update_rms_);
+}
+
+void SoapOptions::serialize(OutputArchive& archive) const {
+  archive.write("lr", c10::IValue(lr_));
+  archive.write("beta1", c10::IValue(beta1_));
+  archive.write("beta2", c10::IValue(beta2_));
+  archive.write("shampoo_beta", c10::IValue(shampoo_beta_));
+  archive.write("eps", c10::IValue(eps_));
+  archive.write("weight_decay", c10::IValue(weight_decay_));
+  archive.write("weight_decay_method", c10::IValue(to_string(weight_decay_method_)));
+  archive.write("use_nesterov", c10::IValue(use_nesterov_));
+  archive.write("precondition_frequency", c10::IValue(precondition_frequency_));
+  archive.write("adam_warmup_steps", c10::IValue(adam_warmup_steps_));
+  archive.write("precondition_1d", c10::IValue(precondition_1d_));
+  archive.write("correct_bias", c10::IValue(correct_bias_));
+  archive.write("correct_shampoo_beta_bias", c10::IValue(correct_shampoo_beta_bias_));
+  archive.write("use_eigh", c10::IValue(use_eigh_));
+  archive.write("use_adaptive_criteria", c10::IValue(use_adaptive_criteria_));
+  archive.write("adaptive_update_tolerance", c10::IValue(adaptive_update_tolerance_));
+  archive.write("power_iter_steps", c10::IValue(power_iter_steps_));
+  archive.write("max_update_rms", c10::IValue(max_update_rms_));
+}
+
+void SoapOptions::serialize(InputArchive& archive) {
+  lr_ = read_archived_double(archive, "lr");
+  beta1_ = read_archived_double(archive, "beta1");
+  beta2_ = read_archived_double(archive, "beta2");
+  shampoo_beta_ = read_archived_double(archive, "shampoo_beta");
+  eps_ = read_archived_double(archive, "eps");
+  weight_decay_ = read_archived_double(archive, "weight_decay");
+  c10::IValue method;
+  archive.read("weight_decay_method", method);
+  weight_decay_method_ = parse_soap_weight_decay(method.toStringRef());
+  use_nesterov_ = read_archived_bool(archive, "use_nesterov");
+  precondition_frequency_ = read_archived_int(archive, "precondition_frequency");
+  adam_warmup_steps_ = read_archived_int(archive, "adam_warmup_steps");
+  precondition_1d_ = read_archived_bool(archive, "precondition_1d");
+  correct_bias_ = read_archived_bool(archive, "correct_bias");
+  correct_shampoo_beta_bias_ = read_archived_int(archive, "correct_shampoo_beta_bias");
+  use_eigh_ = read_archived_bool(archive, "use_eigh");
+  use_adaptive_criteria_ = read_archived_bool(archive, "use_adaptive_criteria");
+  adaptive_update_tolerance_ = read_archived_double(archive, "adaptive_update_tolerance");
+  power_iter_steps_ = read_archived_int(archive, "power_iter_steps");
+  max_update_rms_ = read_archived_double(archive, "max_update_rms");
+}
+
+void SoapOptions::mix_settings(SettingsDigest& mix) const {
+  mix(beta1_, beta2_, shampoo_beta_, eps_, weight_decay_, static_cast<int>(weight_decay_method_), use_nesterov_,
+      precondition_frequency_, adam_warmup_steps_, precondition_1d_, correct_bias_, correct_shampoo_beta_bias_,
+      use_eigh_, use_adaptive_criteria_, adaptive_update_tolerance_, power_iter_steps_, max_update_rms_);
+}
+
+bool operator==(const SoapOptions& a, const SoapOptions& b) {
+  return a.lr() == b.lr() && a.beta1() == b.beta1() && a.beta2() == b.beta2() &&
+         a.shampoo_beta() == b.shampoo_beta() && a.eps() == b.eps() && a.weight_decay() == b.weight_decay() &&
+         a.weight_decay_method() == b.weight_decay_method() && a.use_nesterov() == b.use_nesterov() &&
+         a.precondition_frequency() == b.precondition_frequency() &&
+         a.adam_warmup_steps() == b.adam_warmup_steps() && a.precondition_1d() == b.precondition_1d() &&
+         a.correct_bias() == b.correct_bias() && a.correct_shampoo_beta_bias() == b.correct_shampoo_beta_bias() &&
+         a.use_eigh() == b.use_eigh() && a.use_adaptive_criteria() == b.use_adaptive_criteria() &&
+         a.adaptive_update_tolerance() == b.adaptive_update_tolerance() &&
+         a.power_iter_steps() == b.power_iter_steps() && a.max_update_rms() == b.max_update_rms();
+}
+
+double SoapOptions::get_lr() const { return lr(); }
+
+void SoapOptions::set_lr(const double lr) { this->lr(lr); }
+
+void SoapParamState::serialize(OutputArchive& archive) const {
+  archive.write("step", c10::IValue(step_));
+  detail::write_optional_buffer(archive, "exp_avg", exp_avg_);
+  detail::write_optional_buffer(archive, "exp_avg_sq", exp_avg_sq_);
+  detail::write_optional_buffer(archive, "L", L_);
+  detail::write_optional_buffer(archive, "R", R_);
+  detail::write_optional_buffer(archive, "Q_L", Q_L_);
+  detail::write_optional_buffer(archive, "Q_R", Q_R_);
+}
+
+void SoapParamState::serialize(InputArchive& archive) {
+  step_ = read_archived_int(archive, "step");
+  exp_avg_ = detail::read_optional_buffer(archive, "exp_avg");
+  exp_avg_sq_ = detail::read_optional_buffer(archive, "exp_avg_sq");
+  L_ = detail::read_optional_buffer(archive, "L");
+  R_ = detail::read_optional_buffer(archive, "R");
+  Q_L_ = detail::read_optional_buffer(archive, "Q_L");
+  Q_R_ = detail::read_optional_buffer(archive, "Q_R");
+}
+
+bool operator==(const SoapParamState& a, const SoapParamState& b) {
+  return a.step() == b.step() && detail::same_buffer(a.exp_avg(), b.exp_avg()) &&
+         detail::same_buffer(a.exp_avg_sq(), b.exp_avg_sq()) && detail::same_buffer(a.L(), b.L()) &&
+         detail::same_buffer(a.R(), b.R()) && detail::same_buffer(a.Q_L(), b.Q_L()) &&
+         detail::same_buffer(a.Q_R(), b.Q_R());
+}
+
+Soap::Soap(std::vector<OptimizerParamGroup> param_groups, SoapOptions defaults, bool check)
+    : Optimizer(param_groups, std::make_unique<SoapOptions>(defaults)) {
+  defaults.validate();
+  compat::reapply_group_options(*this, param_groups);
+  if (check) check_before_step();
+}
+
+Soap::Soap(std::vector<OptimizerParamGroup> param_groups, SoapOptions defaults)
+    : Soap(std::move(param_groups), std::move(defaults), true) {}
+
+Soap::Soap(std::vector<at::Tensor> params, SoapOptions defaults)
+    : Soap(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+void Soap::check_before_step() {
+  detail::check_group_options<SoapOptions>(param_groups_, kWho, "muon::SoapOptions");
+  for (const auto g : c10::irange(param_groups_.size())) {
+    for (const auto& p : param_groups_[g].params()) {
+      TORCH_CHECK_VALUE(p.dim() >= 1, kWho, "parameter of group ", g,
+                        " is 0-d; SOAP steps parameters with at least one dimension");
+    }
+  }
+}
+
+std::pair<int64_t, int64_t> Soap::whole_matrix_dims(const at::Tensor& param) const {
+  return detail::soap_matrix_dims(param.sizes());
+}
+
+bool Soap::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
+
+void Soap::step_parameters() {
+  auto& states = state();
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const SoapOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = std::make_unique<SoapParamState>();
+      auto& st = static_cast<SoapParamState&>(*slot);
+      const auto [rows, cols] = detail::soap_matrix_dims(p.sizes());
+      const auto grad = p.grad().reshape({rows, cols});
+      auto adam_grad = grad;
+      if (o.weight_decay() != 0 && o.weight_decay_method() == SoapWeightDecay::kL2) {
+        adam_grad = grad.add(p.detach().reshape({rows, cols}), o.weight_decay());
+      }
+      const auto u = detail::soap_matrix_update(grad, adam_grad, st, o, p.dim() == 1);
+      if (o.weight_decay() != 0 && o.weight_decay_method() != SoapWeightDecay::kL2) {
+        const double rate = o.weight_decay_method() == SoapWeightDecay::kDecoupled ? o.lr() * o.weight_decay()
+                                                                                    : o.weight_decay();
+        p.add_(p, -rate);
+      }
+      p.add_(u.view(p.sizes()), -o.lr());
+    }
+  }
+}
+
+at::Tensor Soap::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss = detail::loss_of(closure);
+  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
+  step_parameters();
+  return loss;
+}
+
+int64_t Soap::state_bytes() const {
+  return detail::buffer_bytes<SoapParamState>(*this, [](const SoapParamState& s) {
+    return std::array<const at::Tensor*, 6>{&s.exp_avg(), &s.exp_avg_sq(), &s.L(), &s.R(), &s.Q_L(), &s.Q_R()};
+  });
+}
+
+void Soap::save(OutputArchive& archive) const {
+  detail::save_with_options<SoapParamState, SoapOptions>(*this, archive, "soap", "muon::Soap");
+}
+
+void Soap::load(InputArchive& archive) {
+  detail::load_with_options<SoapParamState, SoapOptions>(*this, archive, "soap", kWho, "muon::Soap");
+}
+
+}  // namespace muon

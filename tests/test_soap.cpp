@@ -1,0 +1,427 @@
+// Tests of muon::Soap: values against an independent fp64 reference of
+// Emerging-Optimizers' SOAP, options and their errors, save/load, the
+// registry entry (config fields, make_optimizer, explain), checkpoints
+// resharded across layouts, and the distributed layouts (layer-wise and
+// sharded equal to one process, tensor_parallel refused).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "archive_util.h"
+#include "expect_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "checkpoint_model.h"
+#include "dist/checkpoints/checkpoint_state.h"
+#include "muon/compat.h"
+#include "muon/optim/laprop.h"
+#include "muon/optim/soap.h"
+#include "muon/registry.h"
+#include "tensor_util.h"
+
+namespace muon::test {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ckpt = muon::test::checkpoint;
+
+struct Hyper {
+  double lr, beta1, beta2, shampoo_beta, eps, wd;
+  SoapWeightDecay method;
+  bool nesterov;
+  int64_t frequency, warmup;
+  bool correct_bias, correct_shampoo_bias, use_eigh;
+  double max_rms;
+
+  SoapOptions options() const {
+    return SoapOptions(lr)
+        .beta1(beta1)
+        .beta2(beta2)
+        .shampoo_beta(shampoo_beta)
+        .eps(eps)
+        .weight_decay(wd)
+        .weight_decay_method(method)
+        .use_nesterov(nesterov)
+        .precondition_frequency(frequency)
+        .adam_warmup_steps(warmup)
+        .correct_bias(correct_bias)
+        .correct_shampoo_beta_bias(correct_shampoo_bias ? 1 : 0)
+        .use_eigh(use_eigh)
+        .max_update_rms(max_rms);
+  }
+};
+
+// Eigenvectors of the symmetric k by descending eigenvalue (fp64).
+at::Tensor eigh_descending(const at::Tensor& k) { return std::get<1>(at::linalg_eigh(k)).flip({-1}); }
+
+// The smallest gap between eigenvalues of k relative to its largest one.
+double relative_gap(const at::Tensor& k) {
+  const auto w = std::get<0>(at::linalg_eigh(k));
+  return (w.slice(0, 1) - w.slice(0, 0, -1)).min().item<double>() / w.abs().max().item<double>();
+}
+
+// One matrix parameter's plain fp64 run of SOAP as Emerging-Optimizers
+// writes it: emerging_optimizers/soap/soap.py (SOAP.step,
+// update_kronecker_factors, update_eigenbasis_and_momentum, precondition,
+// _is_eigenbasis_update_step, _clip_update_rms_in_place) and
+// soap/soap_utils.py (get_eigenbasis_eigh, get_eigenbasis_qr) at
+// 18adc0bb8914db6942e3a1d814872570244b6fad, utils/eig.py
+// (eigh_with_fallback, orthogonal_iteration) at fc96b03c, calculate_adam_update
+// and WeightDecayMixin; the paper is Vyas et al., arXiv:2409.11321. Written
+// with fp64 matrix products, eigh and QR, step by step from those files.
+struct Reference {
+  at::Tensor p, m, v, L, R, QL, QR;  // p as the m×n matrix
+  int64_t s = 0;
+  double min_gap = 1.0;  // the smallest relative eigen-gap of any factor at a refresh
+
+  explicit Reference(const at::Tensor& init) {
+    p = init.detach().to(at::kDouble).reshape({init.size(0), -1}).clone();
+    m = at::zeros_like(p);
+    v = at::zeros_like(p);
+    L = at::zeros({p.size(0), p.size(0)}, p.options());
+    R = at::zeros({p.size(1), p.size(1)}, p.options());
+  }
+
+  static at::Tensor qr_refresh(const at::Tensor& k, const at::Tensor& q, at::Tensor& v, int64_t axis) {
+    const auto d = (q.t().mm(k) * q.t()).sum(1);
+    const auto order = at::argsort(d, 0, /*descending=*/true);
+    v = v.index_select(axis, order);
+    return std::get<0>(at::linalg_qr(k.mm(q.index_select(1, order))));
+  }
+
+  void step(const at::Tensor& grad, const Hyper& h) {
+    const auto g = grad.to(at::kDouble).reshape({p.size(0), -1});
+    const double t = static_cast<double>(s + 1);
+    double bs = h.shampoo_beta;
+    if (h.correct_shampoo_bias) bs = 1 - (1 - bs) / (1 - std::pow(bs, t));
+    L = bs * L + (1 - bs) * g.mm(g.t());
+    R = bs * R + (1 - bs) * g.t().mm(g);
+    if (s >= h.warmup && (s == h.warmup || s % h.frequency == 0)) {
+      const auto mom = QL.defined() ? QL.mm(m).mm(QR.t()) : m;
+      min_gap = std::min({min_gap, relative_gap(L), relative_gap(R)});
+      if (s == h.warmup || h.use_eigh) {
+        QL = eigh_descending(L);
+        QR = eigh_descending(R);
+      } else {
+        QL = qr_refresh(L, QL, v, 0);
+        QR = qr_refresh(R, QR, v, 1);
+      }
+      m = QL.t().mm(mom).mm(QR);
+    }
+    auto ga = g;
+    if (h.method == SoapWeightDecay::kDecoupled) p = p - h.lr * h.wd * p;
+    if (h.method == SoapWeightDecay::kL2) ga = g + h.wd * p;
+    const bool pre = s >= h.warmup;
+    const auto gp = pre ? QL.t().mm(ga).mm(QR) : ga;
+    m = h.beta1 * m + (1 - h.beta1) * gp;
+    v = h.beta2 * v + (1 - h.beta2) * gp * gp;
+    const double c1 = h.correct_bias ? 1 - std::pow(h.beta1, t) : 1.0;
+    const double c2 = h.correct_bias ? 1 - std::pow(h.beta2, t) : 1.0;
+    const double cn = h.correct_bias ? 1 - std::pow(h.beta1, t + 1) : 1.0;
+    const auto mhat = h.nesterov ? h.beta1 * m / cn + (1 - h.beta1) * gp / c1 : m / c1;
+    auto u = mhat / ((v / c2).sqrt() + h.eps);
+    if (pre) u = QL.mm(u).mm(QR.t());
+    if (h.max_rms > 0) {
+      const double rms = u.square().mean().sqrt().item<double>();
+      u = u * std::min(1.0, h.max_rms / (rms + 1e-7));
+    }
+    p = p - h.lr * u;
+    s += 1;
+  }
+};
+
+// Largest |got − want| relative to the largest |want|.
+double relative(const at::Tensor& got, const at::Tensor& want) {
+  const auto w = want.to(at::kDouble);
+  return (got.to(at::kDouble).reshape(w.sizes()) - w).abs().max().item<double>() / w.abs().max().item<double>();
+}
+
+const SoapParamState& state_of(const torch::optim::Optimizer& opt, const at::Tensor& p) {
+  return static_cast<const SoapParamState&>(*opt.state().at(compat::state_key(p)));
+}
+
+TEST(Soap, FiveFp32StepsEqualEmergingOptimizersArithmetic) {
+  // Wide, tall and conv (4-D, seen as 6×8) fp32 matrices. The first
+  // eigenbasis comes at step 3 (adam_warmup_steps 2), when each factor has
+  // summed three gradients and has full rank: a rank-deficient factor has a
+  // repeated eigenvalue (0), whose eigenvectors are any rotation of each
+  // other, and Adam's element-wise step is not invariant under rotations
+  // (it is under the sign flips that eigh and QR may choose, which is why
+  // the parameters, L, R and exp_avg_sq compare directly and exp_avg after
+  // projecting it back). With frequency 2 the fifth step refreshes by
+  // orthogonal iteration (or by eigh every step in the second set).
+  const std::vector<std::vector<int64_t>> shapes{{5, 8}, {8, 5}, {6, 2, 2, 2}};
+  const std::vector<Hyper> sets{
+      {0.01, 0.9, 0.95, 0.95, 1e-8, 0.1, SoapWeightDecay::kDecoupled, false, 2, 2, true, true, false, 0.0},
+      {0.02, 0.8, 0.9, 0.9, 1e-8, 0.05, SoapWeightDecay::kL2, true, 1, 2, true, false, true, 0.5},
+  };
+  for (size_t hs = 0; hs < sets.size(); ++hs) {
+    const auto& h = sets[hs];
+    at::manual_seed(3);
+    std::vector<at::Tensor> params;
+    std::vector<Reference> refs;
+    for (const auto& s : shapes) {
+      params.push_back(leaf(at::randn(s)));
+      refs.emplace_back(params.back());
+    }
+    Soap opt(params, h.options());
+    for (int step = 0; step < 5; ++step) {
+      for (size_t k = 0; k < params.size(); ++k) {
+        const auto g = at::randn(shapes[k]);
+        params[k].mutable_grad() = g.clone();
+        refs[k].step(g, h);
+      }
+      opt.step();
+    }
+    // Why fp32 matches fp64 to 1e-5: every quantity is O(10–100) fp32
+    // operations per element (2^-24 each) on values of order 1, except the
+    // eigenvectors, whose fp32 error is about 2^-24·‖K‖/gap for each
+    // eigenvalue gap (first-order perturbation): these inputs keep every gap
+    // above 1% of ‖K‖ (asserted; the smallest is 1.4%), so the bases carry
+    // < 2^-24/0.01 ≈ 6e-6 relative error, and the Adam step divides by √v̂
+    // of order |g|, not amplifying it.
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto& st = state_of(opt, params[k]);
+      const auto& r = refs[k];
+      EXPECT_GE(r.min_gap, 0.01) << "inputs with near-repeated eigenvalues, param " << k;
+      EXPECT_EQ(st.step(), 5);
+      EXPECT_LE(relative(params[k], r.p), 1e-5) << "set " << hs << " param " << k;
+      EXPECT_LE(relative(st.L(), r.L), 1e-5) << "L " << k;
+      EXPECT_LE(relative(st.R(), r.R), 1e-5) << "R " << k;
+      EXPECT_LE(relative(st.exp_avg_sq(), r.v), 1e-5) << "exp_avg_sq " << k;
+      const auto back = st.Q_L().to(at::kDouble).mm(st.exp_avg().to(at::kDouble)).mm(st.Q_R().to(at::kDouble).t());
+      EXPECT_LE(relative(back, r.QL.mm(r.m).mm(r.QR.t())), 1e-5) << "exp_avg " << k;
+      // The bases are orthogonal and diagonalize the factors' leading part.
+      const auto eye = at::eye(st.Q_L().size(0));
+      EXPECT_LE((st.Q_L().t().mm(st.Q_L()) - eye).abs().max().item<double>(), 1e-5);
+    }
+    const int64_t bytes = 4 * (2 * (40 + 40 + 48) + 2 * (25 + 64) + 2 * (64 + 25) + 2 * (36 + 64));
+    EXPECT_EQ(opt.state_bytes(), bytes);
+  }
+}
+
+TEST(Soap, OneDimensionalParametersGetAdamUnlessPreconditioned) {
+  // Emerging-Optimizers' precondition_1d false: a 1-D parameter has no
+  // factor and steps as Adam (here checked against AdamW's formula).
+  auto p = leaf(at::randn({6}));
+  const auto p0 = p.detach().clone().to(at::kDouble);
+  Soap opt({p}, SoapOptions(0.1).weight_decay(0));
+  const auto g = at::randn({6});
+  p.mutable_grad() = g.clone();
+  opt.step();
+  const auto gd = g.to(at::kDouble);
+  // One Adam step with bias correction: m̂ = g, v̂ = g², u = g/(|g| + eps).
+  const auto want = p0 - 0.1 * gd / (gd.abs() + 1e-8);
+  EXPECT_LE(relative(p, want), 1e-6);
+  const auto& st = state_of(opt, p);
+  EXPECT_FALSE(st.L().defined());
+  EXPECT_FALSE(st.Q_L().defined());
+  // precondition_1d: one factor L (6×6), its basis, no R.
+  auto q = leaf(at::randn({6}));
+  Soap pre({q}, SoapOptions(0.1).precondition_1d(true));
+  q.mutable_grad() = at::randn({6});
+  pre.step();
+  const auto& sq = state_of(pre, q);
+  EXPECT_EQ(sq.L().sizes(), at::IntArrayRef({6, 6}));
+  EXPECT_EQ(sq.Q_L().sizes(), at::IntArrayRef({6, 6}));
+  EXPECT_FALSE(sq.R().defined());
+}
+
+TEST(Soap, DefaultsAreEmergingOptimizers) {
+  const SoapOptions o;
+  EXPECT_EQ(o.lr(), 3e-3);
+  EXPECT_EQ(o.beta1(), 0.9);
+  EXPECT_EQ(o.beta2(), 0.95);
+  EXPECT_EQ(o.shampoo_beta(), 0.95);
+  EXPECT_EQ(o.eps(), 1e-8);
+  EXPECT_EQ(o.weight_decay(), 0.01);
+  EXPECT_EQ(o.weight_decay_method(), SoapWeightDecay::kDecoupled);
+  EXPECT_FALSE(o.use_nesterov());
+  EXPECT_EQ(o.precondition_frequency(), 1);
+  EXPECT_EQ(o.adam_warmup_steps(), 0);
+  EXPECT_FALSE(o.precondition_1d());
+  EXPECT_TRUE(o.correct_bias());
+  EXPECT_TRUE(o.shampoo_bias_corrected());
+  EXPECT_FALSE(o.use_eigh());
+  EXPECT_FALSE(o.use_adaptive_criteria());
+  EXPECT_EQ(o.adaptive_update_tolerance(), 1e-7);
+  EXPECT_EQ(o.power_iter_steps(), 1);
+  EXPECT_EQ(o.max_update_rms(), 0.0);
+}
+
+TEST(Soap, InvalidOptionsNameArgumentAndValue) {
+  auto p = leaf(at::randn({3, 2}));
+  expect_value_error([&] { Soap opt({p}, SoapOptions(-1)); }, {"[muon::Soap]", "lr", "-1"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().beta1(1.0)); }, {"beta1", "[0, 1)", "1"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().beta2(-0.1)); }, {"beta2", "-0.1"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().shampoo_beta(1.5)); }, {"shampoo_beta", "1.5"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().eps(-1e-3)); }, {"eps", "-0.001"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().weight_decay(-2)); }, {"weight_decay", "-2"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().precondition_frequency(0)); },
+                     {"precondition_frequency", "0"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().adam_warmup_steps(-1)); }, {"adam_warmup_steps", "-1"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().power_iter_steps(0)); }, {"power_iter_steps", "0"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().max_update_rms(-1)); }, {"max_update_rms", "-1"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().adaptive_update_tolerance(1)); },
+                     {"adaptive_update_tolerance", "1"});
+  expect_value_error([&] { SoapOptions().weight_decay_method("palm"); }, {"weight_decay_method", "palm"});
+  // A bad edit between steps is caught by the next step, which changes nothing.
+  Soap opt({p});
+  opt.param_groups()[0].options().set_lr(-0.5);
+  p.mutable_grad() = at::ones({3, 2});
+  const auto before = p.detach().clone();
+  expect_value_error([&] { opt.step(); }, {"lr", "-0.5"});
+  EXPECT_TRUE(at::equal(p.detach(), before));
+  EXPECT_TRUE(opt.state().empty());
+  OptimizerConfig c;
+  expect_value_error([&] { c.set("soap_shampoo_beta", 1.0); }, {"soap_shampoo_beta", "1"});
+  expect_value_error([&] { c.set("soap_precondition_frequency", 0); }, {"soap_precondition_frequency", "0"});
+  expect_value_error([&] { c.set("soap_weight_decay_method", "palm"); }, {"soap_weight_decay_method", "palm"});
+}
+
+TEST(Soap, ResumedRunIsBitIdentical) {
+  const auto data = gradient_run(1, {6, 4}, 7);
+  const auto options = SoapOptions(0.01).weight_decay(0.1).precondition_frequency(2).adam_warmup_steps(1);
+  auto a = leaf(data.init);
+  Soap straight({a}, options);
+  data.run(a, straight, 0, 7);
+
+  auto b = leaf(data.init);
+  Soap first({b}, options);
+  data.run(b, first, 0, 3);
+  const auto bytes = save_to_string(first);
+  auto c = leaf(b.detach());
+  Soap second({c}, SoapOptions(0.5).use_eigh(true));  // options come from the archive
+  load_from_string(second, bytes);
+  const auto& o = static_cast<const SoapOptions&>(second.param_groups()[0].options());
+  EXPECT_TRUE(o == options);
+  EXPECT_TRUE(state_of(second, c) == state_of(first, b));
+  data.run(c, second, 3, 7);
+  EXPECT_TRUE(at::equal(a.detach(), c.detach()));
+}
+
+TEST(Soap, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
+  auto p = leaf(at::randn({3, 2}));
+  LaProp laprop({p});
+  p.mutable_grad() = at::ones({3, 2});
+  laprop.step();
+  const auto bytes = save_to_string(laprop);
+  Soap opt({p}, SoapOptions(0.2));
+  expect_value_error([&] { load_from_string(opt, bytes); }, {"[muon::Soap]", "muon::LaProp"});
+  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
+  EXPECT_TRUE(opt.state().empty());
+}
+
+TEST(Soap, BuiltFromAConfigWithItsFieldsAndExplained) {
+  ckpt::Named named;
+  named.insert("w", leaf(at::randn({8, 4})));
+  named.insert("b", leaf(at::randn({8})));
+  OptimizerConfig config;
+  apply_config_json(config, R"({"optimizer": "soap", "lr": 0.01, "soap_shampoo_beta": 0.9,
+                                "soap_precondition_frequency": 5, "soap_use_eigh": true,
+                                "soap_weight_decay_method": "l2",
+                                "soap_correct_shampoo_beta_bias": "false"})");
+  auto opt = muon::make_optimizer(named, config);
+  // The matrix to SOAP, the bias to the scalar optimizer (as muon's defaults).
+  ASSERT_EQ(opt->num_parts(), 2u);
+  auto* soap = dynamic_cast<Soap*>(opt->find_part("soap"));
+  ASSERT_NE(soap, nullptr);
+  ASSERT_EQ(soap->param_groups()[0].params().size(), 1u);
+  EXPECT_TRUE(soap->param_groups()[0].params()[0].is_same(named["w"]));
+  const auto& o = static_cast<const SoapOptions&>(soap->param_groups()[0].options());
+  EXPECT_EQ(o.lr(), 0.01);
+  EXPECT_EQ(o.shampoo_beta(), 0.9);
+  EXPECT_EQ(o.beta2(), 0.95);
+  EXPECT_EQ(o.precondition_frequency(), 5);
+  EXPECT_TRUE(o.use_eigh());
+  EXPECT_EQ(o.weight_decay_method(), SoapWeightDecay::kL2);
+  EXPECT_FALSE(o.shampoo_bias_corrected());
+  for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
+  opt->step();
+  // w: exp_avg, exp_avg_sq 8×4, L, Q_L 8×8, R, Q_R 4×4, fp32.
+  EXPECT_EQ(soap->state_bytes(), 4 * (2 * 32 + 2 * 64 + 2 * 16));
+  const auto text = muon::explain(named, config);
+  EXPECT_NE(text.find("state of soap: step [counter], exp_avg [whole matrix, zeros, owner]"), std::string::npos)
+      << text;
+}
+
+// Parameter values of `r`, cloned.
+ckpt::Named values_of(ckpt::Rank& r) {
+  ckpt::Named out;
+  for (const auto& item : r.named) out.insert(item.key(), item.value().detach().clone());
+  return out;
+}
+
+// A leg of the reshard chain with SOAP; with `reference`, each rank's part
+// must equal it bit for bit.
+void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
+         int64_t to, const ckpt::Named& reference, const std::string& what) {
+  ckpt::reshard_leg(kind, world, in, out, from, to, "soap", what, [&](ckpt::Rank& r, const dist::Group& group) {
+    for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
+      const auto& name = ckpt::kModel[k].first;
+      EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
+          << what << " " << name << " rank " << group.rank();
+    }
+  });
+}
+
+TEST(Soap, CheckpointsResumeAndReshardBitIdentically) {
+  ckpt::Named after3;
+  ckpt::Named after4;
+  run_ranks(1, [&](dist::Group& g) {
+    ckpt::Rank r("none", g, "soap");
+    r.train(0, 3);
+    after3 = values_of(r);
+    r.train(3, 4);
+    after4 = values_of(r);
+  });
+  const auto dir = fs::temp_directory_path() / ("muon_soap_reshard_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
+  // One process → layer-wise at 2 ranks → one process: the whole-matrix
+  // state (moments, factors, bases) travels whole with its parameter.
+  leg("none", 1, "", d("a"), 0, 2, ckpt::Named(), "single");
+  leg("layerwise", 2, d("a"), d("b"), 2, 3, after3, "layerwise W=2 from single");
+  leg("none", 1, d("b"), d("c"), 3, 4, after4, "single from layerwise W=2");
+  fs::remove_all(dir);
+}
+
+// SOAP in the layer-wise layout (each rank steps whole parameters it owns)
+// equals one process bit for bit: the owner runs the same arithmetic on the
+// same whole tensors.
+TEST(Soap, LayerwiseEqualsOneProcess) {
+  ckpt::Named single;
+  run_ranks(1, [&](dist::Group& g) {
+    ckpt::Rank r("none", g, "soap");
+    r.train(0, 4);
+    single = values_of(r);
+  });
+  for (const int world : {2, 3}) {
+    run_ranks(world, [&](dist::Group& g) {
+      ckpt::Rank r("layerwise", g, "soap");
+      r.train(0, 4);
+      for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
+        const auto& name = ckpt::kModel[k].first;
+        EXPECT_TRUE(at::equal(r.named[name].detach(), single[name])) << name << " W=" << world;
+      }
+    });
+  }
+}
+
+// Layouts that split matrices refuse SOAP, naming it and the layout (the
+// sharded layout has no owner-compute SOAP yet: element-wise on row shards
+// would be silently wrong).
+TEST(Soap, SplittingLayoutsAreRefusedNamingSoap) {
+  run_ranks(2, [&](dist::Group& g) {
+    expect_value_error([&] { ckpt::Rank r("tp", g, "soap"); }, {"'soap'", "'tensor_parallel'"});
+    expect_value_error([&] { ckpt::Rank r("sharded", g, "soap"); }, {"'soap'", "'sharded'"});
+  });
+}
+
+}  // namespace
+}  // namespace muon::test
