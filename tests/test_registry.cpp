@@ -75,14 +75,15 @@ std::map<std::string, std::string> optimizer_by_name(const std::vector<muon::Res
 
 TEST(Registry, BuiltinsInOnePlace) {
   const auto keys = OptimizerRegistry::global().keys();
-  for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop"}) {
+  for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "signum",
+                            "sim_ademamix"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     EXPECT_TRUE(OptimizerRegistry::global().has(name));
   }
   const auto help = OptimizerRegistry::global().help();
   EXPECT_NE(help.find("adaptive_muon"), std::string::npos);
   expect_value_error([] { OptimizerRegistry::global().at("moun"); },
-                     {"unknown optimizer 'moun'", "did you mean 'muon'", "muon, adaptive_muon, adam, adamw, sgd, lion, laprop"});
+                     {"unknown optimizer 'moun'", "did you mean 'muon'", "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix"});
 }
 
 TEST(Registry, AddErrors) {
@@ -120,7 +121,7 @@ TEST(Registry, AddErrors) {
   auto uses_unknown = entry("z");
   uses_unknown.uses_fields_of = {"soap"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'soap', which is not registered"});
-  EXPECT_EQ(r.keys().size(), 7u);  // the built-ins: nothing was added
+  EXPECT_EQ(r.keys().size(), 9u);  // the built-ins: nothing was added
 }
 
 TEST(Registry, ExtensionsAddFieldsAndChecks) {
@@ -240,7 +241,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"adam", {{"lr", 0.01}}, {"adam"}},
         Case{"sgd", {{"lr", 0.2}}, {"sgd"}},
         Case{"lion", {{"lr", 0.002}}, {"lion"}},
-        Case{"laprop", {{"lr", 0.01}}, {"laprop"}}),
+        Case{"laprop", {{"lr", 0.01}}, {"laprop"}},
+        Case{"signum", {{"lr", 0.003}}, {"signum"}},
+        Case{"sim_ademamix", {{"lr", 0.003}}, {"sim_ademamix"}}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.optimizer + "_" + std::to_string(info.index);
     });
