@@ -7,6 +7,8 @@
 
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/laprop.h"
+#include "muon/optim/signum.h"
+#include "muon/optim/sim_ademamix.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/soap.h"
@@ -104,6 +106,25 @@ StateSchema laprop_state() {
   using S = LaPropParamState;
   auto s = StateSchema::of<S>();
   s.is_kind = StateSchema::is_a<LaProp>();
+  s.add(step_of<S>());
+  s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
+  s.add(StateField::tensor_of<S>("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }));
+  return s;
+}
+
+StateSchema signum_state() {
+  using S = SignumParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<Signum>();
+  s.add(step_of<S>());
+  s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
+  return s;
+}
+
+StateSchema sim_ademamix_state() {
+  using S = SimAdEMAMixParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<SimAdEMAMix>();
   s.add(step_of<S>());
   s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
   s.add(StateField::tensor_of<S>("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }));

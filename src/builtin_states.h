@@ -13,6 +13,8 @@ StateSchema adamw_state();
 StateSchema sgd_state();
 StateSchema lion_state();
 StateSchema laprop_state();
+StateSchema signum_state();
+StateSchema sim_ademamix_state();
 StateSchema soap_state();
 
 }  // namespace muon::detail

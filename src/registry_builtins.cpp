@@ -1,5 +1,5 @@
 // The built-in registry entries (muon, adaptive_muon, adam, adamw, sgd,
-// lion, laprop, soap), registered explicitly here, and the global registry.
+// lion, laprop, signum, sim_ademamix, soap), registered explicitly here, and the global registry.
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -18,9 +18,12 @@
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/routing.h"
+#include "muon/optim/signum.h"
+#include "muon/optim/sim_ademamix.h"
 #include "muon/optim/soap.h"
 #include "muon/registry.h"
 #include "muon/scaling.h"
+#include "optim/elementwise_optimizer.h"
 #include "registry_internal.h"
 #include "util/dtype_names.h"
 
@@ -294,6 +297,74 @@ OptimizerEntry laprop_entry() {
   return e;
 }
 
+// Defaults are muon::SignumOptions' own (Emerging-Optimizers'), lr aside (the common field).
+OptimizerEntry signum_entry() {
+  OptimizerEntry e = entry("signum", detail::signum_state(),
+                           "Signum (muon::Signum): the sign of a momentum, optionally Nesterov");
+  const SignumOptions d;
+  e.fields = {
+      FieldSpec::real("momentum", d.momentum(), "momentum decay β (0: signSGD)", 0.0, 1.0)
+          .exclusive_max(),
+      FieldSpec::boolean("nesterov", d.nesterov(), "Nesterov look-ahead update"),
+      FieldSpec::boolean("correct_bias", d.correct_bias(),
+                         "Adam-style bias correction of the momentum"),
+      FieldSpec::text("weight_decay_method", d.weight_decay_method(),
+                      "how weight decay enters the step", detail::weight_decay_method_names()),
+  };
+  e.make_options = [](const OptimizerSettings& s) {
+    auto o = std::make_unique<SignumOptions>(s.get_double("lr"));
+    o->momentum(s.get_double("momentum"))
+        .nesterov(s.get_bool("nesterov"))
+        .correct_bias(s.get_bool("correct_bias"))
+        .weight_decay(s.get_double("weight_decay"))
+        .weight_decay_method(s.get_string("weight_decay_method"));
+    o->validate();
+    return o;
+  };
+  e.factory = build_factory<Signum, SignumOptions>();
+  return e;
+}
+
+// Defaults are muon::SimAdEMAMixOptions' own (Emerging-Optimizers'), lr aside (the common field).
+OptimizerEntry sim_ademamix_entry() {
+  OptimizerEntry e = entry("sim_ademamix", detail::sim_ademamix_state(),
+                           "Simplified AdEMAMix (muon::SimAdEMAMix): a theory-style momentum "
+                           "plus alpha times the gradient, over Adam's second moment");
+  const SimAdEMAMixOptions d;
+  e.fields = {
+      FieldSpec::real("beta1", d.beta1(), "momentum decay (final value of the warmup)", 0.0, 1.0)
+          .exclusive_max(),
+      FieldSpec::real("beta2", d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
+      FieldSpec::real("eps", d.eps(), "added to the square root of the second moment", 0.0),
+      FieldSpec::boolean("correct_bias", d.correct_bias(), "bias correction of both moments"),
+      FieldSpec::integer("num_beta_fast_warmup_steps", d.num_beta_fast_warmup_steps(),
+                         "steps of the half-life warmup of beta1 from min_beta_fast (0: none)",
+                         0.0),
+      FieldSpec::real("min_beta_fast", d.min_beta_fast(), "momentum decay at the start of the warmup",
+                      0.0, 1.0)
+          .exclusive_max(),
+      FieldSpec::real("alpha", d.alpha(), "weight of the current gradient in the update"),
+      FieldSpec::text("weight_decay_method", d.weight_decay_method(),
+                      "how weight decay enters the step", detail::weight_decay_method_names()),
+  };
+  e.make_options = [](const OptimizerSettings& s) {
+    auto o = std::make_unique<SimAdEMAMixOptions>(s.get_double("lr"));
+    o->beta1(s.get_double("beta1"))
+        .beta2(s.get_double("beta2"))
+        .eps(s.get_double("eps"))
+        .correct_bias(s.get_bool("correct_bias"))
+        .num_beta_fast_warmup_steps(s.get_int("num_beta_fast_warmup_steps"))
+        .min_beta_fast(s.get_double("min_beta_fast"))
+        .alpha(s.get_double("alpha"))
+        .weight_decay(s.get_double("weight_decay"))
+        .weight_decay_method(s.get_string("weight_decay_method"));
+    o->validate();
+    return o;
+  };
+  e.factory = build_factory<SimAdEMAMix, SimAdEMAMixOptions>();
+  return e;
+}
+
 // Defaults are muon::SoapOptions' own (Emerging-Optimizers'), lr and
 // weight_decay aside (the common fields). Like Muon, SOAP preconditions
 // matrices: 1-D, embedding and head parameters go to scalar_optimizer.
@@ -376,6 +447,8 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
   registry.add(sgd_entry());
   registry.add(lion_entry());
   registry.add(laprop_entry());
+  registry.add(signum_entry());
+  registry.add(sim_ademamix_entry());
   registry.add(soap_entry());
 }
 

@@ -1,4 +1,4 @@
-// A user optimizer from a plugin (tests/plugins/signum.cpp, loaded with
+// A user optimizer from a plugin (tests/plugins/sign_descent.cpp, loaded with
 // muon::load_plugin): its registry entry alone (options, factory, state
 // schema) makes it configurable, buildable in every layout, counted in
 // state bytes, explained, and checkpointed and resharded across world
@@ -20,15 +20,15 @@ namespace {
 namespace fs = std::filesystem;
 using namespace muon::test::checkpoint;  // NOLINT(google-build-using-namespace): the tests' model
 
-void load_signum() {
-  static const auto added = muon::load_plugin(MUON_SIGNUM_PLUGIN);
-  ASSERT_EQ(added, std::vector<std::string>{"signum"});
+void load_sign_descent() {
+  static const auto added = muon::load_plugin(MUON_SIGN_DESCENT_PLUGIN);
+  ASSERT_EQ(added, std::vector<std::string>{"sign_descent"});
 }
 
 TEST(Plugin, LoadingRegistersItsOptimizersOnceAndABadPathIsAnError) {
-  load_signum();
-  EXPECT_TRUE(muon::OptimizerRegistry::global().has("signum"));
-  EXPECT_TRUE(muon::load_plugin(MUON_SIGNUM_PLUGIN).empty());  // already loaded: nothing new
+  load_sign_descent();
+  EXPECT_TRUE(muon::OptimizerRegistry::global().has("sign_descent"));
+  EXPECT_TRUE(muon::load_plugin(MUON_SIGN_DESCENT_PLUGIN).empty());  // already loaded: nothing new
   const auto keys = muon::OptimizerRegistry::global().keys();
   try {
     muon::load_plugin("/nonexistent/libnothing.so");
@@ -41,16 +41,16 @@ TEST(Plugin, LoadingRegistersItsOptimizersOnceAndABadPathIsAnError) {
   EXPECT_EQ(muon::OptimizerRegistry::global().keys(), keys);
   // Its fields are config fields, checked like a built-in's.
   muon::OptimizerConfig c;
-  c.set("optimizer", "signum").set("signum_beta", 0.8);
-  EXPECT_THROW(c.set("signum_beta", 1.5), c10::ValueError);
+  c.set("optimizer", "sign_descent").set("sign_descent_beta", 0.8);
+  EXPECT_THROW(c.set("sign_descent_beta", 1.5), c10::ValueError);
 }
 
 // The plain formula, in fp64, over `steps` steps of the model's seeded
 // gradients: m ← β·m + (1 − β)·g; p ← p·(1 − lr·wd) − lr·sign(m).
-at::Tensor signum_reference(size_t k, int64_t steps) {
+at::Tensor sign_descent_reference(size_t k, int64_t steps) {
   auto p = full_param(k).to(at::kDouble);
   auto m = at::zeros_like(p);
-  const double lr = 0.02, wd = 0.1, beta = 0.9;  // checkpoint_model.h's config, signum's default β
+  const double lr = 0.02, wd = 0.1, beta = 0.9;  // checkpoint_model.h's config, sign_descent's default β
   for (int64_t s = 0; s < steps; ++s) {
     m = beta * m + (1 - beta) * full_grad(k, s).to(at::kDouble);
     p = p * (1 - lr * wd) - lr * m.sign();
@@ -59,16 +59,16 @@ at::Tensor signum_reference(size_t k, int64_t steps) {
 }
 
 TEST(Plugin, StepsAsItsFormulaAndDescribesItsState) {
-  load_signum();
+  load_sign_descent();
   muon::test::run_ranks(1, [&](Group& g) {
-    Rank r("none", g, "signum");
+    Rank r("none", g, "sign_descent");
     r.train(0, 3);
     for (size_t k = 0; k < kModel.size(); ++k) {
       // fp32 against fp64: each step adds lr·sign(m) (exact in the sign,
       // unless m is within rounding of 0) and one rounding of p (2^-24
       // relative); 3 steps stay far below 1e-5 of max|p|. A wrong sign or
       // a missed decay moves an element by lr = 2e-2.
-      const auto want = signum_reference(k, 3);
+      const auto want = sign_descent_reference(k, 3);
       const auto diff = (r.named[kModel[k].first].detach().to(at::kDouble) - want).abs().max().item<double>();
       EXPECT_LE(diff, 1e-5 * want.abs().max().item<double>()) << kModel[k].first;
     }
@@ -78,12 +78,13 @@ TEST(Plugin, StepsAsItsFormulaAndDescribesItsState) {
     EXPECT_EQ(muon::optimizer_state_bytes(*r.opt), numel * 4);
     const auto slots = muon::dist::detail::state_slots(*r.opt);
     ASSERT_EQ(slots.size(), kModel.size());
-    EXPECT_EQ(slots[0].kind, "signum");
+    EXPECT_EQ(slots[0].kind, "sign_descent");
   });
   Named whole;
   for (size_t k = 0; k < kModel.size(); ++k) whole.insert(kModel[k].first, full_param(k));
-  const auto text = muon::explain(whole, config("none", "signum"));
-  EXPECT_NE(text.find("state of signum: step [counter], momentum [param, zeros, rows]"), std::string::npos)
+  const auto text = muon::explain(whole, config("none", "sign_descent"));
+  EXPECT_NE(text.find("state of sign_descent: step [counter], momentum [param, zeros, rows]"),
+            std::string::npos)
       << text;
 }
 
@@ -93,12 +94,12 @@ fs::path fresh_dir(const std::string& name) {
   return dir;
 }
 
-// A leg of Signum's reshard chain (reshard_leg); with `reference`, each
-// rank's part must equal it bit for bit: Signum is elementwise, so every
+// A leg of SignDescent's reshard chain (reshard_leg); with `reference`, each
+// rank's part must equal it bit for bit: SignDescent is elementwise, so every
 // layout computes each element with the same operations on the same values.
 void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
          int64_t to, const Named& reference, const std::string& what) {
-  reshard_leg(kind, world, in, out, from, to, "signum", what, [&](Rank& r, const Group& group) {
+  reshard_leg(kind, world, in, out, from, to, "sign_descent", what, [&](Rank& r, const Group& group) {
     for (size_t k = 0; k < kModel.size() && !reference.is_empty(); ++k) {
       const auto& name = kModel[k].first;
       EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name].detach())))
@@ -108,10 +109,10 @@ void leg(const std::string& kind, int world, const std::string& in, const std::s
 }
 
 TEST(Plugin, CheckpointsReshardAcrossWorldSizesAndLayouts) {
-  load_signum();
+  load_sign_descent();
   Named reference;
   muon::test::run_ranks(1, [&](Group& g) {
-    Rank r("none", g, "signum");
+    Rank r("none", g, "sign_descent");
     r.train(0, 4);
     reference = r.named;
   });

@@ -75,14 +75,16 @@ std::map<std::string, std::string> optimizer_by_name(const std::vector<muon::Res
 
 TEST(Registry, BuiltinsInOnePlace) {
   const auto keys = OptimizerRegistry::global().keys();
-  for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "soap"}) {
+  for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "signum",
+                            "sim_ademamix", "soap"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     EXPECT_TRUE(OptimizerRegistry::global().has(name));
   }
   const auto help = OptimizerRegistry::global().help();
   EXPECT_NE(help.find("adaptive_muon"), std::string::npos);
   expect_value_error([] { OptimizerRegistry::global().at("moun"); },
-                     {"unknown optimizer 'moun'", "did you mean 'muon'", "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, soap"});
+                     {"unknown optimizer 'moun'", "did you mean 'muon'",
+                      "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix, soap"});
 }
 
 TEST(Registry, AddErrors) {
@@ -120,7 +122,7 @@ TEST(Registry, AddErrors) {
   auto uses_unknown = entry("z");
   uses_unknown.uses_fields_of = {"shampoo"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'shampoo', which is not registered"});
-  EXPECT_EQ(r.keys().size(), 8u);  // the built-ins: nothing was added
+  EXPECT_EQ(r.keys().size(), 10u);  // the built-ins: nothing was added
 }
 
 TEST(Registry, ExtensionsAddFieldsAndChecks) {
@@ -241,6 +243,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"sgd", {{"lr", 0.2}}, {"sgd"}},
         Case{"lion", {{"lr", 0.002}}, {"lion"}},
         Case{"laprop", {{"lr", 0.01}}, {"laprop"}},
+        Case{"signum", {{"lr", 0.003}}, {"signum"}},
+        Case{"sim_ademamix", {{"lr", 0.003}}, {"sim_ademamix"}},
         Case{"soap", {{"lr", 0.01}}, {"adamw", "soap"}}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.optimizer + "_" + std::to_string(info.index);

@@ -279,23 +279,24 @@ TEST(TrainGptProgram, TwoRanksThroughTheLauncher) {
   std::filesystem::remove_all(dir);
 }
 
-// A user optimizer from a plugin (tests/plugins/signum.cpp) is a run like a
-// built-in: configured from a JSON file, trained on 2 ranks (layer-wise
+// A user optimizer from a plugin (tests/plugins/sign_descent.cpp) is a run
+// like a built-in: configured from a JSON file, trained on 2 ranks (layer-wise
 // optimizer), checkpointed at step 10 and resumed to step 20 on the same
 // curve.
 TEST(TrainGptProgram, APluginOptimizerTrainsFromAConfigAndResumes) {
   const auto dir = scratch("plugin");
   {
-    std::ofstream json(dir / "signum.json");
-    json << R"({"lr": 0.003, "signum_beta": 0.9})";
+    std::ofstream json(dir / "sign_descent.json");
+    json << R"({"lr": 0.003, "sign_descent_beta": 0.9})";
   }
   // The schedule is fixed in the config (the presets derive it from --steps).
-  const std::string common = std::string(kTiny) + " --nproc 2 --no-plot --runs signum --plugin " +
-                             MUON_SIGNUM_PLUGIN + " --config signum=" + (dir / "signum.json").string() +
+  const std::string common = std::string(kTiny) + " --nproc 2 --no-plot --runs sign_descent --plugin " +
+                             MUON_SIGN_DESCENT_PLUGIN + " --config sign_descent=" +
+                             (dir / "sign_descent.json").string() +
                              " --set all:lr_decay_steps=20 --set all:lr_warmup_steps=2 ";
   const auto straight = run_program(common + "--steps 20 --out " + (dir / "straight").string());
   ASSERT_EQ(straight.status, 0) << straight.text;
-  const auto log = train_gpt::read_csv((dir / "straight" / "signum.csv").string());
+  const auto log = train_gpt::read_csv((dir / "straight" / "sign_descent.csv").string());
   ASSERT_EQ(log.points.size(), 5u);  // steps 0, 5, 10, 15, 20
   EXPECT_LT(log.final_point().valid_loss, log.points[0].valid_loss - 0.3);
   const auto ckpt = dir / "ckpt";
@@ -303,7 +304,7 @@ TEST(TrainGptProgram, APluginOptimizerTrainsFromAConfigAndResumes) {
   ASSERT_EQ(first.status, 0) << first.text;
   const auto resumed = run_program(common + "--steps 20 --resume " + ckpt.string() + " --out " + (dir / "r").string());
   ASSERT_EQ(resumed.status, 0) << resumed.text;
-  const auto again = train_gpt::read_csv((dir / "r" / "signum.csv").string());
+  const auto again = train_gpt::read_csv((dir / "r" / "sign_descent.csv").string());
   ASSERT_EQ(again.points.size(), log.points.size());
   // Same ranks, same batches, the momentum restored from the checkpoint:
   // bit-identical losses.

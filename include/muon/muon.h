@@ -25,6 +25,8 @@
 #include "muon/optim/composite.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/laprop.h"
+#include "muon/optim/signum.h"
+#include "muon/optim/sim_ademamix.h"
 #include "muon/optim/soap.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"

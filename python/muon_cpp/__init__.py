@@ -39,6 +39,8 @@ from .optim import (  # noqa: F401
     Muon,
     MuonWithAdamW,
     Optimizer,
+    Signum,
+    SimAdEMAMix,
     explain,
     make_optimizer,
     option_fields,

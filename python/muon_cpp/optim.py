@@ -23,8 +23,8 @@ from . import _C
 from . import _dtensor as _dt
 from . import distributed as _dist
 
-__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "SOAP", "MuonWithAdamW", "make_optimizer",
-           "explain", "option_fields"]
+__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "SimAdEMAMix", "SOAP",
+           "MuonWithAdamW", "make_optimizer", "explain", "option_fields"]
 
 # Keys of a param group that are not options.
 _STRUCTURAL = ("params", "names", "optimizer")
@@ -373,6 +373,34 @@ class LaProp(_OneOptimizer):
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0, *, layout=None, nonfinite="error",
                  **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class Signum(_OneOptimizer):
+    """Signum: the sign of a momentum (options momentum=0.9, nesterov=False,
+    correct_bias=True, weight_decay_method="decoupled" | "independent" | "l2";
+    Emerging-Optimizers' defaults)."""
+
+    _kind = "signum"
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.0, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class SimAdEMAMix(_OneOptimizer):
+    """Simplified AdEMAMix: (alpha·g + a theory-style momentum) over Adam's second
+    moment (options beta1=0.9999, beta2=0.999, eps=1e-8, correct_bias=True,
+    num_beta_fast_warmup_steps=0 (None is taken as 0: no warmup), min_beta_fast=0.9,
+    alpha=2.0, weight_decay_method="decoupled" | "independent" | "l2";
+    Emerging-Optimizers' defaults)."""
+
+    _kind = "sim_ademamix"
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.0, *, layout=None, nonfinite="error",
+                 **options):
+        if "num_beta_fast_warmup_steps" in options and options["num_beta_fast_warmup_steps"] is None:
+            options["num_beta_fast_warmup_steps"] = 0
         super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
 

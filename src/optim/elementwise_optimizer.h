@@ -1,6 +1,7 @@
-// What the library's element-wise optimizers (muon::Lion, muon::LaProp)
-// share: the walk over the parameters a step updates, their options checks,
-// and save/load in LibTorch's archive layout with each group's options
+// What the library's element-wise optimizers (muon::Lion, muon::LaProp,
+// muon::Signum, muon::SimAdEMAMix) share: the walk over the parameters a
+// step updates, their options checks, archive reads of option fields,
+// Emerging-Optimizers' weight decay methods, and save/load in LibTorch's archive layout with each group's options
 // written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
 // "<prefix>_group_size/<i>" (LibTorch's generic loader restores state
 // only). Internal.
@@ -28,6 +29,74 @@ inline double read_archived_double(torch::serialize::InputArchive& archive, cons
   c10::IValue v;
   archive.read(key, v);
   return v.toDouble();
+}
+
+/// The bool under `key` of `archive`.
+inline bool read_archived_bool(torch::serialize::InputArchive& archive, const char* key) {
+  c10::IValue v;
+  archive.read(key, v);
+  return v.toBool();
+}
+
+/// The int under `key` of `archive`.
+inline int64_t read_archived_int(torch::serialize::InputArchive& archive, const char* key) {
+  c10::IValue v;
+  archive.read(key, v);
+  return v.toInt();
+}
+
+/// The string under `key` of `archive`.
+inline std::string read_archived_string(torch::serialize::InputArchive& archive, const char* key) {
+  c10::IValue v;
+  archive.read(key, v);
+  return v.toStringRef();
+}
+
+/// The weight decay methods of Emerging-Optimizers' WeightDecayMixin
+/// (emerging_optimizers/mixin.py), in order: "decoupled", "independent", "l2".
+inline const std::vector<std::string>& weight_decay_method_names() {
+  static const std::vector<std::string> names{"decoupled", "independent", "l2"};
+  return names;
+}
+
+/// The position of `method` in weight_decay_method_names(), or -1.
+inline int weight_decay_method_code(const std::string& method) {
+  const auto& names = weight_decay_method_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == method) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+/// Raises c10::ValueError "<who>weight_decay_method must be one of ..., got
+/// '<method>'" unless `method` is one of weight_decay_method_names().
+inline void check_weight_decay_method(const char* who, const std::string& method) {
+  TORCH_CHECK_VALUE(weight_decay_method_code(method) >= 0, who,
+                    "weight_decay_method must be one of decoupled, independent, l2, got '",
+                    method, "'");
+}
+
+/// Weight decay `wd` by `method`, as Emerging-Optimizers' WeightDecayMixin
+/// applies it before the update: "decoupled" p ← p − lr·wd·p and
+/// "independent" p ← p − wd·p change `p` in place; "l2" leaves `p` and
+/// returns grad + wd·p (a new tensor: the caller's gradient is not changed).
+/// Returns the gradient the update uses (`grad` itself unless "l2").
+inline at::Tensor apply_weight_decay(at::Tensor& p, const at::Tensor& grad,
+                                     const std::string& method, double lr, double wd) {
+  if (wd == 0) return grad;
+  switch (weight_decay_method_code(method)) {
+    case 0:
+      p.add_(p, -(wd * lr));
+      return grad;
+    case 1:
+      p.add_(p, -wd);
+      return grad;
+    case 2:
+      return grad.add(p, wd);
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unchecked weight_decay_method '", method, "'");
+  }
+  return grad;
 }
 
 /// Writes `buffer` under `key` when it is defined.

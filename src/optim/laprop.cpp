@@ -71,9 +71,7 @@ void LaPropOptions::serialize(InputArchive& archive) {
   beta2_ = read_archived_double(archive, "beta2");
   eps_ = read_archived_double(archive, "eps");
   weight_decay_ = read_archived_double(archive, "weight_decay");
-  c10::IValue correct_bias;
-  archive.read("correct_bias", correct_bias);
-  correct_bias_ = correct_bias.toBool();
+  correct_bias_ = detail::read_archived_bool(archive, "correct_bias");
 }
 
 bool operator==(const LaPropOptions& a, const LaPropOptions& b) {

@@ -1,4 +1,4 @@
-"""A user optimizer from a C++ plugin (tests/plugins/signum.cpp) in Python:
+"""A user optimizer from a C++ plugin (tests/plugins/sign_descent.cpp) in Python:
 muon_cpp.load_plugin registers it, make_optimizer builds it from a config,
 and its state (state[p], state_dict, load_state_dict's checks) comes from
 the state schema its registry entry declares; no library file names it.
@@ -15,17 +15,17 @@ import torch
 
 import muon_cpp
 
-PLUGIN = os.environ.get("MUON_SIGNUM_PLUGIN", "")
-pytestmark = pytest.mark.skipif(not PLUGIN, reason="MUON_SIGNUM_PLUGIN is not set (ctest sets it)")
+PLUGIN = os.environ.get("MUON_SIGN_DESCENT_PLUGIN", "")
+pytestmark = pytest.mark.skipif(not PLUGIN, reason="MUON_SIGN_DESCENT_PLUGIN is not set (ctest sets it)")
 
-CONFIG = {"optimizer": "signum", "lr": 0.02, "weight_decay": 0.1, "signum_beta": 0.8}
+CONFIG = {"optimizer": "sign_descent", "lr": 0.02, "weight_decay": 0.1, "sign_descent_beta": 0.8}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded():
     added = muon_cpp.load_plugin(PLUGIN)
-    assert added in (["signum"], [])  # [] when another test in this process loaded it
-    assert "signum" in muon_cpp._C.optimizer_names()
+    assert added in (["sign_descent"], [])  # [] when another test in this process loaded it
+    assert "sign_descent" in muon_cpp._C.optimizer_names()
     assert muon_cpp.load_plugin(PLUGIN) == []
 
 
@@ -98,8 +98,8 @@ def test_state_dict_round_trips_and_bad_state_is_refused_by_name():
 
 
 def test_schema_and_explain_describe_its_state():
-    fields = muon_cpp.state_schema("signum")
+    fields = muon_cpp.state_schema("sign_descent")
     assert [(f["name"], f["shape"], f["init"], f["split"]) for f in fields] == [
         ("step", "counter", "zeros", "replicated"), ("momentum", "param", "zeros", "rows")]
     text = muon_cpp.explain(model().named_parameters(), CONFIG)
-    assert "state of signum: step [counter], momentum [param, zeros, rows]" in text, text
+    assert "state of sign_descent: step [counter], momentum [param, zeros, rows]" in text, text

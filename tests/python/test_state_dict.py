@@ -60,6 +60,12 @@ def build(kind, model, **over):
     if kind == "laprop":
         groups[1].update(beta1=0.8, correct_bias=False, lr=0.02)
         return muon_cpp.LaProp(groups, **dict(dict(lr=0.01, weight_decay=0.1), **over))
+    if kind == "signum":
+        groups[1].update(momentum=0.8, nesterov=True, weight_decay_method="l2", lr=0.02)
+        return muon_cpp.Signum(groups, **dict(dict(lr=0.01, weight_decay=0.1), **over))
+    if kind == "sim_ademamix":
+        groups[1].update(beta1=0.95, num_beta_fast_warmup_steps=3, alpha=1.0, lr=0.02)
+        return muon_cpp.SimAdEMAMix(groups, **dict(dict(lr=0.01, weight_decay=0.1), **over))
     raise AssertionError(kind)
 
 
@@ -96,9 +102,11 @@ STATE_KEYS = {
     "normuon": {"step", "momentum_buffer", "second_moment"},
     "lion": {"step", "exp_avg"},
     "laprop": {"step", "exp_avg", "exp_avg_sq"},
+    "signum": {"step", "exp_avg"},
+    "sim_ademamix": {"step", "exp_avg", "exp_avg_sq"},
 }
 
-KINDS = ["muon", "adamuon", "normuon", "lion", "laprop", "hybrid"]
+KINDS = ["muon", "adamuon", "normuon", "lion", "laprop", "signum", "sim_ademamix", "hybrid"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

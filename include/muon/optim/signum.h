@@ -1,0 +1,130 @@
+#pragma once
+
+/// The Signum optimizer on `torch::optim` (Bernstein, Wang, Azizzadenesheli
+/// and Anandkumar 2018, "signSGD: Compressed Optimisation for Non-Convex
+/// Problems", arXiv:1802.04434): the sign of a momentum, with the arithmetic
+/// and defaults of NVIDIA-NeMo/Emerging-Optimizers' Signum (class `Signum`
+/// registered as "signum" in emerging_optimizers/scalar_optimizers/__init__.py
+/// at commit 2472b2eac466a562c20bf4366b2bb7866916c563, stepping through
+/// scalar_optimizers/base.py's SingleMomentumOptimizer and
+/// calculate_signum_update in scalar_optimizers/update_functions/signum.py at
+/// commit b309e2f01cda75dc96a6dc1a2355a7b3b64b5e16).
+///
+/// One step t (1-based), β the momentum, c(t) = 1 − β^t with `correct_bias`
+/// (else 1):
+///
+///   weight decay   decoupled: p ← p − lr·wd·p; independent: p ← p − wd·p;
+///                  l2: g ← g + wd·p
+///   m ← β·m + (1 − β)·g
+///   u = m / c(t)                                  (nesterov off)
+///   u = β·m / c(t + 1) + (1 − β)·g / c(t)         (nesterov on)
+///   p ← p − lr·sign(u)
+///
+/// Every coordinate moves by lr (or 0), so the lr sits on Lion's scale
+/// rather than AdamW's. With β = 0 it is signSGD.
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "muon/optim/settings_digest.h"
+#include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
+
+namespace muon {
+
+/// Options of `muon::Signum` (per parameter group), as chained setters.
+/// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight
+/// decay (method "decoupled"), bias correction on, nesterov off.
+struct SignumOptions : public torch::optim::OptimizerCloneableOptions<SignumOptions>,
+                       public DigestibleOptions {
+  /// Options with learning rate `lr` and every other field at its default.
+  SignumOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
+
+  /// Learning rate, >= 0.
+  TORCH_ARG(double, lr) = 1e-3;
+  /// Momentum decay β, in [0, 1) (0: signSGD).
+  TORCH_ARG(double, momentum) = 0.9;
+  /// Weight decay, >= 0, applied as `weight_decay_method` says.
+  TORCH_ARG(double, weight_decay) = 0.0;
+  /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+  /// (wd·p added to the gradient the step uses; `p.grad` itself is left
+  /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
+  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
+  /// Divide the momentum by 1 − β^t (Adam's bias correction; it changes
+  /// only the Nesterov combination, never the sign of m alone).
+  TORCH_ARG(bool, correct_bias) = true;
+  /// Nesterov look-ahead: the sign of β·m/(1 − β^(t+1)) + (1 − β)·g/(1 − β^t).
+  TORCH_ARG(bool, nesterov) = false;
+
+ public:
+  /// Checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
+  void validate() const;
+  /// Reads every field written by the other overload.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes every field.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Mixes every field that changes a step (lr aside) into `digest`.
+  void mix_settings(SettingsDigest& digest) const override;
+  /// Field-wise equality.
+  friend bool operator==(const SignumOptions& lhs, const SignumOptions& rhs);
+  ~SignumOptions() override = default;
+  /// `lr()`, for LR schedulers.
+  double get_lr() const override;
+  /// `lr(lr)`, for LR schedulers.
+  void set_lr(double lr) override;
+};
+
+/// Per-parameter state of `muon::Signum`.
+struct SignumParamState : public torch::optim::OptimizerCloneableParamState<SignumParamState> {
+  /// Steps taken on this parameter (t of the bias correction).
+  TORCH_ARG(int64_t, step) = 0;
+  /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
+  TORCH_ARG(at::Tensor, exp_avg);
+
+ public:
+  /// Reads `step` and `exp_avg`.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes `step` and `exp_avg`.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Equal step and bit-equal buffers.
+  friend bool operator==(const SignumParamState& lhs, const SignumParamState& rhs);
+  ~SignumParamState() override = default;
+};
+
+/// The Signum optimizer: a `torch::optim::Optimizer` for parameters of any shape.
+///
+///     muon::Signum opt(model->parameters(), muon::SignumOptions(1e-3).momentum(0.95));
+///
+/// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
+/// in LibTorch's own optimizer archive layout (state matched to parameters
+/// by position), with the options beside it.
+class Signum : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+ public:
+  /// Signum over `param_groups`; groups without options get `defaults`.
+  explicit Signum(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                  SignumOptions defaults = {});
+  /// Signum over one group of `params`.
+  explicit Signum(std::vector<at::Tensor> params, SignumOptions defaults = {});
+
+  /// One step on every parameter with a gradient; `closure`, if given, runs
+  /// first with grad mode enabled and its loss is returned. The checks of
+  /// muon/optim/step_guard.h run first (options of every group, gradients,
+  /// the non-finite policy).
+  at::Tensor step(LossClosure closure = nullptr) override;
+  /// Validates every group's options and parameters; raises c10::ValueError.
+  void check_before_step() override;
+  /// Writes options and state.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores options and state written by `save` into a Signum with the
+  /// same group structure (raises otherwise, changing nothing).
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// Bytes held in the momentum buffers.
+  int64_t state_bytes() const override;
+};
+
+}  // namespace muon

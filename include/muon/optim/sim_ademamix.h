@@ -1,0 +1,153 @@
+#pragma once
+
+/// Simplified AdEMAMix on `torch::optim` (Morwani, Vyas, Kakade et al.
+/// 2025, "Connections between Schedule-Free Optimizers, AdEMAMix, and
+/// Accelerated SGD Variants", arXiv:2502.02431; AdEMAMix itself is Pagliardini,
+/// Ablin and Grangier 2024, arXiv:2409.03137), with the arithmetic and
+/// defaults of NVIDIA-NeMo/Emerging-Optimizers' SimplifiedAdEMAMix (class
+/// registered as "sim_ademamix" in emerging_optimizers/scalar_optimizers/
+/// __init__.py at commit 2472b2eac466a562c20bf4366b2bb7866916c563, stepping
+/// through scalar_optimizers/base.py's TwoMomentsOptimizer and
+/// calculate_sim_ademamix_update in scalar_optimizers/update_functions/
+/// ademamix.py at commit ab596e0c89dd69bf46f9a773ae8f1e98c68e2af1; the β
+/// warmup schedule as in scalar_optimizers/ademamix.py at commit
+/// f424e8c7af1c29ff4a30baffeb5c4a9c0612b9f6).
+///
+/// One momentum accumulated "theory style" (no 1 − β factor on the
+/// gradient) and Adam's second moment; the current gradient enters the
+/// update again with weight α. One step t (1-based):
+///
+///   weight decay   decoupled: p ← p − lr·wd·p; independent: p ← p − wd·p;
+///                  l2: g ← g + wd·p
+///   β = β1, or during a warmup of N steps (t < N) the half-life
+///   interpolation h⁻¹((1 − t/N)·h(β_min) + (t/N)·h(β1)) with
+///   h(b) = ln ½ / ln(b + 1e-8) − 1, h⁻¹(s) = ½^(1/(s + 1))
+///   m ← β·m + g
+///   v ← β2·v + (1 − β2)·g²
+///   m̂ = m·(1 − β) / (1 − β^t);  v̂ = v / (1 − β2^t)   (both 1 without correct_bias)
+///   p ← p − lr·(α·g + m̂) / (√v̂ + ε)
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "muon/optim/settings_digest.h"
+#include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
+
+namespace muon {
+
+/// Options of `muon::SimAdEMAMix` (per parameter group), as chained setters.
+/// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9999, β2 0.999, ε 1e-8,
+/// no weight decay (method "decoupled"), bias correction on, no β warmup
+/// (min_beta_fast 0.9 when one is set), α 2.
+struct SimAdEMAMixOptions : public torch::optim::OptimizerCloneableOptions<SimAdEMAMixOptions>,
+                            public DigestibleOptions {
+  /// Options with learning rate `lr` and every other field at its default.
+  SimAdEMAMixOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
+
+  /// Learning rate, >= 0.
+  TORCH_ARG(double, lr) = 1e-3;
+  /// Decay β of the momentum (Emerging-Optimizers' β_fast final value), in [0, 1).
+  TORCH_ARG(double, beta1) = 0.9999;
+  /// Decay of the second moment, in [0, 1).
+  TORCH_ARG(double, beta2) = 0.999;
+  /// Added to √v̂ in the denominator, >= 0.
+  TORCH_ARG(double, eps) = 1e-8;
+  /// Weight decay, >= 0, applied as `weight_decay_method` says.
+  TORCH_ARG(double, weight_decay) = 0.0;
+  /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+  /// (wd·p added to the gradient the step uses; `p.grad` itself is left
+  /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
+  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
+  /// Divide m by (1 − β^t)/(1 − β) and v by 1 − β2^t.
+  TORCH_ARG(bool, correct_bias) = true;
+  /// Steps N over which β rises from `min_beta_fast` to `beta1` (half-life
+  /// linear warmup), >= 0; 0 disables the warmup (Emerging-Optimizers' None).
+  TORCH_ARG(int64_t, num_beta_fast_warmup_steps) = 0;
+  /// β at the start of the warmup, in [0, 1).
+  TORCH_ARG(double, min_beta_fast) = 0.9;
+  /// Weight α of the current gradient in the update, finite.
+  TORCH_ARG(double, alpha) = 2.0;
+
+ public:
+  /// Checks every field; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ..., got <value>".
+  void validate() const;
+  /// Reads every field written by the other overload.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes every field.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Mixes every field that changes a step (lr aside) into `digest`.
+  void mix_settings(SettingsDigest& digest) const override;
+  /// Field-wise equality.
+  friend bool operator==(const SimAdEMAMixOptions& lhs, const SimAdEMAMixOptions& rhs);
+  ~SimAdEMAMixOptions() override = default;
+  /// `lr()`, for LR schedulers.
+  double get_lr() const override;
+  /// `lr(lr)`, for LR schedulers.
+  void set_lr(double lr) override;
+};
+
+/// β of step `step` (1-based) under `options`' warmup: `beta1` when
+/// num_beta_fast_warmup_steps is 0 or step >= it, else the half-life
+/// interpolation of the header's formula (Emerging-Optimizers'
+/// _linear_half_life_warmup_scheduler).
+double sim_ademamix_beta(const SimAdEMAMixOptions& options, int64_t step);
+
+/// Per-parameter state of `muon::SimAdEMAMix`.
+struct SimAdEMAMixParamState
+    : public torch::optim::OptimizerCloneableParamState<SimAdEMAMixParamState> {
+  /// Steps taken on this parameter (t of the bias correction and the warmup).
+  TORCH_ARG(int64_t, step) = 0;
+  /// Momentum m (a sum of β-discounted gradients): the parameter's shape,
+  /// dtype and device; zeros at first use.
+  TORCH_ARG(at::Tensor, exp_avg);
+  /// Second moment v: like `exp_avg`.
+  TORCH_ARG(at::Tensor, exp_avg_sq);
+
+ public:
+  /// Reads `step`, `exp_avg` and `exp_avg_sq`.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes `step`, `exp_avg` and `exp_avg_sq`.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Equal step and bit-equal buffers.
+  friend bool operator==(const SimAdEMAMixParamState& lhs, const SimAdEMAMixParamState& rhs);
+  ~SimAdEMAMixParamState() override = default;
+};
+
+/// Simplified AdEMAMix: a `torch::optim::Optimizer` for parameters of any shape.
+///
+///     muon::SimAdEMAMix opt(model->parameters(), muon::SimAdEMAMixOptions(1e-4).alpha(1.0));
+///
+/// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
+/// in LibTorch's own optimizer archive layout (state matched to parameters
+/// by position), with the options beside it.
+class SimAdEMAMix : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+ public:
+  /// SimAdEMAMix over `param_groups`; groups without options get `defaults`.
+  explicit SimAdEMAMix(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                       SimAdEMAMixOptions defaults = {});
+  /// SimAdEMAMix over one group of `params`.
+  explicit SimAdEMAMix(std::vector<at::Tensor> params, SimAdEMAMixOptions defaults = {});
+
+  /// One step on every parameter with a gradient; `closure`, if given, runs
+  /// first with grad mode enabled and its loss is returned. The checks of
+  /// muon/optim/step_guard.h run first (options of every group, gradients,
+  /// the non-finite policy).
+  at::Tensor step(LossClosure closure = nullptr) override;
+  /// Validates every group's options and parameters; raises c10::ValueError.
+  void check_before_step() override;
+  /// Writes options and state.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores options and state written by `save` into a SimAdEMAMix with
+  /// the same group structure (raises otherwise, changing nothing).
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// Bytes held in the two moment buffers.
+  int64_t state_bytes() const override;
+};
+
+}  // namespace muon
