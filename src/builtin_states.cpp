@@ -58,14 +58,14 @@ StateSchema adaptive_muon_state() {
   s.is_kind = StateSchema::is_a<AdaptiveMuon>();
   s.add(step_of<S>());
   s.add(StateField::tensor_of<S>("momentum_buffer", [](S& st) -> at::Tensor& { return st.momentum_buffer(); }));
-  // (rows, 1) for normuon, (rows, cols) for adamuon: fp32, made by the first step.
+  // (rows, 1) for normuon and namo, (rows, cols) for adamuon: fp32, made by the first step.
   auto second = StateField::tensor_of<S>("second_moment", [](S& st) -> at::Tensor& { return st.second_moment(); },
                                          StateInit::kOnFirstUse);
   second.shape = StateShape::kRows;
   second.dtype = StateDtype::kFloat32Wide;
   second.shape_of = [](const Optimizer& opt, at::IntArrayRef shape) {
     const auto [rows, cols] = matrix_dims(shape);
-    const bool per_row = static_cast<const AdaptiveMuon&>(opt).adaptive_options().mode() == AdaptiveMode::kNorMuon;
+    const bool per_row = static_cast<const AdaptiveMuon&>(opt).adaptive_options().mode() != AdaptiveMode::kAdaMuon;
     return std::vector<int64_t>{rows, per_row ? 1 : cols};
   };
   second.shape_note = [](const Optimizer& opt) {

@@ -180,11 +180,14 @@ OptimizerEntry muon_entry() {
 
 OptimizerEntry adaptive_muon_entry() {
   OptimizerEntry e = entry("adaptive_muon", detail::adaptive_muon_state(),
-                           "Muon with a NorMuon (per row) or AdaMuon (per element) second moment "
+                           "Muon with a NorMuon (per row), AdaMuon (per element) or NAMO (per matrix) "
+                           "second moment "
                            "(muon::AdaptiveMuon); reads the muon_* fields too");
   e.fields = {
-      FieldSpec::text("mode", "normuon", "second moment: normuon (per row) | adamuon (per element)",
-                      {"normuon", "adamuon"})
+      FieldSpec::text("mode", "normuon",
+                      "second moment: normuon (per row) | adamuon (per element) | namo (one "
+                      "scalar per matrix, of the gradient norm)",
+                      {"normuon", "adamuon", "namo"})
           .whole_run(),
       FieldSpec::real("beta2", 0.95, "decay of the second moment", 0.0, 1.0).exclusive_max().whole_run(),
       FieldSpec::real("eps", 1e-8, "added to the square root of the second moment", 0.0)

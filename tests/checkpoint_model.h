@@ -33,9 +33,12 @@ inline const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{
 inline at::Tensor full_param(size_t k) { return muon::test::seeded_randn(kModel[k].second, 10 + k); }
 inline at::Tensor full_grad(size_t k, int64_t step) { return muon::test::seeded_randn(kModel[k].second, 500 + 13 * step + k); }
 
+// `optimizer` is a registry name, or "adaptive_muon/<mode>" for AdaptiveMuon in that mode.
 inline OptimizerConfig config(const std::string& layout, const std::string& optimizer = "muon") {
   OptimizerConfig c;
-  c.set("optimizer", optimizer).set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
+  const auto slash = optimizer.find('/');
+  c.set("optimizer", optimizer.substr(0, slash)).set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
+  if (slash != std::string::npos) c.set("adaptive_muon_mode", optimizer.substr(slash + 1));
   return c;
 }
 

@@ -1,4 +1,4 @@
-// Tests of muon::AdaptiveMuon: the NorMuon and AdaMuon formulas documented in
+// Tests of muon::AdaptiveMuon: the NorMuon, AdaMuon and NAMO formulas documented in
 // muon/optim/adaptive_muon.h against plain reference steps written with
 // tensor ops, state shapes, save/load and errors.
 #include <gtest/gtest.h>
@@ -15,6 +15,11 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "checkpoint_model.h"
 #include "muon/compat.h"
 #include "muon/optim/adaptive_muon.h"
 
@@ -104,6 +109,137 @@ TEST(AdaptiveMuon, AdaMuonEqualsTheDocumentedFormula) {
   check_against_reference(AdaptiveMode::kAdaMuon, {12, 5});
 }
 
+// NAMO, from Emerging-Optimizers' adaptive_muon.py (moment2_method "namo")
+// written out in fp64: decoupled decay, EMA momentum, Nesterov u, O =
+// NS(u), v ← β2·v + (1 − β2)·‖g‖², update = O·‖u‖/(√v + ε)·scale.
+struct NamoRef {
+  at::Tensor p;  // fp64, (rows, cols)
+  at::Tensor m;
+  double v = 0;
+};
+
+void namo_ref_step(NamoRef& s, const at::Tensor& g, double lr, double mu, double wd, double beta2,
+                   double eps, double extra) {
+  const double rows = static_cast<double>(s.p.size(0));
+  const double cols = static_cast<double>(s.p.size(1));
+  if (!s.m.defined()) s.m = at::zeros_like(s.p);
+  s.p = s.p * (1 - lr * wd);
+  s.m = mu * s.m + (1 - mu) * g;
+  const auto u = (1 - mu) * g + mu * s.m;
+  const auto o = plain_ns(u);
+  s.v = beta2 * s.v + (1 - beta2) * (g * g).sum().item<double>();
+  const double alpha = std::sqrt((u * u).sum().item<double>()) / (std::sqrt(s.v) + eps);
+  s.p = s.p - lr * o * alpha * std::sqrt(std::max(rows, cols)) * extra;  // spectral scale
+}
+
+TEST(AdaptiveMuon, NamoEqualsEmergingOptimizersArithmeticInFp32) {
+  const double lr = 0.05;
+  const double mu = 0.9;
+  const double wd = 0.1;
+  const double beta2 = 0.9;
+  const double eps = 1e-8;
+  const double extra = 1.5;
+  // Wide, tall and a conv weight (flattened to (out, in·kh·kw) = (4, 12)).
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 10}, {12, 5}, {4, 3, 2, 2}}) {
+    at::manual_seed(11);
+    auto p = leaf(at::randn(shape));
+    const auto rows = shape[0];
+    const auto cols = p.numel() / rows;
+    NamoRef ref{p.detach().to(at::kDouble).reshape({rows, cols}), {}, 0};
+    AdaptiveMuon opt({p},
+                     MuonOptions(lr).momentum(mu).weight_decay(wd).scale_mode("spectral")
+                         .extra_scale_factor(extra),
+                     AdaptiveMuonOptions().mode("namo").beta2(beta2).eps(eps));
+    for (int step = 0; step < 5; ++step) {
+      const auto g = at::randn(shape);
+      p.mutable_grad() = g.clone();
+      opt.step();
+      namo_ref_step(ref, g.to(at::kDouble).reshape({rows, cols}), lr, mu, wd, beta2, eps, extra);
+      // The library steps in fp32 (Newton–Schulz included) and the reference
+      // in fp64 with the same five quintic steps, so only rounding differs:
+      // fp32's 6e-8 over the O(100) operations per element of a step, grown
+      // at most ~3.4⁵ by the quintic's slope on small singular values, is
+      // ≲1e-5 of the update, and lr·update is a tenth of the parameters:
+      // 1e-5 of the parameters' scale holds on any CPU, while a formula
+      // difference (a missing ‖u‖ or √v, v of O instead of g) is O(lr).
+      const auto got = p.detach().to(at::kDouble).reshape({rows, cols});
+      const double scale = ref.p.abs().max().item<double>();
+      ASSERT_LE((got - ref.p).abs().max().item<double>(), 1e-5 * scale)
+          << "shape " << c10::IntArrayRef(shape) << " step " << step;
+    }
+    const auto& st = static_cast<const AdaptiveMuonParamState&>(
+        *opt.state().at(muon::compat::state_key(p)));
+    EXPECT_EQ(st.second_moment().sizes().vec(), (std::vector<int64_t>{rows, 1}));
+    // One scalar, one copy per row.
+    EXPECT_TRUE(at::all(st.second_moment() == st.second_moment()[0][0]).item<bool>());
+    EXPECT_NEAR(st.second_moment()[0][0].item<double>(), ref.v, 1e-5 * ref.v);
+  }
+}
+
+TEST(AdaptiveMuon, NamoUpdateIgnoresTheGradientScale) {
+  // Independent of the reference: ‖u‖ and √v both scale with the gradient,
+  // so the same gradients times 1e-2 or 1e2 give the same parameters (up to
+  // Newton–Schulz's normalization eps 1e-7 against ‖u‖ ≳ 1e-2, and fp32
+  // rounding: ~1e-6 of a step), where a missing ‖u‖ or √v would scale each
+  // step by 1e±2.
+  std::vector<at::Tensor> results;
+  for (const double scale : {1e-2, 1.0, 1e2}) {
+    at::manual_seed(3);
+    auto p = leaf(at::randn({8, 6}));
+    AdaptiveMuon opt({p}, MuonOptions(0.05), AdaptiveMuonOptions().mode("namo"));
+    for (int step = 0; step < 3; ++step) {
+      p.mutable_grad() = scale * at::randn({8, 6});
+      opt.step();
+    }
+    results.push_back(p.detach());
+  }
+  EXPECT_TRUE(at::allclose(results[0], results[1], 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(results[2], results[1], 1e-5, 1e-5));
+}
+
+// NAMO's second moment (one scalar per matrix, kept per row) in checkpoints:
+// sharded at 2 ranks → one process → sharded at 3, each leg equal to an
+// unbroken single-process run. Row shards sum the two norms over the ranks
+// in another order than one process: equal to 1e-5 of the parameters, as
+// the layout tests; a second moment saved or resharded wrongly (a shard's
+// own norm, zeros) is off by a fraction of the update.
+namespace ckpt = muon::test::checkpoint;
+
+void namo_leg(const std::string& kind, int world, const std::string& in, const std::string& out,
+              int64_t from, int64_t to, const ckpt::Named& reference, const std::string& what) {
+  ckpt::reshard_leg(kind, world, in, out, from, to, "adaptive_muon/namo", what,
+                    [&](ckpt::Rank& r, const dist::Group& group) {
+                      for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
+                        const auto& name = ckpt::kModel[k].first;
+                        const auto expected = r.local[k](reference[name]);
+                        if (expected.numel() == 0) continue;
+                        const double err = (r.named[name].detach() - expected).abs().max().item<double>() /
+                                           reference[name].abs().max().item<double>();
+                        EXPECT_LE(err, 1e-5) << what << " " << name << " rank " << group.rank();
+                      }
+                    });
+}
+
+TEST(AdaptiveMuon, NamoCheckpointsReshard) {
+  ckpt::Named after3;
+  ckpt::Named after4;
+  run_ranks(1, [&](dist::Group& g) {
+    ckpt::Rank r("none", g, "adaptive_muon/namo");
+    r.train(0, 3);
+    for (const auto& item : r.named) after3.insert(item.key(), item.value().detach().clone());
+    r.train(3, 4);
+    for (const auto& item : r.named) after4.insert(item.key(), item.value().detach().clone());
+  });
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("muon_namo_reshard_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
+  namo_leg("sharded", 2, "", d("a"), 0, 2, ckpt::Named(), "sharded W=2");
+  namo_leg("none", 1, d("a"), d("b"), 2, 3, after3, "single from sharded W=2");
+  namo_leg("sharded", 3, d("b"), d("c"), 3, 4, after4, "sharded W=3 from single");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(AdaptiveMuon, AdaMuonUpdateHasRms02) {
   // Independent of the reference: the RMS alignment makes every step's RMS
   // exactly 0.2·lr (no weight decay), whatever the gradient's scale.
@@ -134,14 +270,14 @@ TEST(AdaptiveMuon, NorMuonKeepsMuonsUpdateNorm) {
 TEST(AdaptiveMuon, SecondMomentShapesAndStateBytes) {
   auto w = leaf(at::randn({6, 4}));
   auto conv = leaf(at::randn({4, 3, 2, 2}));
-  for (const auto* mode : {"normuon", "adamuon"}) {
+  for (const auto* mode : {"normuon", "adamuon", "namo"}) {
     AdaptiveMuon opt({w, conv}, MuonOptions(), AdaptiveMuonOptions().mode(mode));
     w.mutable_grad() = at::randn({6, 4});
     conv.mutable_grad() = at::randn({4, 3, 2, 2});
     opt.step();
     const auto& sw = static_cast<const AdaptiveMuonParamState&>(*opt.state().at(muon::compat::state_key(w)));
     const auto& sc = static_cast<const AdaptiveMuonParamState&>(*opt.state().at(muon::compat::state_key(conv)));
-    const bool row = std::string(mode) == "normuon";
+    const bool row = std::string(mode) != "adamuon";
     EXPECT_EQ(sw.second_moment().sizes().vec(), (std::vector<int64_t>{6, row ? 1 : 4}));
     EXPECT_EQ(sc.second_moment().sizes().vec(), (std::vector<int64_t>{4, row ? 1 : 12}));
     const int64_t momentum = (24 + 48) * 4;
@@ -175,10 +311,39 @@ TEST(AdaptiveMuon, ResumedRunIsBitIdentical) {
   EXPECT_THROW(load_from_string(plain, bytes), c10::ValueError);
 }
 
+TEST(AdaptiveMuon, NamoResumedRunIsBitIdentical) {
+  const auto data = gradient_run(5, {6, 4}, 6);
+  const auto adaptive = AdaptiveMuonOptions().mode("namo").beta2(0.7);
+  auto a = leaf(data.init);
+  AdaptiveMuon straight({a}, MuonOptions(0.02), adaptive);
+  data.run(a, straight, 0, 6);
+  auto b = leaf(data.init);
+  AdaptiveMuon first({b}, MuonOptions(0.02), adaptive);
+  data.run(b, first, 0, 3);
+  const auto bytes = save_to_string(first);
+  auto c = leaf(b.detach());
+  AdaptiveMuon second({c}, MuonOptions(0.02), AdaptiveMuonOptions().mode("namo"));
+  load_from_string(second, bytes);
+  EXPECT_DOUBLE_EQ(second.adaptive_options().beta2(), 0.7);
+  data.run(c, second, 3, 6);
+  EXPECT_TRUE(at::equal(a.detach(), c.detach()));
+  // A normuon optimizer (same state shape) does not load a namo archive.
+  auto d = leaf(data.init);
+  AdaptiveMuon other({d}, MuonOptions(0.02), AdaptiveMuonOptions().mode("normuon"));
+  EXPECT_THROW(load_from_string(other, bytes), c10::ValueError);
+}
+
 TEST(AdaptiveMuon, Errors) {
   auto p = leaf(at::randn({4, 6}));
   expect_value_error([] { AdaptiveMuonOptions().mode("adam"); },
-                     {"[muon::AdaptiveMuon]", "mode", "'adam'", "normuon, adamuon"});
+                     {"[muon::AdaptiveMuon]", "mode", "'adam'", "normuon, adamuon, namo"});
+  // As in Emerging-Optimizers: namo's second moment is of the raw gradient.
+  expect_value_error(
+      [&] {
+        AdaptiveMuon opt({p}, MuonOptions().weight_decay(0.1).weight_decay_mode("l2"),
+                         AdaptiveMuonOptions().mode("namo"));
+      },
+      {"param group 0", "weight_decay_mode l2", "namo"});
   expect_value_error([&] { AdaptiveMuon opt({p}, MuonOptions(), AdaptiveMuonOptions().beta2(1.0)); },
                      {"beta2", "[0, 1)", "1"});
   expect_value_error([&] { AdaptiveMuon opt({p}, MuonOptions(), AdaptiveMuonOptions().eps(0)); },

@@ -138,9 +138,10 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, SameLayout,
 // parameter that has none, so every parameter is in the checkpoint; the
 // training that follows is bit-identical to one that never saved.
 TEST(Checkpoint, EagerStateChangesNothingAndEveryParameterIsStored) {
-  for (const std::string optimizer : {"muon", "adaptive_muon", "lion", "laprop", "signum", "sim_ademamix",
-                                     "adamw", "adam"}) {
-    const auto dir = fresh_dir("eager_" + optimizer);
+  for (const std::string optimizer : {"muon", "adaptive_muon", "adaptive_muon/namo", "lion", "laprop", "signum",
+                                     "sim_ademamix", "adamw", "adam"}) {
+    const auto dir = fresh_dir("eager_" + optimizer.substr(0, optimizer.find('/')) +
+                               (optimizer.find('/') == std::string::npos ? "" : "_namo"));
     muon::test::run_ranks(2, [&](Group& group) {
       Rank saved("sharded", group, optimizer);
       saved.save(dir.string(), 0);

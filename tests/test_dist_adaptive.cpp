@@ -1,4 +1,4 @@
-// AdaptiveMuon (NorMuon per row, AdaMuon per element) in every distributed
+// AdaptiveMuon (NorMuon per row, AdaMuon per element, NAMO per matrix) in every distributed
 // layout: its second-moment stage runs on each rank's part of a matrix and
 // sums row statistics and norms over the other parts through the layout's
 // strategy, so tensor-parallel blocks (row- or column-split, uneven, empty),
@@ -193,7 +193,7 @@ TEST_P(AdaptiveLayouts, TwoDimensionalEqualsOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, AdaptiveLayouts, ::testing::Values("normuon", "adamuon"));
+INSTANTIATE_TEST_SUITE_P(Modes, AdaptiveLayouts, ::testing::Values("normuon", "adamuon", "namo"));
 
 }  // namespace
 }  // namespace muon::test

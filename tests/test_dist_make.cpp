@@ -70,7 +70,7 @@ double relative(const at::Tensor& got, const at::Tensor& expected, const at::Ten
 // and checks every parameter against the same part of `reference` (the
 // single-process result). sharded: every tensor split by rows, each matrix a
 // RowShard; tensor_parallel: the block's matrices split column-parallel
-// (dim 0), everything else replicated.
+// (dim 0), everything else replicated; layerwise: every tensor whole.
 void expect_layout_equals(const Named& reference, const OptimizerConfig& c,
                           const std::string& layout_kind, Group& group, const std::string& what) {
   Named named;
@@ -80,7 +80,7 @@ void expect_layout_equals(const Named& reference, const OptimizerConfig& c,
     const bool matrix = kModel[k].second.size() == 2;
     const bool block_matrix = matrix && kModel[k].first.find("blocks.0.") == 0;
     auto p = full_param(k);
-    if (layout_kind == "sharded" || block_matrix) {
+    if (layout_kind == "sharded" || (block_matrix && layout_kind != "layerwise")) {
       rows[k] = muon::dist::balanced_split_sizes(kModel[k].second[0], 2);
       p = muon::dist::local_rows(p, rows[k], group.rank());
     }
@@ -91,6 +91,7 @@ void expect_layout_equals(const Named& reference, const OptimizerConfig& c,
     }
     named.insert(kModel[k].first, p.requires_grad_(true));
   }
+  if (layout_kind == "layerwise") layout.group = group;  // whole tensors, one owner each
   auto opt = muon::dist::make_optimizer(named, c, layout);
   for (int64_t s = 0; s < 3; ++s) {
     for (size_t k = 0; k < kModel.size(); ++k) {
@@ -182,11 +183,12 @@ TEST(DistMake, LayerwiseSaveLoadThroughTheConfig) {
   });
 }
 
-// adaptive_muon from the config in the sharded and tensor-parallel layouts:
-// AdaptiveMuon with the layout's strategy, its second moment on each rank's
-// part, equal to one process (the bound of the other layouts here).
+// adaptive_muon from the config in the sharded, tensor-parallel and
+// layerwise layouts: AdaptiveMuon with the layout's strategy, its second
+// moment on each rank's part (layerwise: on the owner's whole matrix),
+// equal to one process (the bound of the other layouts here).
 TEST(DistMake, AdaptiveMuonInTheShardedAndTensorParallelLayouts) {
-  for (const std::string mode : {"normuon", "adamuon"}) {
+  for (const std::string mode : {"normuon", "adamuon", "namo"}) {
     auto adaptive = [&](const std::string& layout) {
       auto c = config(layout);
       c.set("optimizer", "adaptive_muon").set("adaptive_muon_mode", mode);
@@ -194,7 +196,7 @@ TEST(DistMake, AdaptiveMuonInTheShardedAndTensorParallelLayouts) {
       return c;
     };
     const auto reference = whole_after(3, adaptive("none"));
-    for (const std::string layout_kind : {"sharded", "tensor_parallel"}) {
+    for (const std::string layout_kind : {"sharded", "tensor_parallel", "layerwise"}) {
       muon::test::run_ranks(2, [&](Group& group) {
         expect_layout_equals(reference, adaptive(layout_kind), layout_kind, group, mode + " " + layout_kind);
       });

@@ -341,8 +341,9 @@ class Muon(_OneOptimizer):
 
 
 class AdaptiveMuon(_OneOptimizer):
-    """Muon with a NorMuon (per row, ``mode="normuon"``) or AdaMuon (per element,
-    ``mode="adamuon"``) second moment; ``beta2`` and ``eps`` are its decay and
+    """Muon with a NorMuon (per row, ``mode="normuon"``), AdaMuon (per element,
+    ``mode="adamuon"``) or NAMO (one scalar per matrix, of the gradient norm,
+    ``mode="namo"``) second moment; ``beta2`` and ``eps`` are its decay and
     epsilon (the same in every group). Other options as ``Muon``."""
 
     _kind = "adaptive_muon"

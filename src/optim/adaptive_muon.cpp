@@ -22,7 +22,8 @@ using torch::serialize::OutputArchive;
 constexpr const char* kWho = "[muon::AdaptiveMuon] ";
 
 constexpr detail::EnumName<AdaptiveMode> kModes[] = {{AdaptiveMode::kNorMuon, "normuon"},
-                                                     {AdaptiveMode::kAdaMuon, "adamuon"}};
+                                                     {AdaptiveMode::kAdaMuon, "adamuon"},
+                                                     {AdaptiveMode::kNamo, "namo"}};
 
 // Σ of a statistic over the parts of the item's matrix: one entry.
 at::Tensor summed(const at::Tensor& local, const OrthogonalizeItem& item,
@@ -30,6 +31,27 @@ at::Tensor summed(const at::Tensor& local, const OrthogonalizeItem& item,
   auto total = local.reshape({1});
   parts.sum_parts(item, total, PartSum::kWholeMatrix);
   return total;
+}
+
+// NAMO (see the header): v ← β2·v + (1 − β2)·‖g‖², orth ← O·‖u‖ / (√v + ε),
+// with both norms summed over the parts of the matrix. v holds one copy of
+// the scalar per local row; a part with no rows only joins the sums.
+void apply_namo(OrthogonalizeItem& item, const Orthogonalizer& parts, const at::Tensor& o,
+                at::Tensor& v, double beta2, double eps) {
+  const auto work = o.scalar_type();
+  const auto g = item.param.grad().to(work);
+  const auto u = item.update.to(work);
+  const auto grad_sq = summed(g.square().sum(), item, parts);
+  const auto update_norm = summed(u.square().sum(), item, parts).sqrt_();
+  v.lerp_(grad_sq.reshape({1, 1}).expand_as(v), 1 - beta2);
+  if (v.size(0) > 0) {
+    const auto ratio = update_norm.div_(v.narrow(0, 0, 1).reshape({1}).sqrt().add_(eps));
+    item.orth = o * ratio;
+  } else {
+    item.orth = o.clone();
+  }
+  item.alpha = scale_factor(item.rows, item.cols, item.options->scale_mode(),
+                            item.options->extra_scale_factor());
 }
 
 }  // namespace
@@ -88,6 +110,11 @@ void SecondMomentStage::check_options(const MuonOptions& o, size_t group) const 
   TORCH_CHECK_VALUE(o.split_sizes().empty(), kWho, "param group ", group, " has split_sizes ",
                     c10::IntArrayRef(o.split_sizes()),
                     "; AdaptiveMuon supports plain matrices only");
+  TORCH_CHECK_VALUE(options_.mode() != AdaptiveMode::kNamo ||
+                        o.weight_decay_mode() != WeightDecayMode::kL2,
+                    kWho, "param group ", group,
+                    " has weight_decay_mode l2, which mode namo does not support (its second "
+                    "moment is of the raw gradient); use decoupled, independent or palm");
 }
 
 void SecondMomentStage::apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const {
@@ -98,7 +125,7 @@ void SecondMomentStage::apply(OrthogonalizeItem& item, const Orthogonalizer& par
   auto& st = static_cast<AdaptiveMuonParamState&>(*item.state);
   const double beta2 = options_.beta2();
   const double eps = options_.eps();
-  const bool per_row = options_.mode() == AdaptiveMode::kNorMuon;
+  const bool per_row = options_.mode() != AdaptiveMode::kAdaMuon;
   if (!st.second_moment().defined()) {
     st.second_moment(per_row ? at::zeros({rows, 1}, o.options()) : at::zeros({rows, cols}, o.options()));
   }
@@ -106,6 +133,10 @@ void SecondMomentStage::apply(OrthogonalizeItem& item, const Orthogonalizer& par
   TORCH_CHECK_VALUE(v.size(0) == rows && v.size(1) == (per_row ? 1 : cols), kWho,
                     "second moment of shape ", v.sizes(), " does not fit mode ",
                     to_string(options_.mode()), " for a ", rows, "x", cols, " matrix");
+  if (options_.mode() == AdaptiveMode::kNamo) {
+    apply_namo(item, parts, o, v, beta2, eps);
+    return;
+  }
   const auto sq = o.square();
   if (per_row) {
     // Row means over the whole matrix's columns (summed over column blocks).

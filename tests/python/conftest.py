@@ -282,6 +282,13 @@ def ref_adaptive_step(s, g, o, mode, beta2, eps):
         n = O / (s.v.sqrt() + eps)
         n = n * (O.norm() / torch.clamp(n.norm(), min=eps))
         update = n * plain_scale(rows, cols, o["scale_mode"], o["extra_scale_factor"])
+    elif mode == "namo":
+        # Emerging-Optimizers' adaptive_muon.py, moment2_method "namo": v is the EMA of the raw
+        # gradient's squared norm (kept as rows × 1 copies), the update O·‖u‖/(√v + ε)·scale.
+        v_prev = torch.zeros(rows, 1, dtype=torch.float64) if s.v is None else s.v
+        s.v = beta2 * v_prev + (1 - beta2) * (g.to(torch.float64) ** 2).sum()
+        alpha = m.norm() / (s.v[0, 0].sqrt() + eps)
+        update = O * alpha * plain_scale(rows, cols, o["scale_mode"], o["extra_scale_factor"])
     else:
         s.v = (1 - beta2) * O * O if s.v is None else beta2 * s.v + (1 - beta2) * O * O
         n = O / (s.v.sqrt() + eps)

@@ -243,7 +243,7 @@ ADAPTIVE_COMBOS = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["normuon", "adamuon"])
+@pytest.mark.parametrize("mode", ["normuon", "adamuon", "namo"])
 @pytest.mark.parametrize("extra", ADAPTIVE_COMBOS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()) or "default")
 def test_adaptive_muon_matches_reference(mode, extra):
     gen = torch.Generator().manual_seed(7)
@@ -253,6 +253,10 @@ def test_adaptive_muon_matches_reference(mode, extra):
     shapes = [(6, 10), (12, 5), (4, 3, 2, 2)]
     params = [leaf(torch.randn(*s, dtype=torch.float64, generator=gen)) for s in shapes]
     refs = [RefParam(p) for p in params]
+    if mode == "namo" and o.get("weight_decay_mode") == "l2":
+        # As in Emerging-Optimizers: namo's second moment is of the raw gradient.
+        value_error(lambda: muon_cpp.AdaptiveMuon(params, mode=mode, **o), r"l2", r"namo")
+        return
     opt = muon_cpp.AdaptiveMuon(params, mode=mode, beta2=beta2, eps=eps, ns_compute_dtype="float64", **o)
     assert isinstance(opt, torch.optim.Optimizer)
     for k in range(4):
@@ -270,14 +274,17 @@ def test_adaptive_muon_matches_reference(mode, extra):
             rows = p.shape[0]
             cols = p.numel() // rows
             # include/muon/optim/adaptive_muon.h: (rows, 1) for normuon, (rows, cols) for adamuon.
-            assert tuple(v.shape) == ((rows, 1) if mode == "normuon" else (rows, cols))
-            # v ~ (1-β2)·O² with O entries ~1/√cols: 1e-12 absolute is fp64 rounding with margin.
-            assert max_diff(v, r.v.reshape(v.shape)) < 1e-12
+            # namo: (rows, 1), every entry the matrix's one scalar.
+            assert tuple(v.shape) == ((rows, 1) if mode != "adamuon" else (rows, cols))
+            # v ~ (1-β2)·O² with O entries ~1/√cols: 1e-12 absolute is fp64 rounding with margin;
+            # namo's v ~ ‖g‖² ~ 60: relative.
+            scale = 1.0 if mode != "namo" else r.v.abs().max().item()
+            assert max_diff(v, r.v.reshape(v.shape)) < 1e-12 * scale
 
 
 def test_adaptive_muon_fp32():
     gen = torch.Generator().manual_seed(8)
-    for mode in ("normuon", "adamuon"):
+    for mode in ("normuon", "adamuon", "namo"):
         params = [leaf(torch.randn(*s, generator=gen) * 0.02) for s in [(32, 24), (16, 40)]]
         refs = [RefParam(p) for p in params]
         starts = [r.p.clone() for r in refs]

@@ -23,6 +23,20 @@
 ///   Ô = O / (√v + ε)
 ///   update = Ô · 0.2·√(m·n) / max(‖Ô‖_F, ε) · extra_scale_factor
 ///
+/// namo (NAMO, arXiv:2602.17080, as Emerging-Optimizers' adaptive_muon.py
+/// `moment2_method="namo"`, commit 033065f9ea59f6de26bcb91bc586458a84b9400f):
+/// one scalar second moment per matrix, of the raw gradient g's norm; the
+/// orthogonalized update is scaled by the norm of the Nesterov/momentum
+/// update u it came from, divided by √v:
+///
+///   v ← β2·v + (1 − β2)·‖g‖_F²
+///   update = O · ‖u‖_F / (√v + ε) · scale_factor(m, n, scale_mode) · extra_scale_factor
+///
+/// v is stored with one copy per row ((rows, 1), every entry equal), not
+/// as EO's one-element buffer, so that it splits with the rows like
+/// NorMuon's and checkpoints reshard it with no special case. NAMO with
+/// weight_decay_mode l2 is rejected (as in EO: g would include the decay).
+///
 /// The AdaMuon rescale makes the update's RMS 0.2 (AdamW's typical RMS), so
 /// AdamW learning rates carry over; `scale_mode` is not used in that mode.
 /// Neither mode applies bias correction to v (the rescale removes its effect
@@ -59,9 +73,11 @@ enum class AdaptiveMode {
   kNorMuon,
   /// Per element (AdaMuon).
   kAdaMuon,
+  /// One scalar per matrix, of the gradient's norm (NAMO).
+  kNamo,
 };
 
-/// "normuon" | "adamuon".
+/// "normuon" | "adamuon" | "namo".
 std::string to_string(AdaptiveMode mode);
 /// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
 AdaptiveMode parse_adaptive_mode(const std::string& name);
@@ -77,7 +93,7 @@ struct AdaptiveMuonOptions {
   TORCH_ARG(double, eps) = 1e-8;
 
  public:
-  /// mode by name: "normuon" | "adamuon".
+  /// mode by name: "normuon" | "adamuon" | "namo".
   AdaptiveMuonOptions& mode(const std::string& name);
   /// Raises c10::ValueError "[muon::AdaptiveMuon] <arg> must be ..., got <value>".
   void validate() const;
@@ -87,8 +103,8 @@ struct AdaptiveMuonOptions {
 
 /// Per-parameter state of `AdaptiveMuon`: Muon's plus the second moment.
 struct AdaptiveMuonParamState : public MuonParamState {
-  /// Second moment: (rows, 1) for normuon, the matrix's (rows, cols) for
-  /// adamuon; fp32 (fp64 for fp64 parameters); zeros at first use.
+  /// Second moment: (rows, 1) for normuon and namo (namo: every entry the
+  /// same scalar), the matrix's (rows, cols) for adamuon; fp32 (fp64 for fp64 parameters); zeros at first use.
   TORCH_ARG(at::Tensor, second_moment);
 
  public:
@@ -111,7 +127,8 @@ class SecondMomentStage final : public UpdateStage {
   /// A stage with `options` (validated).
   explicit SecondMomentStage(AdaptiveMuonOptions options);
 
-  /// Stacked experts and fused-QKV splits are not supported.
+  /// Stacked experts and fused-QKV splits are not supported; nor is namo
+  /// with weight_decay_mode l2.
   void check_options(const MuonOptions& options, size_t group) const override;
   void apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const override;
 
@@ -124,7 +141,7 @@ class SecondMomentStage final : public UpdateStage {
   AdaptiveMuonOptions options_;
 };
 
-/// Muon with a NorMuon or AdaMuon second moment (see the top of this header):
+/// Muon with a NorMuon, AdaMuon or NAMO second moment (see the top of this header):
 /// a `muon::Muon` holding a `SecondMomentStage`, over whole matrices or any
 /// distributed layout's strategy.
 ///
