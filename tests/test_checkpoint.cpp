@@ -138,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, SameLayout,
 // parameter that has none, so every parameter is in the checkpoint; the
 // training that follows is bit-identical to one that never saved.
 TEST(Checkpoint, EagerStateChangesNothingAndEveryParameterIsStored) {
-  for (const std::string optimizer : {"muon", "adaptive_muon", "lion", "laprop", "adamw", "adam"}) {
+  for (const std::string optimizer : {"muon", "adaptive_muon", "lion", "laprop", "soap", "adamw", "adam"}) {
     const auto dir = fresh_dir("eager_" + optimizer);
     muon::test::run_ranks(2, [&](Group& group) {
       Rank saved("sharded", group, optimizer);
