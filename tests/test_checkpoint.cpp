@@ -139,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, SameLayout,
 // training that follows is bit-identical to one that never saved.
 TEST(Checkpoint, EagerStateChangesNothingAndEveryParameterIsStored) {
   for (const std::string optimizer : {"muon", "adaptive_muon", "adaptive_muon/namo", "lion", "laprop", "signum",
-                                     "sim_ademamix", "adamw", "adam"}) {
+                                     "sim_ademamix", "soap", "adamw", "adam"}) {
     const auto dir = fresh_dir("eager_" + optimizer.substr(0, optimizer.find('/')) +
                                (optimizer.find('/') == std::string::npos ? "" : "_namo"));
     muon::test::run_ranks(2, [&](Group& group) {

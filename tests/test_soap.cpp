@@ -2,7 +2,8 @@
 // Emerging-Optimizers' SOAP, options and their errors, save/load, the
 // registry entry (config fields, make_optimizer, explain), checkpoints
 // resharded across layouts, and the distributed layouts (layer-wise and
-// sharded equal to one process, tensor_parallel refused).
+// sharded owner-compute (muon::dist::ShardedSoap) equal to one process bit
+// for bit, tensor_parallel and 2-D refused).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include "expect_util.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -19,6 +21,9 @@
 #include "checkpoint_model.h"
 #include "dist/checkpoints/checkpoint_state.h"
 #include "muon/compat.h"
+#include "muon/dist/layouts/layout.h"
+#include "muon/dist/layouts/sharded_soap.h"
+#include "muon/optim/composite.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/soap.h"
 #include "muon/registry.h"
@@ -357,6 +362,13 @@ ckpt::Named values_of(ckpt::Rank& r) {
   return out;
 }
 
+// Parameter values of `named`, cloned.
+ckpt::Named values_of_named(const ckpt::Named& named) {
+  ckpt::Named out;
+  for (const auto& item : named) out.insert(item.key(), item.value().detach().clone());
+  return out;
+}
+
 // A leg of the reshard chain with SOAP; with `reference`, each rank's part
 // must equal it bit for bit.
 void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
@@ -413,13 +425,199 @@ TEST(Soap, LayerwiseEqualsOneProcess) {
   }
 }
 
-// Layouts that split matrices refuse SOAP, naming it and the layout (the
-// sharded layout has no owner-compute SOAP yet: element-wise on row shards
-// would be silently wrong).
-TEST(Soap, SplittingLayoutsAreRefusedNamingSoap) {
+// ---- the sharded layout: owner-compute SOAP ---------------------------------
+
+// Why bit for bit (not fp32 rounding): each matrix's owner receives every
+// rank's rows of the gradient unchanged (an all-to-all moves bits), so it
+// runs muon::detail::soap_matrix_update, the function one process runs, on
+// the same whole tensor; the other ranks' state is only the step count; and
+// what each rank does with its rows of the update (weight decay, p − lr·u)
+// is element-wise, the same operations on the same elements as one process.
+
+// Wide, tall, conv (4-D, seen as 6×8), and a wide matrix of 2 rows (an
+// empty shard at 3 ranks). Rows that 2 and 3 ranks split unevenly.
+const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {12, 5}, {6, 2, 2, 2}, {2, 9}};
+
+at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 70 + k); }
+at::Tensor sharded_grad(size_t k, int64_t step) {
+  return seeded_randn(kShardedShapes[k], 300 + 11 * static_cast<uint64_t>(step) + k);
+}
+
+TEST(ShardedSoap, OwnerComputeEqualsOneProcessBitForBit) {
+  // Refreshes inside the 5 steps: eigh at step 2 (after 1 warm-up step),
+  // orthogonal iteration at steps 3 and 5 (frequency 2); eigh every step;
+  // every step by orthogonal iteration after the first (the defaults).
+  const std::vector<SoapOptions> sets{
+      SoapOptions(0.01).weight_decay(0.1).precondition_frequency(2).adam_warmup_steps(1),
+      SoapOptions(0.02).weight_decay(0.05).weight_decay_method("l2").use_nesterov(true).use_eigh(true).max_update_rms(
+          0.5),
+      SoapOptions(0.01).weight_decay(0.1).weight_decay_method("independent"),
+  };
+  for (size_t hs = 0; hs < sets.size(); ++hs) {
+    std::vector<at::Tensor> whole;
+    for (size_t k = 0; k < kShardedShapes.size(); ++k) whole.push_back(leaf(sharded_init(k)));
+    Soap single(whole, sets[hs]);
+    for (int64_t s = 0; s < 5; ++s) {
+      for (size_t k = 0; k < whole.size(); ++k) whole[k].mutable_grad() = sharded_grad(k, s);
+      single.step();
+    }
+    for (const int world : {2, 3}) {
+      std::vector<std::atomic<int>> owners(kShardedShapes.size());
+      run_ranks(world, [&](dist::Group& g) {
+        std::vector<at::Tensor> params;
+        std::vector<dist::RowShard> shards;
+        std::vector<std::vector<int64_t>> rows;
+        for (size_t k = 0; k < kShardedShapes.size(); ++k) {
+          rows.push_back(dist::balanced_split_sizes(kShardedShapes[k][0], world));
+          params.push_back(leaf(dist::local_rows(sharded_init(k), rows[k], g.rank())));
+          shards.emplace_back(kShardedShapes[k], g);
+        }
+        dist::ShardedSoap opt(params, shards, sets[hs]);
+        for (int64_t s = 0; s < 5; ++s) {
+          for (size_t k = 0; k < params.size(); ++k) {
+            params[k].mutable_grad() = dist::local_rows(sharded_grad(k, s), rows[k], g.rank());
+          }
+          opt.step();
+        }
+        const auto what = "set " + std::to_string(hs) + " W=" + std::to_string(world) + " rank " +
+                          std::to_string(g.rank());
+        for (size_t k = 0; k < params.size(); ++k) {
+          EXPECT_TRUE(at::equal(params[k].detach(), dist::local_rows(whole[k].detach(), rows[k], g.rank())))
+              << what << " param " << k;
+          const auto& st = state_of(opt, params[k]);
+          EXPECT_EQ(st.step(), 5) << what;
+          EXPECT_EQ(opt.holds_whole_state(params[k]), opt.owners()[k] == g.rank()) << what;
+          EXPECT_EQ(opt.whole_matrix_dims(params[k]), detail::soap_matrix_dims(kShardedShapes[k])) << what;
+          if (opt.holds_whole_state(params[k])) {
+            ++owners[k];
+            // The owner's whole-matrix state is one process's, bit for bit.
+            EXPECT_TRUE(st == state_of(single, whole[k])) << what << " state of param " << k;
+          } else {
+            EXPECT_FALSE(st.exp_avg().defined() || st.L().defined() || st.Q_L().defined()) << what;
+          }
+        }
+      });
+      for (size_t k = 0; k < owners.size(); ++k) EXPECT_EQ(owners[k].load(), 1) << "owners of param " << k;
+    }
+  }
+}
+
+TEST(ShardedSoap, BuiltByMakeOptimizerEqualsOneProcess) {
+  // The checkpoint model with optimizer soap: the block's matrices (wide,
+  // tall) to SOAP, the rest to AdamW; the default precondition_frequency 1
+  // refreshes at every step (eigh at the first, orthogonal iteration after).
+  ckpt::Named single;
+  run_ranks(1, [&](dist::Group& g) {
+    ckpt::Rank r("none", g, "soap");
+    r.train(0, 5);
+    single = values_of(r);
+  });
+  for (const auto& [kind, world] : {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 3),
+                                    std::make_pair(std::string("padded"), 3)}) {
+    run_ranks(world, [&, kind = kind, world = world](dist::Group& g) {
+      ckpt::Rank r(kind, g, "soap");
+      auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
+      ASSERT_NE(composite, nullptr);
+      auto* soap = dynamic_cast<dist::ShardedSoap*>(composite->find_part("soap"));
+      ASSERT_NE(soap, nullptr) << kind;
+      EXPECT_EQ(soap->param_groups()[0].params().size(), 3u);
+      r.train(0, 5);
+      for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
+        const auto& name = ckpt::kModel[k].first;
+        EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](single[name])))
+            << kind << " W=" << world << " " << name << " rank " << g.rank();
+      }
+    });
+  }
+}
+
+TEST(ShardedSoap, LayoutStepsItEqualToOneProcess) {
+  // muon::dist::Layout with layout sharded: the gradients are reduce-scattered
+  // into each rank's rows (the average over ranks), then ShardedSoap steps
+  // them and the rows are all-gathered. Every rank gives the same gradient,
+  // multiples of 1/64 below 2^8, whose sum over 3 ranks and division by the
+  // rank count are exact: the average is the gradient, bit for bit.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> model{
+      {"w", {12, 8}}, {"t", {6, 10}}, {"conv", {7, 2, 3, 3}}, {"b", {6}}};
+  const auto config = [](const std::string& layout) {
+    OptimizerConfig c;
+    c.set("optimizer", "soap").set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
+    c.set("soap_precondition_frequency", 2);
+    return c;
+  };
+  const auto grad_of = [&](size_t k, int64_t s) {
+    return (seeded_randn(model[k].second, 40 + 9 * static_cast<uint64_t>(s) + k) * 64).round_() / 64;
+  };
+  const auto run = [&](int world, const std::string& layout, ckpt::Named& out) {
+    run_ranks(world, [&](dist::Group& g) {
+      ckpt::Named named;
+      for (size_t k = 0; k < model.size(); ++k) named.insert(model[k].first, leaf(seeded_randn(model[k].second, 5 + k)));
+      dist::Layout l(named, config(layout), dist::LayoutGroups().world(g));
+      for (int64_t s = 0; s < 5; ++s) {
+        l.zero_grad();
+        for (size_t k = 0; k < model.size(); ++k) named[model[k].first].mutable_grad() = grad_of(k, s);
+        l.step();
+      }
+      if (g.rank() == 0) {
+        EXPECT_EQ(l.describe(), world == 1 ? "single process" : "sharded " + std::to_string(world));
+        out = values_of_named(named);
+      }
+    });
+  };
+  ckpt::Named single;
+  run(1, "none", single);
+  for (const int world : {2, 3}) {
+    ckpt::Named got;
+    run(world, "sharded", got);
+    for (const auto& [name, shape] : model) {
+      EXPECT_TRUE(at::equal(got[name], single[name])) << name << " W=" << world;
+    }
+  }
+}
+
+TEST(ShardedSoap, CheckpointsReshardBitIdentically) {
+  // Sharded at 2 ranks → one process → sharded at 3 ranks: the owner writes
+  // each matrix's whole state once; a load gives it to the new owner (or
+  // the one process), and training on equals never stopping, bit for bit.
+  ckpt::Named after2;
+  ckpt::Named after3;
+  ckpt::Named after5;
+  run_ranks(1, [&](dist::Group& g) {
+    ckpt::Rank r("none", g, "soap");
+    r.train(0, 2);
+    after2 = values_of(r);
+    r.train(2, 3);
+    after3 = values_of(r);
+    r.train(3, 5);
+    after5 = values_of(r);
+  });
+  const auto dir = fs::temp_directory_path() / ("muon_sharded_soap_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
+  leg("sharded", 2, "", d("a"), 0, 2, after2, "sharded W=2");
+  leg("none", 1, d("a"), d("b"), 2, 3, after3, "single from sharded W=2");
+  leg("sharded", 3, d("b"), d("c"), 3, 5, after5, "sharded W=3 from single");
+  fs::remove_all(dir);
+}
+
+// Layouts that split matrices across ranks refuse SOAP, naming it and the
+// layout: tensor_parallel, and the 2-D layout (sharded with tensor-parallel
+// blocks); so do the replicated sharded mode and 1-D row shards.
+TEST(ShardedSoap, SplittingLayoutsAreRefusedNamingSoap) {
   run_ranks(2, [&](dist::Group& g) {
     expect_value_error([&] { ckpt::Rank r("tp", g, "soap"); }, {"'soap'", "'tensor_parallel'"});
-    expect_value_error([&] { ckpt::Rank r("sharded", g, "soap"); }, {"'soap'", "'sharded'"});
+    auto p = leaf(at::randn({3, 4}));
+    expect_value_error(
+        [&] {
+          dist::ShardedSoap opt({p}, {dist::RowShard({6, 4}, g)}, SoapOptions(), dist::ShardedOptions().mode("replicated"));
+        },
+        {"[muon::dist::ShardedSoap]", "'soap'", "owner_compute", "'replicated'"});
+    auto v = leaf(at::randn({3}));
+    expect_value_error([&] { dist::ShardedSoap opt({v}, {dist::RowShard({6}, g)}); },
+                       {"[muon::dist::ShardedSoap]", "global shape [6]", "matrices"});
+  });
+  run_ranks(4, [&](dist::Group& g) {
+    expect_value_error([&] { ckpt::Rank r("2d", g, "soap"); }, {"'soap'", "2-D"});
   });
 }
 

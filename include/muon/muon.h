@@ -14,6 +14,7 @@
 #include "muon/dist/layouts/row_shard.h"
 #include "muon/dist/layouts/sharded_data_parallel.h"
 #include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/sharded_soap.h"
 #include "muon/dist/layouts/tensor_parallel.h"
 #include "muon/dist/layouts/tensor_parallel_layers.h"
 #include "muon/dist/layouts/tensor_parallel_shard.h"

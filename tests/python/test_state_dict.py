@@ -66,6 +66,9 @@ def build(kind, model, **over):
     if kind == "sim_ademamix":
         groups[1].update(beta1=0.95, num_beta_fast_warmup_steps=3, alpha=1.0, lr=0.02)
         return muon_cpp.SimAdEMAMix(groups, **dict(dict(lr=0.01, weight_decay=0.1), **over))
+    if kind == "soap":
+        groups[1].update(beta1=0.8, precondition_frequency=2, lr=0.02)
+        return muon_cpp.SOAP(groups, **dict(dict(lr=0.01, weight_decay=0.1), **over))
     raise AssertionError(kind)
 
 
@@ -104,9 +107,10 @@ STATE_KEYS = {
     "laprop": {"step", "exp_avg", "exp_avg_sq"},
     "signum": {"step", "exp_avg"},
     "sim_ademamix": {"step", "exp_avg", "exp_avg_sq"},
+    "soap": {"step", "exp_avg", "exp_avg_sq", "L", "R", "Q_L", "Q_R"},
 }
 
-KINDS = ["muon", "adamuon", "normuon", "lion", "laprop", "signum", "sim_ademamix", "hybrid"]
+KINDS = ["muon", "adamuon", "normuon", "lion", "laprop", "signum", "sim_ademamix", "soap", "hybrid"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -166,8 +170,10 @@ def test_state_dict_has_torch_optim_format(kind):
         assert int(s["step"]) == 2
         for k in keys - {"step"}:
             assert isinstance(s[k], torch.Tensor)
+        # SOAP keeps its moments as the matrix it sees: dim 0 by the rest.
+        shape = (p.shape[0], p[0].numel()) if kind == "soap" else p.shape
         for k in keys & {"momentum_buffer", "exp_avg", "exp_avg_sq"}:
-            assert s[k].shape == p.shape and s[k].dtype == p.dtype, (i, k)
+            assert s[k].shape == shape and s[k].dtype == p.dtype, (i, k)
     # The live state is keyed by the parameters themselves, as torch.optim's.
     for p in params:
         assert p in opt.state

@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "dist/runtime/agreement.h"
+#include "muon/compat.h"
 #include "muon/dist/layouts/layerwise.h"
 #include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/sharded_soap.h"
 #include "muon/dist/layouts/tensor_parallel.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/muon.h"
@@ -70,12 +72,13 @@ void add_strategy_factories(
 }
 
 // Optimizers that need each parameter's whole matrix and have no strategy
-// for the layout `kind`: building one raises, naming it and the layout.
+// for the layout `kind` (tensor_parallel): building one raises, naming it
+// and the layout.
 void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& kind) {
   context.factories["soap"] = [kind](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
       -> std::unique_ptr<torch::optim::Optimizer> {
     TORCH_CHECK_VALUE(false, kWho, "optimizer 'soap' preconditions whole matrices and does not run in layout '",
-                      kind, "', which splits them; use layout 'layerwise' (or 'none')");
+                      kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
   };
 }
 
@@ -122,33 +125,52 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
   }
 
   if (kind != "sharded") return context;
-  refuse_whole_matrix_optimizers(context, kind);
   check_names(layout.row_shards, named, "DistributedLayout::row_shards");
   const auto mode = config.get_string("layout_sharded_mode");
   const auto in_flight = config.get_int("layout_max_in_flight");
+  // The row shards of `groups`' parameters, which go to `optimizer`.
+  const auto sharded_options = [&layout, names, mode, in_flight](const std::vector<OptimizerParamGroup>& groups,
+                                                                const char* optimizer) {
+    ShardedOptions sharded;
+    sharded.mode(mode).max_in_flight(in_flight);
+    for (const auto& g : groups) {
+      for (const auto& p : g.params()) {
+        const auto& name = names.at(p.unsafeGetTensorImpl());
+        const auto it = layout.row_shards.find(name);
+        TORCH_CHECK_VALUE(it != layout.row_shards.end(), kWho, "parameter '", name, "' goes to ", optimizer,
+                          " but DistributedLayout::row_shards has no RowShard for it");
+        sharded.shard(p, it->second);
+      }
+    }
+    return sharded;
+  };
   add_strategy_factories<ShardedOptions, ShardedMuon>(
-      context, [&layout, names, mode, in_flight](const std::vector<OptimizerParamGroup>& groups,
-                                                 const std::vector<OptimizerSettings>& settings) {
+      context, [sharded_options](const std::vector<OptimizerParamGroup>& groups,
+                                 const std::vector<OptimizerSettings>& settings) {
         for (const auto& s : settings) {
           TORCH_CHECK_VALUE(s.get_string("tp_mode") == "duplicated", kWho,
                             "muon_tp_mode '", s.get_string("tp_mode"),
                             "' needs TP blocks in the row shards (RowShard::tensor_parallel), which "
                             "set their own mode; leave muon_tp_mode at 'duplicated'");
         }
-        ShardedOptions sharded;
-        sharded.mode(mode).max_in_flight(in_flight);
-        for (const auto& g : groups) {
-          for (const auto& p : g.params()) {
-            const auto& name = names.at(p.unsafeGetTensorImpl());
-            const auto it = layout.row_shards.find(name);
-            TORCH_CHECK_VALUE(it != layout.row_shards.end(), kWho, "parameter '", name,
-                              "' goes to Muon but DistributedLayout::row_shards has no RowShard "
-                              "for it");
-            sharded.shard(p, it->second);
-          }
-        }
-        return sharded;
+        return sharded_options(groups, "Muon");
       });
+  // SOAP by owner-compute (ShardedSoap); the 2-D layout's tensor-parallel
+  // blocks split its matrices, which it refuses as the tensor_parallel layout does.
+  context.factories["soap"] = [sharded_options](std::vector<OptimizerParamGroup> groups,
+                                                const std::vector<OptimizerSettings>&) {
+    auto options = sharded_options(groups, "SOAP");
+    for (const auto& entry : options.shards()) {
+      TORCH_CHECK_VALUE(!entry.second.has_tensor_parallel(), kWho,
+                        "optimizer 'soap' preconditions whole matrices and does not run in the 2-D layout "
+                        "(sharded with tensor_parallel blocks), which splits them across tensor-parallel "
+                        "ranks; use layout 'sharded' without tensor_parallel, 'layerwise' (or 'none')");
+    }
+    const auto defaults = static_cast<const SoapOptions&>(groups.at(0).options());
+    auto opt = std::make_unique<ShardedSoap>(groups, defaults, std::move(options));
+    compat::reapply_group_options(*opt, groups);
+    return std::unique_ptr<torch::optim::Optimizer>(std::move(opt));
+  };
   return context;
 }
 

@@ -24,7 +24,8 @@
 ///                                               named in `tensor_parallel` (TensorParallelMuon)
 ///   sharded          reduce-scatter into rows   Muon parts with the row-shard owner-compute strategy on
 ///                                               this rank's rows (ShardedMuon), updated rows all-gathered;
-///                                               with `tensor_parallel` blocks, the 2-D layout
+///                                               with `tensor_parallel` blocks, the 2-D layout;
+///                                               soap parts as ShardedSoap (owner-compute)
 ///   sharded + row_shards  none (the parameters are an FSDP's row shards, their gradients already
 ///                    reduce-scattered)          ShardedMuon on the shards as they are
 ///

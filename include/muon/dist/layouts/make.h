@@ -13,7 +13,8 @@
 ///   none                 nothing                                  muon::make_optimizer
 ///   layerwise            group (the data-parallel group)          LayerwiseOptimizer over the config's optimizer
 ///   tensor_parallel      tensor_parallel shards by name           muon and adaptive_muon parts with the TP strategy (muon_tp_mode)
-///   sharded              row_shards by name (every Muon matrix)   muon and adaptive_muon parts with the row-shard strategy (layout_sharded_mode)
+///   sharded              row_shards by name (every Muon matrix)   muon and adaptive_muon parts with the row-shard strategy (layout_sharded_mode),
+///                                                                 soap parts as ShardedSoap (owner-compute)
 ///
 /// The config fields of the layouts (`layout`, `layout_sharded_mode`,
 /// `layout_max_in_flight`, `layout_bucket_mb`, `muon_tp_mode`) belong to this
@@ -26,7 +27,11 @@
 /// TensorParallelMuon / ShardedMuon and adaptive_muon parts AdaptiveMuon with
 /// the same strategy (its second moment lives with the local part and
 /// equals one process); the other optimizers (AdamW, Lion, ...) are
-/// element-wise and run on the local shards as they are.
+/// element-wise and run on the local shards as they are. soap needs whole
+/// matrices: in the sharded layout its parts are muon::dist::ShardedSoap
+/// (each matrix's owner steps it whole, muon/dist/layouts/sharded_soap.h);
+/// tensor_parallel and the 2-D layout (row shards with tensor-parallel
+/// blocks) refuse it with c10::ValueError naming soap and the layout.
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 

@@ -39,6 +39,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -119,6 +120,45 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override;
   void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
 
+  /// One matrix's part in `owner_compute`.
+  struct OwnerComputeItem {
+    /// This rank's tensor of the parameter (a row shard given at attach).
+    at::Tensor param;
+    /// What this rank sends of it: its rows (param's rows, padding
+    /// included) × any number of columns (e.g. a gradient beside the
+    /// parameter's values).
+    at::Tensor rows;
+    /// Result: this rank's rows of the owner's result (param's rows × the
+    /// matrix's columns; padding rows zero).
+    at::Tensor result;
+  };
+  /// The whole-matrix step `owner_compute` runs at each owner: `items` (those
+  /// of one batch this rank owns, in order) and their whole matrices
+  /// (`wholes[k]`: the rows every rank sent, concatenated in rank order,
+  /// padding rows trimmed) → one result per item, rows × cols of its whole
+  /// matrix.
+  using WholeMatrixStep = std::function<std::vector<at::Tensor>(const std::vector<const OwnerComputeItem*>& items,
+                                                                const std::vector<at::Tensor>& wholes)>;
+  /// Owner-compute with any whole-matrix step (Newton–Schulz is Muon's;
+  /// muon::dist::ShardedSoap runs SOAP's): each rank's rows of every item
+  /// travel to the matrix's owner (the same owners as Muon's, one batched
+  /// all-to-all per batch of the same param group, shape, dtype and columns
+  /// sent, overlapped up to max_in_flight), the owner runs `step` on the
+  /// whole matrices, and each rank gets its rows of the results. Collective
+  /// over every shard group: every rank passes the same parameters (in any
+  /// order), whole row-sharded matrices only (no tensor-parallel blocks or
+  /// stacked experts); mode must be owner_compute.
+  void owner_compute(std::vector<OwnerComputeItem>& items, const WholeMatrixStep& step);
+  /// Whether this rank owns the matrix `param` is a row shard of (computes
+  /// on it whole); raises for a parameter not given at attach.
+  bool owns(const at::Tensor& param) const { return owners_.at(index_of(param)) == rank_in_group(index_of(param)); }
+  /// (rows, cols) of the whole matrix `param` is a row shard of: its global
+  /// shape's dim 0 × the product of the others.
+  std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const {
+    const auto& l = layout_.at(index_of(param));
+    return {l.rows, l.cols};
+  }
+
   /// The owner of each parameter (flat order over the param groups): a rank
   /// of its shard's group, or -1 for stacked experts (each rank
   /// orthogonalizes its own).
@@ -144,8 +184,10 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
     std::vector<int64_t> rows_per_rank;  // local rows of every rank of the group
     std::vector<int64_t> offsets;  // first row of every rank
   };
-  // One group's owner-compute step (src/dist/layouts/sharded_owner_compute.cpp).
-  class OwnerComputeGroup;
+  // One group's owner-compute exchange around a whole-matrix step
+  // (src/dist/layouts/sharded_owner_compute.cpp).
+  class OwnerExchange;
+  int64_t rank_in_group(size_t i) const { return groups_.at(static_cast<size_t>(layout_.at(i).group_index)).rank(); }
   // attach's parts (src/dist/layouts/sharded_layout.cpp): parameter i's
   // layout from its shard, checked; the rows every rank of group g holds of
   // its members (indices into `params`) and their owners; in a 2-D layout,
