@@ -2,6 +2,7 @@
 // puts each on its entry).
 #pragma once
 
+#include "muon/optim/orthogonalized_family.h"
 #include "muon/optim/state_schema.h"
 
 namespace muon::detail {
@@ -13,5 +14,7 @@ StateSchema adamw_state();
 StateSchema sgd_state();
 StateSchema lion_state();
 StateSchema laprop_state();
+/// PolarGrad's, Scion's and MOP's: Muon's (step, momentum_buffer).
+StateSchema orthogonalized_state(OrthogonalizedKind kind);
 
 }  // namespace muon::detail

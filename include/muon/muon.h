@@ -25,6 +25,7 @@
 #include "muon/optim/composite.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/laprop.h"
+#include "muon/optim/orthogonalized_family.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/orthogonalizer.h"

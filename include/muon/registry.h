@@ -40,6 +40,7 @@
 
 #include "muon/config.h"
 #include "muon/optim/composite.h"
+#include "muon/optim/orthogonalizer.h"
 #include "muon/optim/state_schema.h"
 #include "muon/schedule.h"
 
@@ -97,6 +98,16 @@ struct OptimizerEntry {
       std::vector<torch::optim::OptimizerParamGroup> groups,
       const std::vector<OptimizerSettings>& settings)>
       factory;
+  /// For a Muon-family entry (a `muon::Muon` whose step 4 runs through an
+  /// `Orthogonalizer`): the optimizer over `groups` with `strategy` as its
+  /// orthogonalization, how the distributed layouts that split matrices
+  /// (tensor_parallel, sharded; muon/dist/layouts/make.h) build it with
+  /// theirs. Optional: without it those layouts run the entry's `factory`
+  /// on the local blocks or shards as they are (element-wise optimizers).
+  std::function<std::unique_ptr<torch::optim::Optimizer>(
+      std::vector<torch::optim::OptimizerParamGroup> groups,
+      const std::vector<OptimizerSettings>& settings, std::shared_ptr<Orthogonalizer> strategy)>
+      strategy_factory;
   /// Rules applied before the user's when this is the config's `optimizer`.
   std::vector<OverrideRule> default_overrides;
   /// Called once on the new optimizer (e.g. to create state eagerly); optional.
