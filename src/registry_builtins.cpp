@@ -1,5 +1,5 @@
 // The built-in registry entries (muon, adaptive_muon, adam, adamw, sgd,
-// lion, laprop), registered explicitly here, and the global registry.
+// lion, laprop, polargrad, scion, mop), registered explicitly here, and the global registry.
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>

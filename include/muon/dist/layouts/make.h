@@ -12,8 +12,8 @@
 /// layout (config field)  needs in DistributedLayout                builds
 ///   none                 nothing                                  muon::make_optimizer
 ///   layerwise            group (the data-parallel group)          LayerwiseOptimizer over the config's optimizer
-///   tensor_parallel      tensor_parallel shards by name           muon and adaptive_muon parts with the TP strategy (muon_tp_mode)
-///   sharded              row_shards by name (every Muon matrix)   muon and adaptive_muon parts with the row-shard strategy (layout_sharded_mode)
+///   tensor_parallel      tensor_parallel shards by name           Muon-family parts with the TP strategy (muon_tp_mode)
+///   sharded              row_shards by name (every Muon matrix)   Muon-family parts with the row-shard strategy (layout_sharded_mode)
 ///
 /// The config fields of the layouts (`layout`, `layout_sharded_mode`,
 /// `layout_max_in_flight`, `layout_bucket_mb`, `muon_tp_mode`) belong to this
@@ -23,9 +23,11 @@
 /// whenever the library is linked.
 ///
 /// In the tensor_parallel and sharded layouts, muon parts are
-/// TensorParallelMuon / ShardedMuon and adaptive_muon parts AdaptiveMuon with
-/// the same strategy (its second moment lives with the local part and
-/// equals one process); the other optimizers (AdamW, Lion, ...) are
+/// TensorParallelMuon / ShardedMuon, and the parts of every other Muon-family
+/// entry (adaptive_muon, polargrad, scion, mop: those with an
+/// `OptimizerEntry::strategy_factory`) that entry's optimizer with the same
+/// strategy (a stage's state lives with the local part, its whole-matrix
+/// statistics are summed over the parts, and it equals one process); the other optimizers (AdamW, Lion, ...) are
 /// element-wise and run on the local shards as they are.
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
