@@ -323,6 +323,9 @@ OptimizerEntry orthogonalized_entry(OrthogonalizedKind kind, std::string doc,
   const auto variant = [kind](const OptimizerSettings& s) {
     auto v = OrthogonalizedVariantOptions().kind(kind);
     if (kind == OrthogonalizedKind::kScion) v.spectral_radius(s.get_double("spectral_radius"));
+    if (kind == OrthogonalizedKind::kMuonHyperball) {
+      v.hyperball_radius(s.get_double("radius")).hyperball_eps(s.get_double("eps"));
+    }
     v.validate();
     return v;
   };
@@ -388,6 +391,23 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
       "MOP (muon::OrthogonalizedVariant): the exact polar factor by SVD, Muon's scale; whole "
       "matrices only (no tensor_parallel or sharded layout); reads the muon_* fields too",
       {eo_nesterov()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kSpel,
+      "SPEL (muon::OrthogonalizedVariant): unscaled Newton–Schulz update, then the weight "
+      "re-orthogonalized by Newton–Schulz; reads the muon_* fields too",
+      {eo_nesterov()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kMuonHyperball,
+      "MuonHyperball (muon::OrthogonalizedVariant): Muon's update normalized to the weight's norm, "
+      "the weight kept at that norm; reads the muon_* fields too",
+      {eo_nesterov(),
+       FieldSpec::real("radius", 0.0,
+                       "hyperball radius R (EO's hyperball_radius); 0: each parameter's own norm",
+                       0.0)
+           .whole_run(),
+       FieldSpec::real("eps", 1e-8, "floor of the norms divided by (EO's hyperball_eps)", 0.0)
+           .exclusive_min()
+           .whole_run()}));
 }
 
 namespace detail {

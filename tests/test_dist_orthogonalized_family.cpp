@@ -1,7 +1,9 @@
-// PolarGrad, Scion and MOP (muon::OrthogonalizedVariant) in the distributed
-// layouts. PolarGrad's ⟨O, M⟩ is summed over the parts of a matrix through
-// the layout's strategy and Scion's scale depends on the whole matrix's
-// shape, so tensor-parallel blocks (row- or column-split, uneven, empty),
+// PolarGrad, Scion, MOP, SPEL and MuonHyperball (muon::OrthogonalizedVariant)
+// in the distributed layouts. PolarGrad's ⟨O, M⟩ and MuonHyperball's norms
+// (of the update, of the weight before and after it, and at construction)
+// are summed over the parts of a matrix through the layout's strategy,
+// SPEL's Newton–Schulz of the weight runs through the strategy, and Scion's
+// scale depends on the whole matrix's shape, so tensor-parallel blocks (row- or column-split, uneven, empty),
 // row shards (owner-compute and replicated, uneven, padded, empty), the 2-D
 // layout and layerwise all give the parameters of one process. MOP's SVD
 // needs whole matrices: layerwise equals one process, and the layouts that
@@ -52,7 +54,9 @@ MuonOptions options(OrthogonalizedKind kind) {
 }
 
 OrthogonalizedVariantOptions variant(OrthogonalizedKind kind) {
-  return OrthogonalizedVariantOptions().kind(kind).spectral_radius(2.0);
+  // MuonHyperball with a radius: construction rescales each weight by its
+  // norm summed over the parts (collective), as every step does.
+  return OrthogonalizedVariantOptions().kind(kind).spectral_radius(2.0).hyperball_radius(5.0);
 }
 
 std::vector<at::Tensor> single_process(OrthogonalizedKind kind) {
@@ -185,7 +189,8 @@ TEST_P(SplitLayouts, TwoDimensionalEqualsOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, SplitLayouts,
-                         ::testing::Values(OrthogonalizedKind::kPolarGrad, OrthogonalizedKind::kScion),
+                         ::testing::Values(OrthogonalizedKind::kPolarGrad, OrthogonalizedKind::kScion,
+                                           OrthogonalizedKind::kSpel, OrthogonalizedKind::kMuonHyperball),
                          [](const auto& info) { return to_string(info.param); });
 
 // The config's optimizer over named matrices (no 1-D, embedding or head
@@ -239,7 +244,8 @@ TEST_P(Layerwise, EqualsOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, Layerwise, ::testing::Values("polargrad", "scion", "mop"));
+INSTANTIATE_TEST_SUITE_P(Kinds, Layerwise,
+                         ::testing::Values("polargrad", "scion", "mop", "spel", "muon_hyperball"));
 
 // MOP's SVD cannot run on parts of a matrix: the layouts that split them
 // raise naming MOP and the layout, on every rank, before any step.

@@ -60,7 +60,8 @@ struct Hyper {
   double lr, mu, wd;
   bool nesterov;
   double extra = 1.0;
-  double radius = 1.0;
+  double radius = 1.0;     // Scion's spectral radius
+  double hb_radius = 0.0;  // MuonHyperball's radius (0: the weight's norm)
 };
 
 // One parameter's fp64 run of EO's OrthogonalizedOptimizer.step with each
@@ -70,8 +71,11 @@ struct Reference {
   at::Tensor p, buf;
   OrthogonalizedKind kind;
 
-  Reference(const at::Tensor& init, OrthogonalizedKind k)
-      : p(init.detach().to(at::kDouble).clone()), buf(at::zeros_like(p)), kind(k) {}
+  Reference(const at::Tensor& init, OrthogonalizedKind k, double hb_radius = 0.0)
+      : p(init.detach().to(at::kDouble).clone()), buf(at::zeros_like(p)), kind(k) {
+    // MuonHyperball with a radius rescales every parameter at construction.
+    if (k == OrthogonalizedKind::kMuonHyperball && hb_radius > 0) p = p * (hb_radius / p.norm().item<double>());
+  }
 
   void step(const at::Tensor& grad, const Hyper& h) {
     const auto g = grad.to(at::kDouble);
@@ -81,6 +85,7 @@ struct Reference {
     const double rows = static_cast<double>(m.size(0));
     const double cols = static_cast<double>(m.size(1));
     at::Tensor update;
+    double radius = 0;  // MuonHyperball's R: taken after the decay, before the update
     switch (kind) {
       case OrthogonalizedKind::kPolarGrad: {
         const auto o = ns_fp64(m);
@@ -93,8 +98,19 @@ struct Reference {
       case OrthogonalizedKind::kMop:
         update = polar_fp64(m) * std::sqrt(std::max(rows, cols)) * h.extra;  // spectral
         break;
+      case OrthogonalizedKind::kSpel:
+        update = ns_fp64(m);  // no scale
+        break;
+      case OrthogonalizedKind::kMuonHyperball: {
+        radius = h.hb_radius > 0 ? h.hb_radius : p.norm().item<double>();
+        const auto u = ns_fp64(m) * std::sqrt(std::max(rows, cols)) * h.extra;  // Muon's, spectral
+        update = u * (radius / std::max(u.norm().item<double>(), 1e-8));
+        break;
+      }
     }
     p = p - h.lr * update.reshape(p.sizes());
+    if (kind == OrthogonalizedKind::kSpel) p = ns_fp64(p.reshape({p.size(0), -1})).reshape(p.sizes());
+    if (kind == OrthogonalizedKind::kMuonHyperball) p = p * (radius / std::max(p.norm().item<double>(), 1e-8));
   }
 };
 
@@ -115,6 +131,10 @@ Hyper hyper_of(OrthogonalizedKind kind) {
       return {0.03, 0.9, 1.0, false, 1.0, 2.5};
     case OrthogonalizedKind::kMop:
       return {0.02, 0.9, 0.05, true, 1.3};
+    case OrthogonalizedKind::kSpel:
+      return {0.05, 0.9, 0.1, false};
+    case OrthogonalizedKind::kMuonHyperball:
+      return {0.05, 0.9, 0.05, true, 1.3};
   }
   return {};
 }
@@ -135,7 +155,7 @@ TEST_P(Variants, FiveFp32StepsEqualEmergingOptimizersArithmetic) {
     auto p = leaf(data.init);
     OrthogonalizedVariant opt({p}, muon_options_of(h),
                               OrthogonalizedVariantOptions().kind(kind).spectral_radius(h.radius));
-    Reference ref(data.init, kind);
+    Reference ref(data.init, kind, h.hb_radius);
     data.run(p, opt, 0, 5);
     for (const auto& g : data.grads) ref.step(g, h);
     const double err = (p.detach().to(at::kDouble) - ref.p).abs().max().item<double>() /
@@ -209,14 +229,47 @@ TEST_P(Variants, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, Variants,
                          ::testing::Values(OrthogonalizedKind::kPolarGrad, OrthogonalizedKind::kScion,
-                                           OrthogonalizedKind::kMop),
+                                           OrthogonalizedKind::kMop, OrthogonalizedKind::kSpel,
+                                           OrthogonalizedKind::kMuonHyperball),
                          [](const auto& info) { return to_string(info.param); });
+
+// With a radius, construction puts every weight on the sphere of that
+// radius and every step keeps it there; the values follow EO's arithmetic
+// (the same 1e-5 bound as above).
+TEST(OrthogonalizedFamily, HyperballRadiusRescalesAtConstructionAndStaysOnTheSphere) {
+  auto h = hyper_of(OrthogonalizedKind::kMuonHyperball);
+  h.hb_radius = 3.0;
+  const auto data = gradient_run(11, {6, 10}, 5);
+  auto p = leaf(data.init);
+  OrthogonalizedVariant opt({p}, muon_options_of(h),
+                            OrthogonalizedVariantOptions().kind(OrthogonalizedKind::kMuonHyperball).hyperball_radius(3.0));
+  EXPECT_NEAR(p.detach().norm().item<double>(), 3.0, 1e-5);
+  Reference ref(data.init, OrthogonalizedKind::kMuonHyperball, 3.0);
+  data.run(p, opt, 0, 5);
+  for (const auto& g : data.grads) ref.step(g, h);
+  EXPECT_NEAR(p.detach().norm().item<double>(), 3.0, 1e-5);
+  const double err = (p.detach().to(at::kDouble) - ref.p).abs().max().item<double>() / ref.p.abs().max().item<double>();
+  EXPECT_LE(err, 1e-5);
+  // A zero weight has no sphere.
+  auto z = leaf(at::zeros({4, 3}));
+  expect_value_error(
+      [&] { OrthogonalizedVariant({z}, MuonOptions(0.01), OrthogonalizedVariantOptions().kind(OrthogonalizedKind::kMuonHyperball)); },
+      {"[muon::MuonHyperball]", "parameter 0 of group 0", "zero norm"});
+}
 
 TEST(OrthogonalizedFamily, InvalidOptionsNameArgumentAndValue) {
   auto p = leaf(at::randn({4, 3}));
   expect_value_error([] { OrthogonalizedVariantOptions().kind(OrthogonalizedKind::kScion).spectral_radius(-2.0).validate(); },
                      {"[muon::Scion]", "spectral_radius", "-2"});
-  expect_value_error([] { parse_orthogonalized_kind("polar"); }, {"kind", "'polar'", "polargrad, scion, mop"});
+  expect_value_error([] { parse_orthogonalized_kind("polar"); },
+                     {"kind", "'polar'", "polargrad, scion, mop, spel, muon_hyperball"});
+  const auto hb = OrthogonalizedVariantOptions().kind(OrthogonalizedKind::kMuonHyperball);
+  expect_value_error([&] { OrthogonalizedVariantOptions(hb).hyperball_radius(-1.0).validate(); },
+                     {"[muon::MuonHyperball]", "hyperball_radius", "-1"});
+  expect_value_error([&] { OrthogonalizedVariantOptions(hb).hyperball_eps(0.0).validate(); },
+                     {"[muon::MuonHyperball]", "hyperball_eps", "0"});
+  expect_value_error([&] { OptimizerConfig().set("muon_hyperball_eps", -1.0); },
+                     {"muon_hyperball_eps", "-1"});
   const auto scion = OrthogonalizedVariantOptions().kind(OrthogonalizedKind::kScion);
   expect_value_error([&] { OrthogonalizedVariant({p}, MuonOptions(0.01).nesterov(false).weight_decay(0.1), scion); },
                      {"[muon::Scion]", "weight_decay", "0.1"});
@@ -261,7 +314,7 @@ TEST(OrthogonalizedFamily, MopNeedsWholeMatrices) {
 // from Muon's, 1-D parameters routed to the scalar optimizer, state bytes
 // and explain from the schema.
 TEST(OrthogonalizedFamily, BuiltFromAConfigWithItsFieldsAndExplained) {
-  for (const std::string name : {"polargrad", "scion", "mop"}) {
+  for (const std::string name : {"polargrad", "scion", "mop", "spel", "muon_hyperball"}) {
     ckpt::Named named;
     named.insert("w", leaf(at::randn({8, 4})));
     named.insert("b", leaf(at::randn({8})));
@@ -269,6 +322,7 @@ TEST(OrthogonalizedFamily, BuiltFromAConfigWithItsFieldsAndExplained) {
     config.set("optimizer", name).set("lr", 0.01).set("muon_coefficient_type", std::string("polar_express"));
     if (name == "scion") config.set("scion_spectral_radius", 3.0);
     if (name == "polargrad") config.set("polargrad_nesterov", true);
+    if (name == "muon_hyperball") config.set("muon_hyperball_radius", 2.0).set("muon_hyperball_eps", 1e-6);
     auto opt = muon::make_optimizer(named, config);
     ASSERT_EQ(opt->num_parts(), 2u) << name;
     auto* v = dynamic_cast<OrthogonalizedVariant*>(opt->find_part(name));
@@ -281,6 +335,11 @@ TEST(OrthogonalizedFamily, BuiltFromAConfigWithItsFieldsAndExplained) {
     if (name == "scion") {
       EXPECT_EQ(v->variant_options().spectral_radius(), 3.0);
       EXPECT_EQ(o.weight_decay(), 1.0);
+    }
+    if (name == "muon_hyperball") {
+      EXPECT_EQ(v->variant_options().hyperball_radius(), 2.0);
+      EXPECT_EQ(v->variant_options().hyperball_eps(), 1e-6);
+      EXPECT_NEAR(named["w"].detach().norm().item<double>(), 2.0, 1e-5);  // rescaled when built
     }
     EXPECT_EQ(v->param_groups()[0].params().size(), 1u);  // the bias went to the scalar optimizer
     for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());

@@ -120,7 +120,7 @@ TEST(Registry, AddErrors) {
   auto uses_unknown = entry("z");
   uses_unknown.uses_fields_of = {"soap"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'soap', which is not registered"});
-  EXPECT_EQ(r.keys().size(), 10u);  // the built-ins: nothing was added
+  EXPECT_EQ(r.keys().size(), 12u);  // the built-ins: nothing was added
 }
 
 TEST(Registry, ExtensionsAddFieldsAndChecks) {
@@ -243,7 +243,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"laprop", {{"lr", 0.01}}, {"laprop"}},
         Case{"polargrad", {{"lr", 0.005}}, {"adamw", "polargrad"}},
         Case{"scion", {{"lr", 0.02}, {"scion_spectral_radius", 3.0}}, {"adamw", "scion"}},
-        Case{"mop", {{"lr", 0.01}}, {"adamw", "mop"}}),
+        Case{"mop", {{"lr", 0.01}}, {"adamw", "mop"}},
+        Case{"spel", {{"lr", 0.02}}, {"adamw", "spel"}},
+        Case{"muon_hyperball", {{"lr", 0.02}}, {"adamw", "muon_hyperball"}}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.optimizer + "_" + std::to_string(info.index);
     });

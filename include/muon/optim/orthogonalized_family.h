@@ -1,7 +1,7 @@
 #pragma once
 
-/// Emerging-Optimizers' orthogonalized family beside Muon: PolarGrad, Scion
-/// and MOP, each a `muon::Muon` (steps 1–3: weight decay, EMA momentum,
+/// Emerging-Optimizers' orthogonalized family beside Muon: PolarGrad, Scion,
+/// MOP, SPEL and MuonHyperball, each a `muon::Muon` (steps 1–3: weight decay, EMA momentum,
 /// optional Nesterov, see muon/optim/muon.h) with its own orthogonalization
 /// or scale. For the m×n matrix of a parameter (conv weights flattened to
 /// (out, in·kh·kw)), M its momentum (or Nesterov) update:
@@ -33,15 +33,37 @@
 ///   owner holds whole matrices); tensor-parallel blocks and row shards
 ///   raise c10::ValueError naming the layout.
 ///
-/// Then p ← p − lr·update for all three. PolarGrad and Scion do not read
-/// `scale_mode` (their scale is their own). Stacked experts and fused-QKV
+/// spel (SPectral steepest descent on the stiEfeL manifold, "Manifold
+/// Constrained Steepest Descent", arXiv:2601.21487; EO spel.py at
+/// 2d25b60cae465aa66124485d77addc7b5943bf46):
+///
+///   update = newton_schulz(M)  (no scale);  after the update p ← newton_schulz(p)
+///
+///   (the outer msign re-projects the weight onto the Stiefel manifold, with
+///   the same Newton–Schulz options).
+///
+/// muon_hyperball (EO muon_hyperball.py at
+/// 0186c40cb5e39ea460a17f8764a46d31a3f91ced, Muon's update on a sphere):
+///
+///   R = hyperball_radius, or ‖p‖_F after the weight decay when it is 0 (EO's None)
+///   u = newton_schulz(M)·scale_factor(m, n, scale_mode)·extra_scale_factor
+///   p ← p − lr·R·u / max(‖u‖_F, eps);  p ← R·p / max(‖p‖_F, eps)
+///
+///   With a radius, construction rescales every parameter to norm R (EO
+///   does the same) and raises for a parameter of zero norm.
+///
+/// Then p ← p − lr·update for all. PolarGrad, Scion and SPEL do not read
+/// `scale_mode` (their scale is their own; SPEL's is 1, extra_scale_factor
+/// not read either). Stacked experts and fused-QKV
 /// splits are not supported (groups must leave `stacked_experts` off and
 /// `split_sizes` empty), as in EO, whose step orthogonalizes each parameter
 /// as one matrix.
 ///
-/// PolarGrad's ⟨O, M⟩ is a whole-matrix sum: in a distributed layout each
-/// process sums its part and the strategy sums the parts (`sum_parts`), so
-/// PolarGrad and Scion give the single-process result in every layout.
+/// PolarGrad's ⟨O, M⟩ and MuonHyperball's norms are whole-matrix sums: in a
+/// distributed layout each process sums its part and the strategy sums the
+/// parts (`sum_parts`); SPEL's Newton–Schulz of the weight runs through the
+/// layout's strategy, as the update's does. So all but MOP give the
+/// single-process result in every layout.
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 
@@ -62,9 +84,13 @@ enum class OrthogonalizedKind {
   kScion,
   /// Exact polar factor by SVD, Muon's scale (MOP).
   kMop,
+  /// Newton–Schulz, no scale, the weight re-orthogonalized after the update (SPEL).
+  kSpel,
+  /// Muon's update normalized to the weight's sphere, the weight kept on it (MuonHyperball).
+  kMuonHyperball,
 };
 
-/// "polargrad" | "scion" | "mop" (the registry names).
+/// "polargrad" | "scion" | "mop" | "spel" | "muon_hyperball" (the registry names).
 std::string to_string(OrthogonalizedKind kind);
 /// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
 OrthogonalizedKind parse_orthogonalized_kind(const std::string& name);
@@ -75,6 +101,11 @@ struct OrthogonalizedVariantOptions {
   TORCH_ARG(OrthogonalizedKind, kind) = OrthogonalizedKind::kPolarGrad;
   /// Scion's spectral radius (the LMO's radius), finite and > 0; EO's default 1.
   TORCH_ARG(double, spectral_radius) = 1.0;
+  /// MuonHyperball's radius R, >= 0; 0 (EO's None): each parameter's norm
+  /// after the weight decay, every step.
+  TORCH_ARG(double, hyperball_radius) = 0.0;
+  /// MuonHyperball's floor of the norms it divides by, > 0; EO's default 1e-8.
+  TORCH_ARG(double, hyperball_eps) = 1e-8;
 
  public:
   /// Raises c10::ValueError "[muon::<Name>] <arg> must be ..., got <value>".
@@ -96,6 +127,8 @@ class OrthogonalizedVariantStage final : public UpdateStage {
   /// weight_decay 1 (decoupled) and nesterov off.
   void check_options(const MuonOptions& options, size_t group) const override;
   void apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const override;
+  /// SPEL: p ← newton_schulz(p) through `parts`; MuonHyperball: p ← R·p/‖p‖.
+  void after_update(std::vector<OrthogonalizeItem>& items, Orthogonalizer& parts) const override;
 
   /// The settings in force.
   const OrthogonalizedVariantOptions& options() const { return options_; }
@@ -111,14 +144,14 @@ class OrthogonalizedVariantStage final : public UpdateStage {
 /// strategy. Named "local" (it is the single-process strategy of MOP).
 std::shared_ptr<Orthogonalizer> make_polar_orthogonalizer();
 
-/// PolarGrad, Scion or MOP (see the top of this header): a `muon::Muon`
+/// A member of the family (see the top of this header): a `muon::Muon`
 /// holding an `OrthogonalizedVariantStage` (and, for MOP, the SVD strategy).
 ///
 ///     muon::OrthogonalizedVariant opt(params, muon::MuonOptions(3e-4).nesterov(false),
 ///         muon::OrthogonalizedVariantOptions().kind(muon::OrthogonalizedKind::kPolarGrad));
 ///
 /// save/load write and check the kind ("muon::PolarGrad", "muon::Scion",
-/// "muon::MOP") and the variant's settings.
+/// "muon::MOP", "muon::SPEL", "muon::MuonHyperball") and the variant's settings.
 class OrthogonalizedVariant : public Muon {
  public:
   /// The variant over `param_groups` on one process; groups without options get `defaults`.
@@ -143,13 +176,16 @@ class OrthogonalizedVariant : public Muon {
   void load(torch::serialize::InputArchive& archive) override;
 
  protected:
-  /// "muon::PolarGrad" | "muon::Scion" | "muon::MOP".
+  /// "muon::PolarGrad" | "muon::Scion" | "muon::MOP" | "muon::SPEL" | "muon::MuonHyperball".
   std::string archive_kind() const override;
 
  private:
   OrthogonalizedVariant(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                         MuonOptions defaults, std::shared_ptr<OrthogonalizedVariantStage> stage,
                         std::shared_ptr<Orthogonalizer> orthogonalizer);
+  /// MuonHyperball with a radius: every parameter rescaled to it (its norm
+  /// summed over the parts); a zero norm raises.
+  void rescale_to_radius();
 
   std::shared_ptr<OrthogonalizedVariantStage> stage_;
 };
