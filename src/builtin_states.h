@@ -14,7 +14,7 @@ StateSchema adamw_state();
 StateSchema sgd_state();
 StateSchema lion_state();
 StateSchema laprop_state();
-/// PolarGrad's, Scion's and MOP's: Muon's (step, momentum_buffer).
+/// The orthogonalized family's (polargrad, scion, mop, spel, muon_hyperball): Muon's.
 StateSchema orthogonalized_state(OrthogonalizedKind kind);
 
 }  // namespace muon::detail

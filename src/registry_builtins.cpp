@@ -1,5 +1,6 @@
 // The built-in registry entries (muon, adaptive_muon, adam, adamw, sgd,
-// lion, laprop, polargrad, scion, mop), registered explicitly here, and the global registry.
+// lion, laprop, polargrad, scion, mop, spel, muon_hyperball), registered explicitly
+// here, and the global registry.
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -302,7 +303,7 @@ OptimizerEntry laprop_entry() {
   return e;
 }
 
-// PolarGrad, Scion and MOP (muon::OrthogonalizedVariant): Muon's fields
+// The orthogonalized family (muon::OrthogonalizedVariant): Muon's fields
 // (uses_fields_of muon) with EO's defaults where they differ from Muon's
 // (nesterov off), their own settings whole-run, Muon's routing of 1-D,
 // embedding and head parameters, and the layouts' strategies.

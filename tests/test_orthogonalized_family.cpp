@@ -362,9 +362,10 @@ ckpt::Named values_of(ckpt::Rank& r) {
 // layout, so resharded runs are compared within 1e-5 (as every layout is
 // with one process); a single process loaded from a single process's
 // checkpoint is bit-identical.
-void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
-         int64_t to, const ckpt::Named& reference, bool exact, const std::string& what) {
-  ckpt::reshard_leg(kind, world, in, out, from, to, "polargrad", what, [&](ckpt::Rank& r, const dist::Group& group) {
+void leg(const std::string& optimizer, const std::string& kind, int world, const std::string& in,
+         const std::string& out, int64_t from, int64_t to, const ckpt::Named& reference, bool exact,
+         const std::string& what) {
+  ckpt::reshard_leg(kind, world, in, out, from, to, optimizer, what, [&](ckpt::Rank& r, const dist::Group& group) {
     for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
       const auto& name = ckpt::kModel[k].first;
       const auto got = r.named[name].detach();
@@ -379,29 +380,37 @@ void leg(const std::string& kind, int world, const std::string& in, const std::s
   });
 }
 
-TEST(OrthogonalizedFamily, CheckpointsResumeAndReshardBitIdentically) {
+class Checkpoints : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Checkpoints, ResumeAndReshardBitIdentically) {
+  const auto name = GetParam();
   ckpt::Named after3;
   ckpt::Named after4;
   run_ranks(1, [&](dist::Group& g) {
-    ckpt::Rank r("none", g, "polargrad");
+    ckpt::Rank r("none", g, name);
     r.train(0, 3);
     const auto slots = dist::detail::state_slots(*r.opt);
-    EXPECT_TRUE(std::any_of(slots.begin(), slots.end(), [](const auto& s) { return s.kind == "polargrad"; }));
+    EXPECT_TRUE(std::any_of(slots.begin(), slots.end(), [&](const auto& s) { return s.kind == name; }));
     after3 = values_of(r);
     r.train(3, 4);
     after4 = values_of(r);
   });
-  const auto dir = fs::temp_directory_path() / ("muon_polargrad_reshard_" + std::to_string(::getpid()));
+  const auto dir = fs::temp_directory_path() / ("muon_" + name + "_reshard_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
-  // One process → one process: bit-identical resume. Then sharded at 2 ranks
-  // from it and back to one process: the momentum is split by rows and gathered.
-  leg("none", 1, "", d("a"), 0, 2, ckpt::Named(), true, "single");
-  leg("none", 1, d("a"), d("b"), 2, 3, after3, true, "single from single");
-  leg("sharded", 2, d("b"), d("c"), 3, 4, after4, false, "sharded W=2 from single");
-  leg("none", 1, d("b"), d("e"), 3, 4, after4, true, "single from single again");
+  // One process → one process: bit-identical resume. Then split at 2 ranks
+  // from it (row shards; layerwise for MOP, whose SVD needs whole matrices):
+  // the momentum is split by rows or moved to its owner.
+  const std::string split = name == "mop" ? "layerwise" : "sharded";
+  leg(name, "none", 1, "", d("a"), 0, 2, ckpt::Named(), true, "single");
+  leg(name, "none", 1, d("a"), d("b"), 2, 3, after3, true, "single from single");
+  leg(name, split, 2, d("b"), d("c"), 3, 4, after4, split == "layerwise", split + " W=2 from single");
+  leg(name, "none", 1, d("c"), d("e"), 4, 4, after4, split == "layerwise", "single from " + split + " W=2");
   fs::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, Checkpoints,
+                         ::testing::Values("polargrad", "scion", "mop", "spel", "muon_hyperball"));
 
 }  // namespace
 }  // namespace muon::test

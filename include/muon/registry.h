@@ -11,7 +11,7 @@
 /// output-head parameters go to the scalar optimizer) and an optional state
 /// initializer. Built-ins, registered in one place
 /// (src/registry_builtins.cpp): muon, adaptive_muon, adamw, adam, sgd
-/// (LibTorch's own), lion, laprop, polargrad, scion and mop.
+/// (LibTorch's own), lion, laprop, polargrad, scion, mop, spel and muon_hyperball.
 ///
 /// Layers built on the registry add config fields of their own through a
 /// `ConfigExtension`: the distributed layouts (muon/dist/layouts/make.h) add
@@ -159,7 +159,7 @@ class OptimizerRegistry {
   /// registry afresh on its next call).
   static void extend_global(std::function<void(OptimizerRegistry&)> extend);
   /// Registers the built-ins (muon, adaptive_muon, adam, adamw, sgd, lion, laprop, polargrad,
-  /// scion, mop) in `registry`.
+  /// scion, mop, spel, muon_hyperball) in `registry`.
   static void register_builtins(OptimizerRegistry& registry);
 
   /// Adds `entry`. Raises c10::ValueError for an empty or duplicate name, a

@@ -29,7 +29,7 @@ __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "MuonWithAdamW
 # Keys of a param group that are not options.
 _STRUCTURAL = ("params", "names", "optimizer")
 # Optimizers whose matrices the sharded layout orthogonalizes whole.
-_ROW_SHARDED = ("muon", "adaptive_muon", "polargrad", "scion", "mop")
+_ROW_SHARDED = ("muon", "adaptive_muon", "polargrad", "scion", "mop", "spel", "muon_hyperball")
 
 
 def option_fields(optimizer):
@@ -409,6 +409,33 @@ class MOP(_OneOptimizer):
     Whole matrices only: one process or the layerwise layout."""
 
     _kind = "mop"
+
+    def __init__(self, params, lr=3e-4, weight_decay=0.01, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class SPEL(_OneOptimizer):
+    """SPEL: Muon's momentum, the unscaled Newton–Schulz update, then the weight
+    re-orthogonalized by Newton–Schulz (Emerging-Optimizers' defaults: lr=3e-4,
+    weight_decay=0.1, nesterov=False, quintic ×5). Other options as ``Muon``'s
+    (``scale_mode`` and ``extra_scale_factor`` are not read); every layout."""
+
+    _kind = "spel"
+
+    def __init__(self, params, lr=3e-4, weight_decay=0.1, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class MuonHyperball(_OneOptimizer):
+    """MuonHyperball: Muon's update normalized to the weight's norm R and the
+    weight kept at norm R (``radius``: a fixed R, every weight rescaled to it
+    when built; 0, the default, each weight's own norm; ``eps`` 1e-8).
+    Emerging-Optimizers' Muon defaults: lr=3e-4, weight_decay=0.01,
+    nesterov=False. Other options as ``Muon``'s; every layout."""
+
+    _kind = "muon_hyperball"
 
     def __init__(self, params, lr=3e-4, weight_decay=0.01, *, layout=None, nonfinite="error",
                  **options):

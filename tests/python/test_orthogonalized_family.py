@@ -1,5 +1,5 @@
-"""muon_cpp.PolarGrad, muon_cpp.Scion, muon_cpp.MOP and the registry's polargrad,
-scion and mop against NVIDIA-NeMo/Emerging-Optimizers' arithmetic.
+"""muon_cpp.PolarGrad, Scion, MOP, SPEL, MuonHyperball and the registry's polargrad,
+scion, mop, spel and muon_hyperball against NVIDIA-NeMo/Emerging-Optimizers' arithmetic.
 
 The reference is written here with torch ops in fp64: EO's
 OrthogonalizedOptimizer.step (decoupled decay, EMA momentum, optional Nesterov)
@@ -49,10 +49,20 @@ def ref_step(s, g, kind, lr, mu, wd, nesterov, extra=1.0, radius=1.0):
         update = o * (o * m).sum() * extra
     elif kind == "scion":
         update = ns64(m) * math.sqrt(rows / cols) * radius
-    else:
+    elif kind == "mop":
         u, _, vh = torch.linalg.svd(m, full_matrices=False)
         update = (u @ vh) * math.sqrt(max(rows, cols)) * extra
+    elif kind == "spel":
+        update = ns64(m)
+    else:  # muon_hyperball, radius from the weight (after the decay)
+        R = s["p"].norm()
+        u = ns64(m) * math.sqrt(max(rows, cols)) * extra
+        update = u * R / u.norm().clamp_min(1e-8)
     s["p"] = s["p"] - lr * update.reshape(s["p"].shape)
+    if kind == "spel":
+        s["p"] = ns64(s["p"].reshape(rows, -1)).reshape(s["p"].shape)
+    if kind == "muon_hyperball":
+        s["p"] = s["p"] * R / s["p"].norm().clamp_min(1e-8)
 
 
 CASES = {
@@ -61,6 +71,9 @@ CASES = {
     "scion": dict(fields={"scion_spectral_radius": 2.5}, lr=0.03, wd=1.0, nesterov=False, radius=2.5),
     "mop": dict(fields={"muon_extra_scale_factor": 1.3, "weight_decay": 0.05}, lr=0.02, wd=0.05,
                 nesterov=False, extra=1.3),
+    "spel": dict(fields={"weight_decay": 0.1, "spel_nesterov": True}, lr=0.05, wd=0.1, nesterov=True),
+    "muon_hyperball": dict(fields={"weight_decay": 0.05, "muon_extra_scale_factor": 1.3}, lr=0.05,
+                           wd=0.05, nesterov=False, extra=1.3),
 }
 
 
@@ -107,9 +120,18 @@ def test_classes_have_emerging_optimizers_defaults_and_name_bad_values():
     value_error(lambda: muon_cpp.PolarGrad([p], lr=-1.0), r"\blr\b", r"-1")
     value_error(lambda: muon_cpp.MOP([p], stacked_experts=True, weight_decay=0.0),
                 r"stacked_experts")
+    g = muon_cpp.SPEL([p]).param_groups[0]
+    assert (g["lr"], g["weight_decay"], g["nesterov"], g["optimizer"]) == (3e-4, 0.1, False, "spel")
+    g = muon_cpp.MuonHyperball([p]).param_groups[0]
+    assert (g["weight_decay"], g["radius"], g["eps"], g["nesterov"]) == (0.01, 0.0, 1e-8, False)
+    value_error(lambda: muon_cpp.MuonHyperball([p], radius=-1.0), r"radius", r"-1")
+    q = leaf(torch.randn(5, 4))
+    muon_cpp.MuonHyperball([q], radius=2.0)
+    assert abs(q.norm().item() - 2.0) < 1e-5  # rescaled to the radius when built
 
 
-@pytest.mark.parametrize("cls", [muon_cpp.PolarGrad, muon_cpp.Scion, muon_cpp.MOP])
+@pytest.mark.parametrize("cls", [muon_cpp.PolarGrad, muon_cpp.Scion, muon_cpp.MOP, muon_cpp.SPEL,
+                                 muon_cpp.MuonHyperball])
 def test_state_dict_round_trip_resumes_bit_identically(cls):
     gen = torch.Generator().manual_seed(1)
     init = torch.randn(6, 4, generator=gen)
