@@ -210,6 +210,7 @@ OptimizerConfig config_of(const std::string& name, const std::string& layout) {
   OptimizerConfig c;
   c.set("optimizer", name).set("lr", 0.01).set("weight_decay", 0.1).set("layout", layout);
   if (name == "scion") c.set("scion_spectral_radius", 2.0);
+  if (name == "muon_hyperball") c.set("muon_hyperball_radius", 5.0);
   return c;
 }
 
@@ -221,6 +222,8 @@ TEST_P(Layerwise, EqualsOneProcess) {
   const auto name = GetParam();
   auto single = named_model();
   auto one = muon::make_optimizer(single, config_of(name, "none"));
+  std::vector<at::Tensor> built;  // MuonHyperball: rescaled to its radius when built
+  for (const auto& item : single) built.push_back(item.value().detach().clone());
   for (int64_t s = 0; s < kSteps; ++s) {
     for (size_t k = 0; k < kModel.size(); ++k) single[k].value().mutable_grad() = full_grad(k, s);
     one->step();
@@ -231,6 +234,11 @@ TEST_P(Layerwise, EqualsOneProcess) {
       muon::dist::DistributedLayout layout;
       layout.group = group;
       auto opt = muon::dist::make_optimizer(named, config_of(name, "layerwise"), layout);
+      for (size_t k = 0; k < kModel.size(); ++k) {
+        // Every rank starts from the weights one process starts from.
+        EXPECT_TRUE(at::equal(named[k].value().detach(), built[k]))
+            << name << " layerwise world " << world << " rank " << group.rank() << " matrix " << k << " when built";
+      }
       for (int64_t s = 0; s < kSteps; ++s) {
         for (size_t k = 0; k < kModel.size(); ++k) named[k].value().mutable_grad() = full_grad(k, s);
         opt->step();
