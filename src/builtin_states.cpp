@@ -172,4 +172,13 @@ StateSchema soap_state() {
   return s;
 }
 
+StateSchema orthogonalized_state(OrthogonalizedKind kind) {
+  auto s = muon_state();
+  s.is_kind = [kind](const Optimizer& opt) {
+    const auto* v = dynamic_cast<const OrthogonalizedVariant*>(&opt);
+    return v != nullptr && v->variant_options().kind() == kind;
+  };
+  return s;
+}
+
 }  // namespace muon::detail

@@ -2,6 +2,7 @@
 // puts each on its entry).
 #pragma once
 
+#include "muon/optim/orthogonalized_family.h"
 #include "muon/optim/state_schema.h"
 
 namespace muon::detail {
@@ -16,5 +17,7 @@ StateSchema laprop_state();
 StateSchema signum_state();
 StateSchema sim_ademamix_state();
 StateSchema soap_state();
+/// The orthogonalized family's (polargrad, scion, mop, spel, muon_hyperball): Muon's.
+StateSchema orthogonalized_state(OrthogonalizedKind kind);
 
 }  // namespace muon::detail

@@ -1,5 +1,6 @@
 // The built-in registry entries (muon, adaptive_muon, adam, adamw, sgd,
-// lion, laprop, signum, sim_ademamix, soap), registered explicitly here, and the global registry.
+// lion, laprop, signum, sim_ademamix, soap, polargrad, scion, mop, spel,
+// muon_hyperball), registered explicitly here, and the global registry.
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -17,6 +18,7 @@
 #include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/orthogonalized_family.h"
 #include "muon/optim/routing.h"
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
@@ -204,6 +206,14 @@ OptimizerEntry adaptive_muon_entry() {
     compat::reapply_group_options(*opt, groups);
     return std::unique_ptr<Optimizer>(std::move(opt));
   };
+  e.strategy_factory = [](std::vector<OptimizerParamGroup> groups,
+                          const std::vector<OptimizerSettings>& settings,
+                          std::shared_ptr<Orthogonalizer> strategy) {
+    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
+    return std::unique_ptr<Optimizer>(std::make_unique<AdaptiveMuon>(
+        std::move(groups), defaults, detail::adaptive_muon_options(settings.at(0)),
+        std::move(strategy)));
+  };
   e.default_overrides = scalar_defaults("adaptive_muon");
   return e;
 }
@@ -297,6 +307,58 @@ OptimizerEntry laprop_entry() {
     return o;
   };
   e.factory = build_factory<LaProp, LaPropOptions>();
+  return e;
+}
+
+// The orthogonalized family (muon::OrthogonalizedVariant): Muon's fields
+// (uses_fields_of muon) with EO's defaults where they differ from Muon's
+// (nesterov off), their own settings whole-run, Muon's routing of 1-D,
+// embedding and head parameters, and the layouts' strategies.
+OptimizerEntry orthogonalized_entry(OrthogonalizedKind kind, std::string doc,
+                                    std::vector<FieldSpec> fields) {
+  const auto name = to_string(kind);
+  OptimizerEntry e = entry(name, detail::orthogonalized_state(kind), std::move(doc));
+  e.fields = std::move(fields);
+  e.uses_fields_of = {"muon"};
+  e.make_options = [kind](const OptimizerSettings& s) {
+    auto o = muon_options(s);
+    if (kind == OrthogonalizedKind::kScion) {
+      // EO's Scion fixes the Frank–Wolfe weight decay and has no Nesterov step.
+      o.weight_decay(1.0).weight_decay_mode(WeightDecayMode::kDecoupled).nesterov(false);
+    }
+    return std::make_unique<MuonOptions>(o);
+  };
+  const auto variant = [kind](const OptimizerSettings& s) {
+    auto v = OrthogonalizedVariantOptions().kind(kind);
+    if (kind == OrthogonalizedKind::kScion) v.spectral_radius(s.get_double("spectral_radius"));
+    if (kind == OrthogonalizedKind::kMuonHyperball) {
+      v.hyperball_radius(s.get_double("radius")).hyperball_eps(s.get_double("eps"));
+    }
+    v.validate();
+    return v;
+  };
+  e.factory = [variant](std::vector<OptimizerParamGroup> groups,
+                        const std::vector<OptimizerSettings>& settings) {
+    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
+    auto opt = std::make_unique<OrthogonalizedVariant>(groups, defaults, variant(settings.at(0)));
+    compat::reapply_group_options(*opt, groups);
+    return std::unique_ptr<Optimizer>(std::move(opt));
+  };
+  e.strategy_factory = [variant](std::vector<OptimizerParamGroup> groups,
+                                 const std::vector<OptimizerSettings>& settings,
+                                 std::shared_ptr<Orthogonalizer> strategy) {
+    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
+    return std::unique_ptr<Optimizer>(std::make_unique<OrthogonalizedVariant>(
+        std::move(groups), defaults, variant(settings.at(0)), std::move(strategy)));
+  };
+  e.default_overrides = scalar_defaults(name);
+  return e;
+}
+
+FieldSpec eo_nesterov() {
+  return FieldSpec::boolean("nesterov", false,
+                            "Nesterov look-ahead update (off, Emerging-Optimizers' default; "
+                            "replaces muon_nesterov)");
   return e;
 }
 
@@ -453,6 +515,41 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
   registry.add(signum_entry());
   registry.add(sim_ademamix_entry());
   registry.add(soap_entry());
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kPolarGrad,
+      "PolarGrad (muon::OrthogonalizedVariant): Newton–Schulz scaled by <O, M>, the nuclear-norm "
+      "estimate; reads the muon_* fields too",
+      {eo_nesterov()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kScion,
+      "Scion (muon::OrthogonalizedVariant): Newton–Schulz scaled by sqrt(rows/cols)·spectral_radius, "
+      "weight decay fixed at 1 (decoupled), no Nesterov; reads the muon_* fields too",
+      {FieldSpec::real("spectral_radius", 1.0, "radius of the spectral-norm ball (scales the update)",
+                       0.0)
+           .exclusive_min()
+           .whole_run()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kMop,
+      "MOP (muon::OrthogonalizedVariant): the exact polar factor by SVD, Muon's scale; whole "
+      "matrices only (no tensor_parallel or sharded layout); reads the muon_* fields too",
+      {eo_nesterov()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kSpel,
+      "SPEL (muon::OrthogonalizedVariant): unscaled Newton–Schulz update, then the weight "
+      "re-orthogonalized by Newton–Schulz; reads the muon_* fields too",
+      {eo_nesterov()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kMuonHyperball,
+      "MuonHyperball (muon::OrthogonalizedVariant): Muon's update normalized to the weight's norm, "
+      "the weight kept at that norm; reads the muon_* fields too",
+      {eo_nesterov(),
+       FieldSpec::real("radius", 0.0,
+                       "hyperball radius R (EO's hyperball_radius); 0: each parameter's own norm",
+                       0.0)
+           .whole_run(),
+       FieldSpec::real("eps", 1e-8, "floor of the norms divided by (EO's hyperball_eps)", 0.0)
+           .exclusive_min()
+           .whole_run()}));
 }
 
 namespace detail {

@@ -76,7 +76,7 @@ std::map<std::string, std::string> optimizer_by_name(const std::vector<muon::Res
 TEST(Registry, BuiltinsInOnePlace) {
   const auto keys = OptimizerRegistry::global().keys();
   for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "signum",
-                            "sim_ademamix", "soap"}) {
+                            "sim_ademamix", "soap", "polargrad", "scion", "mop", "spel", "muon_hyperball"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     EXPECT_TRUE(OptimizerRegistry::global().has(name));
   }
@@ -84,7 +84,8 @@ TEST(Registry, BuiltinsInOnePlace) {
   EXPECT_NE(help.find("adaptive_muon"), std::string::npos);
   expect_value_error([] { OptimizerRegistry::global().at("moun"); },
                      {"unknown optimizer 'moun'", "did you mean 'muon'",
-                      "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix, soap"});
+                      "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix, soap, "
+                      "polargrad, scion, mop, spel, muon_hyperball"});
 }
 
 TEST(Registry, AddErrors) {
@@ -122,7 +123,7 @@ TEST(Registry, AddErrors) {
   auto uses_unknown = entry("z");
   uses_unknown.uses_fields_of = {"shampoo"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'shampoo', which is not registered"});
-  EXPECT_EQ(r.keys().size(), 10u);  // the built-ins: nothing was added
+  EXPECT_EQ(r.keys().size(), 15u);  // the built-ins: nothing was added
 }
 
 TEST(Registry, ExtensionsAddFieldsAndChecks) {
@@ -245,7 +246,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"laprop", {{"lr", 0.01}}, {"laprop"}},
         Case{"signum", {{"lr", 0.003}}, {"signum"}},
         Case{"sim_ademamix", {{"lr", 0.003}}, {"sim_ademamix"}},
-        Case{"soap", {{"lr", 0.01}}, {"adamw", "soap"}}),
+        Case{"soap", {{"lr", 0.01}}, {"adamw", "soap"}},
+        Case{"polargrad", {{"lr", 0.005}}, {"adamw", "polargrad"}},
+        Case{"scion", {{"lr", 0.02}, {"scion_spectral_radius", 3.0}}, {"adamw", "scion"}},
+        Case{"mop", {{"lr", 0.01}}, {"adamw", "mop"}},
+        Case{"spel", {{"lr", 0.02}}, {"adamw", "spel"}},
+        Case{"muon_hyperball", {{"lr", 0.02}}, {"adamw", "muon_hyperball"}}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return info.param.optimizer + "_" + std::to_string(info.index);
     });

@@ -29,6 +29,7 @@
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
 #include "muon/optim/soap.h"
+#include "muon/optim/orthogonalized_family.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/orthogonalizer.h"

@@ -11,7 +11,8 @@
 /// output-head parameters go to the scalar optimizer) and an optional state
 /// initializer. Built-ins, registered in one place
 /// (src/registry_builtins.cpp): muon, adaptive_muon, adamw, adam, sgd
-/// (LibTorch's own), lion, laprop, signum, sim_ademamix and soap.
+/// (LibTorch's own), lion, laprop, signum, sim_ademamix, soap, polargrad, scion,
+/// mop, spel and muon_hyperball.
 ///
 /// Layers built on the registry add config fields of their own through a
 /// `ConfigExtension`: the distributed layouts (muon/dist/layouts/make.h) add
@@ -40,6 +41,7 @@
 
 #include "muon/config.h"
 #include "muon/optim/composite.h"
+#include "muon/optim/orthogonalizer.h"
 #include "muon/optim/state_schema.h"
 #include "muon/schedule.h"
 
@@ -97,6 +99,16 @@ struct OptimizerEntry {
       std::vector<torch::optim::OptimizerParamGroup> groups,
       const std::vector<OptimizerSettings>& settings)>
       factory;
+  /// For a Muon-family entry (a `muon::Muon` whose step 4 runs through an
+  /// `Orthogonalizer`): the optimizer over `groups` with `strategy` as its
+  /// orthogonalization, how the distributed layouts that split matrices
+  /// (tensor_parallel, sharded; muon/dist/layouts/make.h) build it with
+  /// theirs. Optional: without it those layouts run the entry's `factory`
+  /// on the local blocks or shards as they are (element-wise optimizers).
+  std::function<std::unique_ptr<torch::optim::Optimizer>(
+      std::vector<torch::optim::OptimizerParamGroup> groups,
+      const std::vector<OptimizerSettings>& settings, std::shared_ptr<Orthogonalizer> strategy)>
+      strategy_factory;
   /// Rules applied before the user's when this is the config's `optimizer`.
   std::vector<OverrideRule> default_overrides;
   /// Called once on the new optimizer (e.g. to create state eagerly); optional.
@@ -148,7 +160,7 @@ class OptimizerRegistry {
   /// registry afresh on its next call).
   static void extend_global(std::function<void(OptimizerRegistry&)> extend);
   /// Registers the built-ins (muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum,
-  /// sim_ademamix, soap) in `registry`.
+  /// sim_ademamix, soap, polargrad, scion, mop, spel, muon_hyperball) in `registry`.
   static void register_builtins(OptimizerRegistry& registry);
 
   /// Adds `entry`. Raises c10::ValueError for an empty or duplicate name, a

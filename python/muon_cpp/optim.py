@@ -24,12 +24,13 @@ from . import _dtensor as _dt
 from . import distributed as _dist
 
 __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "SimAdEMAMix", "SOAP",
-           "MuonWithAdamW", "make_optimizer", "explain", "option_fields"]
+           "PolarGrad", "Scion", "MOP", "SPEL", "MuonHyperball", "MuonWithAdamW", "make_optimizer",
+           "explain", "option_fields"]
 
 # Keys of a param group that are not options.
 _STRUCTURAL = ("params", "names", "optimizer")
 # Optimizers whose matrices the sharded layout orthogonalizes whole.
-_ROW_SHARDED = ("muon", "adaptive_muon")
+_ROW_SHARDED = ("muon", "adaptive_muon", "polargrad", "scion", "mop", "spel", "muon_hyperball")
 
 
 def option_fields(optimizer):
@@ -418,6 +419,72 @@ class SOAP(_OneOptimizer):
     _kind = "soap"
 
     def __init__(self, params, lr=3e-3, weight_decay=0.01, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class PolarGrad(_OneOptimizer):
+    """PolarGrad: Muon's momentum, Newton–Schulz, and the update scaled by
+    <O, M> (the nuclear-norm estimate) times ``extra_scale_factor``
+    (Emerging-Optimizers' defaults: lr=3e-4, weight_decay=0.01 decoupled,
+    nesterov=False, quintic ×5). Other options as ``Muon``'s (``scale_mode``
+    is not read); every layout."""
+
+    _kind = "polargrad"
+
+    def __init__(self, params, lr=3e-4, weight_decay=0.01, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class Scion(_OneOptimizer):
+    """Scion: Muon's momentum (no Nesterov), Newton–Schulz scaled by
+    sqrt(rows/cols)·``spectral_radius`` (default 1), weight decay fixed at 1
+    decoupled (the Frank–Wolfe step), as Emerging-Optimizers fixes it; lr=3e-4.
+    Other options as ``Muon``'s (``scale_mode`` is not read); every layout."""
+
+    _kind = "scion"
+
+    def __init__(self, params, lr=3e-4, *, layout=None, nonfinite="error", **options):
+        super().__init__(params, lr, 1.0, layout, nonfinite, options)
+
+
+class MOP(_OneOptimizer):
+    """MOP: Muon's momentum, the exact polar factor U·Vᵀ by SVD, Muon's
+    ``scale_mode`` (spectral by default) times ``extra_scale_factor``
+    (Emerging-Optimizers' defaults: lr=3e-4, weight_decay=0.01, nesterov=False).
+    Whole matrices only: one process or the layerwise layout."""
+
+    _kind = "mop"
+
+    def __init__(self, params, lr=3e-4, weight_decay=0.01, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class SPEL(_OneOptimizer):
+    """SPEL: Muon's momentum, the unscaled Newton–Schulz update, then the weight
+    re-orthogonalized by Newton–Schulz (Emerging-Optimizers' defaults: lr=3e-4,
+    weight_decay=0.1, nesterov=False, quintic ×5). Other options as ``Muon``'s
+    (``scale_mode`` and ``extra_scale_factor`` are not read); every layout."""
+
+    _kind = "spel"
+
+    def __init__(self, params, lr=3e-4, weight_decay=0.1, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class MuonHyperball(_OneOptimizer):
+    """MuonHyperball: Muon's update normalized to the weight's norm R and the
+    weight kept at norm R (``radius``: a fixed R, every weight rescaled to it
+    when built; 0, the default, each weight's own norm; ``eps`` 1e-8).
+    Emerging-Optimizers' Muon defaults: lr=3e-4, weight_decay=0.01,
+    nesterov=False. Other options as ``Muon``'s; every layout."""
+
+    _kind = "muon_hyperball"
+
+    def __init__(self, params, lr=3e-4, weight_decay=0.01, *, layout=None, nonfinite="error",
                  **options):
         super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 

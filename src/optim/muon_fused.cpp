@@ -258,6 +258,8 @@ void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) 
     if (passes.stage != nullptr) passes.stage->apply(w, *passes.strategy);
     apply_update(w, fused ? decay_factor(*w.options) : 1.0);
   }
+  // Changes to the weights after the update (collective: called even with no item).
+  if (passes.stage != nullptr) passes.stage->after_update(work, *passes.strategy);
 }
 
 bool same_batch(const BatchKey& a, const BatchKey& b) {

@@ -29,6 +29,9 @@ void Orthogonalizer::sum_parts(const OrthogonalizeItem& /*item*/, at::Tensor& /*
 
 void UpdateStage::check_options(const MuonOptions& /*options*/, size_t /*group*/) const {}
 
+void UpdateStage::after_update(std::vector<OrthogonalizeItem>& /*items*/,
+                               Orthogonalizer& /*parts*/) const {}
+
 namespace {
 
 using detail::MatrixView;

@@ -58,6 +58,9 @@ struct OrthogonalizeItem {
   int64_t rows = 0;
   /// See `rows`.
   int64_t cols = 0;
+  /// What an `UpdateStage` keeps from `apply` to `after_update` (e.g. the
+  /// weight norm before the update); undefined otherwise.
+  at::Tensor stage_scratch;
 };
 
 /// Which parts of a split matrix `Orthogonalizer::sum_parts` sums over.
@@ -161,6 +164,14 @@ class UpdateStage {
   virtual void check_options(const MuonOptions& options, size_t group) const;
   /// Rewrites `item.orth` and `item.alpha`.
   virtual void apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const = 0;
+  /// Runs once the update p ← p − lr·alpha·orth of every item of a call is
+  /// applied, on those items: may change the parameters further (SPEL's
+  /// re-orthogonalization of the weight, MuonHyperball's renormalization),
+  /// with `parts.sum_parts` for whole-matrix statistics and
+  /// `parts.orthogonalize` for whole-matrix Newton–Schulz of other tensors
+  /// of the same parameters. Collective as `orthogonalize` is (called even
+  /// with no item). The default does nothing.
+  virtual void after_update(std::vector<OrthogonalizeItem>& items, Orthogonalizer& parts) const;
 };
 
 }  // namespace muon

@@ -19,7 +19,6 @@
 #include "muon/dist/layouts/sharded_muon.h"
 #include "muon/dist/layouts/sharded_soap.h"
 #include "muon/dist/layouts/tensor_parallel.h"
-#include "muon/optim/adaptive_muon.h"
 #include "muon/optim/muon.h"
 #include "registry_internal.h"
 
@@ -47,11 +46,14 @@ void check_names(const std::map<std::string, Shard>& shards,
   }
 }
 
-// The Muon and AdaptiveMuon factories of a layout whose strategy comes from
-// `Options` (TensorParallelOptions or ShardedOptions) built per set of groups.
+// The factories of a layout whose strategy comes from `Options`
+// (TensorParallelOptions or ShardedOptions) built per set of groups: Muon's
+// (TensorParallelMuon / ShardedMuon), and every other Muon-family entry's
+// (adaptive_muon, polargrad, ...: those with a strategy_factory) with the
+// same strategy.
 template <typename Options, typename MuonOfLayout>
 void add_strategy_factories(
-    BuildContext& context,
+    BuildContext& context, const OptimizerRegistry& registry,
     std::function<Options(const std::vector<OptimizerParamGroup>&, const std::vector<OptimizerSettings>&)>
         options_for) {
   context.factories["muon"] = [options_for](std::vector<OptimizerParamGroup> groups,
@@ -61,14 +63,15 @@ void add_strategy_factories(
     return std::unique_ptr<torch::optim::Optimizer>(
         std::make_unique<MuonOfLayout>(std::move(groups), defaults, std::move(options)));
   };
-  context.factories["adaptive_muon"] = [options_for](std::vector<OptimizerParamGroup> groups,
-                                                     const std::vector<OptimizerSettings>& settings) {
-    auto strategy = make_orthogonalizer(options_for(groups, settings));
-    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
-    return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<AdaptiveMuon>(
-        std::move(groups), defaults, muon::detail::adaptive_muon_options(settings.at(0)),
-        std::move(strategy)));
-  };
+  for (const auto& name : registry.keys()) {
+    const auto entry = registry.at(name);
+    if (name == "muon" || !entry->strategy_factory) continue;
+    context.factories[name] = [options_for, entry](std::vector<OptimizerParamGroup> groups,
+                                                   const std::vector<OptimizerSettings>& settings) {
+      auto strategy = make_orthogonalizer(options_for(groups, settings));
+      return entry->strategy_factory(std::move(groups), settings, std::move(strategy));
+    };
+  }
 }
 
 // Optimizers that need each parameter's whole matrix and have no strategy
@@ -95,7 +98,8 @@ LayerwiseOptions layerwise_options(const OptimizerConfig& config) {
 // layout's strategy; the other optimizers are element-wise and run on the
 // local blocks or shards as they are.
 BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& named,
-                            const OptimizerConfig& config, const DistributedLayout& layout) {
+                            const OptimizerConfig& config, const DistributedLayout& layout,
+                            const OptimizerRegistry& registry) {
   const auto& kind = config.get_string("layout");
   BuildContext context;
   const auto names = names_of(named);
@@ -103,7 +107,7 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
     refuse_whole_matrix_optimizers(context, kind);
     check_names(layout.tensor_parallel, named, "DistributedLayout::tensor_parallel");
     add_strategy_factories<TensorParallelOptions, TensorParallelMuon>(
-        context, [&layout, names](const std::vector<OptimizerParamGroup>& groups,
+        context, registry, [&layout, names](const std::vector<OptimizerParamGroup>& groups,
                                   const std::vector<OptimizerSettings>& settings) {
           const auto& mode = settings.at(0).get_string("tp_mode");
           for (const auto& s : settings) {
@@ -145,8 +149,8 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
     return sharded;
   };
   add_strategy_factories<ShardedOptions, ShardedMuon>(
-      context, [sharded_options](const std::vector<OptimizerParamGroup>& groups,
-                                 const std::vector<OptimizerSettings>& settings) {
+      context, registry, [sharded_options](const std::vector<OptimizerParamGroup>& groups,
+                                           const std::vector<OptimizerSettings>& settings) {
         for (const auto& s : settings) {
           TORCH_CHECK_VALUE(s.get_string("tp_mode") == "duplicated", kWho,
                             "muon_tp_mode '", s.get_string("tp_mode"),
@@ -253,7 +257,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     return optimizer;
   }
 
-  return muon::make_optimizer(named, config, layout_context(named, config, layout), registry);
+  return muon::make_optimizer(named, config, layout_context(named, config, layout, registry), registry);
 }
 
 namespace {
@@ -338,7 +342,7 @@ GroupedOptimizer make_grouped_optimizer(const std::vector<GroupSpec>& groups,
   const auto all = [](const at::Tensor&) { return true; };
   const auto policy = parse_nonfinite_policy(config.get_string("nonfinite"));
   if (config.get_string("layout") != "layerwise") {
-    auto composite = build_groups(groups, settings, all, layout_context(named, config, layout),
+    auto composite = build_groups(groups, settings, all, layout_context(named, config, layout, registry),
                                   registry, out.group_index);
     composite->set_nonfinite(policy);
     out.optimizer = std::move(composite);

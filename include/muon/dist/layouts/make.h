@@ -12,8 +12,8 @@
 /// layout (config field)  needs in DistributedLayout                builds
 ///   none                 nothing                                  muon::make_optimizer
 ///   layerwise            group (the data-parallel group)          LayerwiseOptimizer over the config's optimizer
-///   tensor_parallel      tensor_parallel shards by name           muon and adaptive_muon parts with the TP strategy (muon_tp_mode)
-///   sharded              row_shards by name (every Muon matrix)   muon and adaptive_muon parts with the row-shard strategy (layout_sharded_mode),
+///   tensor_parallel      tensor_parallel shards by name           Muon-family parts with the TP strategy (muon_tp_mode)
+///   sharded              row_shards by name (every Muon matrix)   Muon-family parts with the row-shard strategy (layout_sharded_mode),
 ///                                                                 soap parts as ShardedSoap (owner-compute)
 ///
 /// The config fields of the layouts (`layout`, `layout_sharded_mode`,
@@ -24,14 +24,17 @@
 /// whenever the library is linked.
 ///
 /// In the tensor_parallel and sharded layouts, muon parts are
-/// TensorParallelMuon / ShardedMuon and adaptive_muon parts AdaptiveMuon with
-/// the same strategy (its second moment lives with the local part and
-/// equals one process); the other optimizers (AdamW, Lion, ...) are
-/// element-wise and run on the local shards as they are. soap needs whole
-/// matrices: in the sharded layout its parts are muon::dist::ShardedSoap
-/// (each matrix's owner steps it whole, muon/dist/layouts/sharded_soap.h);
-/// tensor_parallel and the 2-D layout (row shards with tensor-parallel
-/// blocks) refuse it with c10::ValueError naming soap and the layout.
+/// TensorParallelMuon / ShardedMuon, and the parts of every other Muon-family
+/// entry (adaptive_muon, polargrad, scion, spel, muon_hyperball, mop: those
+/// with an `OptimizerEntry::strategy_factory`) that entry's optimizer with
+/// the same strategy (a stage's state lives with the local part, its
+/// whole-matrix statistics are summed over the parts, and it equals one
+/// process); the other optimizers (AdamW, Lion, ...) are element-wise and run
+/// on the local shards as they are. soap needs whole matrices: in the sharded
+/// layout its parts are muon::dist::ShardedSoap (each matrix's owner steps it
+/// whole, muon/dist/layouts/sharded_soap.h); tensor_parallel and the 2-D
+/// layout (row shards with tensor-parallel blocks) refuse it with
+/// c10::ValueError naming soap and the layout.
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 

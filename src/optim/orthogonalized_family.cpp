@@ -1,0 +1,337 @@
+// PolarGrad, Scion, MOP, SPEL and MuonHyperball: Muon with its own
+// orthogonalization, scale or weight update.
+#include "muon/optim/orthogonalized_family.h"
+
+#include <ATen/ops/linalg_svd.h>
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+#include <torch/serialize/archive.h>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "muon/scaling.h"
+#include "optim/muon_fused.h"
+#include "util/names.h"
+
+namespace muon {
+namespace {
+
+using torch::optim::OptimizerParamGroup;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr detail::EnumName<OrthogonalizedKind> kKinds[] = {
+    {OrthogonalizedKind::kPolarGrad, "polargrad"},
+    {OrthogonalizedKind::kScion, "scion"},
+    {OrthogonalizedKind::kMop, "mop"},
+    {OrthogonalizedKind::kSpel, "spel"},
+    {OrthogonalizedKind::kMuonHyperball, "muon_hyperball"}};
+
+// "[muon::PolarGrad] " etc.: the class name users know each variant by.
+std::string who(OrthogonalizedKind kind) {
+  switch (kind) {
+    case OrthogonalizedKind::kPolarGrad:
+      return "[muon::PolarGrad] ";
+    case OrthogonalizedKind::kScion:
+      return "[muon::Scion] ";
+    case OrthogonalizedKind::kMop:
+      return "[muon::MOP] ";
+    case OrthogonalizedKind::kSpel:
+      return "[muon::SPEL] ";
+    case OrthogonalizedKind::kMuonHyperball:
+      return "[muon::MuonHyperball] ";
+  }
+  return "[muon::OrthogonalizedVariant] ";
+}
+
+// Σ over the parts of the item's matrix of `local` (one entry), as a {1} tensor.
+at::Tensor summed(const at::Tensor& local, const OrthogonalizeItem& item, const Orthogonalizer& parts) {
+  auto total = local.reshape({1});
+  parts.sum_parts(item, total, PartSum::kWholeMatrix);
+  return total;
+}
+
+// ‖x‖_F² of this process's part, in fp32 (fp64 for fp64 tensors).
+at::Tensor square_sum(const at::Tensor& x) {
+  const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return x.to(work).square().sum();
+}
+
+// MOP's step 4: U·Vᵀ of each whole matrix (reduced SVD), scaled from its
+// shape as Muon scales Newton–Schulz's result.
+class PolarOrthogonalizer final : public Orthogonalizer {
+ public:
+  std::string name() const override { return "local"; }
+  void check_options(const MuonOptions& o, size_t group) const override {
+    TORCH_CHECK_VALUE(o.split_sizes().empty(), "[muon::MOP] param group ", group,
+                      " has split_sizes ", c10::IntArrayRef(o.split_sizes()),
+                      "; MOP orthogonalizes plain matrices only");
+  }
+  void orthogonalize(std::vector<OrthogonalizeItem>& items) override {
+    for (auto& item : items) {
+      const auto v = detail::matrix_view(item.param, *item.options);
+      // SVD in the update's precision, at least fp32 (bf16 has no SVD).
+      const auto work = item.update.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      const auto m = item.update.reshape({v.batch, v.rows, v.cols}).to(work);
+      auto [u, s, vh] = at::linalg_svd(m, /*full_matrices=*/false);
+      item.orth = at::matmul(u, vh);
+      item.rows = v.rows;
+      item.cols = v.cols;
+      item.alpha = scale_factor(v.rows, v.cols, item.options->scale_mode(),
+                                item.options->extra_scale_factor());
+    }
+  }
+};
+
+std::shared_ptr<Orthogonalizer> checked_strategy(std::shared_ptr<Orthogonalizer> strategy,
+                                                 const OrthogonalizedVariantOptions& variant) {
+  TORCH_CHECK_VALUE(strategy != nullptr, who(variant.kind()), "orthogonalizer is null");
+  TORCH_CHECK_VALUE(variant.kind() != OrthogonalizedKind::kMop || strategy->name() == "local",
+                    "[muon::MOP] the polar factor by SVD needs whole matrices, and the '",
+                    strategy->name(),
+                    "' layout gives each process a part of them; run MOP on one process or in "
+                    "the layerwise layout");
+  return strategy;
+}
+
+}  // namespace
+
+std::string to_string(OrthogonalizedKind kind) { return detail::name_of(kind, kKinds); }
+
+OrthogonalizedKind parse_orthogonalized_kind(const std::string& name) {
+  return detail::parse_name(name, kKinds, "[muon::OrthogonalizedVariant] ", "kind");
+}
+
+void OrthogonalizedVariantOptions::validate() const {
+  TORCH_CHECK_VALUE(std::isfinite(spectral_radius_) && spectral_radius_ > 0, who(kind_),
+                    "spectral_radius must be finite and > 0, got ", spectral_radius_);
+  TORCH_CHECK_VALUE(std::isfinite(hyperball_radius_) && hyperball_radius_ >= 0, who(kind_),
+                    "hyperball_radius must be finite and >= 0 (0: each parameter's norm), got ",
+                    hyperball_radius_);
+  TORCH_CHECK_VALUE(std::isfinite(hyperball_eps_) && hyperball_eps_ > 0, who(kind_),
+                    "hyperball_eps must be finite and > 0, got ", hyperball_eps_);
+}
+
+bool operator==(const OrthogonalizedVariantOptions& a, const OrthogonalizedVariantOptions& b) {
+  return a.kind() == b.kind() && a.spectral_radius() == b.spectral_radius() &&
+         a.hyperball_radius() == b.hyperball_radius() && a.hyperball_eps() == b.hyperball_eps();
+}
+
+std::shared_ptr<Orthogonalizer> make_polar_orthogonalizer() {
+  return std::make_shared<PolarOrthogonalizer>();
+}
+
+// ---- the stage ---------------------------------------------------------------
+
+OrthogonalizedVariantStage::OrthogonalizedVariantStage(OrthogonalizedVariantOptions options)
+    : options_(options) {
+  options_.validate();
+}
+
+void OrthogonalizedVariantStage::set_options(const OrthogonalizedVariantOptions& options) {
+  options.validate();
+  TORCH_CHECK_VALUE(options.kind() == options_.kind(), who(options_.kind()),
+                    "the kind cannot change from ", to_string(options_.kind()), " to ",
+                    to_string(options.kind()));
+  options_ = options;
+}
+
+void OrthogonalizedVariantStage::check_options(const MuonOptions& o, size_t group) const {
+  const auto w = who(options_.kind());
+  TORCH_CHECK_VALUE(!o.stacked_experts(), w, "param group ", group,
+                    " has stacked_experts on; this optimizer orthogonalizes plain matrices only");
+  TORCH_CHECK_VALUE(o.split_sizes().empty(), w, "param group ", group, " has split_sizes ",
+                    c10::IntArrayRef(o.split_sizes()),
+                    "; this optimizer orthogonalizes plain matrices only");
+  if (options_.kind() == OrthogonalizedKind::kScion) {
+    // EO's Scion fixes these (the Frank–Wolfe step of the constrained problem).
+    TORCH_CHECK_VALUE(o.weight_decay() == 1.0, w, "param group ", group,
+                      ": weight_decay must be 1 (Scion's Frank–Wolfe step), got ",
+                      o.weight_decay());
+    TORCH_CHECK_VALUE(o.weight_decay_mode() == WeightDecayMode::kDecoupled, w, "param group ",
+                      group, ": weight_decay_mode must be decoupled, got ",
+                      to_string(o.weight_decay_mode()));
+    TORCH_CHECK_VALUE(!o.nesterov(), w, "param group ", group,
+                      ": nesterov must be false (Scion has no Nesterov step), got true");
+  }
+}
+
+void OrthogonalizedVariantStage::apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const {
+  const MuonOptions& o = *item.options;
+  switch (options_.kind()) {
+    case OrthogonalizedKind::kPolarGrad: {
+      // ⟨O, M⟩ over the whole matrix: this part's sum, summed over the parts.
+      // It stays on the device (no host sync); the layouts differ only in the
+      // order of the fp32 sums.
+      const auto work = item.orth.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      const auto o_part = item.orth.reshape({-1}).to(work);
+      const auto m_part = item.update.reshape({-1}).to(work);
+      auto inner = at::dot(o_part, m_part).reshape({1});
+      parts.sum_parts(item, inner, PartSum::kWholeMatrix);
+      item.orth = o_part.mul(inner).view(item.orth.sizes());
+      item.alpha = o.extra_scale_factor();
+      break;
+    }
+    case OrthogonalizedKind::kScion:
+      item.alpha = scale_factor(item.rows, item.cols, ScaleMode::kUnitRmsNorm,
+                                options_.spectral_radius() * o.extra_scale_factor());
+      break;
+    case OrthogonalizedKind::kMop:
+      break;  // the SVD strategy wrote the orthogonal factor and Muon's scale
+    case OrthogonalizedKind::kSpel:
+      item.alpha = 1.0;  // EO's SPEL applies Newton–Schulz's result unscaled
+      break;
+    case OrthogonalizedKind::kMuonHyperball: {
+      // R (EO's pre_weight_update_fn_inplace): the radius, or the weight's
+      // norm after the decay; kept for after_update.
+      const double eps = options_.hyperball_eps();
+      const auto radius =
+          options_.hyperball_radius() > 0
+              ? at::full({1}, options_.hyperball_radius(), item.param.options().dtype(at::kDouble))
+              : summed(square_sum(item.param), item, parts).sqrt_().to(at::kDouble);
+      item.stage_scratch = radius;
+      // The scaled update u = alpha·orth, normalized to norm R.
+      const auto u_norm =
+          summed(square_sum(item.orth), item, parts).sqrt_().mul_(item.alpha).clamp_min_(eps);
+      const auto work = item.orth.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      item.orth = item.orth.to(work).mul(radius.to(work).mul(item.alpha).div_(u_norm));
+      item.alpha = 1.0;
+      break;
+    }
+  }
+}
+
+void OrthogonalizedVariantStage::after_update(std::vector<OrthogonalizeItem>& items,
+                                              Orthogonalizer& parts) const {
+  if (options_.kind() == OrthogonalizedKind::kSpel) {
+    // The outer msign: Newton–Schulz of the updated weight, through the
+    // layout's strategy (whole matrices, or the parts with its collectives).
+    std::vector<OrthogonalizeItem> weights(items.size());
+    for (const auto i : c10::irange(items.size())) {
+      auto& w = weights[i];
+      w.param = items[i].param;
+      w.update = items[i].param.detach().clone();
+      w.options = items[i].options;
+      w.group = items[i].group;
+      w.state = items[i].state;
+    }
+    parts.orthogonalize(weights);  // collective: called even with no item
+    for (const auto i : c10::irange(items.size())) {
+      at::Tensor p = items[i].param;  // a handle: the copy is in place
+      p.copy_(weights[i].orth.reshape(p.sizes()));
+    }
+    return;
+  }
+  if (options_.kind() != OrthogonalizedKind::kMuonHyperball) return;
+  // EO's post_weight_update_fn_inplace: p ← R·p / max(‖p‖_F, eps).
+  for (auto& item : items) {
+    const auto norm =
+        summed(square_sum(item.param), item, parts).sqrt_().to(at::kDouble).clamp_min_(options_.hyperball_eps());
+    at::Tensor p = item.param;
+    p.mul_(item.stage_scratch.div(norm).to(p.scalar_type()));
+    item.stage_scratch = at::Tensor();
+  }
+}
+
+// ---- OrthogonalizedVariant ---------------------------------------------------
+
+OrthogonalizedVariant::OrthogonalizedVariant(std::vector<OptimizerParamGroup> param_groups,
+                                             MuonOptions defaults,
+                                             OrthogonalizedVariantOptions variant)
+    : OrthogonalizedVariant(std::move(param_groups), std::move(defaults), variant,
+                            variant.kind() == OrthogonalizedKind::kMop
+                                ? make_polar_orthogonalizer()
+                                : make_local_orthogonalizer()) {}
+
+OrthogonalizedVariant::OrthogonalizedVariant(std::vector<at::Tensor> params, MuonOptions defaults,
+                                             OrthogonalizedVariantOptions variant)
+    : OrthogonalizedVariant(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
+                            std::move(defaults), variant) {}
+
+OrthogonalizedVariant::OrthogonalizedVariant(std::vector<OptimizerParamGroup> param_groups,
+                                             MuonOptions defaults,
+                                             OrthogonalizedVariantOptions variant,
+                                             std::shared_ptr<Orthogonalizer> orthogonalizer)
+    : OrthogonalizedVariant(std::move(param_groups), std::move(defaults),
+                            std::make_shared<OrthogonalizedVariantStage>(variant),
+                            checked_strategy(std::move(orthogonalizer), variant)) {}
+
+OrthogonalizedVariant::OrthogonalizedVariant(std::vector<OptimizerParamGroup> param_groups,
+                                             MuonOptions defaults,
+                                             std::shared_ptr<OrthogonalizedVariantStage> stage,
+                                             std::shared_ptr<Orthogonalizer> orthogonalizer)
+    : Muon(std::move(param_groups), std::move(defaults), std::move(orthogonalizer), stage),
+      stage_(std::move(stage)) {
+  if (stage_->options().kind() == OrthogonalizedKind::kMuonHyperball) rescale_to_radius();
+}
+
+void OrthogonalizedVariant::rescale_to_radius() {
+  at::NoGradGuard no_grad;
+  const auto& v = stage_->options();
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    auto& group = param_groups_[gi];
+    for (const auto j : c10::irange(group.params().size())) {
+      at::Tensor p = group.params()[j];
+      OrthogonalizeItem item;
+      item.param = p;
+      item.update = p;
+      item.options = &static_cast<const MuonOptions&>(group.options());
+      item.group = gi;
+      // Collective in a layout that splits matrices: every process, every parameter.
+      const double norm = summed(square_sum(p), item, orthogonalizer()).sqrt_().item<double>();
+      TORCH_CHECK_VALUE(norm > 0, who(v.kind()), "parameter ", j, " of group ", gi,
+                        " has zero norm; MuonHyperball keeps each weight on a sphere of its norm");
+      if (v.hyperball_radius() > 0) p.mul_(v.hyperball_radius() / std::max(norm, v.hyperball_eps()));
+    }
+  }
+}
+
+std::string OrthogonalizedVariant::archive_kind() const {
+  switch (stage_->options().kind()) {
+    case OrthogonalizedKind::kPolarGrad:
+      return "muon::PolarGrad";
+    case OrthogonalizedKind::kScion:
+      return "muon::Scion";
+    case OrthogonalizedKind::kMop:
+      return "muon::MOP";
+    case OrthogonalizedKind::kSpel:
+      return "muon::SPEL";
+    case OrthogonalizedKind::kMuonHyperball:
+      return "muon::MuonHyperball";
+  }
+  return "muon::OrthogonalizedVariant";
+}
+
+void OrthogonalizedVariant::save(OutputArchive& archive) const {
+  Muon::save(archive);
+  const auto& v = stage_->options();
+  archive.write("variant_spectral_radius", c10::IValue(v.spectral_radius()));
+  archive.write("variant_hyperball_radius", c10::IValue(v.hyperball_radius()));
+  archive.write("variant_hyperball_eps", c10::IValue(v.hyperball_eps()));
+}
+
+void OrthogonalizedVariant::load(InputArchive& archive) {
+  const auto& current = stage_->options();
+  c10::IValue radius;
+  // Muon::load names a foreign archive's kind; check it first when the key is absent.
+  if (!archive.try_read("variant_spectral_radius", radius)) {
+    Muon::load(archive);  // raises naming the kind found
+    TORCH_CHECK_VALUE(false, who(current.kind()), "the archive has no variant settings");
+  }
+  c10::IValue hyperball_radius;
+  c10::IValue hyperball_eps;
+  archive.read("variant_hyperball_radius", hyperball_radius);
+  archive.read("variant_hyperball_eps", hyperball_eps);
+  auto loaded = current;
+  loaded.spectral_radius(radius.toDouble())
+      .hyperball_radius(hyperball_radius.toDouble())
+      .hyperball_eps(hyperball_eps.toDouble());
+  loaded.validate();
+  Muon::load(archive);  // checks the kind and everything else before changing anything
+  stage_->set_options(loaded);
+}
+
+}  // namespace muon

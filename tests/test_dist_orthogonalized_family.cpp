@@ -1,0 +1,283 @@
+// PolarGrad, Scion, MOP, SPEL and MuonHyperball (muon::OrthogonalizedVariant)
+// in the distributed layouts. PolarGrad's ⟨O, M⟩ and MuonHyperball's norms
+// (of the update, of the weight before and after it, and at construction)
+// are summed over the parts of a matrix through the layout's strategy,
+// SPEL's Newton–Schulz of the weight runs through the strategy, and Scion's
+// scale depends on the whole matrix's shape, so tensor-parallel blocks (row- or column-split, uneven, empty),
+// row shards (owner-compute and replicated, uneven, padded, empty), the 2-D
+// layout and layerwise all give the parameters of one process. MOP's SVD
+// needs whole matrices: layerwise equals one process, and the layouts that
+// split matrices raise naming MOP and the layout. Ranks are threads over
+// real Gloo groups, world sizes 1–4.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dist_util.h"
+#include "expect_util.h"
+#include "muon/dist/layouts/make.h"
+#include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/optim/orthogonalized_family.h"
+#include "muon/registry.h"
+
+namespace muon::test {
+namespace {
+
+using muon::dist::Group;
+using muon::dist::RowShard;
+using torch::optim::OptimizerParamGroup;
+
+constexpr int64_t kSteps = 3;
+
+// Each matrix with the dimension its tensor-parallel blocks split: sizes no
+// world size of 2–4 divides evenly; 3 rows leave rank 3 of 4 empty.
+struct Matrix {
+  std::vector<int64_t> shape;
+  int64_t dim;
+};
+const std::vector<Matrix> kModel{
+    {{24, 16}, 0}, {{16, 40}, 1}, {{21, 10}, 0}, {{12, 15}, 1}, {{3, 12}, 0}};
+
+at::Tensor full_param(size_t k) { return seeded_randn(kModel[k].shape, 40 + k); }
+at::Tensor full_grad(size_t k, int64_t step) {
+  return seeded_randn(kModel[k].shape, 900 + 17 * static_cast<uint64_t>(step) + k);
+}
+
+MuonOptions options(OrthogonalizedKind kind) {
+  auto o = MuonOptions(0.01).nesterov(kind != OrthogonalizedKind::kScion).weight_decay(0.1);
+  if (kind == OrthogonalizedKind::kScion) o.weight_decay(1.0).lr(0.02);
+  return o;
+}
+
+OrthogonalizedVariantOptions variant(OrthogonalizedKind kind) {
+  // MuonHyperball with a radius: construction rescales each weight by its
+  // norm summed over the parts (collective), as every step does.
+  return OrthogonalizedVariantOptions().kind(kind).spectral_radius(2.0).hyperball_radius(5.0);
+}
+
+std::vector<at::Tensor> single_process(OrthogonalizedKind kind) {
+  std::vector<at::Tensor> params;
+  for (size_t k = 0; k < kModel.size(); ++k) params.push_back(full_param(k).requires_grad_(true));
+  OrthogonalizedVariant opt(params, options(kind), variant(kind));
+  for (int64_t s = 0; s < kSteps; ++s) {
+    for (size_t k = 0; k < kModel.size(); ++k) params[k].mutable_grad() = full_grad(k, s);
+    opt.step();
+  }
+  return params;
+}
+
+// The layouts differ from one process only in the order of fp32 sums (the
+// Gram matrix, the norm, ⟨O, M⟩ summed over parts): a few ulps of each
+// update, far below 1e-5 of the parameters after three steps, while a stage
+// that used a part's own ⟨O, M⟩ or shape is off by a fraction of the update
+// (~1e-3 here).
+void expect_equal(const at::Tensor& got, const at::Tensor& expected, const at::Tensor& whole,
+                  const std::string& what) {
+  if (expected.numel() == 0) return;
+  const double err =
+      (got.detach() - expected).abs().max().item<double>() / whole.abs().max().item<double>();
+  EXPECT_LE(err, 1e-5) << what;
+}
+
+at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
+  const auto sizes = muon::dist::balanced_split_sizes(full.size(dim), size);
+  return full.narrow(dim, muon::dist::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
+      .contiguous();
+}
+
+void expect_steps_equal(torch::optim::Optimizer& opt, std::vector<at::Tensor>& params,
+                        const std::function<at::Tensor(size_t, const at::Tensor&)>& local,
+                        const std::vector<at::Tensor>& reference, const std::string& what) {
+  for (int64_t s = 0; s < kSteps; ++s) {
+    for (size_t k = 0; k < kModel.size(); ++k) params[k].mutable_grad() = local(k, full_grad(k, s));
+    opt.step();
+  }
+  for (size_t k = 0; k < kModel.size(); ++k) {
+    expect_equal(params[k], local(k, reference[k].detach()), reference[k],
+                 what + " matrix " + std::to_string(k));
+  }
+}
+
+class SplitLayouts : public ::testing::TestWithParam<OrthogonalizedKind> {};
+
+TEST_P(SplitLayouts, TensorParallelEqualsOneProcess) {
+  const auto kind = GetParam();
+  const auto reference = single_process(kind);
+  for (const std::string tp_mode : {"duplicated", "distributed"}) {
+    for (int world = 1; world <= 4; ++world) {
+      run_ranks(world, [&](Group& group) {
+        std::vector<at::Tensor> params;
+        muon::dist::TensorParallelOptions tp;
+        tp.mode(tp_mode);
+        for (size_t k = 0; k < kModel.size(); ++k) {
+          params.push_back(block_of(full_param(k), kModel[k].dim, group.rank(), world).requires_grad_(true));
+          tp.shard(params.back(), muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+        }
+        OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
+                                  muon::dist::make_orthogonalizer(tp));
+        expect_steps_equal(
+            opt, params,
+            [&](size_t k, const at::Tensor& full) { return block_of(full, kModel[k].dim, group.rank(), world); },
+            reference,
+            to_string(kind) + " tp " + tp_mode + " world " + std::to_string(world) + " rank " +
+                std::to_string(group.rank()));
+      });
+    }
+  }
+}
+
+TEST_P(SplitLayouts, RowShardsEqualOneProcess) {
+  const auto kind = GetParam();
+  const auto reference = single_process(kind);
+  for (const std::string sharded_mode : {"owner_compute", "replicated"}) {
+    for (int world = 1; world <= 4; ++world) {
+      run_ranks(world, [&](Group& group) {
+        std::vector<at::Tensor> params;
+        std::vector<std::vector<int64_t>> rows;
+        muon::dist::ShardedOptions so;
+        so.mode(sharded_mode);
+        for (size_t k = 0; k < kModel.size(); ++k) {
+          // Matrix 1 is padded: the last rank holds rows past the end.
+          auto split = muon::dist::balanced_split_sizes(kModel[k].shape[0], world);
+          if (k == 1 && world > 1) split.back() += 2;
+          rows.push_back(split);
+          params.push_back(muon::dist::local_rows(full_param(k), split, group.rank()).requires_grad_(true));
+          so.shard(params.back(), RowShard(kModel[k].shape, group));
+        }
+        OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
+                                  muon::dist::make_orthogonalizer(so));
+        expect_steps_equal(
+            opt, params,
+            [&](size_t k, const at::Tensor& full) { return muon::dist::local_rows(full, rows[k], group.rank()); },
+            reference,
+            to_string(kind) + " " + sharded_mode + " world " + std::to_string(world) + " rank " +
+                std::to_string(group.rank()));
+      });
+    }
+  }
+}
+
+TEST_P(SplitLayouts, TwoDimensionalEqualsOneProcess) {
+  const auto kind = GetParam();
+  const auto reference = single_process(kind);
+  run_ranks(4, [&](Group& world) {
+    const auto [dp, tp] = world.mesh(2, 2);
+    std::vector<at::Tensor> params;
+    std::vector<std::vector<int64_t>> rows;
+    muon::dist::ShardedOptions so;
+    for (size_t k = 0; k < kModel.size(); ++k) {
+      const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
+      rows.push_back(muon::dist::balanced_split_sizes(block.size(0), dp.size()));
+      params.push_back(muon::dist::local_rows(block, rows[k], dp.rank()).requires_grad_(true));
+      so.shard(params[k], RowShard(block.sizes().vec(), dp)
+                              .tensor_parallel(muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, tp),
+                                               muon::dist::TensorParallelMode::kDistributed));
+    }
+    OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
+                              muon::dist::make_orthogonalizer(so));
+    expect_steps_equal(
+        opt, params,
+        [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& full) {
+          return muon::dist::local_rows(block_of(full, kModel[k].dim, tp.rank(), tp.size()), rows[k], dp.rank());
+        },
+        reference, to_string(kind) + " 2-D rank " + std::to_string(world.rank()));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, SplitLayouts,
+                         ::testing::Values(OrthogonalizedKind::kPolarGrad, OrthogonalizedKind::kScion,
+                                           OrthogonalizedKind::kSpel, OrthogonalizedKind::kMuonHyperball),
+                         [](const auto& info) { return to_string(info.param); });
+
+// The config's optimizer over named matrices (no 1-D, embedding or head
+// names, so every one goes to the variant).
+torch::OrderedDict<std::string, at::Tensor> named_model(
+    const std::function<at::Tensor(size_t, const at::Tensor&)>& part = nullptr) {
+  torch::OrderedDict<std::string, at::Tensor> named;
+  for (size_t k = 0; k < kModel.size(); ++k) {
+    const auto whole = full_param(k);
+    named.insert("blocks." + std::to_string(k) + ".weight",
+                 (part ? part(k, whole) : whole).requires_grad_(true));
+  }
+  return named;
+}
+
+OptimizerConfig config_of(const std::string& name, const std::string& layout) {
+  OptimizerConfig c;
+  c.set("optimizer", name).set("lr", 0.01).set("weight_decay", 0.1).set("layout", layout);
+  if (name == "scion") c.set("scion_spectral_radius", 2.0);
+  if (name == "muon_hyperball") c.set("muon_hyperball_radius", 5.0);
+  return c;
+}
+
+class Layerwise : public ::testing::TestWithParam<std::string> {};
+
+// Layerwise: each owner steps whole matrices with the entry's own factory
+// (MOP's SVD included) and all-gathers them.
+TEST_P(Layerwise, EqualsOneProcess) {
+  const auto name = GetParam();
+  auto single = named_model();
+  auto one = muon::make_optimizer(single, config_of(name, "none"));
+  std::vector<at::Tensor> built;  // MuonHyperball: rescaled to its radius when built
+  for (const auto& item : single) built.push_back(item.value().detach().clone());
+  for (int64_t s = 0; s < kSteps; ++s) {
+    for (size_t k = 0; k < kModel.size(); ++k) single[k].value().mutable_grad() = full_grad(k, s);
+    one->step();
+  }
+  for (int world = 2; world <= 3; ++world) {
+    run_ranks(world, [&](Group& group) {
+      auto named = named_model();
+      muon::dist::DistributedLayout layout;
+      layout.group = group;
+      auto opt = muon::dist::make_optimizer(named, config_of(name, "layerwise"), layout);
+      for (size_t k = 0; k < kModel.size(); ++k) {
+        // Every rank starts from the weights one process starts from.
+        EXPECT_TRUE(at::equal(named[k].value().detach(), built[k]))
+            << name << " layerwise world " << world << " rank " << group.rank() << " matrix " << k << " when built";
+      }
+      for (int64_t s = 0; s < kSteps; ++s) {
+        for (size_t k = 0; k < kModel.size(); ++k) named[k].value().mutable_grad() = full_grad(k, s);
+        opt->step();
+      }
+      for (size_t k = 0; k < kModel.size(); ++k) {
+        // The owner runs the single process's arithmetic on the same whole matrix.
+        EXPECT_TRUE(at::equal(named[k].value().detach(), single[k].value().detach()))
+            << name << " layerwise world " << world << " matrix " << k;
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, Layerwise,
+                         ::testing::Values("polargrad", "scion", "mop", "spel", "muon_hyperball"));
+
+// MOP's SVD cannot run on parts of a matrix: the layouts that split them
+// raise naming MOP and the layout, on every rank, before any step.
+TEST(MopLayouts, SplitLayoutsRaiseNamingTheLayout) {
+  run_ranks(2, [&](Group& group) {
+    auto named = named_model(
+        [&](size_t k, const at::Tensor& t) { return block_of(t, kModel[k].dim, group.rank(), 2); });
+    muon::dist::DistributedLayout tp;
+    tp.group = group;
+    for (size_t k = 0; k < kModel.size(); ++k) {
+      tp.tensor_parallel.emplace(named[k].key(), muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+    }
+    expect_value_error([&] { muon::dist::make_optimizer(named, config_of("mop", "tensor_parallel"), tp); },
+                       {"[muon::MOP]", "'tensor_parallel'", "whole matrices"});
+    named = named_model([&](size_t k, const at::Tensor& t) {
+      return muon::dist::local_rows(t, muon::dist::balanced_split_sizes(kModel[k].shape[0], 2), group.rank());
+    });
+    muon::dist::DistributedLayout rows;
+    rows.group = group;
+    for (size_t k = 0; k < kModel.size(); ++k) rows.row_shards.emplace(named[k].key(), RowShard(kModel[k].shape, group));
+    expect_value_error([&] { muon::dist::make_optimizer(named, config_of("mop", "sharded"), rows); },
+                       {"[muon::MOP]", "'sharded'", "whole matrices"});
+  });
+}
+
+}  // namespace
+}  // namespace muon::test
