@@ -359,7 +359,6 @@ FieldSpec eo_nesterov() {
   return FieldSpec::boolean("nesterov", false,
                             "Nesterov look-ahead update (off, Emerging-Optimizers' default; "
                             "replaces muon_nesterov)");
-  return e;
 }
 
 // Defaults are muon::SignumOptions' own (Emerging-Optimizers'), lr aside (the common field).
