@@ -168,9 +168,13 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   /// β of weight_decay_mode spectral_clipped, finite and > 0.
   TORCH_ARG(double, spectral_wd_beta) = 1.0;
   /// Step 4: Newton–Schulz (none) or a spectral clip / hardcap of the update
-  /// (Emerging-Optimizers' spectral_clipping_utils.py, applied as the blog
-  /// applies it: in place of the orthogonalization). Muon's scale (step 5)
-  /// still applies. Needs whole matrices on this process.
+  /// (Emerging-Optimizers' emerging_optimizers/orthogonalized_optimizers/
+  /// spectral_clipping_utils.py at commit 319d2c6248602a81de26a2493856d29f9e1cd0eb,
+  /// applied as https://leloykun.github.io/ponder/spectral-clipping/ applies
+  /// it: in place of the orthogonalization). Muon's scale (step 5) still
+  /// applies, so σmin = σmax = 1 is Muon's step with an exact msign. The
+  /// group's `ns` options are not used by it (the spectral functions run
+  /// their own Newton–Schulz). Needs whole matrices on this process.
   TORCH_ARG(SpectralUpdate, spectral_update) = SpectralUpdate::kNone;
   /// σmin of spectral_update clip (EO's default −1); <= spectral_sigma_max.
   TORCH_ARG(double, spectral_sigma_min) = -1.0;
