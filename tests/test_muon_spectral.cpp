@@ -46,7 +46,9 @@
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/orthogonalized_family.h"
 #include "muon/registry.h"
+#include "optim/muon_internal.h"
 
 namespace muon::test {
 namespace {
@@ -457,6 +459,48 @@ TEST(MuonSpectral, ArchiveWithoutTheFieldsReadsAsTheDefaults) {
   MuonOptions back(0);
   back.serialize(in);
   EXPECT_EQ(back, MuonOptions(0.03));
+}
+
+TEST(MuonSpectral, FusedPassesSkipTheSpectralOptions) {
+  // Contiguous fp32 CPU parameters take the fused passes (one batch per
+  // step) unless a spectral option needs the plain path.
+  const auto run = [](const MuonOptions& o) {
+    auto p = seeded_randn({16, 16}, 4).requires_grad_(true);
+    Muon opt({p}, o);
+    p.mutable_grad() = seeded_randn({16, 16}, 5);
+    const auto before = detail::fused_batches_run();
+    opt.step();
+    return detail::fused_batches_run() - before;
+  };
+  EXPECT_EQ(run(MuonOptions()), 1);
+  EXPECT_EQ(run(MuonOptions().spectral_update("clip")), 0);
+  EXPECT_EQ(run(MuonOptions().spectral_update("hardcap")), 0);
+  EXPECT_EQ(run(MuonOptions(0.1).weight_decay(0.5).weight_decay_mode("spectral_clipped")), 0);
+}
+
+TEST(MuonSpectral, PolarGradTakesThemAndMopRefusesTheUpdate) {
+  // PolarGrad's stage runs after step 4, whatever step 4 is: with a hardcap
+  // at 0.1 (below the update's largest singular values) the step differs
+  // from PolarGrad's own.
+  const auto polargrad_step = [](const MuonOptions& o) {
+    auto p = seeded_randn({6, 10}, 6).requires_grad_(true);
+    OrthogonalizedVariant opt({p}, o, OrthogonalizedVariantOptions().kind(OrthogonalizedKind::kPolarGrad));
+    p.mutable_grad() = seeded_randn({6, 10}, 7);
+    opt.step();
+    return p.detach();
+  };
+  const auto capped = polargrad_step(MuonOptions(0.01).spectral_update("hardcap").spectral_hardcap_beta(0.1));
+  const auto plain = polargrad_step(MuonOptions(0.01));
+  EXPECT_TRUE(at::isfinite(capped).all().item<bool>());
+  EXPECT_GT((capped - plain).abs().max().item<double>(), 1e-4);
+  // MOP's step 4 is the SVD polar factor: a spectral update is refused.
+  auto q = seeded_randn({6, 10}, 8).requires_grad_(true);
+  expect_value_error(
+      [&] {
+        OrthogonalizedVariant({q}, MuonOptions(0.01).spectral_update("clip"),
+                              OrthogonalizedVariantOptions().kind(OrthogonalizedKind::kMop));
+      },
+      {"[muon::MOP]", "muon_spectral_update", "'clip'"});
 }
 
 // ---- the registry --------------------------------------------------------------
