@@ -110,8 +110,13 @@ std::vector<FieldSpec> muon_fields() {
       FieldSpec::text("momentum_style", to_string(d.momentum_style()), "momentum accumulation",
                       {"ema", "classic"}),
       FieldSpec::text("weight_decay_mode", to_string(d.weight_decay_mode()),
-                      "how weight decay enters the step",
-                      {"decoupled", "independent", "l2", "palm"}),
+                      "how weight decay enters the step (spectral_clipped: W ← "
+                      "spectral_clipped_weight_decay(W, spectral_wd_beta, lr·weight_decay))",
+                      {"decoupled", "independent", "l2", "palm", "spectral_clipped"}),
+      FieldSpec::real("spectral_wd_beta", d.spectral_wd_beta(),
+                      "β of weight_decay_mode spectral_clipped: singular values above it decay",
+                      0.0)
+          .exclusive_min(),
       FieldSpec::text("coefficient_type", d.ns().coefficients().name,
                       "Newton–Schulz coefficient set (names as in Megatron-Core; "
                       "polar_express_8 = polar_express)",
@@ -130,6 +135,17 @@ std::vector<FieldSpec> muon_fields() {
                       "shape-dependent scale of the update", scale_mode_names()),
       FieldSpec::real("extra_scale_factor", d.extra_scale_factor(), "extra multiplier of the scale",
                       0.0)
+          .exclusive_min(),
+      FieldSpec::text("spectral_update", to_string(d.spectral_update()),
+                      "step 4: none (Newton–Schulz) | clip (spectral_clip(M, spectral_sigma_min, "
+                      "spectral_sigma_max)) | hardcap (spectral_hardcap(M, spectral_hardcap_beta))",
+                      {"none", "clip", "hardcap"}),
+      FieldSpec::real("spectral_sigma_min", d.spectral_sigma_min(),
+                      "σmin of spectral_update clip"),
+      FieldSpec::real("spectral_sigma_max", d.spectral_sigma_max(),
+                      "σmax of spectral_update clip"),
+      FieldSpec::real("spectral_hardcap_beta", d.spectral_hardcap_beta(),
+                      "β of spectral_update hardcap", 0.0)
           .exclusive_min(),
       FieldSpec::boolean("stacked_experts", d.stacked_experts(),
                          "treat ndim >= 3 parameters as stacks of expert matrices"),
@@ -164,6 +180,11 @@ MuonOptions muon_options(const OptimizerSettings& s) {
                       "muon_split_qkv is true but muon_qkv_split_sizes is empty");
     o.split_sizes(s.get_int_list("qkv_split_sizes")).num_query_groups(s.get_int("num_query_groups"));
   }
+  o.spectral_wd_beta(s.get_double("spectral_wd_beta"));
+  o.spectral_update(s.get_string("spectral_update"));
+  o.spectral_sigma_min(s.get_double("spectral_sigma_min"))
+      .spectral_sigma_max(s.get_double("spectral_sigma_max"))
+      .spectral_hardcap_beta(s.get_double("spectral_hardcap_beta"));
   o.validate();
   return o;
 }

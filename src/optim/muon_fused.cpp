@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <numeric>
 #include <optional>
 #include <unordered_set>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "kernels/fused_update.h"
 #include "kernels/symmetric.h"
 #include "muon/scaling.h"
+#include "muon/spectral.h"
 #include "newton_schulz_internal.h"
 #include "optim/muon_internal.h"
 #include "util/worker_pool.h"
@@ -75,6 +77,33 @@ MomentumRule rule_of(const MuonOptions& o) {
   return {o.momentum(), o.momentum_style() == MomentumStyle::kEma, o.nesterov()};
 }
 
+// Weight decay spectral_clipped: p ← spectral_clipped_weight_decay(p, β, lr·wd)
+// on each of the parameter's matrices (each block of a fused-QKV split, as
+// step 4 sees them), in place.
+void spectral_clipped_decay(at::Tensor& p, const MuonOptions& o) {
+  const double beta = o.spectral_wd_beta();
+  const double c = o.lr() * o.weight_decay();
+  const auto v = matrix_view(p, o);
+  const auto mats = p.reshape({v.batch, v.rows, v.cols});
+  const auto& split = o.split_sizes();
+  if (split.empty()) {
+    p.copy_(spectral_clipped_weight_decay(mats, beta, c).view(p.sizes()));
+    return;
+  }
+  const int64_t groups = o.num_query_groups();
+  const int64_t total = std::accumulate(split.begin(), split.end(), int64_t{0});
+  const auto grouped = mats.view({v.batch, groups, total, v.cols});
+  auto out = at::empty_like(grouped, at::MemoryFormat::Contiguous);
+  int64_t offset = 0;
+  for (const int64_t size : split) {
+    const auto block = grouped.narrow(2, offset, size).reshape({v.batch, groups * size, v.cols});
+    out.narrow(2, offset, size)
+        .copy_(spectral_clipped_weight_decay(block, beta, c).view({v.batch, groups, size, v.cols}));
+    offset += size;
+  }
+  p.copy_(out.view(p.sizes()));
+}
+
 // Steps 1–3 as tensor ops: weight decay (on the parameter, or on a copy of
 // the gradient for l2), momentum into the buffer, Nesterov. Returns the
 // tensor to orthogonalize: never the gradient; the buffer itself without
@@ -89,6 +118,8 @@ at::Tensor decay_and_momentum(const MuonStepItem& item) {
   if (o.weight_decay() != 0) {
     if (o.weight_decay_mode() == WeightDecayMode::kL2) {
       grad = grad.add(p, o.weight_decay());
+    } else if (o.weight_decay_mode() == WeightDecayMode::kSpectralClipped) {
+      spectral_clipped_decay(p, o);
     } else {
       p.mul_(decay_factor(o));
     }
@@ -209,7 +240,8 @@ bool fusable(const MuonStepItem& item) {
   return fused_eligible(p) && fused_eligible(grad) && fused_eligible(item.state->momentum_buffer()) &&
          grad.sizes() == p.sizes() && p.numel() > 0 && o.split_sizes().empty() &&
          (compute == at::kFloat || compute == at::kBFloat16) &&
-         (o.weight_decay() == 0 || o.weight_decay_mode() != WeightDecayMode::kL2);
+         (o.weight_decay() == 0 || o.weight_decay_mode() != WeightDecayMode::kL2) &&
+         !o.needs_spectral();
 }
 
 void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) {

@@ -27,7 +27,10 @@ constexpr detail::EnumName<WeightDecayMode> kWeightDecayModes[] = {
     {WeightDecayMode::kDecoupled, "decoupled"},
     {WeightDecayMode::kIndependent, "independent"},
     {WeightDecayMode::kL2, "l2"},
-    {WeightDecayMode::kPalm, "palm"}};
+    {WeightDecayMode::kPalm, "palm"},
+    {WeightDecayMode::kSpectralClipped, "spectral_clipped"}};
+constexpr detail::EnumName<SpectralUpdate> kSpectralUpdates[] = {
+    {SpectralUpdate::kNone, "none"}, {SpectralUpdate::kClip, "clip"}, {SpectralUpdate::kHardcap, "hardcap"}};
 
 // ---- serialization helpers ---------------------------------------------------
 
@@ -137,6 +140,12 @@ WeightDecayMode parse_weight_decay_mode(const std::string& name) {
   return detail::parse_name(name, kWeightDecayModes, kWho, "weight_decay_mode");
 }
 
+std::string to_string(SpectralUpdate update) { return detail::name_of(update, kSpectralUpdates); }
+
+SpectralUpdate parse_spectral_update(const std::string& name) {
+  return detail::parse_name(name, kSpectralUpdates, kWho, "spectral_update");
+}
+
 // ---- MuonOptions -------------------------------------------------------------
 
 MuonOptions::MuonOptions(double lr) : lr_(lr) {}
@@ -149,6 +158,16 @@ MuonOptions& MuonOptions::momentum_style(const std::string& name) {
 MuonOptions& MuonOptions::weight_decay_mode(const std::string& name) {
   weight_decay_mode_ = parse_weight_decay_mode(name);
   return *this;
+}
+
+MuonOptions& MuonOptions::spectral_update(const std::string& name) {
+  spectral_update_ = parse_spectral_update(name);
+  return *this;
+}
+
+bool MuonOptions::needs_spectral() const {
+  return spectral_update_ != SpectralUpdate::kNone ||
+         weight_decay_mode_ == WeightDecayMode::kSpectralClipped;
 }
 
 MuonOptions& MuonOptions::scale_mode(const std::string& name) {
@@ -212,6 +231,22 @@ void MuonOptions::validate() const {
   TORCH_CHECK_VALUE(split_sizes_.empty() ? num_query_groups_ == 1 : true, kWho,
                     "num_query_groups must be 1 when split_sizes is empty, got ",
                     num_query_groups_);
+  TORCH_CHECK_VALUE(std::isfinite(spectral_wd_beta_) && spectral_wd_beta_ > 0, kWho,
+                    "spectral_wd_beta must be finite and > 0, got ", spectral_wd_beta_);
+  if (weight_decay_mode_ == WeightDecayMode::kSpectralClipped) {
+    // The decoupled form: each step moves a fraction c = lr·wd of the way.
+    const double c = lr_ * weight_decay_;
+    TORCH_CHECK_VALUE(c <= 1, kWho, "weight_decay_mode spectral_clipped needs lr·weight_decay "
+                      "in [0, 1], got lr·weight_decay = ", c, " (lr ", lr_, ", weight_decay ",
+                      weight_decay_, ")");
+  }
+  TORCH_CHECK_VALUE(std::isfinite(spectral_sigma_min_) && std::isfinite(spectral_sigma_max_) &&
+                        spectral_sigma_min_ <= spectral_sigma_max_,
+                    kWho, "spectral_sigma_min must be <= spectral_sigma_max (both finite), got "
+                    "spectral_sigma_min ", spectral_sigma_min_, ", spectral_sigma_max ",
+                    spectral_sigma_max_);
+  TORCH_CHECK_VALUE(std::isfinite(spectral_hardcap_beta_) && spectral_hardcap_beta_ > 0, kWho,
+                    "spectral_hardcap_beta must be finite and > 0, got ", spectral_hardcap_beta_);
 }
 
 double MuonOptions::get_lr() const { return lr(); }
@@ -231,6 +266,11 @@ void MuonOptions::serialize(OutputArchive& archive) const {
   archive.write("stacked_experts", c10::IValue(stacked_experts_));
   archive.write("split_sizes", c10::IValue(split_sizes_));
   archive.write("num_query_groups", c10::IValue(num_query_groups_));
+  archive.write("spectral_wd_beta", c10::IValue(spectral_wd_beta_));
+  archive.write("spectral_update", c10::IValue(to_string(spectral_update_)));
+  archive.write("spectral_sigma_min", c10::IValue(spectral_sigma_min_));
+  archive.write("spectral_sigma_max", c10::IValue(spectral_sigma_max_));
+  archive.write("spectral_hardcap_beta", c10::IValue(spectral_hardcap_beta_));
 }
 
 void MuonOptions::mix_settings(SettingsDigest& mix) const {
@@ -239,6 +279,8 @@ void MuonOptions::mix_settings(SettingsDigest& mix) const {
   for (const auto s : split_sizes_) mix(s);
   mix(ns_.steps(), ns_.eps(), ns_.eps_mode(), ns_.compute_dtype(), ns_.method(), ns_.symmetric());
   for (const auto& c : ns_.schedule()) mix(c.a, c.b, c.c);
+  mix(spectral_wd_beta_, spectral_update_, spectral_sigma_min_, spectral_sigma_max_,
+      spectral_hardcap_beta_);
 }
 
 void MuonOptions::serialize(InputArchive& archive) {
@@ -257,6 +299,19 @@ void MuonOptions::serialize(InputArchive& archive) {
   archive.read("split_sizes", split);
   split_sizes_ = split.toIntVector();
   num_query_groups_ = read_value<int64_t>(archive, "num_query_groups");
+  // Archives written before the spectral options existed read as their
+  // defaults (Newton–Schulz, no spectral decay: what those runs did).
+  const MuonOptions defaults;
+  c10::IValue v;
+  spectral_wd_beta_ = archive.try_read("spectral_wd_beta", v) ? v.toDouble() : defaults.spectral_wd_beta();
+  spectral_update_ = archive.try_read("spectral_update", v) ? parse_spectral_update(v.toStringRef())
+                                                            : defaults.spectral_update();
+  spectral_sigma_min_ =
+      archive.try_read("spectral_sigma_min", v) ? v.toDouble() : defaults.spectral_sigma_min();
+  spectral_sigma_max_ =
+      archive.try_read("spectral_sigma_max", v) ? v.toDouble() : defaults.spectral_sigma_max();
+  spectral_hardcap_beta_ =
+      archive.try_read("spectral_hardcap_beta", v) ? v.toDouble() : defaults.spectral_hardcap_beta();
 }
 
 bool operator==(const MuonOptions& a, const MuonOptions& b) {
@@ -265,7 +320,27 @@ bool operator==(const MuonOptions& a, const MuonOptions& b) {
          a.weight_decay_mode() == b.weight_decay_mode() && a.ns() == b.ns() &&
          a.scale_mode() == b.scale_mode() && a.extra_scale_factor() == b.extra_scale_factor() &&
          a.stacked_experts() == b.stacked_experts() && a.split_sizes() == b.split_sizes() &&
-         a.num_query_groups() == b.num_query_groups();
+         a.num_query_groups() == b.num_query_groups() &&
+         a.spectral_wd_beta() == b.spectral_wd_beta() &&
+         a.spectral_update() == b.spectral_update() &&
+         a.spectral_sigma_min() == b.spectral_sigma_min() &&
+         a.spectral_sigma_max() == b.spectral_sigma_max() &&
+         a.spectral_hardcap_beta() == b.spectral_hardcap_beta();
+}
+
+void check_spectral_options_need_whole_matrices(const MuonOptions& o, size_t group,
+                                                const std::string& who, const std::string& layout) {
+  TORCH_CHECK_VALUE(o.spectral_update() == SpectralUpdate::kNone, who, "param group ", group,
+                    ": muon_spectral_update '", to_string(o.spectral_update()),
+                    "' needs whole matrices on one process, and the '", layout,
+                    "' layout gives each process a part of them; use spectral_update none, or "
+                    "run on one process or in the layerwise layout");
+  TORCH_CHECK_VALUE(o.weight_decay_mode() != WeightDecayMode::kSpectralClipped, who,
+                    "param group ", group,
+                    ": muon_weight_decay_mode 'spectral_clipped' needs whole matrices on one "
+                    "process, and the '", layout, "' layout gives each process a part of them; "
+                    "use another weight_decay_mode, or run on one process or in the layerwise "
+                    "layout");
 }
 
 // ---- MuonParamState ----------------------------------------------------------
@@ -302,6 +377,7 @@ double decay_factor(const MuonOptions& o) {
     case WeightDecayMode::kPalm:
       return 1 - o.lr() * o.lr() * o.weight_decay();
     case WeightDecayMode::kL2:
+    case WeightDecayMode::kSpectralClipped:
       break;
   }
   return 1.0;

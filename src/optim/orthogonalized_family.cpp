@@ -69,6 +69,10 @@ class PolarOrthogonalizer final : public Orthogonalizer {
     TORCH_CHECK_VALUE(o.split_sizes().empty(), "[muon::MOP] param group ", group,
                       " has split_sizes ", c10::IntArrayRef(o.split_sizes()),
                       "; MOP orthogonalizes plain matrices only");
+    TORCH_CHECK_VALUE(o.spectral_update() == SpectralUpdate::kNone, "[muon::MOP] param group ",
+                      group, ": muon_spectral_update '", to_string(o.spectral_update()),
+                      "' replaces Newton–Schulz, and MOP's step 4 is the SVD polar factor; use "
+                      "spectral_update none");
   }
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override {
     for (auto& item : items) {

@@ -10,6 +10,7 @@
 #include "muon/newton_schulz.h"
 #include "muon/optim/muon.h"
 #include "muon/scaling.h"
+#include "muon/spectral.h"
 #include "optim/muon_fused.h"
 
 namespace muon {
@@ -36,6 +37,21 @@ namespace {
 
 using detail::MatrixView;
 
+// Step 4 of a batch of matrices: Newton–Schulz under the group's ns options,
+// or the spectral update the options ask for (muon/spectral.h, which runs
+// its own Newton–Schulz: polar_express, 8 steps, as Emerging-Optimizers).
+at::Tensor step_four(const at::Tensor& mats, const MuonOptions& o) {
+  switch (o.spectral_update()) {
+    case SpectralUpdate::kClip:
+      return spectral_clip(mats, o.spectral_sigma_min(), o.spectral_sigma_max());
+    case SpectralUpdate::kHardcap:
+      return spectral_hardcap(mats, o.spectral_hardcap_beta());
+    case SpectralUpdate::kNone:
+      break;
+  }
+  return newton_schulz(mats, o.ns());
+}
+
 // The orthogonalized, scaled update for `update` (p's shape), not yet
 // multiplied by -lr; `alpha` receives the scale still to apply (folded into
 // the final add) when the whole update shares one scale.
@@ -47,7 +63,7 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
   const auto& split = o.split_sizes();
   if (split.empty()) {
     alpha = scale_factor(v.rows, v.cols, o.scale_mode(), o.extra_scale_factor());
-    return newton_schulz(mats, o.ns());
+    return step_four(mats, o);
   }
   // Fused QKV: (B, G, sum(split), cols); block i is (B, G·split[i], cols).
   alpha = 1.0;
@@ -58,7 +74,7 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
   int64_t offset = 0;
   for (const int64_t size : split) {
     const auto block = grouped.narrow(2, offset, size).reshape({v.batch, groups * size, v.cols});
-    auto orth = newton_schulz(block, o.ns());
+    auto orth = step_four(block, o);
     orth.mul_(scale_factor(groups * size, v.cols, o.scale_mode(), o.extra_scale_factor()));
     out.narrow(2, offset, size).copy_(orth.view({v.batch, groups, size, v.cols}));
     offset += size;
@@ -70,11 +86,14 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
 // Newton–Schulz options are orthogonalized as one batch (detail::make_batches),
 // as Muon's fused passes batch theirs: the fixed costs of a call are paid
 // once per batch. Each matrix gives the bits it would alone. Fused-QKV
-// items keep one call per block.
+// items keep one call per block; items with a spectral update one call each.
 detail::BatchKey batch_key(const OrthogonalizeItem& item, const MatrixView& v) {
   detail::BatchKey key{v.rows, v.cols, item.update.scalar_type(), item.update.device(),
                        item.options};
-  key.alone = !item.options->split_sizes().empty();
+  // A spectral update is a function of its own options, not only of the
+  // Newton–Schulz ones: one call per parameter.
+  key.alone = !item.options->split_sizes().empty() ||
+              item.options->spectral_update() != SpectralUpdate::kNone;
   return key;
 }
 

@@ -10,10 +10,13 @@
 /// gradient g, in this order (Megatron-Core / TransformerEngine order):
 ///
 ///   1. weight decay   decoupled: p ← p·(1 − lr·wd); independent: p ← p·(1 − wd);
-///                     palm: p ← p·(1 − lr²·wd); l2: g ← g + wd·p (before momentum)
+///                     palm: p ← p·(1 − lr²·wd); l2: g ← g + wd·p (before momentum);
+///                     spectral_clipped: p ← spectral_clipped_weight_decay(p, β, lr·wd)
 ///   2. momentum       ema: buf ← buf + (1 − μ)·(g − buf);  classic: buf ← μ·buf + g
 ///   3. nesterov       ema: u = g + μ·(buf − g);  classic: u = g + μ·buf;  else u = buf
-///   4. orthogonalize  o = newton_schulz(u as matrices, ns)
+///   4. orthogonalize  o = newton_schulz(u as matrices, ns); with spectral_update
+///                     clip: o = spectral_clip(u, σmin, σmax), hardcap:
+///                     o = spectral_hardcap(u, β) (muon/spectral.h)
 ///   5. scale          o ← o · scale_factor(rows, cols, scale_mode) · extra_scale_factor
 ///   6. update         p ← p − lr·o      (in the parameter's dtype)
 ///
@@ -75,12 +78,33 @@ enum class WeightDecayMode {
   /// p ← p·(1 − lr²·wd) (Emerging-Optimizers' "palm": the decay shrinks
   /// with the square of the learning rate, so it fades with the schedule).
   kPalm,
+  /// p ← spectral_clipped_weight_decay(p, spectral_wd_beta, lr·wd)
+  /// (muon/spectral.h; the decoupled form of
+  /// https://leloykun.github.io/ponder/spectral-clipping/): each matrix's
+  /// singular values above β move a fraction c = lr·wd towards β, the rest
+  /// stay; needs c in [0, 1] and whole matrices on this process.
+  kSpectralClipped,
 };
 
-/// "decoupled" | "independent" | "l2" | "palm".
+/// "decoupled" | "independent" | "l2" | "palm" | "spectral_clipped".
 std::string to_string(WeightDecayMode mode);
 /// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
 WeightDecayMode parse_weight_decay_mode(const std::string& name);
+
+/// What step 4 makes of the update's matrices (muon/spectral.h).
+enum class SpectralUpdate {
+  /// newton_schulz(u, ns): Muon's orthogonalization.
+  kNone,
+  /// spectral_clip(u, spectral_sigma_min, spectral_sigma_max) = U·clamp(Σ)·Vᵀ.
+  kClip,
+  /// spectral_hardcap(u, spectral_hardcap_beta) = U·min(Σ, β)·Vᵀ.
+  kHardcap,
+};
+
+/// "none" | "clip" | "hardcap".
+std::string to_string(SpectralUpdate update);
+/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
+SpectralUpdate parse_spectral_update(const std::string& name);
 
 /// Default learning rate: Keller Jordan's 0.02, tuned for `kShapeScaling`.
 constexpr double kDefaultMuonLr = 0.02;
@@ -141,12 +165,35 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   /// (G, sum(split_sizes)) and block i gathers rows of size split_sizes[i]
   /// from every query group (a (G·split_sizes[i]) × cols matrix).
   TORCH_ARG(int64_t, num_query_groups) = 1;
+  /// β of weight_decay_mode spectral_clipped, finite and > 0.
+  TORCH_ARG(double, spectral_wd_beta) = 1.0;
+  /// Step 4: Newton–Schulz (none) or a spectral clip / hardcap of the update
+  /// (Emerging-Optimizers' emerging_optimizers/orthogonalized_optimizers/
+  /// spectral_clipping_utils.py at commit 319d2c6248602a81de26a2493856d29f9e1cd0eb,
+  /// applied as https://leloykun.github.io/ponder/spectral-clipping/ applies
+  /// it: in place of the orthogonalization). Muon's scale (step 5) still
+  /// applies, so σmin = σmax = 1 is Muon's step with an exact msign. The
+  /// group's `ns` options are not used by it (the spectral functions run
+  /// their own Newton–Schulz). Needs whole matrices on this process.
+  TORCH_ARG(SpectralUpdate, spectral_update) = SpectralUpdate::kNone;
+  /// σmin of spectral_update clip (EO's default −1); <= spectral_sigma_max.
+  TORCH_ARG(double, spectral_sigma_min) = -1.0;
+  /// σmax of spectral_update clip (EO's default 1).
+  TORCH_ARG(double, spectral_sigma_max) = 1.0;
+  /// β of spectral_update hardcap, finite and > 0 (default 1).
+  TORCH_ARG(double, spectral_hardcap_beta) = 1.0;
 
  public:
   /// momentum_style by name: "ema" | "classic".
   MuonOptions& momentum_style(const std::string& name);
-  /// weight_decay_mode by name: "decoupled" | "independent" | "l2" | "palm".
+  /// weight_decay_mode by name: "decoupled" | "independent" | "l2" | "palm" |
+  /// "spectral_clipped".
   MuonOptions& weight_decay_mode(const std::string& name);
+  /// spectral_update by name: "none" | "clip" | "hardcap".
+  MuonOptions& spectral_update(const std::string& name);
+  /// Whether a step needs whole matrices on this process beyond step 4's
+  /// Newton–Schulz: a spectral_update, or spectral_clipped weight decay.
+  bool needs_spectral() const;
   /// scale_mode by name: "shape_scaling" | "spectral" | "unit_rms_norm" | "match_rms_adamw".
   MuonOptions& scale_mode(const std::string& name);
 
@@ -181,6 +228,15 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   /// `lr(lr)`, for LR schedulers.
   void set_lr(double lr) override;
 };
+
+/// Raises c10::ValueError, as `who` (e.g. "[muon::dist::ShardedMuon] "), for
+/// the options of param group `group` that need whole matrices on this
+/// process (muon_spectral_update other than none, muon_weight_decay_mode
+/// spectral_clipped), naming the option, its value and `layout`, the layout
+/// that splits them. Layouts whose processes hold parts of matrices call it
+/// from Orthogonalizer::check_options.
+void check_spectral_options_need_whole_matrices(const MuonOptions& options, size_t group,
+                                                const std::string& who, const std::string& layout);
 
 /// Per-parameter state of `muon::Muon`.
 struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonParamState> {

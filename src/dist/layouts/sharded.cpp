@@ -103,6 +103,7 @@ std::shared_ptr<ShardedOrthogonalizer> make_orthogonalizer(ShardedOptions option
 }
 
 void ShardedOrthogonalizer::check_options(const MuonOptions& o, size_t group) const {
+  check_spectral_options_need_whole_matrices(o, group, kWho, name());
   TORCH_CHECK_VALUE(o.split_sizes().empty(), kWho, "param group ", group,
                     ": split_sizes (fused QKV) is not supported on row shards");
   // Which parameters are stacked experts is fixed when the layout is built

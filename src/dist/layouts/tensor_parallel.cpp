@@ -244,6 +244,10 @@ void TensorParallelOrthogonalizer::begin_step(const std::vector<OptimizerParamGr
   }
 }
 
+void TensorParallelOrthogonalizer::check_options(const MuonOptions& o, size_t group) const {
+  check_spectral_options_need_whole_matrices(o, group, kWho, name());
+}
+
 void TensorParallelOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>& items) {
   for (auto& item : items) {
     const auto* layout = layout_of(item.param);

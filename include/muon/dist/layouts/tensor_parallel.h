@@ -108,6 +108,9 @@ class TensorParallelOrthogonalizer final : public Orthogonalizer {
   /// have a gradient (a block steps on every rank of its group or on none),
   /// and raise together, naming the difference, where they do not.
   void begin_step(const std::vector<torch::optim::OptimizerParamGroup>& groups) override;
+  /// Rejects the options that need whole matrices on one process (a spectral
+  /// update, spectral_clipped weight decay), naming them and the layout.
+  void check_options(const MuonOptions& options, size_t group) const override;
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override;
   void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
 
