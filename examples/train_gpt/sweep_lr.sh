@@ -16,8 +16,22 @@ run() {  # run NAME LR
   min=$(awk "BEGIN{print $lr/10}")
   "$bin" --runs "$name" --set "$name:lr=$lr" --set "$name:min_lr=$min" --no-plot --no-progress \
     --out "$out/$name-$lr" "$@" > "$out/$name-$lr.log" 2>&1
-  printf '%-6s lr %-7s final validation loss %s\n' "$name" "$lr" \
+  printf '%-14s lr %-7s final validation loss %s\n' "$name" "$lr" \
     "$(tail -n 1 "$out/$name-$lr/$name.csv" | cut -d, -f4)"
 }
 for lr in ${ADAMW_LRS-0.001 0.002 0.004 0.008 0.016}; do run adamw "$lr" "$@"; done
 for lr in ${MUON_LRS-0.005 0.01 0.02 0.04 0.08}; do run muon "$lr" "$@"; done
+# The other registry entries (docs/optimizers.md): three values each around
+# the scale of its update (sign updates: AdamW's lr / 10; Adam-like: AdamW's;
+# unscaled or norm-relative orthogonalized updates: per entry). ENTRIES
+# selects some ("" skips them); LRS_<entry> replaces an entry's values.
+declare -A lrs=(
+  [lion]="0.0002 0.0006 0.002" [signum]="0.0002 0.0006 0.002" [laprop]="0.0015 0.004 0.01"
+  [sim_ademamix]="0.0003 0.001 0.003" [soap]="0.0015 0.004 0.01" [mop]="0.0015 0.004 0.01"
+  [polargrad]="0.03 0.3 3" [scion]="0.005 0.02 0.08" [spel]="0.01 0.04 0.15"
+  [muon_hyperball]="0.01 0.03 0.1"
+)
+for name in ${ENTRIES-lion signum laprop sim_ademamix soap polargrad scion mop spel muon_hyperball}; do
+  var="LRS_$name"
+  for lr in ${!var:-${lrs[$name]}}; do run "$name" "$lr" "$@"; done
+done
