@@ -29,17 +29,21 @@ def main(argv):
         sys.exit(__doc__)
     out, paths = argv[1], argv[2:]
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for path in paths:
+    # Ten colors, then the same colors dashed and dotted: every run distinct.
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, path in enumerate(paths):
         name = os.path.splitext(os.path.basename(path))[0]
         steps, seconds, loss = read(path)
-        by_step.plot(steps, loss, label=name)
-        by_time.plot(seconds, loss, label=name)
+        style = dict(label=name, color=colors[i % len(colors)],
+                     linestyle=("-", "--", ":")[(i // len(colors)) % 3])
+        by_step.plot(steps, loss, **style)
+        by_time.plot(seconds, loss, **style)
     by_step.set_xlabel("optimizer step")
     by_time.set_xlabel("training wall time (s)")
     for ax in (by_step, by_time):
         ax.set_ylabel("validation loss (nats/char)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small" if len(paths) > 6 else None)
     fig.suptitle("small GPT: validation loss")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
