@@ -1,15 +1,10 @@
-// Simplified AdEMAMix: options, state, step, save/load.
+// Simplified AdEMAMix: options and the update (the rest is muon::ElementwiseOptimizer).
 #include "muon/optim/sim_ademamix.h"
 
 #include <c10/util/Exception.h>
 
-#include <array>
 #include <cmath>
-#include <memory>
-#include <utility>
 
-#include "muon/compat.h"
-#include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
 
 namespace muon {
@@ -17,7 +12,6 @@ namespace {
 
 using detail::read_archived_bool;
 using detail::read_archived_double;
-using torch::optim::OptimizerParamGroup;
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
@@ -27,27 +21,6 @@ constexpr const char* kWho = "[muon::SimAdEMAMix] ";
 // half-life map of the warmup; 1e-8 keeps ln(b) finite at b = 0).
 double half_life(const double beta) { return std::log(0.5) / std::log(beta + 1e-8) - 1; }
 double beta_of_half_life(const double steps) { return std::pow(0.5, 1 / (steps + 1)); }
-
-// One step of Simplified AdEMAMix on `p` (the header's formula; the order
-// and the operations of Emerging-Optimizers' TwoMomentsOptimizer.step and
-// calculate_sim_ademamix_update).
-void sim_ademamix_update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParamState& st,
-                         const SimAdEMAMixOptions& o) {
-  st.step(st.step() + 1);
-  const auto t = static_cast<double>(st.step());
-  const double beta = sim_ademamix_beta(o, st.step());
-  const auto g = detail::apply_weight_decay(p, grad, o.weight_decay_method(), o.lr(),
-                                            o.weight_decay());
-  auto& m = st.exp_avg();
-  auto& v = st.exp_avg_sq();
-  m.mul_(beta).add_(g);
-  v.lerp_(g.square(), 1 - o.beta2());
-  const double bias1 = o.correct_bias() ? (1 - std::pow(beta, t)) / (1 - beta) : 1.0;
-  const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
-  const auto denom = v.div(bias2).sqrt_().add_(o.eps());
-  const auto numer = (g * o.alpha()).add_(m / bias1);
-  p.add_(numer.div_(denom), -o.lr());
-}
 
 }  // namespace
 
@@ -120,72 +93,28 @@ double SimAdEMAMixOptions::get_lr() const { return lr(); }
 
 void SimAdEMAMixOptions::set_lr(const double lr) { this->lr(lr); }
 
-void SimAdEMAMixParamState::serialize(OutputArchive& archive) const {
-  archive.write("step", c10::IValue(step_));
-  detail::write_optional_buffer(archive, "exp_avg", exp_avg_);
-  detail::write_optional_buffer(archive, "exp_avg_sq", exp_avg_sq_);
+// One step of Simplified AdEMAMix on `p` (the header's formula; the order
+// and the operations of Emerging-Optimizers' TwoMomentsOptimizer.step and
+// calculate_sim_ademamix_update).
+void SimAdEMAMix::update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParamState& st,
+                         const SimAdEMAMixOptions& o) {
+  st.step(st.step() + 1);
+  const auto t = static_cast<double>(st.step());
+  const double beta = sim_ademamix_beta(o, st.step());
+  const auto g = detail::apply_weight_decay(p, grad, o.weight_decay_method(), o.lr(),
+                                            o.weight_decay());
+  auto& m = st.exp_avg();
+  auto& v = st.exp_avg_sq();
+  m.mul_(beta).add_(g);
+  v.lerp_(g.square(), 1 - o.beta2());
+  const double bias1 = o.correct_bias() ? (1 - std::pow(beta, t)) / (1 - beta) : 1.0;
+  const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
+  const auto denom = v.div(bias2).sqrt_().add_(o.eps());
+  const auto numer = (g * o.alpha()).add_(m / bias1);
+  p.add_(numer.div_(denom), -o.lr());
 }
 
-void SimAdEMAMixParamState::serialize(InputArchive& archive) {
-  step_ = detail::read_archived_int(archive, "step");
-  exp_avg_ = detail::read_optional_buffer(archive, "exp_avg");
-  exp_avg_sq_ = detail::read_optional_buffer(archive, "exp_avg_sq");
-}
-
-bool operator==(const SimAdEMAMixParamState& a, const SimAdEMAMixParamState& b) {
-  return a.step() == b.step() && detail::same_buffer(a.exp_avg(), b.exp_avg()) &&
-         detail::same_buffer(a.exp_avg_sq(), b.exp_avg_sq());
-}
-
-SimAdEMAMix::SimAdEMAMix(std::vector<OptimizerParamGroup> param_groups,
-                         SimAdEMAMixOptions defaults)
-    : Optimizer(param_groups, std::make_unique<SimAdEMAMixOptions>(defaults)) {
-  defaults.validate();
-  compat::reapply_group_options(*this, param_groups);
-  check_before_step();
-}
-
-SimAdEMAMix::SimAdEMAMix(std::vector<at::Tensor> params, SimAdEMAMixOptions defaults)
-    : SimAdEMAMix(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
-                  std::move(defaults)) {}
-
-void SimAdEMAMix::check_before_step() {
-  detail::check_group_options<SimAdEMAMixOptions>(param_groups_, kWho,
-                                                  "muon::SimAdEMAMixOptions");
-}
-
-at::Tensor SimAdEMAMix::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss = detail::loss_of(closure);
-  // A scheduler or a direct edit may have changed options since: every group
-  // is checked before any is stepped.
-  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
-  detail::for_each_stepped<SimAdEMAMixParamState, SimAdEMAMixOptions>(
-      *this,
-      [](const at::Tensor& p) {
-        auto st = std::make_unique<SimAdEMAMixParamState>();
-        st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        return st;
-      },
-      sim_ademamix_update);
-  return loss;
-}
-
-int64_t SimAdEMAMix::state_bytes() const {
-  return detail::buffer_bytes<SimAdEMAMixParamState>(*this, [](const SimAdEMAMixParamState& s) {
-    return std::array<const at::Tensor*, 2>{&s.exp_avg(), &s.exp_avg_sq()};
-  });
-}
-
-void SimAdEMAMix::save(OutputArchive& archive) const {
-  detail::save_with_options<SimAdEMAMixParamState, SimAdEMAMixOptions>(
-      *this, archive, "sim_ademamix", "muon::SimAdEMAMix");
-}
-
-void SimAdEMAMix::load(InputArchive& archive) {
-  detail::load_with_options<SimAdEMAMixParamState, SimAdEMAMixOptions>(
-      *this, archive, "sim_ademamix", kWho, "muon::SimAdEMAMix");
-}
+template struct ElementwiseParamState<SimAdEMAMixParamState, 2>;
+template class ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState>;
 
 }  // namespace muon
