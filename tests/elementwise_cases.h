@@ -175,7 +175,8 @@ void bad_edit_between_steps_changes_nothing() {
   expect_value_error([&] { opt.step(); }, C::bad_edit_words());
   o = good;
   o.set_lr(-0.5);
-  expect_value_error([&] { opt.step(); }, {std::string("[") + C::Optimizer::kKind + "]", "lr", "-0.5"});
+  expect_value_error([&] { opt.step(); },
+                     {std::string("[") + C::Optimizer::kKind + "]", "lr", "-0.5"});
   EXPECT_TRUE(at::equal(p.detach(), before));
   EXPECT_EQ(st.step(), 1);
   const auto buffers_after = buffer_copies(st);
@@ -205,7 +206,8 @@ void built_from_a_config_with_its_fields_and_explained() {
   const auto buffers = static_cast<int64_t>(C::State::kBuffers.size());
   EXPECT_EQ(muon::optimizer_state_bytes(*opt), buffers * (32 + 8) * 4);
   std::string schema = std::string("state of ") + C::kName + ": step [counter]";
-  for (const char* key : C::State::kBuffers) schema += std::string(", ") + key + " [param, zeros, rows]";
+  for (const char* key : C::State::kBuffers)
+    schema += std::string(", ") + key + " [param, zeros, rows]";
   const auto text = muon::explain(named, config);
   EXPECT_NE(text.find(schema), std::string::npos) << schema << "\n" << text;
 }
@@ -248,14 +250,15 @@ void every_layout_equals_one_process_and_checkpoints_reshard_bit_identically() {
   const auto leg = [&](const std::string& kind, int world, const std::string& in,
                        const std::string& out, int64_t from, int64_t to, const std::string& what) {
     const auto& reference = after[static_cast<size_t>(to)];
-    ckpt::reshard_leg(kind, world, in, out, from, to, C::kName, what,
-                      [&](ckpt::Rank& r, const dist::Group& group) {
-                        for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
-                          const auto& name = ckpt::kModel[k].first;
-                          EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
-                              << what << " " << name << " rank " << group.rank();
-                        }
-                      });
+    ckpt::reshard_leg(
+        kind, world, in, out, from, to, C::kName, what,
+        [&](ckpt::Rank& r, const dist::Group& group) {
+          for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
+            const auto& name = ckpt::kModel[k].first;
+            EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
+                << what << " " << name << " rank " << group.rank();
+          }
+        });
   };
   leg("sharded", 2, "", d("a"), 0, 1, "sharded W=2");
   leg("layerwise", 3, d("a"), d("b"), 1, 2, "layer-wise W=3 from sharded W=2");
@@ -273,8 +276,8 @@ void every_layout_equals_one_process_and_checkpoints_reshard_bit_identically() {
 template <typename C>
 void l2_decay_leaves_the_callers_gradient_unchanged() {
   auto p = leaf(at::randn({4, 3}));
-  typename C::Optimizer opt(
-      {p}, typename C::Options(0.01).weight_decay(0.5).weight_decay_method("l2"));
+  typename C::Optimizer opt({p},
+                            typename C::Options(0.01).weight_decay(0.5).weight_decay_method("l2"));
   const auto g = at::randn({4, 3});
   p.mutable_grad() = g.clone();
   opt.step();
@@ -285,26 +288,27 @@ void l2_decay_leaves_the_callers_gradient_unchanged() {
 
 /// The shared tests of case `C` in GoogleTest suite `Suite` (the
 /// optimizer's name), under the names the optimizer's own tests had.
-#define MUON_ELEMENTWISE_CASES(Suite, C)                                                     \
-  TEST(Suite, ResumedRunIsBitIdentical) {                                                    \
-    ::muon::test::elementwise::resumed_run_is_bit_identical<C>();                            \
-  }                                                                                          \
-  TEST(Suite, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {                        \
+#define MUON_ELEMENTWISE_CASES(Suite, C)                                                         \
+  TEST(Suite, ResumedRunIsBitIdentical) {                                                        \
+    ::muon::test::elementwise::resumed_run_is_bit_identical<C>();                                \
+  }                                                                                              \
+  TEST(Suite, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {                            \
     ::muon::test::elementwise::load_rejects_another_optimizers_archive_and_changes_nothing<C>(); \
-  }                                                                                          \
-  TEST(Suite, LoadRejectsOtherGroupsAndChangesNothing) {                                     \
-    ::muon::test::elementwise::load_rejects_other_groups_and_changes_nothing<C>();           \
-  }                                                                                          \
-  TEST(Suite, ParametersWithoutGradientAreSkipped) {                                         \
-    ::muon::test::elementwise::parameters_without_gradient_are_skipped<C>();                 \
-  }                                                                                          \
-  TEST(Suite, SchedulerDrivesLr) { ::muon::test::elementwise::scheduler_drives_lr<C>(); }    \
-  TEST(Suite, BadEditBetweenStepsChangesNothing) {                                           \
-    ::muon::test::elementwise::bad_edit_between_steps_changes_nothing<C>();                  \
-  }                                                                                          \
-  TEST(Suite, BuiltFromAConfigWithItsFieldsAndExplained) {                                   \
-    ::muon::test::elementwise::built_from_a_config_with_its_fields_and_explained<C>();       \
-  }                                                                                          \
-  TEST(Suite, EveryLayoutEqualsOneProcessAndCheckpointsReshardBitIdentically) {              \
-    ::muon::test::elementwise::every_layout_equals_one_process_and_checkpoints_reshard_bit_identically<C>(); \
+  }                                                                                              \
+  TEST(Suite, LoadRejectsOtherGroupsAndChangesNothing) {                                         \
+    ::muon::test::elementwise::load_rejects_other_groups_and_changes_nothing<C>();               \
+  }                                                                                              \
+  TEST(Suite, ParametersWithoutGradientAreSkipped) {                                             \
+    ::muon::test::elementwise::parameters_without_gradient_are_skipped<C>();                     \
+  }                                                                                              \
+  TEST(Suite, SchedulerDrivesLr) { ::muon::test::elementwise::scheduler_drives_lr<C>(); }        \
+  TEST(Suite, BadEditBetweenStepsChangesNothing) {                                               \
+    ::muon::test::elementwise::bad_edit_between_steps_changes_nothing<C>();                      \
+  }                                                                                              \
+  TEST(Suite, BuiltFromAConfigWithItsFieldsAndExplained) {                                       \
+    ::muon::test::elementwise::built_from_a_config_with_its_fields_and_explained<C>();           \
+  }                                                                                              \
+  TEST(Suite, EveryLayoutEqualsOneProcessAndCheckpointsReshardBitIdentically) {                  \
+    ::muon::test::elementwise::                                                                  \
+        every_layout_equals_one_process_and_checkpoints_reshard_bit_identically<C>();            \
   }

@@ -134,8 +134,8 @@ struct LaPropCase {
   static Options replaced() { return LaPropOptions(0.5).correct_bias(false); }
   static void bad_edit(Options& o) { o.eps(-1e-3); }
   static std::vector<std::string> bad_edit_words() { return {"[muon::LaProp]", "eps", "-0.001"}; }
-  static constexpr const char* kConfig = R"({"optimizer": "laprop", "lr": 0.01, "laprop_beta2": 0.98,
-                                             "laprop_correct_bias": false})";
+  static constexpr const char* kConfig =
+      R"({"optimizer": "laprop", "lr": 0.01, "laprop_beta2": 0.98, "laprop_correct_bias": false})";
   static void check_config(const Options& o) {
     EXPECT_EQ(o.lr(), 0.01);
     EXPECT_EQ(o.beta1(), 0.9);

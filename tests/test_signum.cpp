@@ -176,8 +176,9 @@ struct SignumCase {
   static std::vector<std::string> bad_edit_words() {
     return {"[muon::Signum]", "weight_decay_method", "'L2'"};
   }
-  static constexpr const char* kConfig = R"({"optimizer": "signum", "lr": 0.01, "signum_momentum": 0.95,
-                                             "signum_nesterov": true, "signum_weight_decay_method": "l2"})";
+  static constexpr const char* kConfig =
+      R"({"optimizer": "signum", "lr": 0.01, "signum_momentum": 0.95, "signum_nesterov": true,
+          "signum_weight_decay_method": "l2"})";
   static void check_config(const Options& o) {
     EXPECT_EQ(o.lr(), 0.01);
     EXPECT_EQ(o.momentum(), 0.95);

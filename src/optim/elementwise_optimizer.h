@@ -1,8 +1,8 @@
 // What the library's element-wise optimizers (muon::Lion, muon::LaProp,
 // muon::Signum, muon::SimAdEMAMix) share: the walk over the parameters a
 // step updates, their options checks, archive reads of option fields,
-// Emerging-Optimizers' weight decay methods, and save/load in LibTorch's archive layout with each group's options
-// written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
+// Emerging-Optimizers' weight decay methods, and save/load in LibTorch's archive layout with each
+// group's options written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
 // "<prefix>_group_size/<i>" (LibTorch's generic loader restores state
 // only), and the definitions of muon::ElementwiseParamState and
 // muon::ElementwiseOptimizer (muon/optim/elementwise.h), which each
@@ -79,8 +79,8 @@ inline int weight_decay_method_code(const std::string& method) {
 /// '<method>'" unless `method` is one of weight_decay_method_names().
 inline void check_weight_decay_method(const char* who, const std::string& method) {
   TORCH_CHECK_VALUE(weight_decay_method_code(method) >= 0, who,
-                    "weight_decay_method must be one of decoupled, independent, l2, got '",
-                    method, "'");
+                    "weight_decay_method must be one of decoupled, independent, l2, got '", method,
+                    "'");
 }
 
 /// Weight decay `wd` by `method`, as Emerging-Optimizers' WeightDecayMixin
@@ -246,14 +246,16 @@ template <typename Self, size_t N>
 void ElementwiseParamState<Self, N>::serialize(torch::serialize::InputArchive& archive) {
   step_ = detail::read_archived_int(archive, "step");
   const auto buffers = static_cast<Self&>(*this).buffers();
-  for (size_t i = 0; i < N; ++i) *buffers[i] = detail::read_optional_buffer(archive, Self::kBuffers[i]);
+  for (size_t i = 0; i < N; ++i)
+    *buffers[i] = detail::read_optional_buffer(archive, Self::kBuffers[i]);
 }
 
 template <typename Self, size_t N>
 void ElementwiseParamState<Self, N>::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("step", c10::IValue(step_));
   const auto buffers = const_buffers();
-  for (size_t i = 0; i < N; ++i) detail::write_optional_buffer(archive, Self::kBuffers[i], *buffers[i]);
+  for (size_t i = 0; i < N; ++i)
+    detail::write_optional_buffer(archive, Self::kBuffers[i], *buffers[i]);
 }
 
 template <typename Self, size_t N>
