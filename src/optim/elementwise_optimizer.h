@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "muon/compat.h"
@@ -241,6 +242,47 @@ const char* options_name_of() {
 }
 
 }  // namespace detail
+
+namespace detail {
+
+/// Reads the field under `key` into `field` (by its type).
+inline void read_field(torch::serialize::InputArchive& archive, const char* key, double& field) {
+  field = read_archived_double(archive, key);
+}
+inline void read_field(torch::serialize::InputArchive& archive, const char* key, bool& field) {
+  field = read_archived_bool(archive, key);
+}
+inline void read_field(torch::serialize::InputArchive& archive, const char* key, int64_t& field) {
+  field = read_archived_int(archive, key);
+}
+inline void read_field(torch::serialize::InputArchive& archive, const char* key,
+                       std::string& field) {
+  field = read_archived_string(archive, key);
+}
+
+}  // namespace detail
+
+template <typename Self>
+void ElementwiseOptions<Self>::serialize(torch::serialize::InputArchive& archive) {
+  auto fields = Self::fields(static_cast<Self&>(*this));
+  static_assert(std::tuple_size_v<decltype(fields)> == Self::kFields.size());
+  std::apply(
+      [&](auto&... field) {
+        size_t i = 0;
+        (detail::read_field(archive, Self::kFields[i++], field), ...);
+      },
+      fields);
+}
+
+template <typename Self>
+void ElementwiseOptions<Self>::serialize(torch::serialize::OutputArchive& archive) const {
+  std::apply(
+      [&](const auto&... field) {
+        size_t i = 0;
+        (archive.write(Self::kFields[i++], c10::IValue(field)), ...);
+      },
+      Self::fields(static_cast<const Self&>(*this)));
+}
 
 template <typename Self, size_t N>
 void ElementwiseParamState<Self, N>::serialize(torch::serialize::InputArchive& archive) {

@@ -10,10 +10,6 @@
 namespace muon {
 namespace {
 
-using detail::read_archived_double;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
-
 constexpr const char* kWho = "[muon::LaProp] ";
 
 }  // namespace
@@ -29,37 +25,9 @@ void LaPropOptions::validate() const {
                     "weight_decay must be >= 0, got ", weight_decay_);
 }
 
-void LaPropOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr_));
-  archive.write("beta1", c10::IValue(beta1_));
-  archive.write("beta2", c10::IValue(beta2_));
-  archive.write("eps", c10::IValue(eps_));
-  archive.write("weight_decay", c10::IValue(weight_decay_));
-  archive.write("correct_bias", c10::IValue(correct_bias_));
-}
-
 void LaPropOptions::mix_settings(SettingsDigest& mix) const {
   mix(beta1_, beta2_, eps_, weight_decay_, correct_bias_);
 }
-
-void LaPropOptions::serialize(InputArchive& archive) {
-  lr_ = read_archived_double(archive, "lr");
-  beta1_ = read_archived_double(archive, "beta1");
-  beta2_ = read_archived_double(archive, "beta2");
-  eps_ = read_archived_double(archive, "eps");
-  weight_decay_ = read_archived_double(archive, "weight_decay");
-  correct_bias_ = detail::read_archived_bool(archive, "correct_bias");
-}
-
-bool operator==(const LaPropOptions& a, const LaPropOptions& b) {
-  return a.lr() == b.lr() && a.beta1() == b.beta1() && a.beta2() == b.beta2() &&
-         a.eps() == b.eps() && a.weight_decay() == b.weight_decay() &&
-         a.correct_bias() == b.correct_bias();
-}
-
-double LaPropOptions::get_lr() const { return lr(); }
-
-void LaPropOptions::set_lr(const double lr) { this->lr(lr); }
 
 // One step of LaProp on `p` (the header's formula; the order and the
 // operations of Emerging-Optimizers' LaProp and calculate_laprop_update).
@@ -78,6 +46,7 @@ void LaProp::update(at::Tensor& p, const at::Tensor& grad, LaPropParamState& st,
   p.add_(m / bias1, -o.lr());
 }
 
+template struct ElementwiseOptions<LaPropOptions>;
 template struct ElementwiseParamState<LaPropParamState, 2>;
 template class ElementwiseOptimizer<LaProp, LaPropOptions, LaPropParamState>;
 

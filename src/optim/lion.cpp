@@ -2,7 +2,6 @@
 #include "muon/optim/lion.h"
 
 #include <c10/util/Exception.h>
-#include <torch/serialize/archive.h>
 
 #include <cmath>
 
@@ -10,10 +9,6 @@
 
 namespace muon {
 namespace {
-
-using detail::read_archived_double;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::Lion] ";
 
@@ -29,31 +24,9 @@ void LionOptions::validate() const {
                     "weight_decay must be >= 0, got ", weight_decay_);
 }
 
-void LionOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr_));
-  archive.write("beta1", c10::IValue(beta1_));
-  archive.write("beta2", c10::IValue(beta2_));
-  archive.write("weight_decay", c10::IValue(weight_decay_));
-}
-
 void LionOptions::mix_settings(SettingsDigest& mix) const { mix(beta1_, beta2_, weight_decay_); }
 
-void LionOptions::serialize(InputArchive& archive) {
-  lr_ = read_archived_double(archive, "lr");
-  beta1_ = read_archived_double(archive, "beta1");
-  beta2_ = read_archived_double(archive, "beta2");
-  weight_decay_ = read_archived_double(archive, "weight_decay");
-}
-
-bool operator==(const LionOptions& a, const LionOptions& b) {
-  return a.lr() == b.lr() && a.beta1() == b.beta1() && a.beta2() == b.beta2() &&
-         a.weight_decay() == b.weight_decay();
-}
-
-double LionOptions::get_lr() const { return lr(); }
-
-void LionOptions::set_lr(const double lr) { this->lr(lr); }
-
+template struct ElementwiseOptions<LionOptions>;
 template struct ElementwiseParamState<LionParamState, 1>;
 template class ElementwiseOptimizer<Lion, LionOptions, LionParamState>;
 

@@ -10,11 +10,6 @@
 namespace muon {
 namespace {
 
-using detail::read_archived_bool;
-using detail::read_archived_double;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
-
 constexpr const char* kWho = "[muon::Signum] ";
 
 }  // namespace
@@ -30,39 +25,10 @@ void SignumOptions::validate() const {
   detail::check_weight_decay_method(kWho, weight_decay_method_);
 }
 
-void SignumOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr_));
-  archive.write("momentum", c10::IValue(momentum_));
-  archive.write("weight_decay", c10::IValue(weight_decay_));
-  archive.write("weight_decay_method", c10::IValue(weight_decay_method_));
-  archive.write("correct_bias", c10::IValue(correct_bias_));
-  archive.write("nesterov", c10::IValue(nesterov_));
-}
-
-void SignumOptions::serialize(InputArchive& archive) {
-  lr_ = read_archived_double(archive, "lr");
-  momentum_ = read_archived_double(archive, "momentum");
-  weight_decay_ = read_archived_double(archive, "weight_decay");
-  weight_decay_method_ = detail::read_archived_string(archive, "weight_decay_method");
-  correct_bias_ = read_archived_bool(archive, "correct_bias");
-  nesterov_ = read_archived_bool(archive, "nesterov");
-}
-
 void SignumOptions::mix_settings(SettingsDigest& mix) const {
   mix(momentum_, weight_decay_, detail::weight_decay_method_code(weight_decay_method_),
       correct_bias_, nesterov_);
 }
-
-bool operator==(const SignumOptions& a, const SignumOptions& b) {
-  return a.lr() == b.lr() && a.momentum() == b.momentum() &&
-         a.weight_decay() == b.weight_decay() &&
-         a.weight_decay_method() == b.weight_decay_method() &&
-         a.correct_bias() == b.correct_bias() && a.nesterov() == b.nesterov();
-}
-
-double SignumOptions::get_lr() const { return lr(); }
-
-void SignumOptions::set_lr(const double lr) { this->lr(lr); }
 
 // One step of Signum on `p` (the header's formula; the order and the
 // operations of Emerging-Optimizers' SingleMomentumOptimizer.step and
@@ -87,6 +53,7 @@ void Signum::update(at::Tensor& p, const at::Tensor& grad, SignumParamState& st,
   }
 }
 
+template struct ElementwiseOptions<SignumOptions>;
 template struct ElementwiseParamState<SignumParamState, 1>;
 template class ElementwiseOptimizer<Signum, SignumOptions, SignumParamState>;
 

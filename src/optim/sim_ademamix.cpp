@@ -10,11 +10,6 @@
 namespace muon {
 namespace {
 
-using detail::read_archived_bool;
-using detail::read_archived_double;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
-
 constexpr const char* kWho = "[muon::SimAdEMAMix] ";
 
 // Steps until a decay b halves a value, less one, and its inverse (the
@@ -49,49 +44,10 @@ void SimAdEMAMixOptions::validate() const {
   TORCH_CHECK_VALUE(std::isfinite(alpha_), kWho, "alpha must be finite, got ", alpha_);
 }
 
-void SimAdEMAMixOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr_));
-  archive.write("beta1", c10::IValue(beta1_));
-  archive.write("beta2", c10::IValue(beta2_));
-  archive.write("eps", c10::IValue(eps_));
-  archive.write("weight_decay", c10::IValue(weight_decay_));
-  archive.write("weight_decay_method", c10::IValue(weight_decay_method_));
-  archive.write("correct_bias", c10::IValue(correct_bias_));
-  archive.write("num_beta_fast_warmup_steps", c10::IValue(num_beta_fast_warmup_steps_));
-  archive.write("min_beta_fast", c10::IValue(min_beta_fast_));
-  archive.write("alpha", c10::IValue(alpha_));
-}
-
-void SimAdEMAMixOptions::serialize(InputArchive& archive) {
-  lr_ = read_archived_double(archive, "lr");
-  beta1_ = read_archived_double(archive, "beta1");
-  beta2_ = read_archived_double(archive, "beta2");
-  eps_ = read_archived_double(archive, "eps");
-  weight_decay_ = read_archived_double(archive, "weight_decay");
-  weight_decay_method_ = detail::read_archived_string(archive, "weight_decay_method");
-  correct_bias_ = read_archived_bool(archive, "correct_bias");
-  num_beta_fast_warmup_steps_ = detail::read_archived_int(archive, "num_beta_fast_warmup_steps");
-  min_beta_fast_ = read_archived_double(archive, "min_beta_fast");
-  alpha_ = read_archived_double(archive, "alpha");
-}
-
 void SimAdEMAMixOptions::mix_settings(SettingsDigest& mix) const {
   mix(beta1_, beta2_, eps_, weight_decay_, detail::weight_decay_method_code(weight_decay_method_),
       correct_bias_, num_beta_fast_warmup_steps_, min_beta_fast_, alpha_);
 }
-
-bool operator==(const SimAdEMAMixOptions& a, const SimAdEMAMixOptions& b) {
-  return a.lr() == b.lr() && a.beta1() == b.beta1() && a.beta2() == b.beta2() &&
-         a.eps() == b.eps() && a.weight_decay() == b.weight_decay() &&
-         a.weight_decay_method() == b.weight_decay_method() &&
-         a.correct_bias() == b.correct_bias() &&
-         a.num_beta_fast_warmup_steps() == b.num_beta_fast_warmup_steps() &&
-         a.min_beta_fast() == b.min_beta_fast() && a.alpha() == b.alpha();
-}
-
-double SimAdEMAMixOptions::get_lr() const { return lr(); }
-
-void SimAdEMAMixOptions::set_lr(const double lr) { this->lr(lr); }
 
 // One step of Simplified AdEMAMix on `p` (the header's formula; the order
 // and the operations of Emerging-Optimizers' TwoMomentsOptimizer.step and
@@ -114,6 +70,7 @@ void SimAdEMAMix::update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParam
   p.add_(numer.div_(denom), -o.lr());
 }
 
+template struct ElementwiseOptions<SimAdEMAMixOptions>;
 template struct ElementwiseParamState<SimAdEMAMixParamState, 2>;
 template class ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState>;
 

@@ -4,6 +4,11 @@
 /// muon::LaProp, muon::Signum, muon::SimAdEMAMix): what they share apart
 /// from their arithmetic.
 ///
+/// `ElementwiseOptions<Self>` is a group's options: `Self` lists its fields
+/// (`kFields`, their archive keys, and `fields(o)`, references to them) and
+/// gets serialize, field-wise equality and get_lr/set_lr from the list; it
+/// writes its own `validate` and `mix_settings`.
+///
 /// `ElementwiseParamState<Self, N>` is a state of a step counter and N
 /// buffers of the parameter's shape; `Self` lists them (`kBuffers`, their
 /// archive keys, and `buffers()`, pointers to them), and gets serialize,
@@ -34,12 +39,36 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
+#include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
 
 namespace muon {
+
+/// Options of an element-wise optimizer (per parameter group): the fields
+/// `Self` lists as `static constexpr std::array<const char*, M> kFields`
+/// (archive keys) and `template <typename O> static auto fields(O& o)`
+/// (std::tie of o's fields in that order), `lr` among them.
+template <typename Self>
+struct ElementwiseOptions : public torch::optim::OptimizerCloneableOptions<Self>,
+                            public DigestibleOptions {
+  /// Reads every field written by the other overload.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes every field under its key.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  /// Field-wise equality.
+  friend bool operator==(const Self& lhs, const Self& rhs) {
+    return Self::fields(lhs) == Self::fields(rhs);
+  }
+  /// `lr()`, for LR schedulers.
+  double get_lr() const override { return static_cast<const Self&>(*this).lr(); }
+  /// `lr(lr)`, for LR schedulers.
+  void set_lr(double lr) override { static_cast<Self&>(*this).lr(lr); }
+  ~ElementwiseOptions() override = default;
+};
 
 /// Per-parameter state of an element-wise optimizer: `step` and the N
 /// buffers `Self` lists as `static constexpr std::array<const char*, N>

@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "muon/optim/elementwise.h"
@@ -36,8 +37,7 @@ namespace muon {
 /// Options of `muon::LaProp` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9, β2 0.999, ε 1e-8,
 /// no weight decay, bias correction on.
-struct LaPropOptions : public torch::optim::OptimizerCloneableOptions<LaPropOptions>,
-                       public DigestibleOptions {
+struct LaPropOptions : public ElementwiseOptions<LaPropOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   LaPropOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -56,21 +56,18 @@ struct LaPropOptions : public torch::optim::OptimizerCloneableOptions<LaPropOpti
   TORCH_ARG(bool, correct_bias) = true;
 
  public:
+  /// Archive keys of the fields, in `fields`' order.
+  static constexpr std::array<const char*, 6> kFields{"lr",  "beta1",        "beta2",
+                                                      "eps", "weight_decay", "correct_bias"};
+  /// The fields of `o` (a LaPropOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.beta1_, o.beta2_, o.eps_, o.weight_decay_, o.correct_bias_);
+  }
   /// Checks every field; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Mixes every field that changes a step (lr aside) into `digest`.
   void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const LaPropOptions& lhs, const LaPropOptions& rhs);
-  ~LaPropOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
 };
 
 /// Per-parameter state of `muon::LaProp`: `step` (steps taken on this

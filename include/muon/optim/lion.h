@@ -21,6 +21,7 @@
 
 #include <array>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "muon/optim/elementwise.h"
@@ -30,8 +31,7 @@ namespace muon {
 
 /// Options of `muon::Lion` (per parameter group), as chained setters.
 /// Defaults are the paper's: lr 1e-4, β1 0.9, β2 0.99, no weight decay.
-struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions>,
-                     public DigestibleOptions {
+struct LionOptions : public ElementwiseOptions<LionOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   LionOptions(double lr = 1e-4);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -45,21 +45,17 @@ struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions>
   TORCH_ARG(double, weight_decay) = 0.0;
 
  public:
+  /// Archive keys of the fields, in `fields`' order.
+  static constexpr std::array<const char*, 4> kFields{"lr", "beta1", "beta2", "weight_decay"};
+  /// The fields of `o` (a LionOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.beta1_, o.beta2_, o.weight_decay_);
+  }
   /// Checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Mixes every field that changes a step (lr aside) into `digest`.
   void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const LionOptions& lhs, const LionOptions& rhs);
-  ~LionOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
 };
 
 /// Per-parameter state of `muon::Lion`: `step` (steps taken on this

@@ -29,6 +29,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "muon/optim/elementwise.h"
@@ -39,8 +40,7 @@ namespace muon {
 /// Options of `muon::Signum` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight
 /// decay (method "decoupled"), bias correction on, nesterov off.
-struct SignumOptions : public torch::optim::OptimizerCloneableOptions<SignumOptions>,
-                       public DigestibleOptions {
+struct SignumOptions : public ElementwiseOptions<SignumOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   SignumOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -61,21 +61,19 @@ struct SignumOptions : public torch::optim::OptimizerCloneableOptions<SignumOpti
   TORCH_ARG(bool, nesterov) = false;
 
  public:
+  /// Archive keys of the fields, in `fields`' order.
+  static constexpr std::array<const char*, 6> kFields{
+      "lr", "momentum", "weight_decay", "weight_decay_method", "correct_bias", "nesterov"};
+  /// The fields of `o` (a SignumOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.momentum_, o.weight_decay_, o.weight_decay_method_, o.correct_bias_,
+                    o.nesterov_);
+  }
   /// Checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Mixes every field that changes a step (lr aside) into `digest`.
   void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const SignumOptions& lhs, const SignumOptions& rhs);
-  ~SignumOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
 };
 
 /// Per-parameter state of `muon::Signum`: `step` (steps taken on this

@@ -33,6 +33,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "muon/optim/elementwise.h"
@@ -44,8 +45,7 @@ namespace muon {
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9999, β2 0.999, ε 1e-8,
 /// no weight decay (method "decoupled"), bias correction on, no β warmup
 /// (min_beta_fast 0.9 when one is set), α 2.
-struct SimAdEMAMixOptions : public torch::optim::OptimizerCloneableOptions<SimAdEMAMixOptions>,
-                            public DigestibleOptions {
+struct SimAdEMAMixOptions : public ElementwiseOptions<SimAdEMAMixOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   SimAdEMAMixOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -74,21 +74,22 @@ struct SimAdEMAMixOptions : public torch::optim::OptimizerCloneableOptions<SimAd
   TORCH_ARG(double, alpha) = 2.0;
 
  public:
-  /// Checks every field; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ..., got <value>".
+  /// Archive keys of the fields, in `fields`' order.
+  // clang-format off
+  static constexpr std::array<const char*, 10> kFields{
+      "lr", "beta1", "beta2", "eps", "weight_decay", "weight_decay_method", "correct_bias",
+      "num_beta_fast_warmup_steps", "min_beta_fast", "alpha"};
+  // clang-format on
+  /// The fields of `o` (a SimAdEMAMixOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.beta1_, o.beta2_, o.eps_, o.weight_decay_, o.weight_decay_method_,
+                    o.correct_bias_, o.num_beta_fast_warmup_steps_, o.min_beta_fast_, o.alpha_);
+  }
+  /// Checks every field; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ...".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Mixes every field that changes a step (lr aside) into `digest`.
   void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const SimAdEMAMixOptions& lhs, const SimAdEMAMixOptions& rhs);
-  ~SimAdEMAMixOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
 };
 
 /// β of step `step` (1-based) under `options`' warmup: `beta1` when
@@ -122,7 +123,8 @@ struct SimAdEMAMixParamState : public ElementwiseParamState<SimAdEMAMixParamStat
 /// by position), with the options beside it; `state_bytes` counts
 /// the two moment buffers. Constructors, step, checks and save/load are
 /// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
-class SimAdEMAMix : public ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState> {
+class SimAdEMAMix
+    : public ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState> {
  public:
   /// SimAdEMAMix over `param_groups` (groups without options get the defaults) or
   /// over one group of parameters: (param_groups | params, SimAdEMAMixOptions defaults = {}).
