@@ -1,18 +1,18 @@
 // Tests of muon::Lion: exact values against the paper's update written with
-// plain tensor ops, options, schedulers, save/load, errors and convergence.
+// plain tensor ops, options and their errors, convergence, and the tests of
+// every element-wise optimizer (elementwise_cases.h: schedulers, save/load,
+// the registry entry, checkpoints in every layout).
 #include <gtest/gtest.h>
 
-#include "archive_util.h"
-#include "expect_util.h"
-
-#include <torch/optim/schedulers/step_lr.h>
-
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "elementwise_cases.h"
+#include "expect_util.h"
 #include "muon/compat.h"
+#include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
+#include "muon/registry.h"
 #include "tensor_util.h"
 
 namespace muon::test {
@@ -68,58 +68,6 @@ TEST(Lion, EveryCoordinateMovesByLr) {
   EXPECT_TRUE(at::equal(p.detach().abs(), at::full({4, 4}, 0.5f)));
 }
 
-TEST(Lion, ParametersWithoutGradientAreSkipped) {
-  auto p = leaf(at::randn({3}));
-  const auto before = p.detach().clone();
-  Lion opt({p});
-  opt.step();
-  EXPECT_TRUE(at::equal(p.detach(), before));
-  EXPECT_TRUE(opt.state().empty());
-}
-
-TEST(Lion, SchedulerDrivesLr) {
-  auto p = leaf(at::randn({3}));
-  Lion opt({p}, LionOptions(1.0));
-  torch::optim::StepLR sched(opt, 1, 0.5);
-  p.mutable_grad() = at::ones({3});
-  opt.step();
-  sched.step();  // LibTorch 1.13's StepLR changes nothing on its first call
-  sched.step();
-  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.5);
-}
-
-TEST(Lion, ResumedRunIsBitIdentical) {
-  const auto data = gradient_run(1, {6, 4}, 6);
-  auto a = leaf(data.init);
-  Lion straight({a}, LionOptions(0.01).weight_decay(0.1));
-  data.run(a, straight, 0, 6);
-
-  auto b = leaf(data.init);
-  Lion first({b}, LionOptions(0.01).weight_decay(0.1));
-  data.run(b, first, 0, 3);
-  first.param_groups()[0].options().set_lr(0.01);  // unchanged value, exercised path
-  const auto bytes = save_to_string(first);
-  auto c = leaf(b.detach());
-  Lion second({c}, LionOptions(0.5));  // options come from the archive
-  load_from_string(second, bytes);
-  EXPECT_DOUBLE_EQ(second.param_groups()[0].options().get_lr(), 0.01);
-  data.run(c, second, 3, 6);
-  EXPECT_TRUE(at::equal(a.detach(), c.detach()));
-}
-
-TEST(Lion, LoadRejectsOtherGroupsAndChangesNothing) {
-  auto p = leaf(at::randn({3}));
-  Lion opt({p});
-  p.mutable_grad() = at::ones({3});
-  opt.step();
-  const auto bytes = save_to_string(opt);
-  auto q = leaf(at::randn({3}));
-  auto r = leaf(at::randn({3}));
-  Lion two({q, r}, LionOptions(0.2));
-  EXPECT_THROW(load_from_string(two, bytes), c10::ValueError);
-  EXPECT_DOUBLE_EQ(two.param_groups()[0].options().get_lr(), 0.2);
-}
-
 TEST(Lion, InvalidOptionsNameArgumentAndValue) {
   auto p = leaf(at::randn({3}));
   expect_value_error([&] { Lion opt({p}, LionOptions(-1)); }, {"[muon::Lion]", "lr", "-1"});
@@ -145,6 +93,28 @@ TEST(Lion, LowersTheLossOfALeastSquaresProblem) {
   // Sign steps of size lr hover within ~lr of the optimum: the loss ends far below its start.
   EXPECT_LT(loss_fn().item<double>(), 0.01 * initial);
 }
+
+// Lion in the tests every element-wise optimizer passes (elementwise_cases.h).
+struct LionCase {
+  using Optimizer = Lion;
+  using Options = LionOptions;
+  using State = LionParamState;
+  using Other = LaProp;
+  static constexpr const char* kName = "lion";
+  static Options resumed() { return LionOptions(0.01).weight_decay(0.1); }
+  static Options replaced() { return LionOptions(0.5); }
+  static void bad_edit(Options& o) { o.beta1(1.0); }
+  static std::vector<std::string> bad_edit_words() { return {"[muon::Lion]", "beta1", "1"}; }
+  static constexpr const char* kConfig = R"({"optimizer": "lion", "lr": 0.01, "lion_beta2": 0.98})";
+  static void check_config(const Options& o) {
+    EXPECT_EQ(o.lr(), 0.01);
+    EXPECT_EQ(o.beta1(), 0.9);
+    EXPECT_EQ(o.beta2(), 0.98);
+    EXPECT_EQ(o.weight_decay(), 0.0);
+  }
+};
+
+MUON_ELEMENTWISE_CASES(Lion, LionCase)
 
 }  // namespace
 }  // namespace muon::test

@@ -5,19 +5,14 @@
 // every layout. That it trains a model is tests/test_registry.cpp's
 // EveryBuiltin.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
-#include "archive_util.h"
-#include "expect_util.h"
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <string>
 #include <vector>
 
-#include "checkpoint_model.h"
-#include "dist/checkpoints/checkpoint_state.h"
+#include "elementwise_cases.h"
+#include "expect_util.h"
 #include "muon/compat.h"
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
@@ -27,8 +22,8 @@
 namespace muon::test {
 namespace {
 
-namespace fs = std::filesystem;
-namespace ckpt = muon::test::checkpoint;
+using elementwise::doubles;
+using elementwise::relative;
 
 struct Hyper {
   double lr, beta1, beta2, eps, wd;
@@ -63,15 +58,11 @@ struct Reference {
   int64_t t = 0;
 
   explicit Reference(const at::Tensor& init)
-      : p(values(init)), m(p.size(), 0.0), v(p.size(), 0.0) {}
+      : p(doubles(init)), m(p.size(), 0.0), v(p.size(), 0.0) {}
 
-  static std::vector<double> values(const at::Tensor& x) {
-    const auto d = x.detach().to(at::kDouble).contiguous();
-    return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
-  }
 
   void step(const at::Tensor& grad, const Hyper& h) {
-    auto g = values(grad);
+    auto g = doubles(grad);
     t += 1;
     const double b = reference_beta(h, t);
     const double td = static_cast<double>(t);
@@ -88,17 +79,6 @@ struct Reference {
     }
   }
 };
-
-// Largest |got − want| relative to the largest |want|.
-double relative(const at::Tensor& got, const std::vector<double>& want) {
-  const auto g = Reference::values(got);
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    diff = std::max(diff, std::abs(g[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return diff / scale;
-}
 
 TEST(SimAdEMAMix, FiveFp32StepsEqualThePublishedUpdate) {
   // 2-D, tall, conv (4-D), stacked experts (3-D) and 1-D parameters, fp32.
@@ -184,15 +164,6 @@ TEST(SimAdEMAMix, BetaWarmupFollowsTheHalfLifeSchedule) {
   EXPECT_EQ(sim_ademamix_beta(SimAdEMAMixOptions().beta1(0.99), 1), 0.99);  // no warmup
 }
 
-TEST(SimAdEMAMix, L2DecayLeavesTheCallersGradientUnchanged) {
-  auto p = leaf(at::randn({4, 3}));
-  SimAdEMAMix opt({p}, SimAdEMAMixOptions(0.01).weight_decay(0.5).weight_decay_method("l2"));
-  const auto g = at::randn({4, 3});
-  p.mutable_grad() = g.clone();
-  opt.step();
-  EXPECT_TRUE(at::equal(p.grad(), g));
-}
-
 TEST(SimAdEMAMix, DefaultsAreEmergingOptimizers) {
   const SimAdEMAMixOptions o;
   EXPECT_EQ(o.lr(), 1e-3);
@@ -222,21 +193,6 @@ TEST(SimAdEMAMix, InvalidOptionsNameArgumentAndValue) {
   expect_value_error([&] { SimAdEMAMix opt({p}, O().min_beta_fast(1.5)); },
                      {"min_beta_fast", "[0, 1)", "1.5"});
   expect_value_error([&] { SimAdEMAMix opt({p}, O().alpha(std::nan(""))); }, {"alpha", "nan"});
-  // A bad edit between steps is caught by the next step, which changes nothing.
-  SimAdEMAMix opt({p});
-  p.mutable_grad() = at::ones({3});
-  opt.step();
-  const auto& st =
-      static_cast<const SimAdEMAMixParamState&>(*opt.state().at(compat::state_key(p)));
-  const auto m_before = st.exp_avg().clone();
-  const auto v_before = st.exp_avg_sq().clone();
-  const auto before = p.detach().clone();
-  static_cast<O&>(opt.param_groups()[0].options()).min_beta_fast(-0.25);
-  expect_value_error([&] { opt.step(); }, {"min_beta_fast", "-0.25"});
-  EXPECT_TRUE(at::equal(p.detach(), before));
-  EXPECT_EQ(st.step(), 1);
-  EXPECT_TRUE(at::equal(st.exp_avg(), m_before));
-  EXPECT_TRUE(at::equal(st.exp_avg_sq(), v_before));
   // The config's fields are checked when set.
   OptimizerConfig c;
   expect_value_error([&] { c.set("sim_ademamix_eps", -1.0); }, {"sim_ademamix_eps", "-1"});
@@ -247,121 +203,46 @@ TEST(SimAdEMAMix, InvalidOptionsNameArgumentAndValue) {
                      {"sim_ademamix_weight_decay_method", "palm"});
 }
 
-TEST(SimAdEMAMix, ResumedRunIsBitIdentical) {
-  const auto data = gradient_run(1, {6, 4}, 6);
-  const auto options = SimAdEMAMixOptions(0.01)
-                           .weight_decay(0.1)
-                           .beta1(0.95)
-                           .beta2(0.9)
-                           .num_beta_fast_warmup_steps(5)
-                           .alpha(1.0)
-                           .weight_decay_method("l2");
-  auto a = leaf(data.init);
-  SimAdEMAMix straight({a}, options);
-  data.run(a, straight, 0, 6);
+// SimAdEMAMix in the tests every element-wise optimizer passes (elementwise_cases.h).
+struct SimAdEMAMixCase {
+  using Optimizer = SimAdEMAMix;
+  using Options = SimAdEMAMixOptions;
+  using State = SimAdEMAMixParamState;
+  using Other = Signum;
+  static constexpr const char* kName = "sim_ademamix";
+  static Options resumed() {
+    return SimAdEMAMixOptions(0.01)
+        .weight_decay(0.1)
+        .beta1(0.95)
+        .beta2(0.9)
+        .num_beta_fast_warmup_steps(5)
+        .alpha(1.0)
+        .weight_decay_method("l2");
+  }
+  static Options replaced() { return SimAdEMAMixOptions(0.5).correct_bias(false); }
+  static void bad_edit(Options& o) { o.min_beta_fast(-0.25); }
+  static std::vector<std::string> bad_edit_words() {
+    return {"[muon::SimAdEMAMix]", "min_beta_fast", "-0.25"};
+  }
+  static constexpr const char* kConfig =
+      R"({"optimizer": "sim_ademamix", "lr": 0.01, "sim_ademamix_beta2": 0.98,
+          "sim_ademamix_num_beta_fast_warmup_steps": 100,
+          "sim_ademamix_alpha": 0.5, "sim_ademamix_correct_bias": false})";
+  static void check_config(const Options& o) {
+    EXPECT_EQ(o.lr(), 0.01);
+    EXPECT_EQ(o.beta1(), 0.9999);
+    EXPECT_EQ(o.beta2(), 0.98);
+    EXPECT_EQ(o.num_beta_fast_warmup_steps(), 100);
+    EXPECT_EQ(o.min_beta_fast(), 0.9);
+    EXPECT_EQ(o.alpha(), 0.5);
+    EXPECT_FALSE(o.correct_bias());
+  }
+};
 
-  auto b = leaf(data.init);
-  SimAdEMAMix first({b}, options);
-  data.run(b, first, 0, 3);
-  const auto bytes = save_to_string(first);
-  auto c = leaf(b.detach());
-  SimAdEMAMix second({c}, SimAdEMAMixOptions(0.5).correct_bias(false));  // options come from the archive
-  load_from_string(second, bytes);
-  const auto& o = static_cast<const SimAdEMAMixOptions&>(second.param_groups()[0].options());
-  EXPECT_TRUE(o == options);
-  data.run(c, second, 3, 6);
-  EXPECT_TRUE(at::equal(a.detach(), c.detach()));
-}
+MUON_ELEMENTWISE_CASES(SimAdEMAMix, SimAdEMAMixCase)
 
-TEST(SimAdEMAMix, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
-  auto p = leaf(at::randn({3}));
-  Signum signum({p});
-  p.mutable_grad() = at::ones({3});
-  signum.step();
-  const auto bytes = save_to_string(signum);
-  SimAdEMAMix opt({p}, SimAdEMAMixOptions(0.2));
-  expect_value_error([&] { load_from_string(opt, bytes); }, {"[muon::SimAdEMAMix]", "muon::Signum"});
-  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
-  EXPECT_TRUE(opt.state().empty());
-}
-
-TEST(SimAdEMAMix, BuiltFromAConfigWithItsFieldsAndExplained) {
-  ckpt::Named named;
-  named.insert("w", leaf(at::randn({8, 4})));
-  named.insert("b", leaf(at::randn({8})));
-  OptimizerConfig config;
-  apply_config_json(config, R"({"optimizer": "sim_ademamix", "lr": 0.01, "sim_ademamix_beta2": 0.98,
-                                "sim_ademamix_num_beta_fast_warmup_steps": 100,
-                                "sim_ademamix_alpha": 0.5, "sim_ademamix_correct_bias": false})");
-  auto opt = muon::make_optimizer(named, config);
-  ASSERT_EQ(opt->num_parts(), 1u);
-  EXPECT_EQ(opt->part_name(0), "sim_ademamix");
-  auto* sim = dynamic_cast<SimAdEMAMix*>(opt->find_part("sim_ademamix"));
-  ASSERT_NE(sim, nullptr);
-  const auto& o = static_cast<const SimAdEMAMixOptions&>(sim->param_groups()[0].options());
-  EXPECT_EQ(o.lr(), 0.01);
-  EXPECT_EQ(o.beta1(), 0.9999);
-  EXPECT_EQ(o.beta2(), 0.98);
-  EXPECT_EQ(o.num_beta_fast_warmup_steps(), 100);
-  EXPECT_EQ(o.min_beta_fast(), 0.9);
-  EXPECT_EQ(o.alpha(), 0.5);
-  EXPECT_FALSE(o.correct_bias());
-  for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
-  opt->step();
-  EXPECT_EQ(muon::optimizer_state_bytes(*opt), 2 * (32 + 8) * 4);
-  const auto text = muon::explain(named, config);
-  EXPECT_NE(text.find("state of sim_ademamix: step [counter], exp_avg [param, zeros, rows], "
-                      "exp_avg_sq [param, zeros, rows]"),
-            std::string::npos)
-      << text;
-}
-
-// Parameter values of `r`, cloned.
-ckpt::Named values_of(ckpt::Rank& r) {
-  ckpt::Named out;
-  for (const auto& item : r.named) out.insert(item.key(), item.value().detach().clone());
-  return out;
-}
-
-// A leg of the reshard chain (reshard_leg) with SimAdEMAMix; each rank's part
-// must equal `reference` bit for bit: SimAdEMAMix is elementwise, so every layout
-// computes each element with the same operations on the same values, and
-// the state moves with its parameter's rows.
-void leg(const std::string& kind, int world, const std::string& in, const std::string& out,
-         int64_t from, int64_t to, const ckpt::Named& reference, const std::string& what) {
-  ckpt::reshard_leg(kind, world, in, out, from, to, "sim_ademamix", what,
-                    [&](ckpt::Rank& r, const dist::Group& group) {
-                      for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
-                        const auto& name = ckpt::kModel[k].first;
-                        EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
-                            << what << " " << name << " rank " << group.rank();
-                      }
-                    });
-}
-
-TEST(SimAdEMAMix, EveryLayoutEqualsOneProcessAndCheckpointsReshardBitIdentically) {
-  std::vector<ckpt::Named> after(6);  // after[s]: one process after s steps
-  run_ranks(1, [&](dist::Group& g) {
-    ckpt::Rank r("none", g, "sim_ademamix");
-    for (int64_t s = 1; s <= 5; ++s) {
-      r.train(s - 1, s);
-      after[static_cast<size_t>(s)] = values_of(r);
-    }
-    EXPECT_EQ(dist::detail::state_slots(*r.opt).at(0).kind, "sim_ademamix");
-  });
-  const auto dir =
-      fs::temp_directory_path() / ("muon_sim_ademamix_reshard_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
-  // Sharded at 2 ranks → layer-wise at 3 → one process → tensor-parallel at
-  // 2 → a (dp 2, tp 2) mesh: the moments are split by rows or columns,
-  // gathered whole and split again; the step counter travels.
-  leg("sharded", 2, "", d("a"), 0, 1, after[1], "sharded W=2");
-  leg("layerwise", 3, d("a"), d("b"), 1, 2, after[2], "layer-wise W=3 from sharded W=2");
-  leg("none", 1, d("b"), d("c"), 2, 3, after[3], "single from layer-wise W=3");
-  leg("tp", 2, d("c"), d("e"), 3, 4, after[4], "tensor-parallel W=2 from single");
-  leg("2d", 4, d("e"), d("f"), 4, 5, after[5], "dp x tp 2x2 from tensor-parallel W=2");
-  fs::remove_all(dir);
+TEST(SimAdEMAMix, L2DecayLeavesTheCallersGradientUnchanged) {
+  elementwise::l2_decay_leaves_the_callers_gradient_unchanged<SimAdEMAMixCase>();
 }
 
 }  // namespace

@@ -1,26 +1,34 @@
 // What the library's element-wise optimizers (muon::Lion, muon::LaProp,
 // muon::Signum, muon::SimAdEMAMix) share: the walk over the parameters a
 // step updates, their options checks, archive reads of option fields,
-// Emerging-Optimizers' weight decay methods, and save/load in LibTorch's archive layout with each group's options
-// written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
+// Emerging-Optimizers' weight decay methods, and save/load in LibTorch's archive layout with each
+// group's options written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
 // "<prefix>_group_size/<i>" (LibTorch's generic loader restores state
-// only). Internal.
+// only), and the definitions of muon::ElementwiseParamState and
+// muon::ElementwiseOptimizer (muon/optim/elementwise.h), which each
+// optimizer's source file instantiates. Internal.
 #pragma once
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 #include <torch/serialize/archive.h>
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "muon/compat.h"
+#include "muon/optim/elementwise.h"
 #include "muon/optim/step_guard.h"
 #include "optim/archive_kind.h"
+#include "optim/closure.h"
 
 namespace muon::detail {
 
@@ -72,8 +80,8 @@ inline int weight_decay_method_code(const std::string& method) {
 /// '<method>'" unless `method` is one of weight_decay_method_names().
 inline void check_weight_decay_method(const char* who, const std::string& method) {
   TORCH_CHECK_VALUE(weight_decay_method_code(method) >= 0, who,
-                    "weight_decay_method must be one of decoupled, independent, l2, got '",
-                    method, "'");
+                    "weight_decay_method must be one of decoupled, independent, l2, got '", method,
+                    "'");
 }
 
 /// Weight decay `wd` by `method`, as Emerging-Optimizers' WeightDecayMixin
@@ -214,3 +222,161 @@ int64_t buffer_bytes(const torch::optim::Optimizer& opt, Buffers buffers_of) {
 }
 
 }  // namespace muon::detail
+
+namespace muon {
+
+namespace detail {
+
+/// "[<kind>] ", the prefix of `Derived`'s messages (e.g. "[muon::Lion] ").
+template <typename Derived>
+const char* who_of() {
+  static const std::string who = std::string("[") + Derived::kKind + "] ";
+  return who.c_str();
+}
+
+/// "<kind>Options", the options type `Derived`'s messages name.
+template <typename Derived>
+const char* options_name_of() {
+  static const std::string name = std::string(Derived::kKind) + "Options";
+  return name.c_str();
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// Reads the field under `key` into `field` (by its type).
+inline void read_field(torch::serialize::InputArchive& archive, const char* key, double& field) {
+  field = read_archived_double(archive, key);
+}
+inline void read_field(torch::serialize::InputArchive& archive, const char* key, bool& field) {
+  field = read_archived_bool(archive, key);
+}
+inline void read_field(torch::serialize::InputArchive& archive, const char* key, int64_t& field) {
+  field = read_archived_int(archive, key);
+}
+inline void read_field(torch::serialize::InputArchive& archive, const char* key,
+                       std::string& field) {
+  field = read_archived_string(archive, key);
+}
+
+}  // namespace detail
+
+template <typename Self>
+void ElementwiseOptions<Self>::serialize(torch::serialize::InputArchive& archive) {
+  auto fields = Self::fields(static_cast<Self&>(*this));
+  static_assert(std::tuple_size_v<decltype(fields)> == Self::kFields.size());
+  std::apply(
+      [&](auto&... field) {
+        size_t i = 0;
+        (detail::read_field(archive, Self::kFields[i++], field), ...);
+      },
+      fields);
+}
+
+template <typename Self>
+void ElementwiseOptions<Self>::serialize(torch::serialize::OutputArchive& archive) const {
+  std::apply(
+      [&](const auto&... field) {
+        size_t i = 0;
+        (archive.write(Self::kFields[i++], c10::IValue(field)), ...);
+      },
+      Self::fields(static_cast<const Self&>(*this)));
+}
+
+template <typename Self, size_t N>
+void ElementwiseParamState<Self, N>::serialize(torch::serialize::InputArchive& archive) {
+  step_ = detail::read_archived_int(archive, "step");
+  const auto buffers = static_cast<Self&>(*this).buffers();
+  for (size_t i = 0; i < N; ++i)
+    *buffers[i] = detail::read_optional_buffer(archive, Self::kBuffers[i]);
+}
+
+template <typename Self, size_t N>
+void ElementwiseParamState<Self, N>::serialize(torch::serialize::OutputArchive& archive) const {
+  archive.write("step", c10::IValue(step_));
+  const auto buffers = const_buffers();
+  for (size_t i = 0; i < N; ++i)
+    detail::write_optional_buffer(archive, Self::kBuffers[i], *buffers[i]);
+}
+
+template <typename Self, size_t N>
+std::array<const at::Tensor*, N> ElementwiseParamState<Self, N>::const_buffers() const {
+  const auto buffers = const_cast<Self&>(static_cast<const Self&>(*this)).buffers();
+  std::array<const at::Tensor*, N> out{};
+  for (size_t i = 0; i < N; ++i) out[i] = buffers[i];
+  return out;
+}
+
+template <typename Self, size_t N>
+bool ElementwiseParamState<Self, N>::equals(const Self& other) const {
+  if (step_ != other.step()) return false;
+  const auto a = const_buffers();
+  const auto b = other.const_buffers();
+  for (size_t i = 0; i < N; ++i) {
+    if (!detail::same_buffer(*a[i], *b[i])) return false;
+  }
+  return true;
+}
+
+template <typename Derived, typename Options, typename State>
+ElementwiseOptimizer<Derived, Options, State>::ElementwiseOptimizer(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults)
+    : Optimizer(param_groups, std::make_unique<Options>(defaults)) {
+  defaults.validate();
+  compat::reapply_group_options(*this, param_groups);
+  check_before_step();
+}
+
+template <typename Derived, typename Options, typename State>
+ElementwiseOptimizer<Derived, Options, State>::ElementwiseOptimizer(std::vector<at::Tensor> params,
+                                                                    Options defaults)
+    : ElementwiseOptimizer(
+          std::vector<torch::optim::OptimizerParamGroup>{
+              torch::optim::OptimizerParamGroup(std::move(params))},
+          std::move(defaults)) {}
+
+template <typename Derived, typename Options, typename State>
+void ElementwiseOptimizer<Derived, Options, State>::check_before_step() {
+  detail::check_group_options<Options>(param_groups_, detail::who_of<Derived>(),
+                                       detail::options_name_of<Derived>());
+}
+
+template <typename Derived, typename Options, typename State>
+at::Tensor ElementwiseOptimizer<Derived, Options, State>::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss = detail::loss_of(closure);
+  // A scheduler or a direct edit may have changed options since: every group
+  // is checked before any is stepped.
+  if (!admit_step(param_groups_, detail::who_of<Derived>(), [this] { check_before_step(); }))
+    return loss;
+  detail::for_each_stepped<State, Options>(
+      *this,
+      [](const at::Tensor& p) {
+        auto st = std::make_unique<State>();
+        for (at::Tensor* buffer : st->buffers())
+          *buffer = at::zeros_like(p, at::MemoryFormat::Preserve);
+        return st;
+      },
+      &Derived::update);
+  return loss;
+}
+
+template <typename Derived, typename Options, typename State>
+int64_t ElementwiseOptimizer<Derived, Options, State>::state_bytes() const {
+  return detail::buffer_bytes<State>(*this, [](const State& s) { return s.const_buffers(); });
+}
+
+template <typename Derived, typename Options, typename State>
+void ElementwiseOptimizer<Derived, Options, State>::save(
+    torch::serialize::OutputArchive& archive) const {
+  detail::save_with_options<State, Options>(*this, archive, Derived::kPrefix, Derived::kKind);
+}
+
+template <typename Derived, typename Options, typename State>
+void ElementwiseOptimizer<Derived, Options, State>::load(torch::serialize::InputArchive& archive) {
+  detail::load_with_options<State, Options>(*this, archive, Derived::kPrefix,
+                                            detail::who_of<Derived>(), Derived::kKind);
+}
+
+}  // namespace muon

@@ -1,43 +1,16 @@
-// The LaProp optimizer: options, state, step, save/load.
+// The LaProp optimizer: options and the update (the rest is muon::ElementwiseOptimizer).
 #include "muon/optim/laprop.h"
 
 #include <c10/util/Exception.h>
 
-#include <array>
 #include <cmath>
-#include <memory>
-#include <utility>
 
-#include "muon/compat.h"
-#include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
 
 namespace muon {
 namespace {
 
-using detail::read_archived_double;
-using torch::optim::OptimizerParamGroup;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
-
 constexpr const char* kWho = "[muon::LaProp] ";
-
-// One step of LaProp on `p` (the header's formula; the order and the
-// operations of Emerging-Optimizers' LaProp and calculate_laprop_update).
-void laprop_update(at::Tensor& p, const at::Tensor& grad, LaPropParamState& st,
-                   const LaPropOptions& o) {
-  st.step(st.step() + 1);
-  const auto t = static_cast<double>(st.step());
-  const double bias1 = o.correct_bias() ? 1 - std::pow(o.beta1(), t) : 1.0;
-  const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
-  if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
-  auto& m = st.exp_avg();
-  auto& v = st.exp_avg_sq();
-  v.lerp_(grad.square(), 1 - o.beta2());
-  const auto denom = v.div(bias2).sqrt_().add_(o.eps());
-  m.lerp_(grad / denom, 1 - o.beta1());
-  p.add_(m / bias1, -o.lr());
-}
 
 }  // namespace
 
@@ -52,103 +25,29 @@ void LaPropOptions::validate() const {
                     "weight_decay must be >= 0, got ", weight_decay_);
 }
 
-void LaPropOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr_));
-  archive.write("beta1", c10::IValue(beta1_));
-  archive.write("beta2", c10::IValue(beta2_));
-  archive.write("eps", c10::IValue(eps_));
-  archive.write("weight_decay", c10::IValue(weight_decay_));
-  archive.write("correct_bias", c10::IValue(correct_bias_));
-}
-
 void LaPropOptions::mix_settings(SettingsDigest& mix) const {
   mix(beta1_, beta2_, eps_, weight_decay_, correct_bias_);
 }
 
-void LaPropOptions::serialize(InputArchive& archive) {
-  lr_ = read_archived_double(archive, "lr");
-  beta1_ = read_archived_double(archive, "beta1");
-  beta2_ = read_archived_double(archive, "beta2");
-  eps_ = read_archived_double(archive, "eps");
-  weight_decay_ = read_archived_double(archive, "weight_decay");
-  correct_bias_ = detail::read_archived_bool(archive, "correct_bias");
+// One step of LaProp on `p` (the header's formula; the order and the
+// operations of Emerging-Optimizers' LaProp and calculate_laprop_update).
+void LaProp::update(at::Tensor& p, const at::Tensor& grad, LaPropParamState& st,
+                   const LaPropOptions& o) {
+  st.step(st.step() + 1);
+  const auto t = static_cast<double>(st.step());
+  const double bias1 = o.correct_bias() ? 1 - std::pow(o.beta1(), t) : 1.0;
+  const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
+  if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+  auto& m = st.exp_avg();
+  auto& v = st.exp_avg_sq();
+  v.lerp_(grad.square(), 1 - o.beta2());
+  const auto denom = v.div(bias2).sqrt_().add_(o.eps());
+  m.lerp_(grad / denom, 1 - o.beta1());
+  p.add_(m / bias1, -o.lr());
 }
 
-bool operator==(const LaPropOptions& a, const LaPropOptions& b) {
-  return a.lr() == b.lr() && a.beta1() == b.beta1() && a.beta2() == b.beta2() &&
-         a.eps() == b.eps() && a.weight_decay() == b.weight_decay() &&
-         a.correct_bias() == b.correct_bias();
-}
-
-double LaPropOptions::get_lr() const { return lr(); }
-
-void LaPropOptions::set_lr(const double lr) { this->lr(lr); }
-
-void LaPropParamState::serialize(OutputArchive& archive) const {
-  archive.write("step", c10::IValue(step_));
-  detail::write_optional_buffer(archive, "exp_avg", exp_avg_);
-  detail::write_optional_buffer(archive, "exp_avg_sq", exp_avg_sq_);
-}
-
-void LaPropParamState::serialize(InputArchive& archive) {
-  c10::IValue step;
-  archive.read("step", step);
-  step_ = step.toInt();
-  exp_avg_ = detail::read_optional_buffer(archive, "exp_avg");
-  exp_avg_sq_ = detail::read_optional_buffer(archive, "exp_avg_sq");
-}
-
-bool operator==(const LaPropParamState& a, const LaPropParamState& b) {
-  return a.step() == b.step() && detail::same_buffer(a.exp_avg(), b.exp_avg()) &&
-         detail::same_buffer(a.exp_avg_sq(), b.exp_avg_sq());
-}
-
-LaProp::LaProp(std::vector<OptimizerParamGroup> param_groups, LaPropOptions defaults)
-    : Optimizer(param_groups, std::make_unique<LaPropOptions>(defaults)) {
-  defaults.validate();
-  compat::reapply_group_options(*this, param_groups);
-  check_before_step();
-}
-
-LaProp::LaProp(std::vector<at::Tensor> params, LaPropOptions defaults)
-    : LaProp(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
-             std::move(defaults)) {}
-
-void LaProp::check_before_step() {
-  detail::check_group_options<LaPropOptions>(param_groups_, kWho, "muon::LaPropOptions");
-}
-
-at::Tensor LaProp::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss = detail::loss_of(closure);
-  // A scheduler or a direct edit may have changed options since: every group
-  // is checked before any is stepped.
-  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
-  detail::for_each_stepped<LaPropParamState, LaPropOptions>(
-      *this,
-      [](const at::Tensor& p) {
-        auto st = std::make_unique<LaPropParamState>();
-        st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        return st;
-      },
-      laprop_update);
-  return loss;
-}
-
-int64_t LaProp::state_bytes() const {
-  return detail::buffer_bytes<LaPropParamState>(*this, [](const LaPropParamState& s) {
-    return std::array<const at::Tensor*, 2>{&s.exp_avg(), &s.exp_avg_sq()};
-  });
-}
-
-void LaProp::save(OutputArchive& archive) const {
-  detail::save_with_options<LaPropParamState, LaPropOptions>(*this, archive, "laprop", "muon::LaProp");
-}
-
-void LaProp::load(InputArchive& archive) {
-  detail::load_with_options<LaPropParamState, LaPropOptions>(*this, archive, "laprop", kWho,
-                                                             "muon::LaProp");
-}
+template struct ElementwiseOptions<LaPropOptions>;
+template struct ElementwiseParamState<LaPropParamState, 2>;
+template class ElementwiseOptimizer<LaProp, LaPropOptions, LaPropParamState>;
 
 }  // namespace muon

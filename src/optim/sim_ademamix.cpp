@@ -1,25 +1,14 @@
-// Simplified AdEMAMix: options, state, step, save/load.
+// Simplified AdEMAMix: options and the update (the rest is muon::ElementwiseOptimizer).
 #include "muon/optim/sim_ademamix.h"
 
 #include <c10/util/Exception.h>
 
-#include <array>
 #include <cmath>
-#include <memory>
-#include <utility>
 
-#include "muon/compat.h"
-#include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
 
 namespace muon {
 namespace {
-
-using detail::read_archived_bool;
-using detail::read_archived_double;
-using torch::optim::OptimizerParamGroup;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::SimAdEMAMix] ";
 
@@ -27,27 +16,6 @@ constexpr const char* kWho = "[muon::SimAdEMAMix] ";
 // half-life map of the warmup; 1e-8 keeps ln(b) finite at b = 0).
 double half_life(const double beta) { return std::log(0.5) / std::log(beta + 1e-8) - 1; }
 double beta_of_half_life(const double steps) { return std::pow(0.5, 1 / (steps + 1)); }
-
-// One step of Simplified AdEMAMix on `p` (the header's formula; the order
-// and the operations of Emerging-Optimizers' TwoMomentsOptimizer.step and
-// calculate_sim_ademamix_update).
-void sim_ademamix_update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParamState& st,
-                         const SimAdEMAMixOptions& o) {
-  st.step(st.step() + 1);
-  const auto t = static_cast<double>(st.step());
-  const double beta = sim_ademamix_beta(o, st.step());
-  const auto g = detail::apply_weight_decay(p, grad, o.weight_decay_method(), o.lr(),
-                                            o.weight_decay());
-  auto& m = st.exp_avg();
-  auto& v = st.exp_avg_sq();
-  m.mul_(beta).add_(g);
-  v.lerp_(g.square(), 1 - o.beta2());
-  const double bias1 = o.correct_bias() ? (1 - std::pow(beta, t)) / (1 - beta) : 1.0;
-  const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
-  const auto denom = v.div(bias2).sqrt_().add_(o.eps());
-  const auto numer = (g * o.alpha()).add_(m / bias1);
-  p.add_(numer.div_(denom), -o.lr());
-}
 
 }  // namespace
 
@@ -76,116 +44,34 @@ void SimAdEMAMixOptions::validate() const {
   TORCH_CHECK_VALUE(std::isfinite(alpha_), kWho, "alpha must be finite, got ", alpha_);
 }
 
-void SimAdEMAMixOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr_));
-  archive.write("beta1", c10::IValue(beta1_));
-  archive.write("beta2", c10::IValue(beta2_));
-  archive.write("eps", c10::IValue(eps_));
-  archive.write("weight_decay", c10::IValue(weight_decay_));
-  archive.write("weight_decay_method", c10::IValue(weight_decay_method_));
-  archive.write("correct_bias", c10::IValue(correct_bias_));
-  archive.write("num_beta_fast_warmup_steps", c10::IValue(num_beta_fast_warmup_steps_));
-  archive.write("min_beta_fast", c10::IValue(min_beta_fast_));
-  archive.write("alpha", c10::IValue(alpha_));
-}
-
-void SimAdEMAMixOptions::serialize(InputArchive& archive) {
-  lr_ = read_archived_double(archive, "lr");
-  beta1_ = read_archived_double(archive, "beta1");
-  beta2_ = read_archived_double(archive, "beta2");
-  eps_ = read_archived_double(archive, "eps");
-  weight_decay_ = read_archived_double(archive, "weight_decay");
-  weight_decay_method_ = detail::read_archived_string(archive, "weight_decay_method");
-  correct_bias_ = read_archived_bool(archive, "correct_bias");
-  num_beta_fast_warmup_steps_ = detail::read_archived_int(archive, "num_beta_fast_warmup_steps");
-  min_beta_fast_ = read_archived_double(archive, "min_beta_fast");
-  alpha_ = read_archived_double(archive, "alpha");
-}
-
 void SimAdEMAMixOptions::mix_settings(SettingsDigest& mix) const {
   mix(beta1_, beta2_, eps_, weight_decay_, detail::weight_decay_method_code(weight_decay_method_),
       correct_bias_, num_beta_fast_warmup_steps_, min_beta_fast_, alpha_);
 }
 
-bool operator==(const SimAdEMAMixOptions& a, const SimAdEMAMixOptions& b) {
-  return a.lr() == b.lr() && a.beta1() == b.beta1() && a.beta2() == b.beta2() &&
-         a.eps() == b.eps() && a.weight_decay() == b.weight_decay() &&
-         a.weight_decay_method() == b.weight_decay_method() &&
-         a.correct_bias() == b.correct_bias() &&
-         a.num_beta_fast_warmup_steps() == b.num_beta_fast_warmup_steps() &&
-         a.min_beta_fast() == b.min_beta_fast() && a.alpha() == b.alpha();
+// One step of Simplified AdEMAMix on `p` (the header's formula; the order
+// and the operations of Emerging-Optimizers' TwoMomentsOptimizer.step and
+// calculate_sim_ademamix_update).
+void SimAdEMAMix::update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParamState& st,
+                         const SimAdEMAMixOptions& o) {
+  st.step(st.step() + 1);
+  const auto t = static_cast<double>(st.step());
+  const double beta = sim_ademamix_beta(o, st.step());
+  const auto g = detail::apply_weight_decay(p, grad, o.weight_decay_method(), o.lr(),
+                                            o.weight_decay());
+  auto& m = st.exp_avg();
+  auto& v = st.exp_avg_sq();
+  m.mul_(beta).add_(g);
+  v.lerp_(g.square(), 1 - o.beta2());
+  const double bias1 = o.correct_bias() ? (1 - std::pow(beta, t)) / (1 - beta) : 1.0;
+  const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
+  const auto denom = v.div(bias2).sqrt_().add_(o.eps());
+  const auto numer = (g * o.alpha()).add_(m / bias1);
+  p.add_(numer.div_(denom), -o.lr());
 }
 
-double SimAdEMAMixOptions::get_lr() const { return lr(); }
-
-void SimAdEMAMixOptions::set_lr(const double lr) { this->lr(lr); }
-
-void SimAdEMAMixParamState::serialize(OutputArchive& archive) const {
-  archive.write("step", c10::IValue(step_));
-  detail::write_optional_buffer(archive, "exp_avg", exp_avg_);
-  detail::write_optional_buffer(archive, "exp_avg_sq", exp_avg_sq_);
-}
-
-void SimAdEMAMixParamState::serialize(InputArchive& archive) {
-  step_ = detail::read_archived_int(archive, "step");
-  exp_avg_ = detail::read_optional_buffer(archive, "exp_avg");
-  exp_avg_sq_ = detail::read_optional_buffer(archive, "exp_avg_sq");
-}
-
-bool operator==(const SimAdEMAMixParamState& a, const SimAdEMAMixParamState& b) {
-  return a.step() == b.step() && detail::same_buffer(a.exp_avg(), b.exp_avg()) &&
-         detail::same_buffer(a.exp_avg_sq(), b.exp_avg_sq());
-}
-
-SimAdEMAMix::SimAdEMAMix(std::vector<OptimizerParamGroup> param_groups,
-                         SimAdEMAMixOptions defaults)
-    : Optimizer(param_groups, std::make_unique<SimAdEMAMixOptions>(defaults)) {
-  defaults.validate();
-  compat::reapply_group_options(*this, param_groups);
-  check_before_step();
-}
-
-SimAdEMAMix::SimAdEMAMix(std::vector<at::Tensor> params, SimAdEMAMixOptions defaults)
-    : SimAdEMAMix(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
-                  std::move(defaults)) {}
-
-void SimAdEMAMix::check_before_step() {
-  detail::check_group_options<SimAdEMAMixOptions>(param_groups_, kWho,
-                                                  "muon::SimAdEMAMixOptions");
-}
-
-at::Tensor SimAdEMAMix::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss = detail::loss_of(closure);
-  // A scheduler or a direct edit may have changed options since: every group
-  // is checked before any is stepped.
-  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
-  detail::for_each_stepped<SimAdEMAMixParamState, SimAdEMAMixOptions>(
-      *this,
-      [](const at::Tensor& p) {
-        auto st = std::make_unique<SimAdEMAMixParamState>();
-        st->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        st->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        return st;
-      },
-      sim_ademamix_update);
-  return loss;
-}
-
-int64_t SimAdEMAMix::state_bytes() const {
-  return detail::buffer_bytes<SimAdEMAMixParamState>(*this, [](const SimAdEMAMixParamState& s) {
-    return std::array<const at::Tensor*, 2>{&s.exp_avg(), &s.exp_avg_sq()};
-  });
-}
-
-void SimAdEMAMix::save(OutputArchive& archive) const {
-  detail::save_with_options<SimAdEMAMixParamState, SimAdEMAMixOptions>(
-      *this, archive, "sim_ademamix", "muon::SimAdEMAMix");
-}
-
-void SimAdEMAMix::load(InputArchive& archive) {
-  detail::load_with_options<SimAdEMAMixParamState, SimAdEMAMixOptions>(
-      *this, archive, "sim_ademamix", kWho, "muon::SimAdEMAMix");
-}
+template struct ElementwiseOptions<SimAdEMAMixOptions>;
+template struct ElementwiseParamState<SimAdEMAMixParamState, 2>;
+template class ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState>;
 
 }  // namespace muon

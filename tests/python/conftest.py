@@ -311,6 +311,53 @@ def max_diff(a, b):
     return (a.detach().to(torch.float64) - b.detach().to(torch.float64)).abs().max().item()
 
 
+# fp32 against an fp64 reference over 5 steps, relative to the largest value
+# of the tensor (each test file says why its arithmetic stays within it).
+FP32_STEP_TOL = 1e-5
+
+
+def leaf(t):
+    """A fresh leaf tensor with t's values that requires grad."""
+    return t.detach().clone().requires_grad_(True)
+
+
+def seeded_params(shapes, seed=0):
+    """(generator, [(name, leaf)], {name: RefParam}) for `shapes` ({name: shape})."""
+    gen = torch.Generator().manual_seed(seed)
+    named = [(n, leaf(torch.randn(*s, generator=gen))) for n, s in shapes.items()]
+    return gen, named, {n: RefParam(p) for n, p in named}
+
+
+def within_fp32_steps(t, ref):
+    """Whether every element of t is within FP32_STEP_TOL of ref's largest |value|."""
+    return max_diff(t, ref) <= FP32_STEP_TOL * ref.abs().max().item()
+
+
+def ref_weight_decay(s, g, method, lr, wd):
+    """Emerging-Optimizers' WeightDecayMixin (emerging_optimizers/mixin.py) on
+    RefParam s before the update: "decoupled" p ← p − wd·lr·p, "independent"
+    p ← p − wd·p, "l2" g ← g + wd·p. Returns the gradient the update uses."""
+    if method == "decoupled":
+        s.p = s.p - wd * lr * s.p
+    elif method == "independent":
+        s.p = s.p - wd * s.p
+    else:
+        g = g + wd * s.p
+    return g
+
+
+def assert_matches_reference(opt, named, refs, buffers, steps=5):
+    """Parameters and state of `opt` equal `refs` within FP32_STEP_TOL; the state
+    holds "step" == steps and the keys of `buffers` ({key: RefParam attribute})."""
+    for n, p in named:
+        r = refs[n]
+        assert within_fp32_steps(p, r.p), n
+        st = opt.state[p]
+        assert set(st) == {"step", *buffers} and int(st["step"]) == steps, (n, set(st))
+        for key, attr in buffers.items():
+            assert within_fp32_steps(st[key], getattr(r, attr)), (n, key)
+
+
 def value_error(fn, *patterns):
     """Runs fn, expects ValueError whose message matches every regex in patterns;
     returns the message."""

@@ -9,13 +9,7 @@ normalization is off by > 1e-3.
 import torch
 
 import muon_cpp
-from conftest import RefParam, max_diff, value_error
-
-FP32_STEP_TOL = 1e-5
-
-
-def leaf(t):
-    return t.detach().clone().requires_grad_(True)
+from conftest import assert_matches_reference, leaf, seeded_params, value_error
 
 
 def ref_laprop_step(s, g, t, lr, beta1, beta2, eps, wd):
@@ -33,10 +27,8 @@ def ref_laprop_step(s, g, t, lr, beta1, beta2, eps, wd):
 
 
 def test_laprop_from_make_optimizer_matches_the_published_update():
-    gen = torch.Generator().manual_seed(0)
-    shapes = {"w": (5, 7), "tall": (12, 3), "conv": (4, 3, 3, 3), "b": (6,)}
-    named = [(n, leaf(torch.randn(*s, generator=gen))) for n, s in shapes.items()]
-    refs = {n: RefParam(p) for n, p in named}
+    gen, named, refs = seeded_params({"w": (5, 7), "tall": (12, 3), "conv": (4, 3, 3, 3),
+                                      "b": (6,)})
     opt = muon_cpp.make_optimizer(named, {"optimizer": "laprop", "lr": 0.01, "weight_decay": 0.1,
                                           "laprop_beta1": 0.8, "laprop_beta2": 0.95})
     g0 = opt.param_groups[0]
@@ -48,14 +40,8 @@ def test_laprop_from_make_optimizer_matches_the_published_update():
             p.grad = g.clone()
             ref_laprop_step(refs[n], g, t, 0.01, 0.8, 0.95, 1e-8, 0.1)
         opt.step()
-    for n, p in named:
-        # fp32 against fp64 over 5 steps: 1e-5 of the largest element (see the top).
-        r = refs[n]
-        assert max_diff(p, r.p) <= FP32_STEP_TOL * r.p.abs().max().item(), n
-        st = opt.state[p]
-        assert set(st) == {"step", "exp_avg", "exp_avg_sq"} and int(st["step"]) == 5
-        assert max_diff(st["exp_avg"], r.buf) <= FP32_STEP_TOL * r.buf.abs().max().item(), n
-        assert max_diff(st["exp_avg_sq"], r.v) <= FP32_STEP_TOL * r.v.abs().max().item(), n
+    # fp32 against fp64 over 5 steps: 1e-5 of the largest element (see the top).
+    assert_matches_reference(opt, named, refs, {"exp_avg": "buf", "exp_avg_sq": "v"})
 
 
 def test_laprop_defaults_and_errors():

@@ -15,13 +15,8 @@ import pytest
 import torch
 
 import muon_cpp
-from conftest import RefParam, max_diff, value_error
-
-FP32_STEP_TOL = 1e-5
-
-
-def leaf(t):
-    return t.detach().clone().requires_grad_(True)
+from conftest import (RefParam, assert_matches_reference, leaf, ref_weight_decay, seeded_params,
+                      value_error, within_fp32_steps)
 
 
 def ref_signum_step(s, g, t, lr, momentum, wd, method, correct_bias, nesterov):
@@ -29,12 +24,7 @@ def ref_signum_step(s, g, t, lr, momentum, wd, method, correct_bias, nesterov):
     g = g.to(torch.float64)
     if s.buf is None:
         s.buf = torch.zeros_like(s.p)
-    if method == "decoupled":
-        s.p = s.p - wd * lr * s.p
-    elif method == "independent":
-        s.p = s.p - wd * s.p
-    else:
-        g = g + wd * s.p
+    g = ref_weight_decay(s, g, method, lr, wd)
     s.buf = momentum * s.buf + (1 - momentum) * g
     c1 = 1 - momentum ** t if correct_bias else 1.0
     cn = 1 - momentum ** (t + 1) if correct_bias else 1.0
@@ -46,10 +36,8 @@ def ref_signum_step(s, g, t, lr, momentum, wd, method, correct_bias, nesterov):
 @pytest.mark.parametrize("method", ["decoupled", "independent", "l2"])
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_signum_from_make_optimizer_matches_the_published_update(method, nesterov):
-    gen = torch.Generator().manual_seed(0)
-    shapes = {"w": (5, 7), "tall": (12, 3), "conv": (4, 3, 3, 3), "experts": (3, 4, 5), "b": (6,)}
-    named = [(n, leaf(torch.randn(*s, generator=gen))) for n, s in shapes.items()]
-    refs = {n: RefParam(p) for n, p in named}
+    gen, named, refs = seeded_params(
+        {"w": (5, 7), "tall": (12, 3), "conv": (4, 3, 3, 3), "experts": (3, 4, 5), "b": (6,)})
     opt = muon_cpp.make_optimizer(named, {"optimizer": "signum", "lr": 0.01, "weight_decay": 0.1,
                                           "signum_momentum": 0.8, "signum_nesterov": nesterov,
                                           "signum_weight_decay_method": method})
@@ -66,12 +54,7 @@ def test_signum_from_make_optimizer_matches_the_published_update(method, nestero
             assert closest > 1e-5, n  # the sign's argument is clear of 0 (see the top)
         opt.step()
         assert all(torch.equal(p.grad, given[n]) for n, p in named)  # l2 decays a copy
-    for n, p in named:
-        r = refs[n]
-        assert max_diff(p, r.p) <= FP32_STEP_TOL * r.p.abs().max().item(), n
-        st = opt.state[p]
-        assert set(st) == {"step", "exp_avg"} and int(st["step"]) == 5
-        assert max_diff(st["exp_avg"], r.buf) <= FP32_STEP_TOL * r.buf.abs().max().item(), n
+    assert_matches_reference(opt, named, refs, {"exp_avg": "buf"})
 
 
 def test_signum_class_with_groups_and_l2_leaves_the_gradient():
@@ -88,8 +71,8 @@ def test_signum_class_with_groups_and_l2_leaves_the_gradient():
         ref_signum_step(rb, gb, t, 0.02, 0.5, 0.2, "l2", True, True)
         opt.step()
         assert torch.equal(a.grad, ga) and torch.equal(b.grad, gb)  # l2 decays a copy
-    assert max_diff(a, ra.p) <= FP32_STEP_TOL * ra.p.abs().max().item()
-    assert max_diff(b, rb.p) <= FP32_STEP_TOL * rb.p.abs().max().item()
+    assert within_fp32_steps(a, ra.p)
+    assert within_fp32_steps(b, rb.p)
 
 
 def test_signum_defaults_and_errors():

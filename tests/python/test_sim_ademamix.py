@@ -20,13 +20,8 @@ import pytest
 import torch
 
 import muon_cpp
-from conftest import RefParam, max_diff, value_error
-
-FP32_STEP_TOL = 1e-5
-
-
-def leaf(t):
-    return t.detach().clone().requires_grad_(True)
+from conftest import (RefParam, assert_matches_reference, leaf, ref_weight_decay, seeded_params,
+                      value_error, within_fp32_steps)
 
 
 def ref_beta(t, beta1, warmup, min_beta):
@@ -46,12 +41,7 @@ def ref_step(s, g, t, lr, beta1, beta2, eps, wd, method="decoupled", correct_bia
     g = g.to(torch.float64)
     if s.buf is None:
         s.buf, s.v = torch.zeros_like(s.p), torch.zeros_like(s.p)
-    if method == "decoupled":
-        s.p = s.p - wd * lr * s.p
-    elif method == "independent":
-        s.p = s.p - wd * s.p
-    else:
-        g = g + wd * s.p
+    g = ref_weight_decay(s, g, method, lr, wd)
     b = ref_beta(t, beta1, warmup, min_beta)
     s.buf = b * s.buf + g
     s.v = beta2 * s.v + (1 - beta2) * g * g
@@ -63,10 +53,8 @@ def ref_step(s, g, t, lr, beta1, beta2, eps, wd, method="decoupled", correct_bia
 @pytest.mark.parametrize("method", ["decoupled", "independent", "l2"])
 @pytest.mark.parametrize("warmup", [0, 4])
 def test_sim_ademamix_from_make_optimizer_matches_the_published_update(method, warmup):
-    gen = torch.Generator().manual_seed(0)
-    shapes = {"w": (5, 7), "tall": (12, 3), "conv": (4, 3, 3, 3), "experts": (3, 4, 5), "b": (6,)}
-    named = [(n, leaf(torch.randn(*s, generator=gen))) for n, s in shapes.items()]
-    refs = {n: RefParam(p) for n, p in named}
+    gen, named, refs = seeded_params(
+        {"w": (5, 7), "tall": (12, 3), "conv": (4, 3, 3, 3), "experts": (3, 4, 5), "b": (6,)})
     opt = muon_cpp.make_optimizer(named, {
         "optimizer": "sim_ademamix", "lr": 0.01, "weight_decay": 0.1,
         "sim_ademamix_beta1": 0.95, "sim_ademamix_beta2": 0.9,
@@ -83,13 +71,7 @@ def test_sim_ademamix_from_make_optimizer_matches_the_published_update(method, w
             p.grad = g.clone()
             ref_step(refs[n], g, t, 0.01, 0.95, 0.9, 1e-8, 0.1, method, True, warmup, 0.5, 1.5)
         opt.step()
-    for n, p in named:
-        r = refs[n]
-        assert max_diff(p, r.p) <= FP32_STEP_TOL * r.p.abs().max().item(), n
-        st = opt.state[p]
-        assert set(st) == {"step", "exp_avg", "exp_avg_sq"} and int(st["step"]) == 5
-        assert max_diff(st["exp_avg"], r.buf) <= FP32_STEP_TOL * r.buf.abs().max().item(), n
-        assert max_diff(st["exp_avg_sq"], r.v) <= FP32_STEP_TOL * r.v.abs().max().item(), n
+    assert_matches_reference(opt, named, refs, {"exp_avg": "buf", "exp_avg_sq": "v"})
 
 
 def test_sim_ademamix_class_with_groups():
@@ -107,8 +89,8 @@ def test_sim_ademamix_class_with_groups():
         ref_step(ra, ga, t, 0.02, 0.9, 0.95, 1e-8, 0.2)
         ref_step(rb, gb, t, 0.02, 0.9, 0.95, 1e-8, 0.2, correct_bias=False, alpha=0.5)
         opt.step()
-    assert max_diff(a, ra.p) <= FP32_STEP_TOL * ra.p.abs().max().item()
-    assert max_diff(b, rb.p) <= FP32_STEP_TOL * rb.p.abs().max().item()
+    assert within_fp32_steps(a, ra.p)
+    assert within_fp32_steps(b, rb.p)
 
 
 def test_sim_ademamix_defaults_and_errors():

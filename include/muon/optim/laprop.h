@@ -24,20 +24,20 @@
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
+#include <array>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
+#include "muon/optim/elementwise.h"
 #include "muon/optim/settings_digest.h"
-#include "muon/optim/state_bytes.h"
-#include "muon/optim/step_guard.h"
 
 namespace muon {
 
 /// Options of `muon::LaProp` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9, β2 0.999, ε 1e-8,
 /// no weight decay, bias correction on.
-struct LaPropOptions : public torch::optim::OptimizerCloneableOptions<LaPropOptions>,
-                       public DigestibleOptions {
+struct LaPropOptions : public ElementwiseOptions<LaPropOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   LaPropOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -56,27 +56,23 @@ struct LaPropOptions : public torch::optim::OptimizerCloneableOptions<LaPropOpti
   TORCH_ARG(bool, correct_bias) = true;
 
  public:
+  /// Archive keys of the fields, in `fields`' order.
+  static constexpr std::array<const char*, 6> kFields{"lr",  "beta1",        "beta2",
+                                                      "eps", "weight_decay", "correct_bias"};
+  /// The fields of `o` (a LaPropOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.beta1_, o.beta2_, o.eps_, o.weight_decay_, o.correct_bias_);
+  }
   /// Checks every field; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Mixes every field that changes a step (lr aside) into `digest`.
   void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const LaPropOptions& lhs, const LaPropOptions& rhs);
-  ~LaPropOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
 };
 
-/// Per-parameter state of `muon::LaProp`.
-struct LaPropParamState : public torch::optim::OptimizerCloneableParamState<LaPropParamState> {
-  /// Steps taken on this parameter (t of the bias correction).
-  TORCH_ARG(int64_t, step) = 0;
+/// Per-parameter state of `muon::LaProp`: `step` (steps taken on this
+/// parameter, t of the bias correction) and the two moments.
+struct LaPropParamState : public ElementwiseParamState<LaPropParamState, 2> {
   /// Momentum m of the normalized gradients: the parameter's shape, dtype
   /// and device; zeros at first use.
   TORCH_ARG(at::Tensor, exp_avg);
@@ -84,13 +80,10 @@ struct LaPropParamState : public torch::optim::OptimizerCloneableParamState<LaPr
   TORCH_ARG(at::Tensor, exp_avg_sq);
 
  public:
-  /// Reads `step`, `exp_avg` and `exp_avg_sq`.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes `step`, `exp_avg` and `exp_avg_sq`.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Equal step and bit-equal buffers.
-  friend bool operator==(const LaPropParamState& lhs, const LaPropParamState& rhs);
-  ~LaPropParamState() override = default;
+  /// Archive keys of the buffers.
+  static constexpr std::array<const char*, 2> kBuffers{"exp_avg", "exp_avg_sq"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 2> buffers() { return {&exp_avg_, &exp_avg_sq_}; }
 };
 
 /// The LaProp optimizer: a `torch::optim::Optimizer` for parameters of any shape.
@@ -99,30 +92,22 @@ struct LaPropParamState : public torch::optim::OptimizerCloneableParamState<LaPr
 ///
 /// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
 /// in LibTorch's own optimizer archive layout (state matched to parameters
-/// by position), with the options beside it.
-class LaProp : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+/// by position), with the options beside it; `state_bytes` counts
+/// the two moment buffers. Constructors, step, checks and save/load are
+/// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
+class LaProp : public ElementwiseOptimizer<LaProp, LaPropOptions, LaPropParamState> {
  public:
-  /// LaProp over `param_groups`; groups without options get `defaults`.
-  explicit LaProp(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                  LaPropOptions defaults = {});
-  /// LaProp over one group of `params`.
-  explicit LaProp(std::vector<at::Tensor> params, LaPropOptions defaults = {});
+  /// LaProp over `param_groups` (groups without options get the defaults) or
+  /// over one group of parameters: (param_groups | params, LaPropOptions defaults = {}).
+  using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first (options of every group, gradients,
-  /// the non-finite policy).
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Validates every group's options and parameters; raises c10::ValueError.
-  void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores options and state written by `save` into a LaProp with the
-  /// same group structure (raises otherwise, changing nothing).
-  void load(torch::serialize::InputArchive& archive) override;
-
-  /// Bytes held in the two moment buffers.
-  int64_t state_bytes() const override;
+  /// Messages say "[muon::LaProp] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::LaProp";
+  /// Archive keys "laprop_groups", "laprop_options/<i>", "laprop_group_size/<i>".
+  static constexpr const char* kPrefix = "laprop";
+  /// One LaProp step on `param` (the header's formula).
+  static void update(at::Tensor& param, const at::Tensor& grad, LaPropParamState& state,
+                     const LaPropOptions& options);
 };
 
 }  // namespace muon

@@ -19,19 +19,19 @@
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
+#include <array>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
+#include "muon/optim/elementwise.h"
 #include "muon/optim/settings_digest.h"
-#include "muon/optim/state_bytes.h"
-#include "muon/optim/step_guard.h"
 
 namespace muon {
 
 /// Options of `muon::Lion` (per parameter group), as chained setters.
 /// Defaults are the paper's: lr 1e-4, β1 0.9, β2 0.99, no weight decay.
-struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions>,
-                     public DigestibleOptions {
+struct LionOptions : public ElementwiseOptions<LionOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   LionOptions(double lr = 1e-4);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -45,38 +45,30 @@ struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions>
   TORCH_ARG(double, weight_decay) = 0.0;
 
  public:
+  /// Archive keys of the fields, in `fields`' order.
+  static constexpr std::array<const char*, 4> kFields{"lr", "beta1", "beta2", "weight_decay"};
+  /// The fields of `o` (a LionOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.beta1_, o.beta2_, o.weight_decay_);
+  }
   /// Checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Mixes every field that changes a step (lr aside) into `digest`.
   void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const LionOptions& lhs, const LionOptions& rhs);
-  ~LionOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
 };
 
-/// Per-parameter state of `muon::Lion`.
-struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionParamState> {
-  /// Steps taken on this parameter.
-  TORCH_ARG(int64_t, step) = 0;
+/// Per-parameter state of `muon::Lion`: `step` (steps taken on this
+/// parameter) and the momentum.
+struct LionParamState : public ElementwiseParamState<LionParamState, 1> {
   /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
   TORCH_ARG(at::Tensor, exp_avg);
 
  public:
-  /// Reads `step` and `exp_avg`.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes `step` and `exp_avg`.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Equal step and bit-equal buffers.
-  friend bool operator==(const LionParamState& lhs, const LionParamState& rhs);
-  ~LionParamState() override = default;
+  /// Archive keys of the buffers.
+  static constexpr std::array<const char*, 1> kBuffers{"exp_avg"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 1> buffers() { return {&exp_avg_}; }
 };
 
 /// The Lion optimizer: a `torch::optim::Optimizer` for parameters of any shape.
@@ -85,30 +77,22 @@ struct LionParamState : public torch::optim::OptimizerCloneableParamState<LionPa
 ///
 /// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
 /// in LibTorch's own optimizer archive layout (state matched to parameters
-/// by position).
-class Lion : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+/// by position), with the options beside it; `state_bytes` counts the
+/// momentum buffers. Constructors, step, checks and save/load are
+/// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
+class Lion : public ElementwiseOptimizer<Lion, LionOptions, LionParamState> {
  public:
-  /// Lion over `param_groups`; groups without options get `defaults`.
-  explicit Lion(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                LionOptions defaults = {});
-  /// Lion over one group of `params`.
-  explicit Lion(std::vector<at::Tensor> params, LionOptions defaults = {});
+  /// Lion over `param_groups` (groups without options get the defaults) or
+  /// over one group of parameters: (param_groups | params, LionOptions defaults = {}).
+  using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first (options of every group, gradients,
-  /// the non-finite policy).
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Validates every group's options and parameters; raises c10::ValueError.
-  void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores options and state written by `save` into a Lion with the same
-  /// group structure (raises otherwise).
-  void load(torch::serialize::InputArchive& archive) override;
-
-  /// Bytes held in the momentum buffers.
-  int64_t state_bytes() const override;
+  /// Messages say "[muon::Lion] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::Lion";
+  /// Archive keys "lion_groups", "lion_options/<i>", "lion_group_size/<i>".
+  static constexpr const char* kPrefix = "lion";
+  /// One Lion step on `param` (the header's formula).
+  static void update(at::Tensor& param, const at::Tensor& grad, LionParamState& state,
+                     const LionOptions& options);
 };
 
 }  // namespace muon

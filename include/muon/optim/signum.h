@@ -26,21 +26,21 @@
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "muon/optim/elementwise.h"
 #include "muon/optim/settings_digest.h"
-#include "muon/optim/state_bytes.h"
-#include "muon/optim/step_guard.h"
 
 namespace muon {
 
 /// Options of `muon::Signum` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight
 /// decay (method "decoupled"), bias correction on, nesterov off.
-struct SignumOptions : public torch::optim::OptimizerCloneableOptions<SignumOptions>,
-                       public DigestibleOptions {
+struct SignumOptions : public ElementwiseOptions<SignumOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   SignumOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -61,38 +61,32 @@ struct SignumOptions : public torch::optim::OptimizerCloneableOptions<SignumOpti
   TORCH_ARG(bool, nesterov) = false;
 
  public:
+  /// Archive keys of the fields, in `fields`' order.
+  static constexpr std::array<const char*, 6> kFields{
+      "lr", "momentum", "weight_decay", "weight_decay_method", "correct_bias", "nesterov"};
+  /// The fields of `o` (a SignumOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.momentum_, o.weight_decay_, o.weight_decay_method_, o.correct_bias_,
+                    o.nesterov_);
+  }
   /// Checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Mixes every field that changes a step (lr aside) into `digest`.
   void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const SignumOptions& lhs, const SignumOptions& rhs);
-  ~SignumOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
 };
 
-/// Per-parameter state of `muon::Signum`.
-struct SignumParamState : public torch::optim::OptimizerCloneableParamState<SignumParamState> {
-  /// Steps taken on this parameter (t of the bias correction).
-  TORCH_ARG(int64_t, step) = 0;
+/// Per-parameter state of `muon::Signum`: `step` (steps taken on this
+/// parameter, t of the bias correction) and the momentum.
+struct SignumParamState : public ElementwiseParamState<SignumParamState, 1> {
   /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
   TORCH_ARG(at::Tensor, exp_avg);
 
  public:
-  /// Reads `step` and `exp_avg`.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes `step` and `exp_avg`.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Equal step and bit-equal buffers.
-  friend bool operator==(const SignumParamState& lhs, const SignumParamState& rhs);
-  ~SignumParamState() override = default;
+  /// Archive keys of the buffers.
+  static constexpr std::array<const char*, 1> kBuffers{"exp_avg"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 1> buffers() { return {&exp_avg_}; }
 };
 
 /// The Signum optimizer: a `torch::optim::Optimizer` for parameters of any shape.
@@ -101,30 +95,22 @@ struct SignumParamState : public torch::optim::OptimizerCloneableParamState<Sign
 ///
 /// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
 /// in LibTorch's own optimizer archive layout (state matched to parameters
-/// by position), with the options beside it.
-class Signum : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+/// by position), with the options beside it; `state_bytes` counts
+/// the momentum buffers. Constructors, step, checks and save/load are
+/// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
+class Signum : public ElementwiseOptimizer<Signum, SignumOptions, SignumParamState> {
  public:
-  /// Signum over `param_groups`; groups without options get `defaults`.
-  explicit Signum(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                  SignumOptions defaults = {});
-  /// Signum over one group of `params`.
-  explicit Signum(std::vector<at::Tensor> params, SignumOptions defaults = {});
+  /// Signum over `param_groups` (groups without options get the defaults) or
+  /// over one group of parameters: (param_groups | params, SignumOptions defaults = {}).
+  using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first (options of every group, gradients,
-  /// the non-finite policy).
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Validates every group's options and parameters; raises c10::ValueError.
-  void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores options and state written by `save` into a Signum with the
-  /// same group structure (raises otherwise, changing nothing).
-  void load(torch::serialize::InputArchive& archive) override;
-
-  /// Bytes held in the momentum buffers.
-  int64_t state_bytes() const override;
+  /// Messages say "[muon::Signum] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::Signum";
+  /// Archive keys "signum_groups", "signum_options/<i>", "signum_group_size/<i>".
+  static constexpr const char* kPrefix = "signum";
+  /// One Signum step on `param` (the header's formula).
+  static void update(at::Tensor& param, const at::Tensor& grad, SignumParamState& state,
+                     const SignumOptions& options);
 };
 
 }  // namespace muon

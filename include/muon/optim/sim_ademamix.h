@@ -30,13 +30,14 @@
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "muon/optim/elementwise.h"
 #include "muon/optim/settings_digest.h"
-#include "muon/optim/state_bytes.h"
-#include "muon/optim/step_guard.h"
 
 namespace muon {
 
@@ -44,8 +45,7 @@ namespace muon {
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9999, β2 0.999, ε 1e-8,
 /// no weight decay (method "decoupled"), bias correction on, no β warmup
 /// (min_beta_fast 0.9 when one is set), α 2.
-struct SimAdEMAMixOptions : public torch::optim::OptimizerCloneableOptions<SimAdEMAMixOptions>,
-                            public DigestibleOptions {
+struct SimAdEMAMixOptions : public ElementwiseOptions<SimAdEMAMixOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   SimAdEMAMixOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -74,21 +74,22 @@ struct SimAdEMAMixOptions : public torch::optim::OptimizerCloneableOptions<SimAd
   TORCH_ARG(double, alpha) = 2.0;
 
  public:
-  /// Checks every field; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ..., got <value>".
+  /// Archive keys of the fields, in `fields`' order.
+  // clang-format off
+  static constexpr std::array<const char*, 10> kFields{
+      "lr", "beta1", "beta2", "eps", "weight_decay", "weight_decay_method", "correct_bias",
+      "num_beta_fast_warmup_steps", "min_beta_fast", "alpha"};
+  // clang-format on
+  /// The fields of `o` (a SimAdEMAMixOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.beta1_, o.beta2_, o.eps_, o.weight_decay_, o.weight_decay_method_,
+                    o.correct_bias_, o.num_beta_fast_warmup_steps_, o.min_beta_fast_, o.alpha_);
+  }
+  /// Checks every field; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ...".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// Mixes every field that changes a step (lr aside) into `digest`.
   void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const SimAdEMAMixOptions& lhs, const SimAdEMAMixOptions& rhs);
-  ~SimAdEMAMixOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
 };
 
 /// β of step `step` (1-based) under `options`' warmup: `beta1` when
@@ -97,11 +98,9 @@ struct SimAdEMAMixOptions : public torch::optim::OptimizerCloneableOptions<SimAd
 /// _linear_half_life_warmup_scheduler).
 double sim_ademamix_beta(const SimAdEMAMixOptions& options, int64_t step);
 
-/// Per-parameter state of `muon::SimAdEMAMix`.
-struct SimAdEMAMixParamState
-    : public torch::optim::OptimizerCloneableParamState<SimAdEMAMixParamState> {
-  /// Steps taken on this parameter (t of the bias correction and the warmup).
-  TORCH_ARG(int64_t, step) = 0;
+/// Per-parameter state of `muon::SimAdEMAMix`: `step` (steps taken on this
+/// parameter, t of the bias correction and the warmup) and the two moments.
+struct SimAdEMAMixParamState : public ElementwiseParamState<SimAdEMAMixParamState, 2> {
   /// Momentum m (a sum of β-discounted gradients): the parameter's shape,
   /// dtype and device; zeros at first use.
   TORCH_ARG(at::Tensor, exp_avg);
@@ -109,13 +108,10 @@ struct SimAdEMAMixParamState
   TORCH_ARG(at::Tensor, exp_avg_sq);
 
  public:
-  /// Reads `step`, `exp_avg` and `exp_avg_sq`.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes `step`, `exp_avg` and `exp_avg_sq`.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Equal step and bit-equal buffers.
-  friend bool operator==(const SimAdEMAMixParamState& lhs, const SimAdEMAMixParamState& rhs);
-  ~SimAdEMAMixParamState() override = default;
+  /// Archive keys of the buffers.
+  static constexpr std::array<const char*, 2> kBuffers{"exp_avg", "exp_avg_sq"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 2> buffers() { return {&exp_avg_, &exp_avg_sq_}; }
 };
 
 /// Simplified AdEMAMix: a `torch::optim::Optimizer` for parameters of any shape.
@@ -124,30 +120,23 @@ struct SimAdEMAMixParamState
 ///
 /// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
 /// in LibTorch's own optimizer archive layout (state matched to parameters
-/// by position), with the options beside it.
-class SimAdEMAMix : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+/// by position), with the options beside it; `state_bytes` counts
+/// the two moment buffers. Constructors, step, checks and save/load are
+/// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
+class SimAdEMAMix
+    : public ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState> {
  public:
-  /// SimAdEMAMix over `param_groups`; groups without options get `defaults`.
-  explicit SimAdEMAMix(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                       SimAdEMAMixOptions defaults = {});
-  /// SimAdEMAMix over one group of `params`.
-  explicit SimAdEMAMix(std::vector<at::Tensor> params, SimAdEMAMixOptions defaults = {});
+  /// SimAdEMAMix over `param_groups` (groups without options get the defaults) or
+  /// over one group of parameters: (param_groups | params, SimAdEMAMixOptions defaults = {}).
+  using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first (options of every group, gradients,
-  /// the non-finite policy).
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Validates every group's options and parameters; raises c10::ValueError.
-  void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores options and state written by `save` into a SimAdEMAMix with
-  /// the same group structure (raises otherwise, changing nothing).
-  void load(torch::serialize::InputArchive& archive) override;
-
-  /// Bytes held in the two moment buffers.
-  int64_t state_bytes() const override;
+  /// Messages say "[muon::SimAdEMAMix] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::SimAdEMAMix";
+  /// Archive keys "sim_ademamix_groups", "sim_ademamix_options/<i>", "sim_ademamix_group_size/<i>".
+  static constexpr const char* kPrefix = "sim_ademamix";
+  /// One Simplified AdEMAMix step on `param` (the header's formula).
+  static void update(at::Tensor& param, const at::Tensor& grad, SimAdEMAMixParamState& state,
+                     const SimAdEMAMixOptions& options);
 };
 
 }  // namespace muon
