@@ -125,6 +125,30 @@ TEST(Layerwise, FewerParametersThanRanks) {
   });
 }
 
+// An optimizer may change its parameters when it is built (MuonHyperball
+// rescales them to its radius). Under the layer-wise layout each parameter is
+// changed once, by its owner's optimizer, and every rank holds the owner's
+// values before the first step: here an optimizer that doubles its parameters
+// when built, which a second build (or none) would show.
+TEST(Layerwise, ParametersChangedWhenBuiltChangeOnceEverywhere) {
+  const std::vector<ParamSpec> specs{{"a.weight", {24, 16}}, {"b.weight", {16, 8}}, {"c.weight", {8, 8}}};
+  for (int world = 1; world <= 3; ++world) {
+    muon::test::run_ranks(world, [&](Group& group) {
+      auto named = make_params(specs);
+      const auto original = make_params(specs);
+      LayerwiseOptimizer opt(named, group, [](const Named& owned) {
+        at::NoGradGuard no_grad;
+        for (const auto& item : owned) item.value().mul_(2);
+        return make_hybrid(owned);
+      });
+      for (const auto& item : original) {
+        EXPECT_TRUE(at::equal(named[item.key()].detach(), item.value() * 2))
+            << item.key() << " world " << world << " rank " << group.rank();
+      }
+    });
+  }
+}
+
 // Per layer the shapes of bench/bench_distributed_layouts.cpp (d = 512: 1536×512,
 // 512×512, 2048×512, 512×2048) divided by 16: every matrix has
 // min(m, n) = 32, so NS cost and state bytes are both proportional to m·n.

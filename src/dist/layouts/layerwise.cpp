@@ -49,7 +49,15 @@ std::vector<AgreementItem> inner_option_items(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const InnerOptimizerFactory& make_inner) {
   if (named_parameters.is_empty()) return {};
-  const auto probe = make_inner(named_parameters);
+  // The probe is built over copies: an optimizer may change its parameters
+  // when built (MuonHyperball rescales them to its radius), and only each
+  // parameter's owner may do that, once.
+  torch::OrderedDict<std::string, at::Tensor> copies;
+  for (const auto& item : named_parameters) {
+    const auto& p = item.value();
+    copies.insert(item.key(), p.defined() ? p.detach().clone().requires_grad_(p.requires_grad()) : p);
+  }
+  const auto probe = make_inner(copies);
   TORCH_CHECK_VALUE(probe != nullptr, kWho, "make_inner returned no optimizer");
   return detail::optimizer_items(*probe);
 }
@@ -151,6 +159,11 @@ LayerwiseOptimizer::LayerwiseOptimizer(
   if (!others.empty()) {
     param_groups_.emplace_back(others, std::make_unique<torch::optim::SGDOptions>(0.0));
   }
+  // Every rank takes each owner's values, as after a step: the owner's
+  // optimizer may have changed them when built (MuonHyperball's rescale).
+  detail::run_pipeline(
+      bucket_bytes_.size(), 0, [this](size_t k) { return start_gather(k); },
+      [this](size_t k, const std::vector<at::Tensor>& gathered) { unpack(k, gathered); });
 }
 
 void LayerwiseOptimizer::sync_options() const {
