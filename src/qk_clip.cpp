@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
