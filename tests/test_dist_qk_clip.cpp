@@ -233,6 +233,26 @@ TEST_P(DistQkClip, TwoDimensionalBlocksAndMasterRows) {
   });
 }
 
+// Tensors outside a Layout: each rank its row shard of the fused weight
+// (edges cutting heads: 48 rows over 4 ranks at offsets 0, 13, 29, 37; over
+// 2 at 0, 13), its own maxima; the MAX over the group gives every rank the
+// γ and its rows of one process's clip.
+TEST_P(DistQkClip, TensorsOutsideALayout) {
+  const int world = GetParam();
+  const auto expected = one_process(whole_params());
+  run_ranks(world, [&](Group& group) {
+    const std::vector<int64_t> cuts =
+        world == 4 ? std::vector<int64_t>{0, 13, 29, 37, 48} : std::vector<int64_t>{0, 13, 48};
+    const int64_t begin = cuts[static_cast<size_t>(group.rank())];
+    const int64_t rows = cuts[static_cast<size_t>(group.rank()) + 1] - begin;
+    auto mine = whole_params()["attn0.qkv"].detach().narrow(0, begin, rows).clone();
+    const auto gamma = dist::qk_clip_({QkClipWeight(mine, QkvRows::kGrouped, begin)},
+                                      rank_max(0, group.rank(), world), layer0(), group);
+    EXPECT_TRUE(at::equal(gamma, qk_clip_gamma(global_max(0), layer0())));
+    EXPECT_TRUE(at::equal(mine, expected["attn0.qkv"].narrow(0, begin, rows)));
+  });
+}
+
 // Errors: the same c10::ValueError on every rank, nothing changed.
 TEST_P(DistQkClip, ErrorsAreNamedOnEveryRankAndChangeNothing) {
   const int world = GetParam();

@@ -23,6 +23,16 @@ at::Tensor all_reduce_max(const at::Tensor& values, const Group& group) {
   return local;
 }
 
+at::Tensor qk_clip_(const std::vector<QkClipWeight>& weights, const at::Tensor& max_logits,
+                    const QkClipOptions& options, const Group& group) {
+  options.validate();
+  TORCH_CHECK_VALUE(
+      max_logits.defined() && max_logits.dim() == 1 && max_logits.numel() == options.num_heads(),
+      "[muon::dist::qk_clip_] max_logits must be 1-D with num_heads = ", options.num_heads(),
+      " elements, got shape ", max_logits.defined() ? max_logits.sizes() : at::IntArrayRef{});
+  return muon::qk_clip_(weights, all_reduce_max(max_logits, group), options);
+}
+
 at::Tensor qk_clip_(Layout& layout, const std::vector<QkClipParam>& params,
                     const at::Tensor& max_logits, const QkClipOptions& options,
                     const Group& group) {

@@ -39,6 +39,14 @@ namespace muon::dist {
 /// as float64. Collective over `group`; every rank passes the same shape.
 at::Tensor all_reduce_max(const at::Tensor& values, const Group& group);
 
+/// QK-clip of tensors held outside a Layout (each rank its rows of the
+/// weights, e.g. its heads): `max_logits` all-reduced with MAX over `group`
+/// (invalid: none), then muon::qk_clip_ on `weights`. Every rank ends with
+/// the same γ; checked as muon::qk_clip_, after the reduction. Collective
+/// over `group`.
+at::Tensor qk_clip_(const std::vector<QkClipWeight>& weights, const at::Tensor& max_logits,
+                    const QkClipOptions& options, const Group& group);
+
 /// One parameter of a Layout holding query or key rows: its name, its rows
 /// and the first global row of the tensor given to the layout for it.
 struct QkClipParam {
