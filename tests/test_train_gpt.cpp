@@ -25,9 +25,10 @@
 #include "data.h"
 #include "gpt.h"
 #include "muon/optim/hybrid.h"
+#include "muon/qk_clip.h"
 #include "report.h"
-#include "trainer.h"
 #include "train_gpt_util.h"
+#include "trainer.h"
 
 namespace {
 
@@ -116,6 +117,75 @@ TEST(TrainGptModel, ShapesNamesAndCausality) {
   EXPECT_NEAR(model->loss(at::randint(0, 11, {4, 9}, at::kLong)).item<double>(), std::log(11.0), 0.3);
   c.heads = 3;
   EXPECT_THROW(train_gpt::Gpt{c}, c10::ValueError);
+}
+
+// The attention's recorded maxima are the largest causal logits q_i·k_j/√d
+// of each head (recomputed here in fp64 from the fused weight's rows per
+// head [q_h; k_h; v_h] and the block's input), and muon::qk_clip_ with
+// QkvRows::kGrouped on that weight brings a clipped head's maximum to τ:
+// the model and the clip agree on the rows. In fp64 (the model cast) the
+// comparisons hold to ~1e-15 relative; 1e-9 leaves room for any BLAS order.
+TEST(TrainGptModel, MaxLogitsAndQkClipOfTheFusedWeight) {
+  train_gpt::GptConfig c;
+  c.vocab_size = 11;
+  c.context = 8;
+  c.layers = 2;
+  c.width = 16;
+  c.heads = 4;
+  at::manual_seed(0);
+  train_gpt::Gpt model(c);
+  model->to(at::kDouble);
+  const auto tokens = at::randint(0, 11, {3, 8}, at::kLong);
+  EXPECT_FALSE(model->max_logits()[0].defined());
+  {
+    at::NoGradGuard no_grad;  // evaluation records nothing
+    model->forward(tokens);
+  }
+  EXPECT_FALSE(model->max_logits()[0].defined());
+  model->forward(tokens);
+  const auto maxima = model->max_logits();
+  ASSERT_EQ(maxima.size(), 2u);
+  ASSERT_EQ(maxima[0].numel(), 4);
+  EXPECT_EQ(maxima[0].scalar_type(), at::kDouble);
+
+  at::NoGradGuard no_grad;
+  const auto params = model->named_parameters();
+  const auto modules = model->named_modules();
+  const auto emb = params["wte.weight"].index_select(0, tokens.reshape({-1})).view({3, 8, 16}) +
+                   params["wpe.weight"].narrow(0, 0, 8);
+  const auto x = modules["blocks.0.norm1"]->as<train_gpt::NormImpl>()->forward(emb);
+  auto qkv = params["blocks.0.attn.qkv.weight"];
+  const int64_t d = 4;
+  auto head_max = [&](int64_t h) {
+    const auto q = at::matmul(x, qkv.narrow(0, h * 3 * d, d).t());
+    const auto k = at::matmul(x, qkv.narrow(0, h * 3 * d + d, d).t());
+    const auto s = at::matmul(q, k.transpose(1, 2)) / 2.0;  // √d = 2
+    const auto causal = at::ones({8, 8}, at::kBool).tril();
+    return s.masked_fill(causal.logical_not(), -INFINITY).max().item<double>();
+  };
+  for (int64_t h = 0; h < 4; ++h) {
+    EXPECT_NEAR(maxima[0][h].item<double>(), head_max(h), 1e-9 * std::abs(head_max(h))) << h;
+  }
+  // Clip block 0 at τ below heads 0 and 2's maxima only (its input is the same afterwards).
+  auto m = maxima[0].clone();
+  m[1] = 0.1 * std::abs(m[1].item<double>());
+  m[3] = 0.1 * std::abs(m[3].item<double>());
+  const double tau = 0.5 * std::min(m[0].item<double>(), m[2].item<double>());
+  ASSERT_GT(tau, std::max(m[1].item<double>(), m[3].item<double>()));
+  const auto before = qkv.clone();
+  const auto gamma = muon::qk_clip_({muon::QkClipWeight(qkv, muon::QkvRows::kGrouped)}, m,
+                                    muon::QkClipOptions(4, d).threshold(tau));
+  for (const int64_t h : {0, 2}) {
+    EXPECT_NEAR(head_max(h), gamma[h].item<double>() * maxima[0][h].item<double>(), 1e-9 * tau)
+        << h;
+  }
+  EXPECT_NEAR(head_max(0), tau, 1e-9 * tau);
+  for (const int64_t h : {1, 3}) {
+    EXPECT_TRUE(at::equal(qkv.narrow(0, h * 3 * d, 3 * d), before.narrow(0, h * 3 * d, 3 * d)))
+        << h;
+  }
+  // V rows of the clipped heads unchanged.
+  EXPECT_TRUE(at::equal(qkv.narrow(0, 2 * d, d), before.narrow(0, 2 * d, d)));
 }
 
 RunLog make_log(std::vector<std::pair<int64_t, double>> points) {
@@ -371,6 +441,40 @@ TEST(TrainGptProgram, OneAndTwoRanksGiveTheSameCurve) {
   }
   std::filesystem::remove_all(one);
   std::filesystem::remove_all(two);
+}
+
+// --qk-clip: the largest attention logit per block printed at each log
+// point, heads clipped after the steps whose maximum exceeded τ, in the
+// data-parallel, the tensor-parallel (heads split over the ranks) and the
+// sharded layout (master rows clipped too) alike; the run trains.
+TEST(TrainGptProgram, QkClipPrintsAndClipsTheLogits) {
+  const std::string common =
+      std::string(kTiny) + " --steps 10 --no-plot --runs muon --qk-clip 0.03 --nproc 2 ";
+  std::vector<std::string> first_lines;
+  for (const std::string parallel : {"ddp", "tp", "sharded"}) {
+    const auto dir = scratch("qk_clip_" + parallel);
+    const auto out = run_program(common + "--parallel " + parallel + " --out " + dir.string());
+    ASSERT_EQ(out.status, 0) << out.text;
+    const auto at5 = out.text.find("[rank 0] run 'muon' step 5: max attention logit per block ");
+    ASSERT_NE(at5, std::string::npos) << out.text;
+    first_lines.push_back(out.text.substr(at5, out.text.find(';', at5) - at5));
+    EXPECT_NE(out.text.find("run 'muon' step 10: max attention logit per block "),
+              std::string::npos);
+    // τ = 0.03 is below a fresh model's logits (about 0.05): heads are clipped.
+    const std::string clipped = "(qk-clip 0.03: ";
+    const auto clips = out.text.find(clipped, at5);
+    ASSERT_NE(clips, std::string::npos) << out.text;
+    EXPECT_GT(std::stoll(out.text.substr(clips + clipped.size())), 0) << out.text;
+    const auto log = train_gpt::read_csv((dir / "muon.csv").string());
+    EXPECT_LT(log.final_point().valid_loss, log.points[0].valid_loss) << parallel;
+    std::filesystem::remove_all(dir);
+  }
+  EXPECT_EQ(first_lines[0], first_lines[1]) << "ddp and tp see the same logits (to two decimals)";
+  EXPECT_EQ(first_lines[0], first_lines[2])
+      << "ddp and sharded see the same logits (to two decimals)";
+  const auto bad = run_program(std::string(kTiny) + " --steps 2 --qk-clip -1 --nproc 1");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.text.find("--qk-clip"), std::string::npos) << bad.text;
 }
 
 TEST(TrainGptProgram, ResumeFromCheckpointContinuesTheCurve) {

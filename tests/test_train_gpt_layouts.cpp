@@ -19,6 +19,7 @@
 
 #include "dist_util.h"
 #include "gpt.h"
+#include "muon/dist/layouts/qk_clip.h"
 #include "report.h"
 #include "train_gpt_util.h"
 
@@ -83,6 +84,16 @@ TEST(TrainGptModel, TensorParallelModelIsTheSingleProcessModel) {
       constexpr double kTol = 1e-5;
       EXPECT_NEAR(local_loss.item<double>(), loss.item<double>(), kTol);
       EXPECT_TRUE(at::allclose(model->forward(tokens.narrow(1, 0, c.context)), logits, kTol, kTol));
+      // QK-clip's maxima of that forward: each rank's heads at their global
+      // index (−∞ elsewhere), the MAX over the ranks the whole model's, and
+      // the first row of the rank's fused QKV block.
+      const auto maxima = muon::dist::all_reduce_max(at::stack(model->max_logits()), tp);
+      EXPECT_TRUE(at::allclose(maxima, at::stack(whole->max_logits()), kTol, kTol));
+      const auto qkv_rows =
+          tp.all_gather_ints({model->named_parameters()["blocks.0.attn.qkv.weight"].size(0)});
+      int64_t qkv_begin = 0;
+      for (int r = 0; r < tp.rank(); ++r) qkv_begin += qkv_rows[static_cast<size_t>(r)][0];
+      EXPECT_EQ(model->qkv_row_begin(), qkv_begin);
       for (const auto& item : model->named_parameters()) {
         const auto& name = item.key();
         auto value = whole_params[name].detach();

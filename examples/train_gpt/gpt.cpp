@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 #include <torch/nn/functional/activation.h>
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <vector>
 
 namespace train_gpt {
 
@@ -55,6 +57,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c, const muon:
   const auto qkv_rows = muon::dist::rows_per_rank_by_heads(c.heads, 3 * head_dim_, tp.size());
   const auto proj_cols = muon::dist::rows_per_rank_by_heads(c.heads, head_dim_, tp.size());
   heads_ = qkv_rows.at(static_cast<size_t>(tp.rank())) / (3 * head_dim_);
+  head_begin_ = muon::dist::split_offset(qkv_rows, tp.rank()) / (3 * head_dim_);
   qkv_ = register_module("qkv", muon::dist::ColumnParallelLinear(c.width, 3 * c.width, tp,
                                                                   /*bias=*/false, qkv_rows));
   proj_ = register_module("proj", muon::dist::RowParallelLinear(c.width, c.width, tp,
@@ -73,7 +76,13 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const auto k = qkv[1];
   const auto v = qkv[2];
   auto att = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-  att = at::softmax(att + mask_.narrow(0, 0, t).narrow(1, 0, t), -1);
+  att = att + mask_.narrow(0, 0, t).narrow(1, 0, t);
+  if (at::GradMode::is_enabled()) {
+    // The step's largest logit per head (QK-clip): masked pairs are −∞.
+    at::NoGradGuard no_grad;
+    max_logits_ = att.detach().amax({0, 2, 3}).to(at::kDouble);
+  }
+  att = at::softmax(att, -1);
   auto y = at::matmul(att, v).transpose(1, 2).reshape({b, t, heads_ * hd});
   return proj_->forward(y);
 }
@@ -204,6 +213,26 @@ at::Tensor GptImpl::loss(const at::Tensor& tokens) {
   const auto target = tokens.narrow(1, 1, tokens.size(1) - 1);
   const auto logits = forward(input);
   return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+}
+
+std::vector<at::Tensor> GptImpl::max_logits() const {
+  std::vector<at::Tensor> out;
+  for (const auto& block : *blocks_) {
+    const auto& attn = *block->as<Block>()->attention();
+    if (!attn.max_logits().defined()) {
+      out.emplace_back();
+      continue;
+    }
+    auto m = at::full({config_.heads}, -INFINITY, at::kDouble);
+    m.narrow(0, attn.head_begin(), attn.max_logits().numel()).copy_(attn.max_logits());
+    out.push_back(m);
+  }
+  return out;
+}
+
+int64_t GptImpl::qkv_row_begin() const {
+  const auto& attn = *blocks_->at<BlockImpl>(0).attention();
+  return attn.head_begin() * 3 * (config_.width / config_.heads);
 }
 
 int64_t GptImpl::num_parameters() const {

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "muon/dist/layouts/tensor_parallel_layers.h"
 #include "muon/dist/layouts/tensor_parallel_shard.h"
@@ -89,10 +90,20 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   CausalSelfAttentionImpl(const GptConfig& config, const muon::dist::Group& tp);
   at::Tensor forward(const at::Tensor& x);
+  /// The largest pre-softmax logit q_i·k_j/√d (causal pairs j <= i) of each
+  /// of this rank's heads over the batch of the last forward run with
+  /// gradients on (a training step's; float64, local heads; undefined
+  /// before the first). Computed under no_grad from the logits the forward
+  /// forms.
+  const at::Tensor& max_logits() const { return max_logits_; }
+  /// The global index of this rank's first head.
+  int64_t head_begin() const { return head_begin_; }
 
  private:
   int64_t heads_;     // this rank's
+  int64_t head_begin_ = 0;
   int64_t head_dim_;
+  at::Tensor max_logits_;
   muon::dist::ColumnParallelLinear qkv_{nullptr};
   muon::dist::RowParallelLinear proj_{nullptr};
   at::Tensor mask_;  // (context, context) additive causal mask, a buffer
@@ -122,6 +133,8 @@ class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const GptConfig& config, const muon::dist::Group& tp);
   at::Tensor forward(at::Tensor x);
+  /// Its attention.
+  const CausalSelfAttention& attention() const { return attn_; }
 
  private:
   Norm norm1_{nullptr};
@@ -156,6 +169,14 @@ class GptImpl : public torch::nn::Module {
   std::map<std::string, muon::dist::TensorParallelShard> tensor_parallel_shards() const;
   /// The tensor-parallel group it was built over.
   const muon::dist::Group& tensor_parallel_group() const { return tp_; }
+  /// Per block, the largest attention logit of every head (float64,
+  /// config().heads) in the last training forward: this rank's heads, −∞
+  /// for the heads other tensor-parallel ranks hold (a MAX over the ranks
+  /// completes it). Undefined tensors before the first training forward.
+  std::vector<at::Tensor> max_logits() const;
+  /// The first global row of this rank's block of every fused QKV weight
+  /// (rows per head [q_h; k_h; v_h]; 0 with one tensor-parallel rank).
+  int64_t qkv_row_begin() const;
 
  private:
   void initialize(uint64_t seed);

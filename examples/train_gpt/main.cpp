@@ -336,7 +336,9 @@ std::vector<muon::dist::AgreementItem> shared_flags(const Flags& f) {
           {"--save", f.save},
           {"--save-every", std::to_string(f.save_every)},
           {"--keep", std::to_string(f.keep)},
-          {"--resume", f.resume}};
+          {"--resume", f.resume},
+          {"--qk-clip", std::to_string(t.qk_clip)},
+          {"--log-max-logits", t.log_max_logits ? "on" : "off"}};
 }
 
 // A whole number >= `min` that fits int64, checked on the flag's text:
@@ -546,6 +548,13 @@ int main(int argc, char** argv) {
                  "optimizer config JSON (muon::OptimizerConfig fields and overrides) for every "
                  "run, or RUN=FILE for one run; repeatable");
   app.add_option("--set", f.sets, "RUN:FIELD=VALUE (RUN: a run name or all); repeatable, after --config");
+  app.add_option("--qk-clip", t.qk_clip,
+                 "QK-clip (MuonClip) threshold TAU: after every step, the q and k rows of each "
+                 "head whose largest attention logit of the step exceeded TAU are scaled to bring "
+                 "it to TAU; the largest logits are printed at each log point (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--log-max-logits", t.log_max_logits,
+               "print the largest attention logits at each log point (without --qk-clip too)");
   app.add_flag("--print-config", f.print_config, "print every run's optimizer config as JSON and exit");
   app.add_flag("--explain", f.explain, "print each run's optimizer and settings per parameter");
   // A bad flag is one line and exit status 1, like every other error here

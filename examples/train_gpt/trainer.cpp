@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "muon/dist/checkpoints/checkpoint.h"
+#include "muon/dist/layouts/qk_clip.h"
 #include "muon/optim/state_bytes.h"
 
 namespace train_gpt {
@@ -177,7 +178,72 @@ void check_options(const TrainOptions& o, const DataParallel& dp) {
                     " must be a positive multiple of the world size ", dp.world);
   TORCH_CHECK_VALUE(o.save_every >= 0, "[train_gpt] save_every must be >= 0, got ", o.save_every);
   TORCH_CHECK_VALUE(o.keep >= 1, "[train_gpt] keep must be >= 1, got ", o.keep);
+  TORCH_CHECK_VALUE(std::isfinite(o.qk_clip) && o.qk_clip >= 0,
+                    "[train_gpt] qk_clip must be finite and >= 0 (0: off), got ", o.qk_clip);
 }
+
+// The largest attention logits of the steps (QK-clip, TrainOptions::qk_clip):
+// each step's maxima per block and head, the MAX over every rank, the clip
+// after the step, and what the log points print.
+class MaxLogits {
+ public:
+  MaxLogits(const TrainOptions& o, const GptConfig& config, const muon::dist::Group& world)
+      : o_(o), config_(config), world_(world) {}
+
+  bool active() const { return o_.qk_clip > 0 || o_.log_max_logits; }
+
+  // After the optimizer's step: this step's maxima over every rank, then
+  // the clip of every block's fused QKV weight.
+  void after_step(Gpt& model, muon::dist::Layout& layout) {
+    if (!active()) return;
+    const auto local = model->max_logits();
+    // One MAX over every rank for all blocks (data-parallel ranks saw other
+    // rows; tensor-parallel ranks hold other heads, −∞ in theirs).
+    step_ = muon::dist::all_reduce_max(at::stack(local), world_);
+    interval_ = interval_.defined() ? at::maximum(interval_, step_) : step_.clone();
+    if (o_.qk_clip <= 0) return;
+    const auto options =
+        muon::QkClipOptions(config_.heads, config_.width / config_.heads).threshold(o_.qk_clip);
+    for (int64_t b = 0; b < config_.layers; ++b) {
+      const auto gamma = muon::dist::qk_clip_(layout,
+                                              {{"blocks." + std::to_string(b) + ".attn.qkv.weight",
+                                                muon::QkvRows::kGrouped, model->qkv_row_begin()}},
+                                              step_[b], options);
+      clipped_ += (gamma < 1.0).sum().item<int64_t>();
+    }
+  }
+
+  // The line of a log point (rank 0).
+  void print(int64_t step) {
+    if (!active() || !step_.defined()) return;
+    if (world_.rank() == 0) {
+      std::string per_block;
+      for (int64_t b = 0; b < config_.layers; ++b) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%s%.2f", b ? " " : "", step_[b].max().item<double>());
+        per_block += buf;
+      }
+      std::printf("run '%s' step %lld: max attention logit per block %s; since the last point %.2f",
+                  o_.name.c_str(), static_cast<long long>(step), per_block.c_str(),
+                  interval_.max().item<double>());
+      if (o_.qk_clip > 0) {
+        std::printf(" (qk-clip %g: %lld head clips)", o_.qk_clip, static_cast<long long>(clipped_));
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    interval_ = at::Tensor();
+    clipped_ = 0;
+  }
+
+ private:
+  const TrainOptions& o_;
+  const GptConfig& config_;
+  muon::dist::Group world_;
+  at::Tensor step_;      // (layers, heads): the last step's maxima
+  at::Tensor interval_;  // the largest since the last log point
+  int64_t clipped_ = 0;  // heads clipped since the last log point
+};
 
 // The validation loss: the windows are split over the ranks; losses are
 // summed back.
@@ -311,6 +377,10 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
                     "[train_gpt] checkpoints are saved and loaded over TrainOptions::world (",
                     world.size(), " ranks), but this run has ", dp.world,
                     " data-parallel × ", tp.size(), " tensor-parallel ranks; give the world group");
+  TORCH_CHECK_VALUE(!(o.qk_clip > 0 || o.log_max_logits) || world.size() == dp.world * tp.size(),
+                    "[train_gpt] qk_clip takes the maxima over TrainOptions::world (", world.size(),
+                    " ranks), but this run has ", dp.world, " data-parallel × ", tp.size(),
+                    " tensor-parallel ranks; give the world group");
   const auto checkpoint_options = muon::dist::CheckpointOptions().group(world).keep(o.keep);
   at::manual_seed(o.seed);
   GptConfig config = o.model;
@@ -354,6 +424,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
     return n;
   };
   int64_t step_bytes = 0;
+  MaxLogits max_logits(o, config, world);
   for (int64_t step = p.start; step < o.steps; ++step) {
     const auto t0 = Clock::now();
     const int64_t bytes0 = bytes_sent();
@@ -368,6 +439,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
     if (layout->reduction() == muon::dist::GradientReduction::kAllReduce) layout->reduce_gradients();
     const auto t_opt = Clock::now();
     layout->step();
+    max_logits.after_step(model, *layout);
     p.opt_seconds += since(t_opt);
     p.seconds += since(t0);
     step_bytes += bytes_sent() - bytes0;
@@ -383,6 +455,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
       dp.all_reduce_sum(mean);
       const double train_loss = mean[0][0].item<double>() / mean[0][1].item<double>();
       add_point(log, p, done, train_loss, validation.loss(model));
+      max_logits.print(done);
     }
     if (!o.save_dir.empty() &&
         (done == o.steps || (o.save_every > 0 && done % o.save_every == 0))) {

@@ -89,6 +89,17 @@ struct TrainOptions {
   /// Every group the run communicates over, each once: their
   /// muon::dist::Group::bytes_sent during the steps is RunLog::cost's.
   std::vector<muon::dist::Group> counted_groups;
+  /// QK-clip (MuonClip, muon/qk_clip.h) threshold τ: after every optimizer
+  /// step, each block's heads whose largest attention logit of the step
+  /// (the MAX over every rank) exceeded τ get their q and k rows of the
+  /// fused QKV weight scaled by √(τ / logit) each (muon::dist::qk_clip_
+  /// through the layout: master rows too). 0 (the default): off. At each
+  /// log point rank 0 prints the largest logit per block of that step's
+  /// forward, the largest since the previous log point and the heads
+  /// clipped since then.
+  double qk_clip = 0;
+  /// Print the largest attention logits at each log point without clipping.
+  bool log_max_logits = false;
   /// Show a progress bar (rank 0).
   bool progress = true;
 };

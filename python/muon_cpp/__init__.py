@@ -27,6 +27,7 @@ from ._C import (  # noqa: F401
     newton_schulz_cpu_kernels,
     newton_schulz_flops,
     optimizer_names,
+    qk_clip_gamma,
     scale_factor,
     scale_mode_names,
     state_schema,
@@ -71,3 +72,38 @@ def newton_schulz(x, coefficients="quintic", steps=None, eps=1e-7, eps_mode="add
     return _C.newton_schulz(x, coefficients=coefficients, steps=steps, eps=eps,
                             eps_mode=eps_mode, compute_dtype=compute_dtype, method=method,
                             schedule=schedule, safety_factor=safety_factor)
+
+
+def qk_clip(weights, max_logits, *, num_heads, head_dim, num_kv_heads=None, threshold=100.0,
+            alpha=0.5, rows="grouped", row_begin=0, group=None):
+    """QK-clip (MuonClip, Kimi K2) after an optimizer step, in place.
+
+    weights: a tensor or a list of tensors holding query and/or key rows
+    (dim 0): this process's rows [row_begin, row_begin + rows) of each global
+    weight; rows: 'query' (H·d rows), 'key' (G·d rows), 'grouped' (fused QKV
+    per query group [q heads; k; v], Megatron-Core's layout; with G = H per
+    head [q_h; k_h; v_h]) or 'blocked' (fused [Q; K; V]), one for all
+    weights or a list; row_begin likewise. max_logits: the step's largest
+    pre-softmax logit q·k/√d of each of the num_heads query heads. With
+    ``group`` (a torch.distributed process group, or
+    ``torch.distributed.group.WORLD``), the maxima are first all-reduced with
+    MAX over it (the ranks that saw different data). Per query group of
+    num_heads / num_kv_heads heads: gamma = threshold / its largest maximum
+    when that exceeds the threshold, else 1; its q rows are scaled by
+    gamma**alpha and its k rows by gamma**(1 - alpha), each rounded once to
+    the weight's dtype; rows of heads not clipped are untouched. Every
+    argument is checked before a weight changes (ValueError naming it).
+    Returns gamma per query head (float64).
+    """
+    if isinstance(weights, torch.Tensor):
+        weights = [weights]
+    weights = list(weights)
+    rows = [rows] * len(weights) if isinstance(rows, str) else list(rows)
+    row_begins = [row_begin] * len(weights) if isinstance(row_begin, int) else list(row_begin)
+    max_logits = torch.as_tensor(max_logits).detach().to(torch.float64).clone()
+    if group is not None:
+        import torch.distributed as dist
+        dist.all_reduce(max_logits, op=dist.ReduceOp.MAX, group=group)
+    return _C.qk_clip_(weights, rows, row_begins, max_logits, num_heads=num_heads,
+                       head_dim=head_dim, num_kv_heads=num_kv_heads or 0,
+                       threshold=float(threshold), alpha=float(alpha))

@@ -36,5 +36,6 @@ void bind_newton_schulz(py::module_& m);
 void bind_config(py::module_& m);
 void bind_optim(py::module_& m);
 void bind_distributed(py::module_& m);
+void bind_qk_clip(py::module_& m);
 
 }  // namespace muon::python

@@ -120,4 +120,5 @@ PYBIND11_MODULE(_C, m) {
   mp::bind_config(m);
   mp::bind_optim(m);
   mp::bind_distributed(m);
+  mp::bind_qk_clip(m);
 }

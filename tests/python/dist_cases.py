@@ -720,7 +720,25 @@ def case_mesh4(rank, world):
             "layerwise_subgroups": case_layerwise_subgroups(rank, world)}
 
 
+# ---- QK-clip ---------------------------------------------------------------------
+
+def case_qk_clip_max(rank, world):
+    """Each rank passes its own maxima; muon_cpp.qk_clip all-reduces them with
+    MAX over the group: every rank gets the gamma and weights of the maximum."""
+    import muon_cpp
+    base = torch.tensor([0.5, 6.0, 1.0, 2.5], dtype=torch.float64)
+    mine = base.clone()
+    for h in range(4):
+        if h % world != rank:
+            mine[h] -= 1.0 + rank
+    weight = randn((2 * (2 + 2) * 3, 5), 7)  # 4 query heads in 2 groups, head_dim 3, grouped rows
+    gamma = muon_cpp.qk_clip(weight, mine, num_heads=4, num_kv_heads=2, head_dim=3,
+                             threshold=2.0, group=dist.group.WORLD)
+    return {"gamma": gamma, "weight": weight}
+
+
 CASES = {
+    "qk_clip_max": case_qk_clip_max,
     "mesh4": case_mesh4,
     "layerwise": case_layerwise,
     "layerwise_disagree": case_layerwise_disagree,

@@ -14,6 +14,7 @@
 #include "muon/dist/runtime/agreement.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
+#include "muon/qk_clip.h"
 #include "util/names.h"
 
 namespace muon::dist {
@@ -236,6 +237,24 @@ void Layout::reduce_gradients() {
     throw;
   }
   reduced_ = true;
+}
+
+void Layout::scale_rows(const std::string& name, const at::Tensor& factors) {
+  const auto* param = params_.find(name);
+  TORCH_CHECK_VALUE(param != nullptr, who_, "scale_rows: no parameter named '",
+                    muon::detail::clip(name), "'");
+  TORCH_CHECK_VALUE(factors.defined() && factors.dim() == 1 && factors.numel() == param->size(0),
+                    who_, "scale_rows: factors of '", muon::detail::clip(name),
+                    "' must be 1-D with one element per row (", param->size(0), ")");
+  TORCH_CHECK_VALUE(at::isfinite(factors).all().item<bool>(), who_, "scale_rows: factors of '",
+                    muon::detail::clip(name), "' must be finite");
+  if (rows_) {
+    // This rank's master rows of the parameter (of its tensor-parallel block in 2-D).
+    auto shard = rows_->shards()[name];
+    muon::scale_rows_(shard, factors.narrow(0, rows_->row_offset(name), shard.size(0)));
+  }
+  auto p = *param;
+  muon::scale_rows_(p, factors);
 }
 
 void Layout::step() {

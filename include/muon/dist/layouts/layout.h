@@ -202,6 +202,15 @@ class Layout {
   const std::vector<int64_t>& group_index() const { return group_index_; }
   /// Steps skipped on every rank for a non-finite gradient (skip_step policy).
   int64_t skipped_steps() const { return skipped_; }
+  /// Multiplies row i (dim 0) of parameter `name` as given to the layout
+  /// (whole, a tensor-parallel block or a row shard) by `factors[i]` in
+  /// place, and the same rows of the master copy this rank holds (the
+  /// sharded layout's rows of it), each rounded once (muon::scale_rows_):
+  /// the parameters and their master rows stay equal. Rows whose factor is
+  /// 1 are untouched. Not collective. Raises c10::ValueError for an unknown
+  /// name or `factors` not 1-D of the parameter's rows, changing nothing.
+  /// QK-clip (muon/dist/layouts/qk_clip.h) scales query and key rows with it.
+  void scale_rows(const std::string& name, const at::Tensor& factors);
 
  protected:
   /// The sharded layout's rows of every parameter (reduce-scatter only).
