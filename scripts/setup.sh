@@ -17,6 +17,7 @@ packages=(
   python3-torch           # the Python package's torch, plain PyTorch baselines, torchrun
   python3-dev pybind11-dev  # the Python package muon_cpp (python/)
   python3-pytest          # its tests
+  python3-pip python3-venv python3-wheel python3-setuptools  # pip install . (tests/pip_install_test.sh)
   python3-numpy
   python3-xxhash          # the Python checkpoint reader's checksums
   python3-matplotlib      # demo plots

@@ -17,93 +17,135 @@ the layouts over ``torch.distributed`` process groups.
 """
 import torch  # noqa: F401  (loads LibTorch and registers its Python types first)
 
-from . import _C
-from ._C import (  # noqa: F401
-    coefficient_set_aliases,
-    coefficient_set_info,
-    coefficient_set_names,
-    coefficients,
-    load_plugin,
-    newton_schulz_cpu_kernels,
-    newton_schulz_flops,
-    optimizer_names,
-    qk_clip_gamma,
-    scale_factor,
-    scale_mode_names,
-    state_schema,
-)
-from .optim import (  # noqa: F401
-    AdaptiveMuon,
-    LaProp,
-    Lion,
-    MOP,
-    Muon,
-    MuonHyperball,
-    MuonWithAdamW,
-    Optimizer,
-    PolarGrad,
-    SOAP,
-    SPEL,
-    Scion,
-    Signum,
-    SimAdEMAMix,
-    explain,
-    make_optimizer,
-    option_fields,
-)
-from . import distributed  # noqa: F401
-
 __version__ = "0.1.0"
 
 
-def newton_schulz(x, coefficients="quintic", steps=None, eps=1e-7, eps_mode="add",
-                  compute_dtype=torch.float32, method="auto", schedule="cycle",
-                  safety_factor=1.0):
-    """Orthogonalizes ``x`` (m×n, or a batch b×m×n) with a Newton–Schulz schedule.
-
-    coefficients: a built-in set name (``coefficient_set_names()``) or a list of
-    (a, b, c) tuples (then ``schedule`` 'cycle' | 'repeat_last' and
-    ``safety_factor`` apply); steps: None for the set's default; eps and
-    eps_mode ('add': X/(‖X‖+eps), 'clamp': X/max(‖X‖, eps)); compute_dtype:
-    torch.float32, torch.bfloat16 or torch.float64; method: 'auto' |
-    'standard' | 'gram'. Returns a new tensor of x's shape, dtype and device;
-    bad values raise ValueError. The GIL is released while it runs.
-    """
-    return _C.newton_schulz(x, coefficients=coefficients, steps=steps, eps=eps,
-                            eps_mode=eps_mode, compute_dtype=compute_dtype, method=method,
-                            schedule=schedule, safety_factor=safety_factor)
+def _torch_release(version):
+    """(major, minor, patch) of a torch version string ("2.6.0+debian", "1.13.0a0")."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
 
 
-def qk_clip(weights, max_logits, *, num_heads, head_dim, num_kv_heads=None, threshold=100.0,
-            alpha=0.5, rows="grouped", row_begin=0, group=None):
-    """QK-clip (MuonClip, Kimi K2) after an optimizer step, in place.
+def _extension_problem(info):
+    """Why the extension cannot serve the running torch, or None."""
+    built = info["torch_version"]
+    if _torch_release(built) != _torch_release(torch.__version__):
+        return (f"muon_cpp's extension was built against LibTorch {built} but the running torch "
+                f"is {torch.__version__}; rebuild it for this torch "
+                "(pip install --no-build-isolation --force-reinstall .)")
+    abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", info["cxx11_abi"])
+    if bool(abi) != bool(info["cxx11_abi"]):
+        return (f"muon_cpp's extension was built with _GLIBCXX_USE_CXX11_ABI={int(info['cxx11_abi'])} "
+                f"but torch uses {int(abi)}; rebuild it for this torch")
+    return None
 
-    weights: a tensor or a list of tensors holding query and/or key rows
-    (dim 0): this process's rows [row_begin, row_begin + rows) of each global
-    weight; rows: 'query' (H·d rows), 'key' (G·d rows), 'grouped' (fused QKV
-    per query group [q heads; k; v], Megatron-Core's layout; with G = H per
-    head [q_h; k_h; v_h]) or 'blocked' (fused [Q; K; V]), one for all
-    weights or a list; row_begin likewise. max_logits: the step's largest
-    pre-softmax logit q·k/√d of each of the num_heads query heads. With
-    ``group`` (a torch.distributed process group, or
-    ``torch.distributed.group.WORLD``), the maxima are first all-reduced with
-    MAX over it (the ranks that saw different data). Per query group of
-    num_heads / num_kv_heads heads: gamma = threshold / its largest maximum
-    when that exceeds the threshold, else 1; its q rows are scaled by
-    gamma**alpha and its k rows by gamma**(1 - alpha), each rounded once to
-    the weight's dtype; rows of heads not clipped are untouched. Every
-    argument is checked before a weight changes (ValueError naming it).
-    Returns gamma per query head (float64).
-    """
-    if isinstance(weights, torch.Tensor):
-        weights = [weights]
-    weights = list(weights)
-    rows = [rows] * len(weights) if isinstance(rows, str) else list(rows)
-    row_begins = [row_begin] * len(weights) if isinstance(row_begin, int) else list(row_begin)
-    max_logits = torch.as_tensor(max_logits).detach().to(torch.float64).clone()
-    if group is not None:
-        import torch.distributed as dist
-        dist.all_reduce(max_logits, op=dist.ReduceOp.MAX, group=group)
-    return _C.qk_clip_(weights, rows, row_begins, max_logits, num_heads=num_heads,
-                       head_dim=head_dim, num_kv_heads=num_kv_heads or 0,
-                       threshold=float(threshold), alpha=float(alpha))
+
+try:
+    from . import _C
+    _problem = _extension_problem(_C.build_info())
+except ImportError as e:
+    _problem = f"muon_cpp's extension cannot be loaded: {str(e)[:200]}"
+if _problem is not None:
+    import sys as _sys
+    # `python3 -m muon_cpp.doctor` must start to report it (while a module
+    # run by -m is located, sys.argv[0] is "-m").
+    if _sys.argv[:1] != ["-m"]:
+        raise ImportError(_problem + " (python3 -m muon_cpp.doctor shows the details)")
+    _C = None
+# Only the doctor's start runs on without the extension.
+if _C is not None:
+    from ._C import (  # noqa: F401
+        build_info,
+        coefficient_set_aliases,
+        coefficient_set_info,
+        coefficient_set_names,
+        coefficients,
+        load_plugin,
+        newton_schulz_cpu_kernels,
+        newton_schulz_flops,
+        optimizer_names,
+        qk_clip_gamma,
+        scale_factor,
+        scale_mode_names,
+        state_schema,
+    )
+    from .optim import (  # noqa: F401
+        AdaptiveMuon,
+        LaProp,
+        Lion,
+        MOP,
+        Muon,
+        MuonHyperball,
+        MuonWithAdamW,
+        Optimizer,
+        PolarGrad,
+        SOAP,
+        SPEL,
+        Scion,
+        Signum,
+        SimAdEMAMix,
+        explain,
+        make_optimizer,
+        option_fields,
+    )
+    from . import distributed  # noqa: F401
+
+
+    def newton_schulz(x, coefficients="quintic", steps=None, eps=1e-7, eps_mode="add",
+                      compute_dtype=torch.float32, method="auto", schedule="cycle",
+                      safety_factor=1.0):
+        """Orthogonalizes ``x`` (m×n, or a batch b×m×n) with a Newton–Schulz schedule.
+
+        coefficients: a built-in set name (``coefficient_set_names()``) or a list of
+        (a, b, c) tuples (then ``schedule`` 'cycle' | 'repeat_last' and
+        ``safety_factor`` apply); steps: None for the set's default; eps and
+        eps_mode ('add': X/(‖X‖+eps), 'clamp': X/max(‖X‖, eps)); compute_dtype:
+        torch.float32, torch.bfloat16 or torch.float64; method: 'auto' |
+        'standard' | 'gram'. Returns a new tensor of x's shape, dtype and device;
+        bad values raise ValueError. The GIL is released while it runs.
+        """
+        return _C.newton_schulz(x, coefficients=coefficients, steps=steps, eps=eps,
+                                eps_mode=eps_mode, compute_dtype=compute_dtype, method=method,
+                                schedule=schedule, safety_factor=safety_factor)
+
+
+    def qk_clip(weights, max_logits, *, num_heads, head_dim, num_kv_heads=None, threshold=100.0,
+                alpha=0.5, rows="grouped", row_begin=0, group=None):
+        """QK-clip (MuonClip, Kimi K2) after an optimizer step, in place.
+
+        weights: a tensor or a list of tensors holding query and/or key rows
+        (dim 0): this process's rows [row_begin, row_begin + rows) of each global
+        weight; rows: 'query' (H·d rows), 'key' (G·d rows), 'grouped' (fused QKV
+        per query group [q heads; k; v], Megatron-Core's layout; with G = H per
+        head [q_h; k_h; v_h]) or 'blocked' (fused [Q; K; V]), one for all
+        weights or a list; row_begin likewise. max_logits: the step's largest
+        pre-softmax logit q·k/√d of each of the num_heads query heads. With
+        ``group`` (a torch.distributed process group, or
+        ``torch.distributed.group.WORLD``), the maxima are first all-reduced with
+        MAX over it (the ranks that saw different data). Per query group of
+        num_heads / num_kv_heads heads: gamma = threshold / its largest maximum
+        when that exceeds the threshold, else 1; its q rows are scaled by
+        gamma**alpha and its k rows by gamma**(1 - alpha), each rounded once to
+        the weight's dtype; rows of heads not clipped are untouched. Every
+        argument is checked before a weight changes (ValueError naming it).
+        Returns gamma per query head (float64).
+        """
+        if isinstance(weights, torch.Tensor):
+            weights = [weights]
+        weights = list(weights)
+        rows = [rows] * len(weights) if isinstance(rows, str) else list(rows)
+        row_begins = [row_begin] * len(weights) if isinstance(row_begin, int) else list(row_begin)
+        max_logits = torch.as_tensor(max_logits).detach().to(torch.float64).clone()
+        if group is not None:
+            import torch.distributed as dist
+            dist.all_reduce(max_logits, op=dist.ReduceOp.MAX, group=group)
+        return _C.qk_clip_(weights, rows, row_begins, max_logits, num_heads=num_heads,
+                           head_dim=head_dim, num_kv_heads=num_kv_heads or 0,
+                           threshold=float(threshold), alpha=float(alpha))

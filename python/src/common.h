@@ -37,5 +37,6 @@ void bind_config(py::module_& m);
 void bind_optim(py::module_& m);
 void bind_distributed(py::module_& m);
 void bind_qk_clip(py::module_& m);
+void bind_build_info(py::module_& m);
 
 }  // namespace muon::python

@@ -121,4 +121,5 @@ PYBIND11_MODULE(_C, m) {
   mp::bind_optim(m);
   mp::bind_distributed(m);
   mp::bind_qk_clip(m);
+  mp::bind_build_info(m);
 }
