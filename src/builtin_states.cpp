@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include "muon/optim/adaptive_muon.h"
+#include "muon/optim/dion2.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
@@ -169,6 +170,41 @@ StateSchema soap_state() {
               StateInit::kOnFirstUse));
   s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, kColsSquare, StateDtype::kFloat32Wide,
               StateInit::kOnFirstUse));
+  return s;
+}
+
+StateSchema dion2_state(const bool nordion2) {
+  using S = Dion2ParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = [nordion2](const Optimizer& opt) {
+    const auto* d = dynamic_cast<const Dion2*>(&opt);
+    return d != nullptr && d->is_nordion2() == nordion2;
+  };
+  s.add(step_of<S>());
+  // Whole tensors of the whole parameter, held by the process that computes
+  // it (the owner in the sharded layout): the selection needs every row.
+  const auto whole = [](std::string name, auto get, bool variance) {
+    auto f = StateField::tensor_of<S>(std::move(name), get);
+    f.shape = StateShape::kWhole;
+    f.split = StateSplit::kOwner;
+    f.held = [](const Optimizer& opt, const at::Tensor& param) {
+      return static_cast<const Dion2&>(opt).holds_whole_state(param);
+    };
+    f.whole_shape = [variance](const Optimizer& opt, const at::Tensor& param) {
+      const auto shape = static_cast<const Dion2&>(opt).whole_shape(param);
+      if (!variance) return shape;
+      bool flatten = false;
+      for (const auto& g : opt.param_groups()) {
+        for (const auto& p : g.params()) {
+          if (p.is_same(param)) flatten = static_cast<const Dion2Options&>(g.options()).flatten();
+        }
+      }
+      return dion2_variance_shape(shape, flatten);
+    };
+    return f;
+  };
+  s.add(whole("momentum", [](S& st) -> at::Tensor& { return st.momentum(); }, false));
+  if (nordion2) s.add(whole("variance", [](S& st) -> at::Tensor& { return st.variance(); }, true));
   return s;
 }
 
