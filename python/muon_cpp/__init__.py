@@ -33,12 +33,14 @@ from ._C import (  # noqa: F401
 )
 from .optim import (  # noqa: F401
     AdaptiveMuon,
+    Dion2,
     LaProp,
     Lion,
     MOP,
     Muon,
     MuonHyperball,
     MuonWithAdamW,
+    NorDion2,
     Optimizer,
     PolarGrad,
     SOAP,
