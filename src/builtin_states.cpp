@@ -181,30 +181,21 @@ StateSchema dion2_state(const bool nordion2) {
     return d != nullptr && d->is_nordion2() == nordion2;
   };
   s.add(step_of<S>());
-  // Whole tensors of the whole parameter, held by the process that computes
-  // it (the owner in the sharded layout): the selection needs every row.
-  const auto whole = [](std::string name, auto get, bool variance) {
-    auto f = StateField::tensor_of<S>(std::move(name), get);
-    f.shape = StateShape::kWhole;
-    f.split = StateSplit::kOwner;
-    f.held = [](const Optimizer& opt, const at::Tensor& param) {
-      return static_cast<const Dion2&>(opt).holds_whole_state(param);
+  // Both split with the parameter's rows: the momentum has its shape, the
+  // variance one value per row of each matrix (as the defaults' flatten).
+  s.add(StateField::tensor_of<S>("momentum", [](S& st) -> at::Tensor& { return st.momentum(); }));
+  if (nordion2) {
+    auto v = StateField::tensor_of<S>("variance", [](S& st) -> at::Tensor& { return st.variance(); });
+    v.shape = StateShape::kRows;
+    v.shape_of = [](const Optimizer& opt, at::IntArrayRef shape) {
+      return dion2_variance_shape(shape, static_cast<const Dion2Options&>(opt.defaults()).flatten());
     };
-    f.whole_shape = [variance](const Optimizer& opt, const at::Tensor& param) {
-      const auto shape = static_cast<const Dion2&>(opt).whole_shape(param);
-      if (!variance) return shape;
-      bool flatten = false;
-      for (const auto& g : opt.param_groups()) {
-        for (const auto& p : g.params()) {
-          if (p.is_same(param)) flatten = static_cast<const Dion2Options&>(g.options()).flatten();
-        }
-      }
-      return dion2_variance_shape(shape, flatten);
+    v.shape_note = [](const Optimizer& opt) {
+      return std::string(static_cast<const Dion2Options&>(opt.defaults()).flatten() ? "flatten: rows x 1"
+                                                                                     : "rows x 1 per matrix");
     };
-    return f;
-  };
-  s.add(whole("momentum", [](S& st) -> at::Tensor& { return st.momentum(); }, false));
-  if (nordion2) s.add(whole("variance", [](S& st) -> at::Tensor& { return st.variance(); }, true));
+    s.add(std::move(v));
+  }
   return s;
 }
 

@@ -204,7 +204,9 @@ void expect_matches_reference(const std::vector<int64_t>& shape, const RefOption
     EXPECT_EQ(st.variance().sizes(),
               c10::IntArrayRef(detail::dion2_variance_shape(shape, ro.flatten)))
         << what;
-    EXPECT_LT(relative(st.variance(), ref.v), 1e-5) << what;
+    // √V, the per-row RMS of O the update divides by: V squares O's
+    // entries and so doubles their relative rounding error.
+    EXPECT_LT(relative(st.variance().sqrt(), ref.v.sqrt()), 1e-5) << what;
   } else {
     EXPECT_FALSE(st.variance().defined()) << what;
   }
@@ -467,11 +469,13 @@ TEST(Dion2, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
   }
 }
 
-// Why bit for bit: each matrix's owner receives every rank's rows of the
-// gradient unchanged, so it runs muon::detail::dion2_update, the function one
-// process runs, on the same whole tensor (the same fp64 norms, the same
-// selection, the same Newton–Schulz); what each rank does with its rows of
-// the update (weight decay, X − adjusted_lr·U) is element-wise.
+// Why bit for bit: the selection's norms are exact integer sums, the same
+// from any split of the rows, so every rank selects what one process
+// selects; the owner assembles the selected submatrix bit for bit as one
+// process gathers it and runs muon::detail::dion2_orthogonalize, the function
+// one process runs; the rest (M + G, the error feedback, weight decay,
+// X − adjusted_lr·U) is element-wise on each rank's rows. Stacked matrices
+// are whole on their rank, stepped by muon::detail::dion2_update.
 // Wide, tall, conv, stacked experts and a 2-row matrix (empty shards at 3
 // and 4 ranks); rows split unevenly.
 const std::vector<std::vector<int64_t>> kShardedShapes{
@@ -496,7 +500,6 @@ TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
       single.step();
     }
     for (const int world : {1, 2, 3, 4}) {
-      std::vector<std::atomic<int>> owners(kShardedShapes.size());
       run_ranks(world, [&](dist::Group& g) {
         std::vector<at::Tensor> params;
         std::vector<dist::RowShard> shards;
@@ -522,16 +525,18 @@ TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
           const auto& st = state_of(opt, params[k]);
           EXPECT_EQ(st.step(), 5) << what;
           EXPECT_EQ(opt.whole_shape(params[k]), kShardedShapes[k]) << what;
-          if (opt.holds_whole_state(params[k])) {
-            ++owners[k];
-            EXPECT_TRUE(st == state_of(single, whole[k])) << what << " state of param " << k;
-          } else {
-            EXPECT_FALSE(st.momentum().defined() || st.variance().defined()) << what;
+          // Each rank holds its rows of one process's state, bit for bit.
+          const auto& want = state_of(single, whole[k]);
+          EXPECT_TRUE(
+              at::equal(st.momentum(), dist::local_rows(want.momentum(), rows[k], g.rank())))
+              << what << " momentum of param " << k;
+          if (sets[hs].nordion2()) {
+            EXPECT_TRUE(
+                at::equal(st.variance(), dist::local_rows(want.variance(), rows[k], g.rank())))
+                << what << " variance of param " << k;
           }
         }
       });
-      for (size_t k = 0; k < owners.size(); ++k)
-        EXPECT_EQ(owners[k].load(), 1) << "owners of param " << k;
     }
   }
 }
@@ -604,11 +609,12 @@ int64_t bytes_of_step(const std::string& optimizer, const std::string& kind, int
   return bytes;
 }
 
-// Dion2 and NorDion2 in the sharded layout move what Muon's owner-compute
-// moves (each rank's gradient rows to the owner, its rows of the update
-// back), and in the layer-wise layout what any optimizer moves there (the
-// updated parameters): equal bytes. Printed as the table in docs/distributed.md.
-TEST(ShardedDion2, BytesSentPerStepEqualMuons) {
+// In the sharded layout Dion2 and NorDion2 move the selected slices to each
+// matrix's owner and back, plus the norms; Muon's owner-compute moves every
+// rank's rows of each matrix there and back: with fraction 0.25 Dion2 sends
+// less. In the layer-wise layout every optimizer moves the updated
+// parameters: equal bytes. Printed as the table in docs/distributed.md.
+TEST(ShardedDion2, BytesSentPerStepBesideMuons) {
   std::printf("| layout | ranks | muon | dion2 | nordion2 |\n|---|---|---|---|---|\n");
   for (const auto& [kind, world] :
        {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 4),
@@ -616,12 +622,19 @@ TEST(ShardedDion2, BytesSentPerStepEqualMuons) {
     const auto muon = bytes_of_step("muon", kind, world);
     const auto dion2 = bytes_of_step("dion2", kind, world);
     const auto nordion2 = bytes_of_step("nordion2", kind, world);
-    std::printf("| %s | %d | %lld | %lld | %lld |\n", kind.c_str(), world,
+    std::printf("| %s | %d | %lld | %lld (%.2f) | %lld (%.2f) |\n", kind.c_str(), world,
                 static_cast<long long>(muon), static_cast<long long>(dion2),
-                static_cast<long long>(nordion2));
+                static_cast<double>(dion2) / static_cast<double>(muon),
+                static_cast<long long>(nordion2),
+                static_cast<double>(nordion2) / static_cast<double>(muon));
     EXPECT_GT(muon, 0) << kind << " W=" << world;
-    EXPECT_EQ(dion2, muon) << kind << " W=" << world;
-    EXPECT_EQ(nordion2, muon) << kind << " W=" << world;
+    if (kind == "sharded") {
+      EXPECT_LT(dion2, muon) << kind << " W=" << world;
+      EXPECT_LT(nordion2, muon) << kind << " W=" << world;
+    } else {
+      EXPECT_EQ(dion2, muon) << kind << " W=" << world;
+      EXPECT_EQ(nordion2, muon) << kind << " W=" << world;
+    }
   }
 }
 

@@ -32,13 +32,8 @@ constexpr const char* kWhoNor = "[muon::NorDion2] ";
 // NorMuon's normalization constants (dion/normuon.py).
 constexpr double kNorMuonEps = 1e-8;
 constexpr double kNorMuonMinNorm = 1e-8;
-
-// The k indices of the largest `norms` along the last dim (B × n → B × k),
-// ties to the lower index, in ascending index order.
-at::Tensor top_k_indices(const at::Tensor& norms, int64_t k) {
-  const auto order = std::get<1>(norms.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true));
-  return std::get<0>(order.narrow(-1, 0, k).sort(/*dim=*/-1));
-}
+// The fixed point of the selection's norms: 2^40 units per the matrix's largest |M|.
+constexpr double kFixedPointOne = 1099511627776.0;
 
 // NorMuon's normalization of O (B × k × c) with the selected rows' variance
 // v (B × k × 1, updated in place): dion/normuon.py _normuon_normalization_core.
@@ -112,6 +107,31 @@ double dion2_adjusted_lr(at::IntArrayRef shape, const Dion2Options& o) {
   return o.lr();
 }
 
+int64_t dion2_k(const double fraction, const int64_t n) {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n))));
+}
+
+at::Tensor dion2_fixed_point_norms(const at::Tensor& mv, const at::Tensor& max,
+                                   const bool by_rows) {
+  const auto m = max.to(at::kDouble);
+  const auto scale =
+      at::where(m.gt(0).logical_and(m.isfinite()), kFixedPointOne / m, at::zeros_like(m));
+  const auto q = (mv.to(at::kDouble).abs() * scale.view({-1, 1, 1})).round().to(at::kLong);
+  return q.sum(by_rows ? 2 : 1);
+}
+
+at::Tensor dion2_top_k(const at::Tensor& norms, const int64_t k) {
+  const auto order = std::get<1>(norms.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true));
+  return std::get<0>(order.narrow(-1, 0, k).sort(/*dim=*/-1));
+}
+
+at::Tensor dion2_orthogonalize(const at::Tensor& selected, at::Tensor* v_sel,
+                               const Dion2Options& o) {
+  auto orth = newton_schulz(selected, o.ns());
+  if (v_sel != nullptr) orth = normuon_normalize(orth, *v_sel, o.muon_beta2());
+  return orth.to(selected.scalar_type());
+}
+
 at::Tensor dion2_update(const at::Tensor& grad, Dion2ParamState& st, const Dion2Options& o) {
   const auto dims = dion2_matrix_dims(grad.sizes(), o.flatten());
   const int64_t batch = dims[0];
@@ -121,37 +141,36 @@ at::Tensor dion2_update(const at::Tensor& grad, Dion2ParamState& st, const Dion2
   if (o.nordion2() && !st.variance().defined()) {
     st.variance(at::zeros(dion2_variance_shape(grad.sizes(), o.flatten()), grad.options()));
   }
+  st.step(st.step() + 1);
   auto& m = st.momentum();
   m.add_(grad.to(m.scalar_type()));
+  if (batch == 0) return at::zeros_like(grad);  // an empty shard of stacked matrices
   const auto mv = m.view({batch, rows, cols});
 
-  // The selection: rows when rows <= cols (NorDion2: always), else columns;
-  // L1 norms in fp64, ties to the lower index.
+  // The selection: rows when rows <= cols (NorDion2: always), else columns,
+  // by fixed-point L1 norms; ties to the lower index.
   const bool by_rows = o.nordion2() || rows <= cols;
   const int64_t select_dim = by_rows ? 1 : 2;
-  const int64_t n = by_rows ? rows : cols;
-  const int64_t k =
-      std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.fraction() * static_cast<double>(n))));
-  const auto norms = mv.to(at::kDouble).abs().sum(by_rows ? 2 : 1);
-  const auto idx = top_k_indices(norms, k);  // batch × k
+  const int64_t k = dion2_k(o.fraction(), by_rows ? rows : cols);
+  const auto idx = dion2_top_k(dion2_fixed_point_norms(mv, mv.abs().amax({1, 2}), by_rows), k);
   const auto idx_exp = by_rows ? idx.unsqueeze(-1).expand({batch, k, cols})
                                : idx.unsqueeze(1).expand({batch, rows, k});
   const auto selected = mv.gather(select_dim, idx_exp);
   // Error feedback: the selected slices of M decay.
   mv.scatter_(select_dim, idx_exp, selected * o.ef_decay());
 
-  auto orth =
-      newton_schulz(batch == 1 ? selected.squeeze(0) : selected, o.ns()).view(selected.sizes());
+  at::Tensor orth;
   if (o.nordion2()) {
     const auto vv = st.variance().view({batch, rows, 1});
     const auto vidx = idx.unsqueeze(-1);
     auto v_sel = vv.gather(1, vidx);
-    orth = normuon_normalize(orth, v_sel, o.muon_beta2());
+    orth = dion2_orthogonalize(selected, &v_sel, o);
     vv.scatter_(1, vidx, v_sel);
+  } else {
+    orth = dion2_orthogonalize(selected, nullptr, o);
   }
   auto update = at::zeros({batch, rows, cols}, grad.options());
   update.scatter_(select_dim, idx_exp, orth.to(grad.scalar_type()));
-  st.step(st.step() + 1);
   return update.view(grad.sizes());
 }
 
@@ -295,6 +314,9 @@ void Dion2::check_before_step() {
     TORCH_CHECK_VALUE(o.nordion2() == nor, who(), "param group ", g, " has nordion2 ",
                       o.nordion2() ? "true" : "false", ", the defaults ", nor ? "true" : "false",
                       "; one optimizer runs one algorithm");
+    TORCH_CHECK_VALUE(!nor || o.flatten() == static_cast<const Dion2Options&>(defaults()).flatten(),
+                      who(), "param group ", g, " has flatten ", o.flatten() ? "true" : "false",
+                      ", the defaults the other; NorDion2's variance has one shape per optimizer");
     for (const auto& p : param_groups_[g].params()) {
       TORCH_CHECK_VALUE(p.dim() >= 2, who(), "parameter of group ", g, " has ", p.dim(), " dims; ",
                         o.algorithm(),
@@ -306,8 +328,6 @@ void Dion2::check_before_step() {
 std::vector<int64_t> Dion2::whole_shape(const at::Tensor& param) const {
   return param.sizes().vec();
 }
-
-bool Dion2::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
 
 void Dion2::step_parameters() {
   auto& states = state();

@@ -32,18 +32,24 @@
 /// expert; a conv weight (out, in, kh, kw): out·in matrices of kh × kw);
 /// with `flatten` true it is one matrix (dim 0) × (the product of the others).
 ///
-/// Top-k: the norms are summed in fp64 (|M| widened, then a sum over the
-/// slice), the slices sorted by descending norm with a stable sort, so ties
-/// go to the lower index; the k selected slices are taken in ascending index
-/// order. The selection is a pure function of M's values, the same in every
-/// layout (Dion's torch.topk leaves ties and order unspecified).
+/// Top-k: the norms are exact integer sums of |M| in fixed point, 2^40 units
+/// per the matrix's largest |M| (each |M_ij| rounded to a unit: the norms
+/// differ from Dion's fp32 ones by less than n·2^-41 of that largest value),
+/// so every grouping of the rows (every layout, every world size) gives the
+/// same norms; the slices are sorted by descending norm with a stable sort,
+/// so ties go to the lower index, and the k selected slices are taken in
+/// ascending index order. The selection is a pure function of M's values,
+/// the same in every layout (Dion's torch.topk leaves ties and order unspecified).
 ///
-/// Deviation from Dion: Newton–Schulz runs in `ns_compute_dtype` (fp32 by
+/// Deviations from Dion: Newton–Schulz runs in `ns_compute_dtype` (fp32 by
 /// default; Dion casts the submatrix to bf16), with Dion's polar-express
 /// coefficients (modded-nanogpt's 5-step set, safety 1.02: our
-/// `polar_express_5`) and `epsilon` added to the norm. Dion's sharded paths
-/// select along the shard dimension; here every layout selects as one
-/// process does (equal to one process bit for bit).
+/// `polar_express_5`) and `epsilon` added to the norm; the norms' fixed
+/// point and tie-breaking above; with `flatten` the selection is over the
+/// flattened matrix's rows or columns (Dion's code selects along the last two
+/// dims of the unflattened tensor and flattens only for Newton–Schulz). Dion's
+/// sharded paths select along the shard dimension; here every layout selects
+/// as one process does (equal to one process bit for bit).
 #include <ATen/ATen.h>
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -135,8 +141,8 @@ Dion2Options NorDion2Options(double lr = 0.01);
 /// Per-parameter state of `muon::Dion2`: `momentum` of the parameter's
 /// shape and dtype; NorDion2 adds `variance`, one value per row of each
 /// matrix (the parameter's shape with the last dim 1; (dim 0, 1) with
-/// flatten), in the parameter's dtype. In the sharded layout only the owner
-/// of a matrix holds these tensors (whole); every rank counts `step`.
+/// flatten), in the parameter's dtype. Both split with the parameter's rows
+/// (dim 0) in the sharded layout.
 struct Dion2ParamState : public torch::optim::OptimizerCloneableParamState<Dion2ParamState> {
   /// Steps taken on this parameter.
   TORCH_ARG(int64_t, step) = 0;
@@ -173,6 +179,21 @@ double dion2_adjusted_lr(at::IntArrayRef shape, const Dion2Options& options);
 /// whole parameter.
 at::Tensor dion2_update(const at::Tensor& grad, Dion2ParamState& state,
                         const Dion2Options& options);
+
+/// k = max(1, ⌈fraction·n⌉).
+int64_t dion2_k(double fraction, int64_t n);
+/// The selection's norms of a batch of matrices `mv` (B × r × c): per matrix
+/// b, Σ round(|M| · 2^40 / max[b]) over each row (`by_rows`, B × r) or each
+/// column (B × c), int64 (0 where max[b] is 0 or not finite). Exact: partial
+/// sums over any split of the rows add up to the same norms.
+at::Tensor dion2_fixed_point_norms(const at::Tensor& mv, const at::Tensor& max, bool by_rows);
+/// The k indices of the largest `norms` along the last dim, ties to the
+/// lower index, in ascending order.
+at::Tensor dion2_top_k(const at::Tensor& norms, int64_t k);
+/// Newton–Schulz of the selected slices (B × a × b), and with `v_sel`
+/// (NorDion2: B × k × 1, updated) NorMuon's normalization of the rows.
+at::Tensor dion2_orthogonalize(const at::Tensor& selected, at::Tensor* v_sel,
+                               const Dion2Options& options);
 
 }  // namespace detail
 
@@ -212,9 +233,6 @@ class Dion2 : public torch::optim::Optimizer, public StateBytes, public StepGuar
 
   /// The global shape of the whole parameter `param` is (a part of).
   virtual std::vector<int64_t> whole_shape(const at::Tensor& param) const;
-  /// Whether this process holds the whole state of `param` (every
-  /// parameter here; the owner in the sharded layout).
-  virtual bool holds_whole_state(const at::Tensor& param) const;
 
  protected:
   /// For layouts: builds the optimizer and checks it.

@@ -1,29 +1,40 @@
 #pragma once
 
-/// Dion2 and NorDion2 (muon::Dion2) over ZeRO/FSDP row-sharded parameters,
-/// by owner-compute.
+/// Dion2 and NorDion2 (muon::Dion2) over ZeRO/FSDP row-sharded parameters:
+/// each rank keeps its rows of the momentum (and of NorDion2's variance),
+/// and only the selected slices travel.
 ///
-/// Dion2 selects the top fraction of a matrix's rows (or columns) by their
-/// L1 norms over the whole momentum, so the selection needs every row. As
-/// ShardedSoap (muon/dist/layouts/sharded_soap.h), through the same
-/// ShardedOrthogonalizer exchange: each matrix has one owner rank; per step
-/// every rank sends its rows of the (already reduced) gradient to the owner,
-/// the owner keeps the whole state (momentum, and NorDion2's variance) and
-/// runs muon::detail::dion2_update on the whole parameter, the one function
-/// every layout runs, and each rank gets its rows of the update back
-/// (zero outside the selected slices) and applies weight decay and the
-/// update to its rows. Every rank counts `step`.
+/// Per matrix and step (one owner per matrix, the owners of ShardedMuon's
+/// owner-compute: muon/dist/layouts/sharded_muon.h's ShardedOrthogonalizer):
 ///
-/// With the gradient rows of one process's gradient, the owner runs the
-/// same operations on the same whole tensors as one process, and the row
-/// updates are element-wise: the parameters equal one process bit for bit.
-/// The bytes sent per step are Muon's owner-compute bytes (the gradient's
-/// rows to the owner, the update's rows back).
+///   1. every rank: M ← M + G on its rows; the matrix's largest |M| (an
+///      all-gather of one number per rank)
+///   2. rows selected (rows <= cols, or NorDion2): each rank's fixed-point
+///      row norms are all-gathered (rows int64 in all); columns selected:
+///      each rank's exact partial column sums are all-gathered and added
+///      (cols int64 per rank). Every rank computes the same top-k.
+///   3. every rank decays its part of the selected slices (error feedback)
+///      and sends it to the owner: its selected rows (with their variance),
+///      or its rows of the selected columns
+///   4. the owner runs muon::detail::dion2_orthogonalize, the function one
+///      process runs, on the k × cols (or rows × k) submatrix, and sends
+///      each rank its part of O back
+///   5. every rank: weight decay and X − adjusted_lr·U on its rows.
 ///
-/// Checkpoints save the owner's whole state once (StateSplit::kOwner) and
-/// load it into whichever rank owns the matrix in the new layout, at any
-/// world size. Only the owner_compute mode exists; tensor-parallel blocks
-/// (the 2-D layout) are refused.
+/// Stacked matrices (3+ dims without flatten) are split whole between the
+/// ranks (dim 0 is their batch): each rank steps its own matrices as one
+/// process does, with no communication.
+///
+/// Equal to one process bit for bit: the norms are exact integer sums
+/// (muon::detail::dion2_fixed_point_norms), so the selection is the same;
+/// the submatrix the owner assembles is the one process's, bit for bit; the
+/// rest is element-wise on each rank's rows. Per step and matrix the bytes
+/// sent are the selected slices twice (the fraction of Muon's owner-compute
+/// traffic) plus the norms (tests/test_dion2.cpp measures them).
+///
+/// Checkpoints split the state with the rows (StateSplit::kWithRows) and
+/// reshard to any layout and world size. Only the owner_compute mode exists;
+/// tensor-parallel blocks (the 2-D layout) are refused.
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
@@ -53,8 +64,6 @@ class ShardedDion2 : public Dion2 {
 
   /// The global shape of the parameter `param` is a row shard of.
   std::vector<int64_t> whole_shape(const at::Tensor& param) const override;
-  /// Whether this rank owns `param`'s matrix (and holds its state).
-  bool holds_whole_state(const at::Tensor& param) const override;
   /// Collective over every shard group (muon/optim/step_guard.h).
   std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
 
@@ -62,12 +71,18 @@ class ShardedDion2 : public Dion2 {
   const std::vector<int64_t>& owners() const { return strategy_->owners(); }
 
  protected:
-  /// Gradient rows to the owners, Dion2's whole-parameter step there, update rows back.
+  /// Steps every parameter with a gradient (see the top of this header).
   void step_parameters() override;
 
  private:
+  /// Steps 1–4 of the top of this header for parameter `index` (flat order
+  /// over the groups); returns this rank's rows of U.
+  at::Tensor step_split_matrix(const at::Tensor& p, Dion2ParamState& st, const Dion2Options& o,
+                               size_t index);
+
   std::shared_ptr<ShardedOrthogonalizer> strategy_;
   std::unordered_map<const void*, std::vector<int64_t>> global_shapes_;
+  std::unordered_map<const void*, Group> groups_;
 };
 
 }  // namespace muon::dist
