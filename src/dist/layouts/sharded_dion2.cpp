@@ -145,7 +145,8 @@ at::Tensor ShardedDion2::step_split_matrix(const at::Tensor& p, Dion2ParamState&
     const auto idx = muon::detail::dion2_top_k(norms, k).view({-1});
     std::vector<int64_t> count(static_cast<size_t>(size), 0);
     std::vector<int64_t> here;
-    const auto* ip = idx.data_ptr<int64_t>();
+    const auto idx_cpu = idx.cpu();
+    const auto* ip = idx_cpu.data_ptr<int64_t>();
     for (int64_t j = 0; j < k; ++j) {
       for (int r = 0; r < size; ++r) {
         const auto ru = static_cast<size_t>(r);
@@ -155,7 +156,7 @@ at::Tensor ShardedDion2::step_split_matrix(const at::Tensor& p, Dion2ParamState&
         }
       }
     }
-    const auto loc = at::tensor(here, at::kLong);
+    const auto loc = at::tensor(here, at::kLong).to(p.device());
     const auto selected = mv.index_select(0, loc);
     mv.index_copy_(0, loc, selected * o.ef_decay());
     at::Tensor v_rows;
