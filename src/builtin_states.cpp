@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include "muon/optim/adaptive_muon.h"
+#include "muon/optim/dion2.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
@@ -169,6 +170,32 @@ StateSchema soap_state() {
               StateInit::kOnFirstUse));
   s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, kColsSquare, StateDtype::kFloat32Wide,
               StateInit::kOnFirstUse));
+  return s;
+}
+
+StateSchema dion2_state(const bool nordion2) {
+  using S = Dion2ParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = [nordion2](const Optimizer& opt) {
+    const auto* d = dynamic_cast<const Dion2*>(&opt);
+    return d != nullptr && d->is_nordion2() == nordion2;
+  };
+  s.add(step_of<S>());
+  // Both split with the parameter's rows: the momentum has its shape, the
+  // variance one value per row of each matrix (as the defaults' flatten).
+  s.add(StateField::tensor_of<S>("momentum", [](S& st) -> at::Tensor& { return st.momentum(); }));
+  if (nordion2) {
+    auto v = StateField::tensor_of<S>("variance", [](S& st) -> at::Tensor& { return st.variance(); });
+    v.shape = StateShape::kRows;
+    v.shape_of = [](const Optimizer& opt, at::IntArrayRef shape) {
+      return dion2_variance_shape(shape, static_cast<const Dion2Options&>(opt.defaults()).flatten());
+    };
+    v.shape_note = [](const Optimizer& opt) {
+      return std::string(static_cast<const Dion2Options&>(opt.defaults()).flatten() ? "flatten: rows x 1"
+                                                                                     : "rows x 1 per matrix");
+    };
+    s.add(std::move(v));
+  }
   return s;
 }
 

@@ -17,6 +17,8 @@ StateSchema laprop_state();
 StateSchema signum_state();
 StateSchema sim_ademamix_state();
 StateSchema soap_state();
+/// Dion2's (nordion2 false) or NorDion2's (true).
+StateSchema dion2_state(bool nordion2);
 /// The orthogonalized family's (polargrad, scion, mop, spel, muon_hyperball): Muon's.
 StateSchema orthogonalized_state(OrthogonalizedKind kind);
 

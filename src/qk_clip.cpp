@@ -3,6 +3,7 @@
 #include "muon/qk_clip.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 

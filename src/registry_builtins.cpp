@@ -1,6 +1,6 @@
 // The built-in registry entries (muon, adaptive_muon, adam, adamw, sgd,
-// lion, laprop, signum, sim_ademamix, soap, polargrad, scion, mop, spel,
-// muon_hyperball), registered explicitly here, and the global registry.
+// lion, laprop, signum, sim_ademamix, soap, dion2, nordion2, polargrad, scion,
+// mop, spel, muon_hyperball), registered explicitly here, and the global registry.
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -15,6 +15,7 @@
 #include "muon/compat.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
+#include "muon/optim/dion2.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
@@ -512,6 +513,58 @@ OptimizerEntry soap_entry() {
   return e;
 }
 
+// Dion2 and NorDion2 (muon::Dion2): defaults are Dion's (muon::Dion2Options),
+// lr and weight_decay aside (the common fields). They orthogonalize
+// matrices: 1-D, embedding and head parameters go to scalar_optimizer.
+OptimizerEntry dion2_entry(const bool nordion2) {
+  const std::string name = nordion2 ? "nordion2" : "dion2";
+  OptimizerEntry e = entry(name, detail::dion2_state(nordion2),
+                           nordion2 ? "NorDion2 (muon::Dion2 with nordion2): Dion2 on rows with NorMuon's per-row "
+                                      "normalization; 1-D, embedding and head parameters go to scalar_optimizer"
+                                    : "Dion2 (muon::Dion2): Newton–Schulz on the top fraction of rows or columns of "
+                                      "the momentum, with error feedback; 1-D, embedding and head parameters go to "
+                                      "scalar_optimizer");
+  const Dion2Options d = nordion2 ? NorDion2Options() : Dion2Options();
+  e.fields = {
+      FieldSpec::real("fraction", d.fraction(), "fraction of rows (or columns) orthogonalized per step", 0.0, 1.0)
+          .exclusive_min(),
+      FieldSpec::real(nordion2 ? "mu" : "ef_decay", d.ef_decay(),
+                      "error-feedback decay of the selected slices of the momentum", 0.0),
+      FieldSpec::real("epsilon", d.epsilon(), "Newton–Schulz normalization epsilon", 0.0).exclusive_min(),
+      FieldSpec::text("adjust_lr", to_string(d.adjust_lr()),
+                      "lr scale: spectral_norm sqrt(fan_out/fan_in), rms_norm 0.2·sqrt(max), none",
+                      {"spectral_norm", "rms_norm", "none"}),
+      FieldSpec::boolean("flatten", d.flatten(), "3-D+ parameters as one matrix (dim 0 × rest), else a batch"),
+      FieldSpec::text("coefficient_type", d.ns_coefficients(), "Newton–Schulz coefficient set",
+                      accepted_coefficient_set_names()),
+      FieldSpec::integer("num_ns_steps", 0, "Newton–Schulz steps (0: the set's default)", 0.0,
+                         static_cast<double>(kMaxNsSteps - 1)),
+      FieldSpec::text("ns_compute_dtype", "float32", "Newton–Schulz compute dtype", {"float32", "bfloat16", "float64"}),
+  };
+  if (nordion2) {
+    e.fields.push_back(FieldSpec::real("muon_beta2", d.muon_beta2(), "decay of the per-row variance", 0.0));
+  }
+  e.make_options = [nordion2](const OptimizerSettings& s) {
+    auto o = std::make_unique<Dion2Options>(s.get_double("lr"));
+    o->nordion2(nordion2)
+        .fraction(s.get_double("fraction"))
+        .ef_decay(s.get_double(nordion2 ? "mu" : "ef_decay"))
+        .weight_decay(s.get_double("weight_decay"))
+        .epsilon(s.get_double("epsilon"))
+        .adjust_lr(s.get_string("adjust_lr"))
+        .flatten(s.get_bool("flatten"))
+        .ns_coefficients(s.get_string("coefficient_type"))
+        .ns_steps(s.get_int("num_ns_steps"))
+        .ns_compute_dtype(detail::parse_dtype(s.get_string("ns_compute_dtype"), "", "ns_compute_dtype"));
+    if (nordion2) o->muon_beta2(s.get_double("muon_beta2"));
+    o->validate();
+    return o;
+  };
+  e.factory = build_factory<Dion2, Dion2Options>();
+  e.default_overrides = scalar_defaults(name);
+  return e;
+}
+
 }  // namespace
 
 OptimizerRegistry& OptimizerRegistry::global() {
@@ -535,6 +588,8 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
   registry.add(signum_entry());
   registry.add(sim_ademamix_entry());
   registry.add(soap_entry());
+  registry.add(dion2_entry(/*nordion2=*/false));
+  registry.add(dion2_entry(/*nordion2=*/true));
   registry.add(orthogonalized_entry(
       OrthogonalizedKind::kPolarGrad,
       "PolarGrad (muon::OrthogonalizedVariant): Newton–Schulz scaled by <O, M>, the nuclear-norm "

@@ -11,8 +11,8 @@
 /// output-head parameters go to the scalar optimizer) and an optional state
 /// initializer. Built-ins, registered in one place
 /// (src/registry_builtins.cpp): muon, adaptive_muon, adamw, adam, sgd
-/// (LibTorch's own), lion, laprop, signum, sim_ademamix, soap, polargrad, scion,
-/// mop, spel and muon_hyperball.
+/// (LibTorch's own), lion, laprop, signum, sim_ademamix, soap, dion2, nordion2,
+/// polargrad, scion, mop, spel and muon_hyperball.
 ///
 /// Layers built on the registry add config fields of their own through a
 /// `ConfigExtension`: the distributed layouts (muon/dist/layouts/make.h) add
@@ -160,7 +160,7 @@ class OptimizerRegistry {
   /// registry afresh on its next call).
   static void extend_global(std::function<void(OptimizerRegistry&)> extend);
   /// Registers the built-ins (muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum,
-  /// sim_ademamix, soap, polargrad, scion, mop, spel, muon_hyperball) in `registry`.
+  /// sim_ademamix, soap, dion2, nordion2, polargrad, scion, mop, spel, muon_hyperball) in `registry`.
   static void register_builtins(OptimizerRegistry& registry);
 
   /// Adds `entry`. Raises c10::ValueError for an empty or duplicate name, a

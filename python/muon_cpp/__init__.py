@@ -78,12 +78,14 @@ if _C is not None:
     )
     from .optim import (  # noqa: F401
         AdaptiveMuon,
+        Dion2,
         LaProp,
         Lion,
         MOP,
         Muon,
         MuonHyperball,
         MuonWithAdamW,
+        NorDion2,
         Optimizer,
         PolarGrad,
         SOAP,

@@ -425,6 +425,42 @@ class SOAP(_OneOptimizer):
         super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
 
+class Dion2(_OneOptimizer):
+    """Dion2 (microsoft/dion): Newton–Schulz on the top ``fraction`` of the rows
+    (rows <= cols) or columns of the momentum M ← M + G by L1 norm, those slices of
+    M decayed by ``ef_decay`` (error feedback), and only they updated, by
+    lr·sqrt(fan_out/fan_in) (``adjust_lr="spectral_norm"``; "rms_norm" 0.2·sqrt(max),
+    None). Dion's keywords and defaults: fraction=0.25, ef_decay=0.95, epsilon=1e-8,
+    adjust_lr="spectral_norm", flatten=False (3-D+ parameters are batches of matrices;
+    True: one matrix dim 0 by the rest); plus coefficient_type="polar_express_5",
+    num_ns_steps (0: 5), ns_compute_dtype="float32". Ties of the norms go to the
+    lower index. State per parameter: step, momentum."""
+
+    _kind = "dion2"
+
+    def __init__(self, params, lr=0.01, weight_decay=0.01, *, layout=None, nonfinite="error",
+                 **options):
+        if "adjust_lr" in options and options["adjust_lr"] is None:
+            options["adjust_lr"] = "none"
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class NorDion2(_OneOptimizer):
+    """NorDion2 (microsoft/dion): Dion2 on rows always, with NorMuon's per-row
+    normalization of the orthogonalized rows. Dion's keywords and defaults:
+    fraction=0.25, mu=0.95 (error-feedback decay), muon_beta2=0.95, epsilon=1e-8,
+    adjust_lr="spectral_norm", flatten=False. State per parameter: step, momentum,
+    variance (one value per row)."""
+
+    _kind = "nordion2"
+
+    def __init__(self, params, lr=0.01, weight_decay=0.01, *, layout=None, nonfinite="error",
+                 **options):
+        if "adjust_lr" in options and options["adjust_lr"] is None:
+            options["adjust_lr"] = "none"
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
 class PolarGrad(_OneOptimizer):
     """PolarGrad: Muon's momentum, Newton–Schulz, and the update scaled by
     <O, M> (the nuclear-norm estimate) times ``extra_scale_factor``

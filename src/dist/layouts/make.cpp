@@ -17,6 +17,7 @@
 #include "muon/compat.h"
 #include "muon/dist/layouts/layerwise.h"
 #include "muon/dist/layouts/sharded_muon.h"
+#include "muon/dist/layouts/sharded_dion2.h"
 #include "muon/dist/layouts/sharded_soap.h"
 #include "muon/dist/layouts/tensor_parallel.h"
 #include "muon/optim/muon.h"
@@ -83,6 +84,14 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
     TORCH_CHECK_VALUE(false, kWho, "optimizer 'soap' preconditions whole matrices and does not run in layout '",
                       kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
   };
+  for (const char* name : {"dion2", "nordion2"}) {
+    context.factories[name] = [kind, name](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
+        -> std::unique_ptr<torch::optim::Optimizer> {
+      TORCH_CHECK_VALUE(false, kWho, "optimizer '", name, "' selects rows or columns of whole matrices and does not ",
+                        "run in layout '", kind,
+                        "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
+    };
+  }
 }
 
 // The layer-wise layout's options from the config's layout fields.
@@ -175,6 +184,23 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
     compat::reapply_group_options(*opt, groups);
     return std::unique_ptr<torch::optim::Optimizer>(std::move(opt));
   };
+  // Dion2 and NorDion2 by owner-compute (ShardedDion2), refused on tensor-parallel blocks as SOAP.
+  for (const char* name : {"dion2", "nordion2"}) {
+    context.factories[name] = [sharded_options, name](std::vector<OptimizerParamGroup> groups,
+                                                      const std::vector<OptimizerSettings>&) {
+      auto options = sharded_options(groups, name);
+      for (const auto& entry : options.shards()) {
+        TORCH_CHECK_VALUE(!entry.second.has_tensor_parallel(), kWho, "optimizer '", name,
+                          "' selects rows or columns of whole matrices and does not run in the 2-D layout "
+                          "(sharded with tensor_parallel blocks), which splits them across tensor-parallel "
+                          "ranks; use layout 'sharded' without tensor_parallel, 'layerwise' (or 'none')");
+      }
+      const auto defaults = static_cast<const Dion2Options&>(groups.at(0).options());
+      auto opt = std::make_unique<ShardedDion2>(groups, defaults, std::move(options));
+      compat::reapply_group_options(*opt, groups);
+      return std::unique_ptr<torch::optim::Optimizer>(std::move(opt));
+    };
+  }
   return context;
 }
 

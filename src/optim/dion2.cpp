@@ -1,0 +1,382 @@
+// Dion2 and NorDion2: options, state, the whole-parameter step, save/load.
+#include "muon/optim/dion2.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <array>
+#include <cmath>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "muon/compat.h"
+#include "optim/closure.h"
+#include "optim/elementwise_optimizer.h"
+#include "util/dtype_names.h"
+#include "util/names.h"
+
+namespace muon {
+namespace {
+
+using detail::read_archived_bool;
+using detail::read_archived_double;
+using detail::read_archived_int;
+using detail::read_archived_string;
+using torch::optim::OptimizerParamGroup;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr const char* kWho = "[muon::Dion2] ";
+constexpr const char* kWhoNor = "[muon::NorDion2] ";
+// NorMuon's normalization constants (dion/normuon.py).
+constexpr double kNorMuonEps = 1e-8;
+constexpr double kNorMuonMinNorm = 1e-8;
+// The fixed point of the selection's norms: 2^40 units per the matrix's largest |M|.
+constexpr double kFixedPointOne = 1099511627776.0;
+
+// NorMuon's normalization of O (B × k × c) with the selected rows' variance
+// v (B × k × 1, updated in place): dion/normuon.py _normuon_normalization_core.
+at::Tensor normuon_normalize(const at::Tensor& o, at::Tensor& v, double beta2) {
+  const auto u = o.to(v.scalar_type());
+  const auto norm_u = at::linalg_vector_norm(u, 2, {-2, -1}, /*keepdim=*/true);
+  const auto neuron = (u * u).mean(-1, /*keepdim=*/true);
+  v = at::lerp(v, neuron, 1 - beta2);
+  auto normalized = u / (v.sqrt() + kNorMuonEps);
+  const auto norm_new =
+      at::linalg_vector_norm(normalized, 2, {-2, -1}, /*keepdim=*/true).clamp_min(kNorMuonMinNorm);
+  return normalized * (norm_u / norm_new);
+}
+
+}  // namespace
+
+std::string to_string(const Dion2AdjustLr mode) {
+  switch (mode) {
+    case Dion2AdjustLr::kSpectralNorm:
+      return "spectral_norm";
+    case Dion2AdjustLr::kRmsNorm:
+      return "rms_norm";
+    case Dion2AdjustLr::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+Dion2AdjustLr parse_dion2_adjust_lr(const std::string& name) {
+  for (const auto m :
+       {Dion2AdjustLr::kSpectralNorm, Dion2AdjustLr::kRmsNorm, Dion2AdjustLr::kNone}) {
+    if (to_string(m) == name) return m;
+  }
+  TORCH_CHECK_VALUE(false, kWho, "adjust_lr must be spectral_norm, rms_norm or none, got '",
+                    detail::clip(name), "'");
+}
+
+namespace detail {
+
+std::array<int64_t, 3> dion2_matrix_dims(at::IntArrayRef shape, const bool flatten) {
+  TORCH_INTERNAL_ASSERT(shape.size() >= 2);
+  if (flatten) {
+    int64_t cols = 1;
+    for (size_t d = 1; d < shape.size(); ++d) cols *= shape[d];
+    return {1, shape[0], cols};
+  }
+  int64_t batch = 1;
+  for (size_t d = 0; d + 2 < shape.size(); ++d) batch *= shape[d];
+  return {batch, shape[shape.size() - 2], shape[shape.size() - 1]};
+}
+
+std::vector<int64_t> dion2_variance_shape(at::IntArrayRef shape, const bool flatten) {
+  if (flatten) return {shape[0], 1};
+  std::vector<int64_t> out(shape.begin(), shape.end());
+  out.back() = 1;
+  return out;
+}
+
+double dion2_adjusted_lr(at::IntArrayRef shape, const Dion2Options& o) {
+  const auto dims = dion2_matrix_dims(shape, o.flatten());
+  const double fan_out = static_cast<double>(dims[1]);
+  const double fan_in = static_cast<double>(dims[2]);
+  switch (o.adjust_lr()) {
+    case Dion2AdjustLr::kSpectralNorm:
+      return o.lr() * std::sqrt(fan_out / fan_in);
+    case Dion2AdjustLr::kRmsNorm:
+      return o.lr() * (0.2 * std::sqrt(std::max(fan_out, fan_in)));
+    case Dion2AdjustLr::kNone:
+      return o.lr();
+  }
+  return o.lr();
+}
+
+int64_t dion2_k(const double fraction, const int64_t n) {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n))));
+}
+
+at::Tensor dion2_fixed_point_norms(const at::Tensor& mv, const at::Tensor& max,
+                                   const bool by_rows) {
+  const auto m = max.to(at::kDouble);
+  const auto scale =
+      at::where(m.gt(0).logical_and(m.isfinite()), kFixedPointOne / m, at::zeros_like(m));
+  const auto q = (mv.to(at::kDouble).abs() * scale.view({-1, 1, 1})).round().to(at::kLong);
+  return q.sum(by_rows ? 2 : 1);
+}
+
+at::Tensor dion2_top_k(const at::Tensor& norms, const int64_t k) {
+  const auto order = std::get<1>(norms.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true));
+  return std::get<0>(order.narrow(-1, 0, k).sort(/*dim=*/-1));
+}
+
+at::Tensor dion2_orthogonalize(const at::Tensor& selected, at::Tensor* v_sel,
+                               const Dion2Options& o) {
+  auto orth = newton_schulz(selected, o.ns());
+  if (v_sel != nullptr) orth = normuon_normalize(orth, *v_sel, o.muon_beta2());
+  return orth.to(selected.scalar_type());
+}
+
+at::Tensor dion2_update(const at::Tensor& grad, Dion2ParamState& st, const Dion2Options& o) {
+  const auto dims = dion2_matrix_dims(grad.sizes(), o.flatten());
+  const int64_t batch = dims[0];
+  const int64_t rows = dims[1];
+  const int64_t cols = dims[2];
+  if (!st.momentum().defined()) st.momentum(at::zeros_like(grad, at::MemoryFormat::Contiguous));
+  if (o.nordion2() && !st.variance().defined()) {
+    st.variance(at::zeros(dion2_variance_shape(grad.sizes(), o.flatten()), grad.options()));
+  }
+  st.step(st.step() + 1);
+  auto& m = st.momentum();
+  m.add_(grad.to(m.scalar_type()));
+  if (batch == 0) return at::zeros_like(grad);  // an empty shard of stacked matrices
+  const auto mv = m.view({batch, rows, cols});
+
+  // The selection: rows when rows <= cols (NorDion2: always), else columns,
+  // by fixed-point L1 norms; ties to the lower index.
+  const bool by_rows = o.nordion2() || rows <= cols;
+  const int64_t select_dim = by_rows ? 1 : 2;
+  const int64_t k = dion2_k(o.fraction(), by_rows ? rows : cols);
+  const auto idx = dion2_top_k(dion2_fixed_point_norms(mv, mv.abs().amax({1, 2}), by_rows), k);
+  const auto idx_exp = by_rows ? idx.unsqueeze(-1).expand({batch, k, cols})
+                               : idx.unsqueeze(1).expand({batch, rows, k});
+  const auto selected = mv.gather(select_dim, idx_exp);
+  // Error feedback: the selected slices of M decay.
+  mv.scatter_(select_dim, idx_exp, selected * o.ef_decay());
+
+  at::Tensor orth;
+  if (o.nordion2()) {
+    const auto vv = st.variance().view({batch, rows, 1});
+    const auto vidx = idx.unsqueeze(-1);
+    auto v_sel = vv.gather(1, vidx);
+    orth = dion2_orthogonalize(selected, &v_sel, o);
+    vv.scatter_(1, vidx, v_sel);
+  } else {
+    orth = dion2_orthogonalize(selected, nullptr, o);
+  }
+  auto update = at::zeros({batch, rows, cols}, grad.options());
+  update.scatter_(select_dim, idx_exp, orth.to(grad.scalar_type()));
+  return update.view(grad.sizes());
+}
+
+}  // namespace detail
+
+// ---- Dion2Options ------------------------------------------------------------
+
+Dion2Options::Dion2Options(double lr) : lr_(lr) {}
+
+Dion2Options NorDion2Options(double lr) { return Dion2Options(lr).nordion2(true); }
+
+Dion2Options& Dion2Options::adjust_lr(const std::string& name) {
+  adjust_lr_ = parse_dion2_adjust_lr(name);
+  return *this;
+}
+
+NewtonSchulzOptions Dion2Options::ns() const {
+  NewtonSchulzOptions ns;
+  ns.coefficients(ns_coefficients_).eps(epsilon_).compute_dtype(ns_compute_dtype_);
+  if (ns_steps_ > 0) ns.steps(ns_steps_);
+  return ns;
+}
+
+void Dion2Options::validate() const {
+  const char* who = nordion2_ ? kWhoNor : kWho;
+  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, who, "lr must be >= 0, got ", lr_);
+  TORCH_CHECK_VALUE(fraction_ > 0 && fraction_ <= 1, who, "fraction must be in (0, 1], got ",
+                    fraction_);
+  TORCH_CHECK_VALUE(std::isfinite(ef_decay_) && ef_decay_ >= 0, who, nordion2_ ? "mu" : "ef_decay",
+                    " must be >= 0, got ", ef_decay_);
+  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, who,
+                    "weight_decay must be >= 0, got ", weight_decay_);
+  TORCH_CHECK_VALUE(std::isfinite(epsilon_) && epsilon_ > 0, who, "epsilon must be > 0, got ",
+                    epsilon_);
+  TORCH_CHECK_VALUE(std::isfinite(muon_beta2_) && muon_beta2_ >= 0, who,
+                    "muon_beta2 must be >= 0, got ", muon_beta2_);
+  detail::check_name(ns_coefficients_, accepted_coefficient_set_names(), who, "ns_coefficients");
+  TORCH_CHECK_VALUE(ns_steps_ == 0 || (ns_steps_ >= kMinNsSteps && ns_steps_ < kMaxNsSteps), who,
+                    "ns_steps must be 0 (the set's default) or in [", kMinNsSteps, ", ",
+                    kMaxNsSteps, "), got ", ns_steps_);
+  TORCH_CHECK_VALUE(ns_compute_dtype_ == at::kFloat || ns_compute_dtype_ == at::kBFloat16 ||
+                        ns_compute_dtype_ == at::kDouble,
+                    who, "ns_compute_dtype must be float32, bfloat16 or float64, got ",
+                    detail::dtype_name(ns_compute_dtype_));
+}
+
+void Dion2Options::serialize(OutputArchive& archive) const {
+  archive.write("lr", c10::IValue(lr_));
+  archive.write("fraction", c10::IValue(fraction_));
+  archive.write("ef_decay", c10::IValue(ef_decay_));
+  archive.write("weight_decay", c10::IValue(weight_decay_));
+  archive.write("epsilon", c10::IValue(epsilon_));
+  archive.write("adjust_lr", c10::IValue(to_string(adjust_lr_)));
+  archive.write("flatten", c10::IValue(flatten_));
+  archive.write("nordion2", c10::IValue(nordion2_));
+  archive.write("muon_beta2", c10::IValue(muon_beta2_));
+  archive.write("ns_coefficients", c10::IValue(ns_coefficients_));
+  archive.write("ns_steps", c10::IValue(ns_steps_));
+  archive.write("ns_compute_dtype", c10::IValue(detail::dtype_name(ns_compute_dtype_)));
+}
+
+void Dion2Options::serialize(InputArchive& archive) {
+  lr_ = read_archived_double(archive, "lr");
+  fraction_ = read_archived_double(archive, "fraction");
+  ef_decay_ = read_archived_double(archive, "ef_decay");
+  weight_decay_ = read_archived_double(archive, "weight_decay");
+  epsilon_ = read_archived_double(archive, "epsilon");
+  adjust_lr_ = parse_dion2_adjust_lr(read_archived_string(archive, "adjust_lr"));
+  flatten_ = read_archived_bool(archive, "flatten");
+  nordion2_ = read_archived_bool(archive, "nordion2");
+  muon_beta2_ = read_archived_double(archive, "muon_beta2");
+  ns_coefficients_ = read_archived_string(archive, "ns_coefficients");
+  ns_steps_ = read_archived_int(archive, "ns_steps");
+  ns_compute_dtype_ = detail::parse_dtype(read_archived_string(archive, "ns_compute_dtype"), kWho,
+                                          "the archive's ns_compute_dtype");
+}
+
+void Dion2Options::mix_settings(SettingsDigest& mix) const {
+  mix(fraction_, ef_decay_, weight_decay_, epsilon_, static_cast<int>(adjust_lr_), flatten_,
+      nordion2_, muon_beta2_, ns_steps_, static_cast<int>(ns_compute_dtype_));
+  for (const char c : ns_coefficients_) mix(c);
+}
+
+bool operator==(const Dion2Options& a, const Dion2Options& b) {
+  return a.lr() == b.lr() && a.fraction() == b.fraction() && a.ef_decay() == b.ef_decay() &&
+         a.weight_decay() == b.weight_decay() && a.epsilon() == b.epsilon() &&
+         a.adjust_lr() == b.adjust_lr() && a.flatten() == b.flatten() &&
+         a.nordion2() == b.nordion2() && a.muon_beta2() == b.muon_beta2() &&
+         a.ns_coefficients() == b.ns_coefficients() && a.ns_steps() == b.ns_steps() &&
+         a.ns_compute_dtype() == b.ns_compute_dtype();
+}
+
+double Dion2Options::get_lr() const { return lr(); }
+
+void Dion2Options::set_lr(const double lr) { this->lr(lr); }
+
+// ---- Dion2ParamState ---------------------------------------------------------
+
+void Dion2ParamState::serialize(OutputArchive& archive) const {
+  archive.write("step", c10::IValue(step_));
+  detail::write_optional_buffer(archive, "momentum", momentum_);
+  detail::write_optional_buffer(archive, "variance", variance_);
+}
+
+void Dion2ParamState::serialize(InputArchive& archive) {
+  step_ = read_archived_int(archive, "step");
+  momentum_ = detail::read_optional_buffer(archive, "momentum");
+  variance_ = detail::read_optional_buffer(archive, "variance");
+}
+
+bool operator==(const Dion2ParamState& a, const Dion2ParamState& b) {
+  return a.step() == b.step() && detail::same_buffer(a.momentum(), b.momentum()) &&
+         detail::same_buffer(a.variance(), b.variance());
+}
+
+// ---- Dion2 -------------------------------------------------------------------
+
+Dion2::Dion2(std::vector<OptimizerParamGroup> param_groups, Dion2Options defaults, bool check)
+    : Optimizer(param_groups, std::make_unique<Dion2Options>(defaults)) {
+  defaults.validate();
+  compat::reapply_group_options(*this, param_groups);
+  if (check) check_before_step();
+}
+
+Dion2::Dion2(std::vector<OptimizerParamGroup> param_groups, Dion2Options defaults)
+    : Dion2(std::move(param_groups), std::move(defaults), true) {}
+
+Dion2::Dion2(std::vector<at::Tensor> params, Dion2Options defaults)
+    : Dion2(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))},
+            std::move(defaults)) {}
+
+bool Dion2::is_nordion2() const { return static_cast<const Dion2Options&>(defaults()).nordion2(); }
+
+const char* Dion2::who() const { return is_nordion2() ? kWhoNor : kWho; }
+
+void Dion2::check_before_step() {
+  detail::check_group_options<Dion2Options>(param_groups_, who(), "muon::Dion2Options");
+  const bool nor = is_nordion2();
+  for (const auto g : c10::irange(param_groups_.size())) {
+    const auto& o = static_cast<const Dion2Options&>(param_groups_[g].options());
+    TORCH_CHECK_VALUE(o.nordion2() == nor, who(), "param group ", g, " has nordion2 ",
+                      o.nordion2() ? "true" : "false", ", the defaults ", nor ? "true" : "false",
+                      "; one optimizer runs one algorithm");
+    TORCH_CHECK_VALUE(!nor || o.flatten() == static_cast<const Dion2Options&>(defaults()).flatten(),
+                      who(), "param group ", g, " has flatten ", o.flatten() ? "true" : "false",
+                      ", the defaults the other; NorDion2's variance has one shape per optimizer");
+    for (const auto& p : param_groups_[g].params()) {
+      TORCH_CHECK_VALUE(p.dim() >= 2, who(), "parameter of group ", g, " has ", p.dim(), " dims; ",
+                        o.algorithm(),
+                        " steps matrices (give 0-d and 1-d parameters to another optimizer)");
+    }
+  }
+}
+
+std::vector<int64_t> Dion2::whole_shape(const at::Tensor& param) const {
+  return param.sizes().vec();
+}
+
+void Dion2::step_parameters() {
+  auto& states = state();
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const Dion2Options&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = std::make_unique<Dion2ParamState>();
+      auto& st = static_cast<Dion2ParamState&>(*slot);
+      const auto u = detail::dion2_update(p.grad(), st, o);
+      p.mul_(1 - o.lr() * o.weight_decay());
+      p.add_(u, -detail::dion2_adjusted_lr(p.sizes(), o));
+    }
+  }
+}
+
+at::Tensor Dion2::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss = detail::loss_of(closure);
+  if (!admit_step(param_groups_, who(), [this] { check_before_step(); })) return loss;
+  step_parameters();
+  return loss;
+}
+
+int64_t Dion2::state_bytes() const {
+  return detail::buffer_bytes<Dion2ParamState>(*this, [](const Dion2ParamState& s) {
+    return std::array<const at::Tensor*, 2>{&s.momentum(), &s.variance()};
+  });
+}
+
+void Dion2::save(OutputArchive& archive) const {
+  if (is_nordion2()) {
+    detail::save_with_options<Dion2ParamState, Dion2Options>(*this, archive, "nordion2",
+                                                             "muon::NorDion2");
+  } else {
+    detail::save_with_options<Dion2ParamState, Dion2Options>(*this, archive, "dion2",
+                                                             "muon::Dion2");
+  }
+}
+
+void Dion2::load(InputArchive& archive) {
+  if (is_nordion2()) {
+    detail::load_with_options<Dion2ParamState, Dion2Options>(*this, archive, "nordion2", kWhoNor,
+                                                             "muon::NorDion2");
+  } else {
+    detail::load_with_options<Dion2ParamState, Dion2Options>(*this, archive, "dion2", kWho,
+                                                             "muon::Dion2");
+  }
+}
+
+}  // namespace muon
