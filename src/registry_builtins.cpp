@@ -111,8 +111,9 @@ std::vector<FieldSpec> muon_fields() {
                       {"ema", "classic"}),
       FieldSpec::text("weight_decay_mode", to_string(d.weight_decay_mode()),
                       "how weight decay enters the step (spectral_clipped: W ← "
-                      "spectral_clipped_weight_decay(W, spectral_wd_beta, lr·weight_decay))",
-                      {"decoupled", "independent", "l2", "palm", "spectral_clipped"}),
+                      "spectral_clipped_weight_decay(W, spectral_wd_beta, lr·weight_decay); "
+                      "cautious: decay only where the update and the weight agree in sign)",
+                      {"decoupled", "independent", "l2", "palm", "spectral_clipped", "cautious"}),
       FieldSpec::real("spectral_wd_beta", d.spectral_wd_beta(),
                       "β of weight_decay_mode spectral_clipped: singular values above it decay",
                       0.0)

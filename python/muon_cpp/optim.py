@@ -324,7 +324,8 @@ class Muon(_OneOptimizer):
     **options)``: the options are the C++ registry's muon fields without the
     ``muon_`` prefix (``option_fields("muon")``): momentum=0.95, nesterov=True,
     momentum_style ("ema" | "classic"), weight_decay_mode ("decoupled" |
-    "independent" | "l2" | "palm" | "spectral_clipped", with spectral_wd_beta=1),
+    "independent" | "l2" | "palm" | "spectral_clipped", with spectral_wd_beta=1,
+    | "cautious": decay only where the update and the weight agree in sign),
     spectral_update ("none" | "clip" | "hardcap", with spectral_sigma_min=-1,
     spectral_sigma_max=1, spectral_hardcap_beta=1), coefficient_type ("quintic", ...),
     num_ns_steps (0: the set's default), ns_eps, ns_eps_mode ("add" | "clamp"),

@@ -120,7 +120,7 @@ at::Tensor decay_and_momentum(const MuonStepItem& item) {
       grad = grad.add(p, o.weight_decay());
     } else if (o.weight_decay_mode() == WeightDecayMode::kSpectralClipped) {
       spectral_clipped_decay(p, o);
-    } else {
+    } else if (o.weight_decay_mode() != WeightDecayMode::kCautious) {  // cautious: step 6
       p.mul_(decay_factor(o));
     }
   }
@@ -185,12 +185,30 @@ void orthogonalize_fused(at::Tensor x0, c10::ArrayRef<MuonStepItem> batch,
   }
 }
 
+// Cautious weight decay (microsoft/dion, dion/muon.py
+// muon_update_post_orthogonalize): p ← p − (p·m)·(lr·wd) with
+// m = [p·u >= 0], u = alpha·orth the update about to be subtracted (its
+// sign: alpha's times orth's), element-wise on this process's part, in the
+// parameter's dtype.
+void cautious_decay(at::Tensor& p, const at::Tensor& orth, double alpha, const MuonOptions& o) {
+  const double coeff = o.lr() * o.weight_decay();
+  if (coeff == 0) return;
+  const auto product = at::mul(p, orth.reshape(p.sizes()));
+  const auto mask = alpha >= 0 ? product.ge(0) : product.le(0);
+  p.sub_(p.mul(mask).mul_(coeff));
+}
+
 // Steps 5–6: param ← param·decay − lr·alpha·orth, in the parameter's dtype;
 // `decay` is the weight decay the fused passes left to this pass (else 1).
+// Cautious decay comes first, masked by the update.
 void apply_update(const OrthogonalizeItem& item, double decay) {
   at::Tensor p = item.param;  // a handle: the update is in place
   at::Tensor orth = item.orth;
   const double step = -item.options->lr() * item.alpha;
+  if (item.options->weight_decay_mode() == WeightDecayMode::kCautious &&
+      item.options->weight_decay() != 0 && p.numel() > 0) {
+    cautious_decay(p, orth, item.alpha, *item.options);
+  }
   if (fused_eligible(p) && orth.is_contiguous() && orth.device().is_cpu() &&
       orth.numel() == p.numel() &&
       (orth.scalar_type() == at::kFloat || orth.scalar_type() == at::kBFloat16)) {
@@ -240,7 +258,8 @@ bool fusable(const MuonStepItem& item) {
   return fused_eligible(p) && fused_eligible(grad) && fused_eligible(item.state->momentum_buffer()) &&
          grad.sizes() == p.sizes() && p.numel() > 0 && o.split_sizes().empty() &&
          (compute == at::kFloat || compute == at::kBFloat16) &&
-         (o.weight_decay() == 0 || o.weight_decay_mode() != WeightDecayMode::kL2) &&
+         (o.weight_decay() == 0 || (o.weight_decay_mode() != WeightDecayMode::kL2 &&
+                                    o.weight_decay_mode() != WeightDecayMode::kCautious)) &&
          !o.needs_spectral();
 }
 

@@ -96,8 +96,9 @@ struct MuonStepItem {
 
 /// Whether muon_step's fused passes take `item`: a contiguous fp32 CPU
 /// parameter, gradient and momentum buffer of one shape, no QKV split, no
-/// l2 decay, fp32 or bf16 Newton–Schulz compute, no spectral option
-/// (MuonOptions::needs_spectral: those run on the plain path).
+/// l2 or cautious decay (cautious needs the update's sign: the plain path), fp32 or bf16
+/// Newton–Schulz compute, no spectral option (MuonOptions::needs_spectral: those run on the plain
+/// path).
 bool fusable(const MuonStepItem& item);
 
 /// How muon_step runs a batch.

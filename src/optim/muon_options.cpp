@@ -28,7 +28,8 @@ constexpr detail::EnumName<WeightDecayMode> kWeightDecayModes[] = {
     {WeightDecayMode::kIndependent, "independent"},
     {WeightDecayMode::kL2, "l2"},
     {WeightDecayMode::kPalm, "palm"},
-    {WeightDecayMode::kSpectralClipped, "spectral_clipped"}};
+    {WeightDecayMode::kSpectralClipped, "spectral_clipped"},
+    {WeightDecayMode::kCautious, "cautious"}};
 constexpr detail::EnumName<SpectralUpdate> kSpectralUpdates[] = {
     {SpectralUpdate::kNone, "none"}, {SpectralUpdate::kClip, "clip"}, {SpectralUpdate::kHardcap, "hardcap"}};
 
@@ -378,6 +379,7 @@ double decay_factor(const MuonOptions& o) {
       return 1 - o.lr() * o.lr() * o.weight_decay();
     case WeightDecayMode::kL2:
     case WeightDecayMode::kSpectralClipped:
+    case WeightDecayMode::kCautious:  // at step 6, with the update's mask
       break;
   }
   return 1.0;
