@@ -331,7 +331,9 @@ class Muon(_OneOptimizer):
     num_ns_steps (0: the set's default), ns_eps, ns_eps_mode ("add" | "clamp"),
     ns_compute_dtype ("float32" | "bfloat16" | "float64"), scale_mode
     ("shape_scaling" by default, as muon::MuonOptions), extra_scale_factor,
-    stacked_experts, split_qkv, qkv_split_sizes, num_query_groups, tp_mode.
+    stacked_experts, split_qkv, qkv_split_sizes, num_query_groups, num_heads (per-head
+    Newton–Schulz: the rows in num_heads equal blocks, each orthogonalized alone; 0 off),
+    tp_mode.
     Parameters must have at least 2 dimensions. ``layout``: a layout of
     ``muon_cpp.distributed``.
     """

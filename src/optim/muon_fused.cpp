@@ -78,16 +78,19 @@ MomentumRule rule_of(const MuonOptions& o) {
 }
 
 // Weight decay spectral_clipped: p ← spectral_clipped_weight_decay(p, β, lr·wd)
-// on each of the parameter's matrices (each block of a fused-QKV split, as
-// step 4 sees them), in place.
+// on each of the parameter's matrices (each block of a fused-QKV split and
+// each head block, as step 4 sees them), in place.
 void spectral_clipped_decay(at::Tensor& p, const MuonOptions& o) {
   const double beta = o.spectral_wd_beta();
   const double c = o.lr() * o.weight_decay();
   const auto v = matrix_view(p, o);
+  const int64_t heads = head_blocks(o);
   const auto mats = p.reshape({v.batch, v.rows, v.cols});
   const auto& split = o.split_sizes();
   if (split.empty()) {
-    p.copy_(spectral_clipped_weight_decay(mats, beta, c).view(p.sizes()));
+    p.copy_(spectral_clipped_weight_decay(mats.reshape({v.batch * heads, v.rows / heads, v.cols}),
+                                          beta, c)
+                .view(p.sizes()));
     return;
   }
   const int64_t groups = o.num_query_groups();
@@ -96,7 +99,8 @@ void spectral_clipped_decay(at::Tensor& p, const MuonOptions& o) {
   auto out = at::empty_like(grouped, at::MemoryFormat::Contiguous);
   int64_t offset = 0;
   for (const int64_t size : split) {
-    const auto block = grouped.narrow(2, offset, size).reshape({v.batch, groups * size, v.cols});
+    const auto block =
+        grouped.narrow(2, offset, size).reshape({v.batch * heads, groups * size / heads, v.cols});
     out.narrow(2, offset, size)
         .copy_(spectral_clipped_weight_decay(block, beta, c).view({v.batch, groups, size, v.cols}));
     offset += size;
@@ -255,8 +259,9 @@ bool fusable(const MuonStepItem& item) {
   const MuonOptions& o = *item.options;
   const auto compute = o.ns().compute_dtype();
   const at::Tensor& grad = p.grad();
-  return fused_eligible(p) && fused_eligible(grad) && fused_eligible(item.state->momentum_buffer()) &&
-         grad.sizes() == p.sizes() && p.numel() > 0 && o.split_sizes().empty() &&
+  return fused_eligible(p) && fused_eligible(grad) &&
+         fused_eligible(item.state->momentum_buffer()) && grad.sizes() == p.sizes() &&
+         p.numel() > 0 && o.split_sizes().empty() && head_blocks(o) == 1 &&
          (compute == at::kFloat || compute == at::kBFloat16) &&
          (o.weight_decay() == 0 || (o.weight_decay_mode() != WeightDecayMode::kL2 &&
                                     o.weight_decay_mode() != WeightDecayMode::kCautious)) &&

@@ -173,6 +173,15 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   /// (G, sum(split_sizes)) and block i gathers rows of size split_sizes[i]
   /// from every query group (a (G·split_sizes[i]) × cols matrix).
   TORCH_ARG(int64_t, num_query_groups) = 1;
+  /// Per-head orthogonalization (microsoft/dion's per-group `num_heads`):
+  /// 0 or 1 off; H > 1 divides the rows of every matrix of the group into H
+  /// equal blocks of consecutive rows (rows/H each, head h the rows
+  /// [h·rows/H, (h+1)·rows/H)), one Newton–Schulz and one scale per block,
+  /// taken from the block's shape. With split_sizes, each split block's rows
+  /// are divided so (per head within each block). 2-D parameters only (not
+  /// stacked experts or convolutions); the rows (of each split block) must
+  /// be divisible by H.
+  TORCH_ARG(int64_t, num_heads) = 0;
   /// β of weight_decay_mode spectral_clipped, finite and > 0.
   TORCH_ARG(double, spectral_wd_beta) = 1.0;
   /// Step 4: Newton–Schulz (none) or a spectral clip / hardcap of the update
