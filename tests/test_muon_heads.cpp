@@ -183,6 +183,24 @@ TEST(MuonHeads, ArchiveAndConfig) {
   OptimizerConfig bad;
   expect_value_error([&] { apply_config_json(bad, R"({"muon_num_heads": -2})"); },
                      {"muon_num_heads"});
+
+  // The main job's way (a --runs FILE.json config): an override rule gives
+  // the fused QKV its heads; the MLP's 10 rows stay whole.
+  auto model = seeded_params(
+      {{"blocks.0.attn.qkv.weight", {36, 12}}, {"blocks.0.mlp.fc.weight", {10, 12}}}, 5);
+  OptimizerConfig per_name;
+  apply_config_json(per_name,
+                    R"({"optimizer": "muon", "overrides": [{"match": {"name": "*.attn.qkv.weight"},
+                                                                      "set": {"muon_num_heads": 4}}]})");
+  auto routed = make_optimizer(model, per_name);
+  auto* part = dynamic_cast<Muon*>(routed->find_part("muon"));
+  ASSERT_NE(part, nullptr);
+  for (const auto& group : part->param_groups()) {
+    const auto heads = static_cast<const MuonOptions&>(group.options()).num_heads();
+    for (const auto& t : group.params()) EXPECT_EQ(heads, t.size(0) == 36 ? 4 : 0) << t.sizes();
+  }
+  for (auto& item : model) item.value().mutable_grad() = at::ones_like(item.value());
+  routed->step();
 }
 
 }  // namespace
