@@ -6,6 +6,8 @@
 // the registry and Scion's refusal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>

@@ -7,6 +7,7 @@
 // validation that changes nothing; the archive and the config key.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
