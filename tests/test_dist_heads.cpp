@@ -25,6 +25,7 @@
 #include "muon/dist/layouts/make.h"
 #include "muon/dist/layouts/sharded_muon.h"
 #include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/dist/layouts/tensor_parallel_layers.h"
 #include "muon/dist/layouts/tensor_parallel_shard.h"
 #include "muon/registry.h"
 
@@ -123,6 +124,29 @@ TEST(HeadsLayouts, TensorParallelEqualsOneProcess) {
                     what + " row parallel");
       });
     }
+  }
+}
+
+// The main job's tensor-parallel QKV: rows_per_rank_by_heads gives 3 ranks
+// 2, 1 and 1 whole heads (18, 9, 9 rows): each rank orthogonalizes its own
+// heads, one process's bits in every mode.
+TEST(HeadsLayouts, MainJobQkvSplitByHeadsEqualsOneProcess) {
+  const auto reference = single_process();
+  const auto rows = muon::dist::rows_per_rank_by_heads(kHeads, 9, 3);
+  ASSERT_EQ(rows, (std::vector<int64_t>{18, 9, 9}));
+  for (const std::string mode : {"duplicated", "distributed", "blockwise"}) {
+    run_ranks(3, [&](Group& group) {
+      const Part part = [&](size_t, const at::Tensor& t) {
+        return muon::dist::local_rows(t, rows, group.rank());
+      };
+      std::vector<at::Tensor> params{part(0, full_param(0)).requires_grad_(true)};
+      muon::dist::TensorParallelOptions tp;
+      tp.mode(mode).shard(params[0], muon::dist::TensorParallelShard(kModel[0].shape, 0, group));
+      Muon opt({OptimizerParamGroup(params)}, options(), muon::dist::make_orthogonalizer(tp));
+      run_steps(opt, params, part);
+      expect_part(params[0], part(0, reference[0].detach()), reference[0], true,
+                  "main job QKV " + mode + " rank " + std::to_string(group.rank()));
+    });
   }
 }
 
