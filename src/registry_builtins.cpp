@@ -112,8 +112,9 @@ std::vector<FieldSpec> muon_fields() {
                       {"ema", "classic"}),
       FieldSpec::text("weight_decay_mode", to_string(d.weight_decay_mode()),
                       "how weight decay enters the step (spectral_clipped: W ← "
-                      "spectral_clipped_weight_decay(W, spectral_wd_beta, lr·weight_decay))",
-                      {"decoupled", "independent", "l2", "palm", "spectral_clipped"}),
+                      "spectral_clipped_weight_decay(W, spectral_wd_beta, lr·weight_decay); "
+                      "cautious: decay only where the update and the weight agree in sign)",
+                      {"decoupled", "independent", "l2", "palm", "spectral_clipped", "cautious"}),
       FieldSpec::real("spectral_wd_beta", d.spectral_wd_beta(),
                       "β of weight_decay_mode spectral_clipped: singular values above it decay",
                       0.0)
@@ -157,6 +158,10 @@ std::vector<FieldSpec> muon_fields() {
                           "rows of each QKV block per query group", 1.0),
       FieldSpec::integer("num_query_groups", d.num_query_groups(),
                          "query groups of a split QKV matrix", 1.0),
+      FieldSpec::integer("num_heads", d.num_heads(),
+                         "per-head Newton–Schulz: rows split into this many equal blocks of "
+                         "consecutive rows, each orthogonalized and scaled alone (0, 1: off)",
+                         0.0),
   };
 }
 
@@ -169,6 +174,7 @@ MuonOptions muon_options(const OptimizerSettings& s) {
       .stacked_experts(s.get_bool("stacked_experts"));
   o.momentum_style(s.get_string("momentum_style"));
   o.weight_decay_mode(s.get_string("weight_decay_mode"));
+  o.num_heads(s.get_int("num_heads"));
   o.scale_mode(s.get_string("scale_mode"));
   o.ns_coefficients(s.get_string("coefficient_type"));
   if (s.get_int("num_ns_steps") > 0) o.ns_steps(s.get_int("num_ns_steps"));

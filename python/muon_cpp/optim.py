@@ -324,13 +324,16 @@ class Muon(_OneOptimizer):
     **options)``: the options are the C++ registry's muon fields without the
     ``muon_`` prefix (``option_fields("muon")``): momentum=0.95, nesterov=True,
     momentum_style ("ema" | "classic"), weight_decay_mode ("decoupled" |
-    "independent" | "l2" | "palm" | "spectral_clipped", with spectral_wd_beta=1),
+    "independent" | "l2" | "palm" | "spectral_clipped", with spectral_wd_beta=1,
+    | "cautious": decay only where the update and the weight agree in sign),
     spectral_update ("none" | "clip" | "hardcap", with spectral_sigma_min=-1,
     spectral_sigma_max=1, spectral_hardcap_beta=1), coefficient_type ("quintic", ...),
     num_ns_steps (0: the set's default), ns_eps, ns_eps_mode ("add" | "clamp"),
     ns_compute_dtype ("float32" | "bfloat16" | "float64"), scale_mode
     ("shape_scaling" by default, as muon::MuonOptions), extra_scale_factor,
-    stacked_experts, split_qkv, qkv_split_sizes, num_query_groups, tp_mode.
+    stacked_experts, split_qkv, qkv_split_sizes, num_query_groups, num_heads (per-head
+    Newton–Schulz: the rows in num_heads equal blocks, each orthogonalized alone; 0 off),
+    tp_mode.
     Parameters must have at least 2 dimensions. ``layout``: a layout of
     ``muon_cpp.distributed``.
     """

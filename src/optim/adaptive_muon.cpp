@@ -110,6 +110,8 @@ void SecondMomentStage::check_options(const MuonOptions& o, size_t group) const 
   TORCH_CHECK_VALUE(o.split_sizes().empty(), kWho, "param group ", group, " has split_sizes ",
                     c10::IntArrayRef(o.split_sizes()),
                     "; AdaptiveMuon supports plain matrices only");
+  TORCH_CHECK_VALUE(o.num_heads() <= 1, kWho, "param group ", group, " has num_heads ",
+                    o.num_heads(), "; AdaptiveMuon supports plain matrices only");
   TORCH_CHECK_VALUE(options_.mode() != AdaptiveMode::kNamo ||
                         o.weight_decay_mode() != WeightDecayMode::kL2,
                     kWho, "param group ", group,

@@ -83,6 +83,18 @@ void Muon::check_group(size_t index) const {
                       j, " of group ", index, " has zero size (shape ", p.sizes(), ")");
     TORCH_CHECK_VALUE(at::isFloatingType(p.scalar_type()), kWho, "parameter ", j, " of group ",
                       index, " must have a floating dtype, got ", p.scalar_type());
+    if (o->num_heads() > 1) {
+      TORCH_CHECK_VALUE(p.dim() == 2, kWho, "num_heads ", o->num_heads(),
+                        " splits 2-D matrices into heads, but parameter ", j, " of group ", index,
+                        " has shape ", p.sizes(), " (ndim ", p.dim(),
+                        "; stacked experts and convolutions are not split into heads)");
+      // Whole matrices on this process: their rows are the matrix's. Layouts
+      // that split matrices check the whole shape in check_options.
+      TORCH_CHECK_VALUE(orthogonalizer_->traits().empty_parts || !split.empty() ||
+                            p.size(0) % o->num_heads() == 0,
+                        kWho, "num_heads ", o->num_heads(), " must divide the rows of parameter ",
+                        j, " of group ", index, ", which has shape ", p.sizes());
+    }
     if (!split.empty()) {
       const auto rows = (o->stacked_experts() && p.dim() >= 3) ? p.size(1) : p.size(0);
       TORCH_CHECK_VALUE(rows == split_rows, kWho, "split_sizes ", c10::IntArrayRef(split),

@@ -78,16 +78,19 @@ MomentumRule rule_of(const MuonOptions& o) {
 }
 
 // Weight decay spectral_clipped: p ← spectral_clipped_weight_decay(p, β, lr·wd)
-// on each of the parameter's matrices (each block of a fused-QKV split, as
-// step 4 sees them), in place.
+// on each of the parameter's matrices (each block of a fused-QKV split and
+// each head block, as step 4 sees them), in place.
 void spectral_clipped_decay(at::Tensor& p, const MuonOptions& o) {
   const double beta = o.spectral_wd_beta();
   const double c = o.lr() * o.weight_decay();
   const auto v = matrix_view(p, o);
+  const int64_t heads = head_blocks(o);
   const auto mats = p.reshape({v.batch, v.rows, v.cols});
   const auto& split = o.split_sizes();
   if (split.empty()) {
-    p.copy_(spectral_clipped_weight_decay(mats, beta, c).view(p.sizes()));
+    p.copy_(spectral_clipped_weight_decay(mats.reshape({v.batch * heads, v.rows / heads, v.cols}),
+                                          beta, c)
+                .view(p.sizes()));
     return;
   }
   const int64_t groups = o.num_query_groups();
@@ -96,7 +99,8 @@ void spectral_clipped_decay(at::Tensor& p, const MuonOptions& o) {
   auto out = at::empty_like(grouped, at::MemoryFormat::Contiguous);
   int64_t offset = 0;
   for (const int64_t size : split) {
-    const auto block = grouped.narrow(2, offset, size).reshape({v.batch, groups * size, v.cols});
+    const auto block =
+        grouped.narrow(2, offset, size).reshape({v.batch * heads, groups * size / heads, v.cols});
     out.narrow(2, offset, size)
         .copy_(spectral_clipped_weight_decay(block, beta, c).view({v.batch, groups, size, v.cols}));
     offset += size;
@@ -120,7 +124,7 @@ at::Tensor decay_and_momentum(const MuonStepItem& item) {
       grad = grad.add(p, o.weight_decay());
     } else if (o.weight_decay_mode() == WeightDecayMode::kSpectralClipped) {
       spectral_clipped_decay(p, o);
-    } else {
+    } else if (o.weight_decay_mode() != WeightDecayMode::kCautious) {  // cautious: step 6
       p.mul_(decay_factor(o));
     }
   }
@@ -185,12 +189,30 @@ void orthogonalize_fused(at::Tensor x0, c10::ArrayRef<MuonStepItem> batch,
   }
 }
 
+// Cautious weight decay (microsoft/dion, dion/muon.py
+// muon_update_post_orthogonalize): p ← p − (p·m)·(lr·wd) with
+// m = [p·u >= 0], u = alpha·orth the update about to be subtracted (its
+// sign: alpha's times orth's), element-wise on this process's part, in the
+// parameter's dtype.
+void cautious_decay(at::Tensor& p, const at::Tensor& orth, double alpha, const MuonOptions& o) {
+  const double coeff = o.lr() * o.weight_decay();
+  if (coeff == 0) return;
+  const auto product = at::mul(p, orth.reshape(p.sizes()));
+  const auto mask = alpha >= 0 ? product.ge(0) : product.le(0);
+  p.sub_(p.mul(mask).mul_(coeff));
+}
+
 // Steps 5–6: param ← param·decay − lr·alpha·orth, in the parameter's dtype;
 // `decay` is the weight decay the fused passes left to this pass (else 1).
+// Cautious decay comes first, masked by the update.
 void apply_update(const OrthogonalizeItem& item, double decay) {
   at::Tensor p = item.param;  // a handle: the update is in place
   at::Tensor orth = item.orth;
   const double step = -item.options->lr() * item.alpha;
+  if (item.options->weight_decay_mode() == WeightDecayMode::kCautious &&
+      item.options->weight_decay() != 0 && p.numel() > 0) {
+    cautious_decay(p, orth, item.alpha, *item.options);
+  }
   if (fused_eligible(p) && orth.is_contiguous() && orth.device().is_cpu() &&
       orth.numel() == p.numel() &&
       (orth.scalar_type() == at::kFloat || orth.scalar_type() == at::kBFloat16)) {
@@ -237,10 +259,12 @@ bool fusable(const MuonStepItem& item) {
   const MuonOptions& o = *item.options;
   const auto compute = o.ns().compute_dtype();
   const at::Tensor& grad = p.grad();
-  return fused_eligible(p) && fused_eligible(grad) && fused_eligible(item.state->momentum_buffer()) &&
-         grad.sizes() == p.sizes() && p.numel() > 0 && o.split_sizes().empty() &&
+  return fused_eligible(p) && fused_eligible(grad) &&
+         fused_eligible(item.state->momentum_buffer()) && grad.sizes() == p.sizes() &&
+         p.numel() > 0 && o.split_sizes().empty() && head_blocks(o) == 1 &&
          (compute == at::kFloat || compute == at::kBFloat16) &&
-         (o.weight_decay() == 0 || o.weight_decay_mode() != WeightDecayMode::kL2) &&
+         (o.weight_decay() == 0 || (o.weight_decay_mode() != WeightDecayMode::kL2 &&
+                                    o.weight_decay_mode() != WeightDecayMode::kCautious)) &&
          !o.needs_spectral();
 }
 

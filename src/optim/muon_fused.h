@@ -29,6 +29,12 @@ struct MatrixView {
 /// The matrix view of `param` under `options` (stacked_experts).
 MatrixView matrix_view(const at::Tensor& param, const MuonOptions& options);
 
+/// The head blocks each matrix (or split block) of a group is orthogonalized
+/// in: options.num_heads() when above 1, else 1.
+inline int64_t head_blocks(const MuonOptions& options) {
+  return options.num_heads() > 1 ? options.num_heads() : 1;
+}
+
 /// Most elements a batch of matrices orthogonalized in one Newton–Schulz
 /// call holds (8 MB of fp32 input): enough to make per-call costs
 /// negligible, small enough that a batch's workspace stays near that of one
@@ -95,9 +101,11 @@ struct MuonStepItem {
 };
 
 /// Whether muon_step's fused passes take `item`: a contiguous fp32 CPU
-/// parameter, gradient and momentum buffer of one shape, no QKV split, no
-/// l2 decay, fp32 or bf16 Newton–Schulz compute, no spectral option
-/// (MuonOptions::needs_spectral: those run on the plain path).
+/// parameter, gradient and momentum buffer of one shape, no QKV split or
+/// per-head blocks, no
+/// l2 or cautious decay (cautious needs the update's sign: the plain path), fp32 or bf16
+/// Newton–Schulz compute, no spectral option (MuonOptions::needs_spectral: those run on the plain
+/// path).
 bool fusable(const MuonStepItem& item);
 
 /// How muon_step runs a batch.

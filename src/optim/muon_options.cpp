@@ -28,7 +28,8 @@ constexpr detail::EnumName<WeightDecayMode> kWeightDecayModes[] = {
     {WeightDecayMode::kIndependent, "independent"},
     {WeightDecayMode::kL2, "l2"},
     {WeightDecayMode::kPalm, "palm"},
-    {WeightDecayMode::kSpectralClipped, "spectral_clipped"}};
+    {WeightDecayMode::kSpectralClipped, "spectral_clipped"},
+    {WeightDecayMode::kCautious, "cautious"}};
 constexpr detail::EnumName<SpectralUpdate> kSpectralUpdates[] = {
     {SpectralUpdate::kNone, "none"}, {SpectralUpdate::kClip, "clip"}, {SpectralUpdate::kHardcap, "hardcap"}};
 
@@ -231,6 +232,15 @@ void MuonOptions::validate() const {
   TORCH_CHECK_VALUE(split_sizes_.empty() ? num_query_groups_ == 1 : true, kWho,
                     "num_query_groups must be 1 when split_sizes is empty, got ",
                     num_query_groups_);
+  TORCH_CHECK_VALUE(num_heads_ >= 0, kWho, "num_heads must be >= 0 (0 or 1: off), got ",
+                    num_heads_);
+  for (size_t i = 0; i < split_sizes_.size() && num_heads_ > 1; ++i) {
+    const int64_t block = num_query_groups_ * split_sizes_[i];
+    TORCH_CHECK_VALUE(block % num_heads_ == 0, kWho, "num_heads ", num_heads_,
+                      " must divide the rows of every split block; block ", i, " has ",
+                      num_query_groups_, " × ", split_sizes_[i], " = ", block,
+                      " rows (split_sizes ", c10::IntArrayRef(split_sizes_), ")");
+  }
   TORCH_CHECK_VALUE(std::isfinite(spectral_wd_beta_) && spectral_wd_beta_ > 0, kWho,
                     "spectral_wd_beta must be finite and > 0, got ", spectral_wd_beta_);
   if (weight_decay_mode_ == WeightDecayMode::kSpectralClipped) {
@@ -266,6 +276,7 @@ void MuonOptions::serialize(OutputArchive& archive) const {
   archive.write("stacked_experts", c10::IValue(stacked_experts_));
   archive.write("split_sizes", c10::IValue(split_sizes_));
   archive.write("num_query_groups", c10::IValue(num_query_groups_));
+  archive.write("num_heads", c10::IValue(num_heads_));
   archive.write("spectral_wd_beta", c10::IValue(spectral_wd_beta_));
   archive.write("spectral_update", c10::IValue(to_string(spectral_update_)));
   archive.write("spectral_sigma_min", c10::IValue(spectral_sigma_min_));
@@ -275,7 +286,7 @@ void MuonOptions::serialize(OutputArchive& archive) const {
 
 void MuonOptions::mix_settings(SettingsDigest& mix) const {
   mix(momentum_, nesterov_, momentum_style_, weight_decay_, weight_decay_mode_, scale_mode_,
-      extra_scale_factor_, stacked_experts_, num_query_groups_);
+      extra_scale_factor_, stacked_experts_, num_query_groups_, num_heads_);
   for (const auto s : split_sizes_) mix(s);
   mix(ns_.steps(), ns_.eps(), ns_.eps_mode(), ns_.compute_dtype(), ns_.method(), ns_.symmetric());
   for (const auto& c : ns_.schedule()) mix(c.a, c.b, c.c);
@@ -312,6 +323,8 @@ void MuonOptions::serialize(InputArchive& archive) {
       archive.try_read("spectral_sigma_max", v) ? v.toDouble() : defaults.spectral_sigma_max();
   spectral_hardcap_beta_ =
       archive.try_read("spectral_hardcap_beta", v) ? v.toDouble() : defaults.spectral_hardcap_beta();
+  // Archives written before num_heads existed: off.
+  num_heads_ = archive.try_read("num_heads", v) ? v.toInt() : defaults.num_heads();
 }
 
 bool operator==(const MuonOptions& a, const MuonOptions& b) {
@@ -320,7 +333,7 @@ bool operator==(const MuonOptions& a, const MuonOptions& b) {
          a.weight_decay_mode() == b.weight_decay_mode() && a.ns() == b.ns() &&
          a.scale_mode() == b.scale_mode() && a.extra_scale_factor() == b.extra_scale_factor() &&
          a.stacked_experts() == b.stacked_experts() && a.split_sizes() == b.split_sizes() &&
-         a.num_query_groups() == b.num_query_groups() &&
+         a.num_query_groups() == b.num_query_groups() && a.num_heads() == b.num_heads() &&
          a.spectral_wd_beta() == b.spectral_wd_beta() &&
          a.spectral_update() == b.spectral_update() &&
          a.spectral_sigma_min() == b.spectral_sigma_min() &&
@@ -378,6 +391,7 @@ double decay_factor(const MuonOptions& o) {
       return 1 - o.lr() * o.lr() * o.weight_decay();
     case WeightDecayMode::kL2:
     case WeightDecayMode::kSpectralClipped:
+    case WeightDecayMode::kCautious:  // at step 6, with the update's mask
       break;
   }
   return 1.0;

@@ -150,6 +150,8 @@ void OrthogonalizedVariantStage::check_options(const MuonOptions& o, size_t grou
   TORCH_CHECK_VALUE(o.split_sizes().empty(), w, "param group ", group, " has split_sizes ",
                     c10::IntArrayRef(o.split_sizes()),
                     "; this optimizer orthogonalizes plain matrices only");
+  TORCH_CHECK_VALUE(o.num_heads() <= 1, w, "param group ", group, " has num_heads ", o.num_heads(),
+                    "; this optimizer orthogonalizes plain matrices only");
   if (options_.kind() == OrthogonalizedKind::kScion) {
     // EO's Scion fixes these (the Frank–Wolfe step of the constrained problem).
     TORCH_CHECK_VALUE(o.weight_decay() == 1.0, w, "param group ", group,

@@ -61,11 +61,17 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
   // matrix; reshape copies only then. The logical (in·kh·kw) order is kept.
   const auto mats = update.reshape({v.batch, v.rows, v.cols});
   const auto& split = o.split_sizes();
+  // Per-head blocks (num_heads H > 1): H blocks of consecutive rows, each a
+  // matrix of its own, all of one shape, so one scale.
+  const int64_t heads = detail::head_blocks(o);
   if (split.empty()) {
-    alpha = scale_factor(v.rows, v.cols, o.scale_mode(), o.extra_scale_factor());
-    return step_four(mats, o);
+    alpha = scale_factor(v.rows / heads, v.cols, o.scale_mode(), o.extra_scale_factor());
+    if (heads == 1) return step_four(mats, o);
+    return step_four(mats.reshape({v.batch * heads, v.rows / heads, v.cols}), o)
+        .view({v.batch, v.rows, v.cols});
   }
-  // Fused QKV: (B, G, sum(split), cols); block i is (B, G·split[i], cols).
+  // Fused QKV: (B, G, sum(split), cols); block i is (B, G·split[i], cols),
+  // per head (B·H, G·split[i]/H, cols).
   alpha = 1.0;
   const int64_t groups = o.num_query_groups();
   const int64_t total = std::accumulate(split.begin(), split.end(), int64_t{0});
@@ -73,9 +79,10 @@ at::Tensor scaled_orthogonal(const at::Tensor& update, const MatrixView& v, cons
   auto out = at::empty({v.batch, groups, total, v.cols}, update.options());
   int64_t offset = 0;
   for (const int64_t size : split) {
-    const auto block = grouped.narrow(2, offset, size).reshape({v.batch, groups * size, v.cols});
+    const auto block =
+        grouped.narrow(2, offset, size).reshape({v.batch * heads, groups * size / heads, v.cols});
     auto orth = step_four(block, o);
-    orth.mul_(scale_factor(groups * size, v.cols, o.scale_mode(), o.extra_scale_factor()));
+    orth.mul_(scale_factor(groups * size / heads, v.cols, o.scale_mode(), o.extra_scale_factor()));
     out.narrow(2, offset, size).copy_(orth.view({v.batch, groups, size, v.cols}));
     offset += size;
   }
@@ -92,7 +99,7 @@ detail::BatchKey batch_key(const OrthogonalizeItem& item, const MatrixView& v) {
                        item.options};
   // A spectral update is a function of its own options, not only of the
   // Newton–Schulz ones: one call per parameter.
-  key.alone = !item.options->split_sizes().empty() ||
+  key.alone = !item.options->split_sizes().empty() || detail::head_blocks(*item.options) > 1 ||
               item.options->spectral_update() != SpectralUpdate::kNone;
   return key;
 }
@@ -122,7 +129,7 @@ class LocalOrthogonalizer final : public Orthogonalizer {
       const auto& v = views[run.front()];
       if (run.size() == 1) {
         first.orth = scaled_orthogonal(first.update, v, *first.options, first.alpha);
-        first.rows = v.rows;
+        first.rows = v.rows / detail::head_blocks(*first.options);  // a head block's rows
         first.cols = v.cols;
         continue;
       }

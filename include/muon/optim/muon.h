@@ -11,14 +11,16 @@
 ///
 ///   1. weight decay   decoupled: p ← p·(1 − lr·wd); independent: p ← p·(1 − wd);
 ///                     palm: p ← p·(1 − lr²·wd); l2: g ← g + wd·p (before momentum);
-///                     spectral_clipped: p ← spectral_clipped_weight_decay(p, β, lr·wd)
+///                     spectral_clipped: p ← spectral_clipped_weight_decay(p, β, lr·wd);
+///                     cautious: at step 6 (it needs the update's sign)
 ///   2. momentum       ema: buf ← buf + (1 − μ)·(g − buf);  classic: buf ← μ·buf + g
 ///   3. nesterov       ema: u = g + μ·(buf − g);  classic: u = g + μ·buf;  else u = buf
 ///   4. orthogonalize  o = newton_schulz(u as matrices, ns); with spectral_update
 ///                     clip: o = spectral_clip(u, σmin, σmax), hardcap:
 ///                     o = spectral_hardcap(u, β) (muon/spectral.h)
 ///   5. scale          o ← o · scale_factor(rows, cols, scale_mode) · extra_scale_factor
-///   6. update         p ← p − lr·o      (in the parameter's dtype)
+///   6. update         p ← p − lr·o      (in the parameter's dtype); cautious decay
+///                     first: p ← p − lr·wd·p·[p·o >= 0] with o the final update
 ///
 /// Neither `p.grad()` nor the momentum buffer is ever modified by steps 3–5.
 ///
@@ -84,9 +86,15 @@ enum class WeightDecayMode {
   /// singular values above β move a fraction c = lr·wd towards β, the rest
   /// stay; needs c in [0, 1] and whole matrices on this process.
   kSpectralClipped,
+  /// p ← p − lr·wd·p·m, m = [p·(alpha·o) >= 0] element-wise, at step 6 just
+  /// before the update, with o the final update (after any UpdateStage):
+  /// cautious weight decay (arXiv:2510.12402; microsoft/dion
+  /// dion/muon.py muon_update_post_orthogonalize). Elements whose update
+  /// points against their sign keep their value but for the update.
+  kCautious,
 };
 
-/// "decoupled" | "independent" | "l2" | "palm" | "spectral_clipped".
+/// "decoupled" | "independent" | "l2" | "palm" | "spectral_clipped" | "cautious".
 std::string to_string(WeightDecayMode mode);
 /// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
 WeightDecayMode parse_weight_decay_mode(const std::string& name);
@@ -165,6 +173,15 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   /// (G, sum(split_sizes)) and block i gathers rows of size split_sizes[i]
   /// from every query group (a (G·split_sizes[i]) × cols matrix).
   TORCH_ARG(int64_t, num_query_groups) = 1;
+  /// Per-head orthogonalization (microsoft/dion's per-group `num_heads`):
+  /// 0 or 1 off; H > 1 divides the rows of every matrix of the group into H
+  /// equal blocks of consecutive rows (rows/H each, head h the rows
+  /// [h·rows/H, (h+1)·rows/H)), one Newton–Schulz and one scale per block,
+  /// taken from the block's shape. With split_sizes, each split block's rows
+  /// are divided so (per head within each block). 2-D parameters only (not
+  /// stacked experts or convolutions); the rows (of each split block) must
+  /// be divisible by H.
+  TORCH_ARG(int64_t, num_heads) = 0;
   /// β of weight_decay_mode spectral_clipped, finite and > 0.
   TORCH_ARG(double, spectral_wd_beta) = 1.0;
   /// Step 4: Newton–Schulz (none) or a spectral clip / hardcap of the update
@@ -187,7 +204,7 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   /// momentum_style by name: "ema" | "classic".
   MuonOptions& momentum_style(const std::string& name);
   /// weight_decay_mode by name: "decoupled" | "independent" | "l2" | "palm" |
-  /// "spectral_clipped".
+  /// "spectral_clipped" | "cautious".
   MuonOptions& weight_decay_mode(const std::string& name);
   /// spectral_update by name: "none" | "clip" | "hardcap".
   MuonOptions& spectral_update(const std::string& name);

@@ -106,6 +106,18 @@ void ShardedOrthogonalizer::check_options(const MuonOptions& o, size_t group) co
   check_spectral_options_need_whole_matrices(o, group, kWho, name());
   TORCH_CHECK_VALUE(o.split_sizes().empty(), kWho, "param group ", group,
                     ": split_sizes (fused QKV) is not supported on row shards");
+  // num_heads: the whole matrix (the owner's, or every rank's after the
+  // gather) splits into heads; a tensor-parallel row split must keep whole
+  // heads on each tensor-parallel rank.
+  for (const auto i : c10::irange(layout_.size())) {
+    const auto& l = layout_[i];
+    if (o.num_heads() <= 1 || l.param_group != group || l.experts) continue;
+    const auto problem =
+        detail::head_split_problem(o.num_heads(), l.matrix_rows, l.tp ? l.tp_dim : 1,
+                                   l.tp ? l.tp_sizes : std::vector<int64_t>{});
+    TORCH_CHECK_VALUE(problem.empty(), kWho, "param group ", group, ", parameter ", i,
+                      " (global shape ", c10::IntArrayRef(l.global_shape), "): ", problem);
+  }
   // Which parameters are stacked experts is fixed when the layout is built
   // (they have no owner); empty before attach.
   for (const auto i : c10::irange(layout_.size())) {
@@ -128,10 +140,30 @@ size_t ShardedOrthogonalizer::index_of(const at::Tensor& param) const {
 
 std::vector<at::Tensor> ShardedOrthogonalizer::orthogonalize(
     const std::vector<size_t>& members, const std::vector<at::Tensor>& matrices,
-    const NewtonSchulzOptions& ns) const {
+    const MuonOptions& o) const {
+  const auto& ns = o.ns();
   const auto& first = layout_[members[0]];
   bool same_shape = true;
   for (const auto& m : matrices) same_shape = same_shape && m.sizes() == matrices[0].sizes();
+  const int64_t heads = o.num_heads() > 1 ? o.num_heads() : 1;
+  if (heads > 1) {
+    // Per head block: every rank of a row split holds whole heads
+    // (check_options), so each head is orthogonalized where it lies, as one
+    // process orthogonalizes it.
+    std::vector<at::Tensor> out;
+    for (const auto k : c10::irange(members.size())) {
+      const auto& l = layout_[members[k]];
+      if (!l.tp) {
+        const int64_t head_rows = l.rows / heads;
+        const auto& m = matrices[k];
+        out.push_back(newton_schulz(m.reshape({heads, head_rows, m.size(1)}), ns).view(m.sizes()));
+      } else {
+        out.push_back(detail::orthogonalize_block_heads(
+            matrices[k], l.tp_mode, l.tp_dim, l.tp_group, l.tp_sizes, ns, heads, l.matrix_rows));
+      }
+    }
+    return out;
+  }
   if ((!first.tp || first.tp_mode == TensorParallelMode::kBlockwise) && same_shape) {
     return newton_schulz(at::stack(matrices), ns).unbind(0);  // one batched call
   }
@@ -175,9 +207,12 @@ void ShardedOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>& items)
     TORCH_INTERNAL_ASSERT(by_param[i] == nullptr, "a parameter was stepped twice in one batch");
     by_param[i] = &item;
     const auto& l = layout_[i];
-    item.rows = l.scale_rows;
+    // With num_heads, each head block's shape: a head's rows.
+    const int64_t heads =
+        item.options->num_heads() > 1 && !l.experts ? item.options->num_heads() : 1;
+    item.rows = heads > 1 ? l.matrix_rows / heads : l.scale_rows;
     item.cols = l.scale_cols;
-    item.alpha = scale_factor(l.scale_rows, l.scale_cols, item.options->scale_mode(),
+    item.alpha = scale_factor(item.rows, l.scale_cols, item.options->scale_mode(),
                               item.options->extra_scale_factor());
   }
   std::vector<size_t> active;  // matrices split over ranks
@@ -250,7 +285,7 @@ void ShardedOrthogonalizer::step_replicated(const std::vector<size_t>& active,
     const auto& group = groups_[static_cast<size_t>(l.group_index)];
     const auto parts = group.all_gather_uneven(item.update.reshape({item.update.size(0), l.cols}));
     const auto full = at::cat(parts).narrow(0, 0, l.rows);
-    const auto orth = orthogonalize({i}, {full}, item.options->ns())[0];
+    const auto orth = orthogonalize({i}, {full}, *item.options)[0];
     const auto rank = static_cast<size_t>(group.rank());
     item.orth = detail::rows_padded(orth, l.offsets[rank], l.rows_per_rank[rank]);
   }

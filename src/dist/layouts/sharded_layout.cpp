@@ -125,6 +125,11 @@ void ShardedOrthogonalizer::attach(const std::vector<OptimizerParamGroup>& param
   detail::raise_together(failure, tp_groups, kWho, "data-parallel group");
   // 2-D layouts: the TP ranks exchange block sizes and agree on the matrix.
   check_tensor_parallel(shards, param_groups);
+  // num_heads against the whole shapes, now known (the same on every rank).
+  for (const auto gi : c10::irange(param_groups.size())) {
+    if (const auto* o = dynamic_cast<const MuonOptions*>(&param_groups[gi].options()))
+      check_options(*o, gi);
+  }
 }
 
 ShardedOrthogonalizer::Layout ShardedOrthogonalizer::layout_of(size_t i, const at::Tensor& p,
@@ -147,6 +152,7 @@ ShardedOrthogonalizer::Layout ShardedOrthogonalizer::layout_of(size_t i, const a
   std::tie(l.rows, l.cols) = matrix_dims(c10::IntArrayRef(global));
   l.scale_rows = l.rows;
   l.scale_cols = l.cols;
+  l.matrix_rows = l.rows;
   const auto* o = dynamic_cast<const MuonOptions*>(&param_group.options());
   l.experts = o != nullptr && o->stacked_experts() && global.size() >= 3;
   if (l.experts) {
@@ -176,6 +182,7 @@ ShardedOrthogonalizer::Layout ShardedOrthogonalizer::layout_of(size_t i, const a
     l.tp_mode = shard.tp_mode();
     l.tp_dim = tp.partition_dim();
     l.tp_group = tp.group();
+    l.matrix_rows = tp.global_shape()[0];
     if (l.tp_mode != TensorParallelMode::kBlockwise) {
       l.scale_rows = tp.global_shape()[0];
       l.scale_cols = tp.global_shape()[1];

@@ -191,8 +191,9 @@ void ShardedOrthogonalizer::step_owner_compute(const std::vector<size_t>& active
     for (auto& batch : batches) {
       for (auto& k : batch) k = members[k];
     }
-    const auto orthogonalize_whole = [&](const std::vector<size_t>& mine, const std::vector<at::Tensor>& wholes) {
-      return orthogonalize(mine, wholes, items[mine[0]]->options->ns());
+    const auto orthogonalize_whole = [&](const std::vector<size_t>& mine,
+                                         const std::vector<at::Tensor>& wholes) {
+      return orthogonalize(mine, wholes, *items[mine[0]]->options);
     };
     OwnerExchange(*this, g, std::move(batches), send, orthogonalize_whole, back).run(ahead);
   }

@@ -104,6 +104,53 @@ at::Tensor detail::orthogonalize_block(const at::Tensor& block, TensorParallelMo
   TORCH_INTERNAL_ASSERT(false, "unreachable");
 }
 
+std::string detail::head_split_problem(int64_t heads, int64_t matrix_rows, int64_t dim,
+                                       const std::vector<int64_t>& sizes) {
+  if (matrix_rows % heads != 0) {
+    return c10::str("num_heads ", heads, " does not divide the matrix's ", matrix_rows, " rows");
+  }
+  const int64_t head_rows = matrix_rows / heads;
+  if (dim != 0) return "";
+  for (const auto s : sizes) {
+    if (s % head_rows != 0) {
+      return c10::str("num_heads ", heads, " gives heads of ", head_rows,
+                      " rows, but the tensor-parallel blocks split the rows into ",
+                      c10::IntArrayRef(sizes),
+                      ", so a head straddles two ranks; per-head "
+                      "Newton–Schulz needs whole heads on each rank (blocks of a multiple of ",
+                      head_rows, " rows)");
+    }
+  }
+  return "";
+}
+
+at::Tensor detail::orthogonalize_block_heads(const at::Tensor& block, TensorParallelMode mode,
+                                             int64_t dim, const Group& group,
+                                             const std::vector<int64_t>& sizes,
+                                             const NewtonSchulzOptions& ns, int64_t heads,
+                                             int64_t matrix_rows) {
+  const int64_t head_rows = matrix_rows / heads;
+  // This rank's heads, each a matrix of its own: (local heads, head rows, cols).
+  const auto local_heads = [&](const at::Tensor& m) {
+    if (m.numel() == 0) return at::zeros_like(m);
+    return newton_schulz(m.reshape({m.size(0) / head_rows, head_rows, m.size(1)}), ns)
+        .view(m.sizes());
+  };
+  if (dim == 0 || mode == TensorParallelMode::kBlockwise) return local_heads(block);
+  if (mode == TensorParallelMode::kDuplicated) {
+    const auto rank = static_cast<size_t>(group.rank());
+    return local_heads(gather_matrix(block, dim, group))
+        .narrow(dim, split_offset(sizes, group.rank()), sizes[rank])
+        .contiguous();
+  }
+  std::vector<at::Tensor> out;
+  for (int64_t h = 0; h < heads; ++h) {
+    out.push_back(distributed_newton_schulz(block.narrow(0, h * head_rows, head_rows).contiguous(),
+                                            dim, group, ns));
+  }
+  return at::cat(out, 0);
+}
+
 void detail::sum_block_parts(at::Tensor& partial, PartSum what, TensorParallelMode mode,
                              int64_t dim, const Group& group) {
   if (mode == TensorParallelMode::kBlockwise) return;  // each block is a matrix of its own
@@ -119,7 +166,8 @@ void TensorParallelOrthogonalizer::attach(const std::vector<OptimizerParamGroup>
   // Which declared shards are parameters of this optimizer, in group order.
   std::unordered_map<const void*, size_t> declared;
   for (size_t i = 0; i < tp_.shards().size(); ++i) declared[impl_key(tp_.shards()[i].first)] = i;
-  std::vector<std::tuple<at::Tensor, const MuonOptions*, size_t>> sharded;
+  std::vector<std::tuple<at::Tensor, const MuonOptions*, size_t, size_t>> sharded;
+  wholes_.clear();
   for (const auto gi : c10::irange(param_groups.size())) {
     const auto& group = param_groups[gi];
     for (const auto j : c10::irange(group.params().size())) {
@@ -129,9 +177,10 @@ void TensorParallelOrthogonalizer::attach(const std::vector<OptimizerParamGroup>
         TORCH_CHECK_VALUE(p.numel() > 0, kWho, "parameter ", j, " of group ", gi,
                           " has zero size (shape ", p.sizes(),
                           ") and is not a shard; only tensor-parallel blocks may be empty");
+        wholes_.push_back(Whole{gi, j, p.sizes().vec()});
         continue;
       }
-      sharded.emplace_back(p, static_cast<const MuonOptions*>(&group.options()), it->second);
+      sharded.emplace_back(p, static_cast<const MuonOptions*>(&group.options()), it->second, gi);
       declared.erase(it);
     }
   }
@@ -206,7 +255,30 @@ void TensorParallelOrthogonalizer::attach(const std::vector<OptimizerParamGroup>
                       "every rank of a tensor-parallel group must build Muon with the same "
                       "settings");
     const int64_t offset = split_offset(sizes, g.rank());
-    layouts_.emplace(impl_key(p), Layout{shard, std::move(sizes), offset});
+    layouts_.emplace(impl_key(p), Layout{shard, std::move(sizes), offset, std::get<3>(sharded[i])});
+  }
+  // The same on every rank of a shard's group (agreed above): all raise together.
+  for (const auto gi : c10::irange(param_groups.size())) {
+    check_heads(static_cast<const MuonOptions&>(param_groups[gi].options()), gi);
+  }
+}
+
+void TensorParallelOrthogonalizer::check_heads(const MuonOptions& o, size_t group) const {
+  if (o.num_heads() <= 1) return;
+  for (const auto& w : wholes_) {
+    if (w.param_group != group || w.shape.size() != 2) continue;
+    TORCH_CHECK_VALUE(w.shape[0] % o.num_heads() == 0, kWho, "param group ", group, ": num_heads ",
+                      o.num_heads(), " must divide the rows of parameter ", w.index,
+                      ", which has shape ", c10::IntArrayRef(w.shape));
+  }
+  for (const auto& [key, l] : layouts_) {
+    if (l.param_group != group) continue;
+    const auto& gs = l.shard.global_shape();
+    const auto problem =
+        detail::head_split_problem(o.num_heads(), gs[0], l.shard.partition_dim(), l.sizes);
+    TORCH_CHECK_VALUE(problem.empty(), kWho, "param group ", group,
+                      ", sharded parameter of global shape ", c10::IntArrayRef(gs),
+                      " (partition_dim ", l.shard.partition_dim(), "): ", problem);
   }
 }
 
@@ -246,6 +318,7 @@ void TensorParallelOrthogonalizer::begin_step(const std::vector<OptimizerParamGr
 
 void TensorParallelOrthogonalizer::check_options(const MuonOptions& o, size_t group) const {
   check_spectral_options_need_whole_matrices(o, group, kWho, name());
+  check_heads(o, group);
 }
 
 void TensorParallelOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>& items) {
@@ -266,8 +339,17 @@ void TensorParallelOrthogonalizer::orthogonalize(std::vector<OrthogonalizeItem>&
     const bool blockwise = tp_.mode() == TensorParallelMode::kBlockwise;
     item.rows = blockwise ? item.update.size(0) : gs[0];
     item.cols = blockwise ? item.update.size(1) : gs[1];
-    item.orth = detail::orthogonalize_block(item.update, tp_.mode(), dim, layout->shard.group(),
-                                            layout->sizes, o.ns());
+    if (o.num_heads() > 1) {
+      // A head block's shape: rows of one head, the block's columns in
+      // blockwise mode (a row split keeps the columns whole).
+      item.rows = gs[0] / o.num_heads();
+      item.orth =
+          detail::orthogonalize_block_heads(item.update, tp_.mode(), dim, layout->shard.group(),
+                                            layout->sizes, o.ns(), o.num_heads(), gs[0]);
+    } else {
+      item.orth = detail::orthogonalize_block(item.update, tp_.mode(), dim, layout->shard.group(),
+                                              layout->sizes, o.ns());
+    }
     item.alpha = item.orth.numel() == 0
                      ? 1.0
                      : scale_factor(item.rows, item.cols, o.scale_mode(), o.extra_scale_factor());

@@ -179,6 +179,7 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
     int64_t tp_dim = 0;
     Group tp_group;
     std::vector<int64_t> tp_sizes;  // every TP rank's block size along tp_dim
+    int64_t matrix_rows = 0;  // rows of the matrix heads divide (the TP matrix's for a TP block)
     int64_t group_index = 0;  // into groups_
     size_t param_group = 0;   // the optimizer's param group
     std::vector<int64_t> rows_per_rank;  // local rows of every rank of the group
@@ -198,10 +199,11 @@ class ShardedOrthogonalizer final : public Orthogonalizer {
   void check_tensor_parallel(const std::vector<RowShard>& shards,
                              const std::vector<torch::optim::OptimizerParamGroup>& param_groups);
   size_t index_of(const at::Tensor& param) const;
-  // The owner's orthogonalization of whole (TP block) matrices of one batch.
+  // The owner's orthogonalization of whole (TP block) matrices of one batch,
+  // of one param group whose options are `o` (per head block with num_heads).
   std::vector<at::Tensor> orthogonalize(const std::vector<size_t>& members,
                                         const std::vector<at::Tensor>& matrices,
-                                        const NewtonSchulzOptions& ns) const;
+                                        const MuonOptions& o) const;
   // Stacked experts: each rank its own, as single-process Muon does.
   void step_experts(const std::vector<size_t>& experts, std::vector<OrthogonalizeItem*>& items) const;
   void step_owner_compute(const std::vector<size_t>& active, std::vector<OrthogonalizeItem*>& items);

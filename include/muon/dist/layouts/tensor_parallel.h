@@ -109,7 +109,11 @@ class TensorParallelOrthogonalizer final : public Orthogonalizer {
   /// and raise together, naming the difference, where they do not.
   void begin_step(const std::vector<torch::optim::OptimizerParamGroup>& groups) override;
   /// Rejects the options that need whole matrices on one process (a spectral
-  /// update, spectral_clipped weight decay), naming them and the layout.
+  /// update, spectral_clipped weight decay), naming them and the layout, and
+  /// a num_heads that does not divide a matrix's rows or whose heads would
+  /// straddle the ranks of a row split (per-head Newton–Schulz: each rank
+  /// orthogonalizes its whole heads alone; a column split runs the mode per
+  /// head).
   void check_options(const MuonOptions& options, size_t group) const override;
   void orthogonalize(std::vector<OrthogonalizeItem>& items) override;
   void sum_parts(const OrthogonalizeItem& item, at::Tensor& partial, PartSum what) const override;
@@ -125,12 +129,22 @@ class TensorParallelOrthogonalizer final : public Orthogonalizer {
     TensorParallelShard shard;
     std::vector<int64_t> sizes;  // per rank, along partition_dim
     int64_t offset;              // of this rank's block
+    size_t param_group = 0;      // the optimizer's param group
+  };
+  /// A parameter that is not a shard (a whole matrix on every TP rank).
+  struct Whole {
+    size_t param_group;
+    size_t index;  // in its param group
+    std::vector<int64_t> shape;
   };
   const Layout* layout_of(const at::Tensor& param) const;
+  // num_heads of param group `group` against every matrix of the group.
+  void check_heads(const MuonOptions& options, size_t group) const;
 
   TensorParallelOptions tp_;
   std::shared_ptr<Orthogonalizer> local_;                 // unsharded parameters
   std::unordered_map<const void*, Layout> layouts_;  // by TensorImpl
+  std::vector<Whole> wholes_;
 };
 
 /// The strategy of `TensorParallelMuon`, for `muon::Muon`'s and
