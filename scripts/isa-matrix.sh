@@ -24,10 +24,12 @@ numerical=(test_newton_schulz test_ns_bf16 test_ns_parity test_symmetric_kernels
   test_megabatch test_muon_values test_muon_optimizer test_threads test_muon_save_load
   test_adaptive_muon test_lion test_scaling test_dist_newton_schulz
   test_laprop test_signum test_sim_ademamix test_soap test_spectral test_muon_spectral
-  test_orthogonalized_family test_dist_orthogonalized_family
+  test_orthogonalized_family test_dist_orthogonalized_family test_dion2 test_qk_clip
+  test_dist_qk_clip test_muon_cautious test_dist_cautious test_muon_heads test_dist_heads
   python_test_newton_schulz python_test_optimizers python_test_laprop python_test_signum
   python_test_sim_ademamix python_test_soap python_test_orthogonalized_family
-  python_test_muon_spectral)
+  python_test_muon_spectral python_test_dion2 python_test_qk_clip python_test_muon_cautious
+  python_test_muon_heads)
 regex="^($(IFS='|'; echo "${numerical[*]}"))\$"
 
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
