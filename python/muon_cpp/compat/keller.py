@@ -151,13 +151,14 @@ class MuonWithAuxAdam(_KellerBase):
     ``MuonWithAuxAdam(param_groups, *, ns_dtype=torch.bfloat16)``.
 
     Over torch.distributed's default group when it is initialized with more
-    than one process: the Muon parameters in muon_cpp's layer-wise layout
-    (each owned by one rank, which steps it and all-gathers it, as Keller's
-    does; muon_cpp balances the owners by size instead of Keller's
-    round-robin over the sorted list); the Adam parameters stepped on every
-    rank, as Keller's. Gradients must be the same on every rank (averaged
-    first, e.g. by DDP), as for Keller's. Without an initialized group, or
-    with one process, it is SingleDeviceMuonWithAuxAdam.
+    than one process: every parameter in muon_cpp's layer-wise layout (each
+    owned by one rank, which steps it, then all-gathered). Keller's steps each
+    Muon parameter on one rank (round-robin over them sorted by size) and
+    all-gathers it, and Adam on every rank; muon_cpp balances the owners by
+    cost. The result is SingleDeviceMuonWithAuxAdam's, bit for bit.
+    Gradients must be the same on every rank (averaged first, e.g. by DDP),
+    as for Keller's. Without an initialized group, or with one process, it
+    is SingleDeviceMuonWithAuxAdam.
     """
 
     def __init__(self, param_groups, *, ns_dtype=torch.bfloat16):
