@@ -71,22 +71,17 @@ class Facade(torch.optim.Optimizer):
         kinds = {kind for plan in plans for kind, _, _ in plan}
         if self._scalar_optimizer and self._scalar_optimizer in kinds:
             config.set("scalar_optimizer", self._scalar_optimizer)
+        name_of = {id(p): f"param_groups.{i}.{j}" for i, g in enumerate(self.param_groups)
+                   for j, p in enumerate(g["params"])}
         for i, plan in enumerate(plans):
             indices = []
             for kind, settings, params in plan:
-                names = [self._name(p) for p in params]
+                names = [name_of[id(p)] for p in params]
                 engine_groups.append(self._engine_group(kind, settings, params, names, config))
                 indices.append(len(engine_groups) - 1)
             self._parts.append(indices)
         self._inner = _optim.Optimizer(engine_groups, config, layout)
         self.state = self._inner.state
-
-    def _name(self, p):
-        for i, g in enumerate(self.param_groups):
-            for j, q in enumerate(g["params"]):
-                if q is p:
-                    return f"param_groups.{i}.{j}"
-        raise AssertionError("parameter not in any group")
 
     @staticmethod
     def _engine_group(kind, settings, params, names, config):
