@@ -544,3 +544,38 @@ def test_keller_distributed_on_two_gloo_ranks_equals_single_device():
             assert torch.equal(x, y), (r["rank"], i, max_diff(x, y))
     # Both ranks own some of the Muon parameters.
     assert sorted(set(results[0]["owners"])) == [0, 1]
+
+
+def measure_bf16(seeds=range(2, 8)):
+    """Our bf16 error over the published bf16 code's, both against the fp64 step
+    (5 steps), per matrix: the numbers docs/python.md quotes. Run:
+    PYTHONPATH=build/python python3 tests/python/test_compat.py"""
+    ratios = []
+    for variant in ["defaults", "match_rms_adamw", "no_nesterov", "lr_wd", "custom_ns"]:
+        kw = dict(TORCH_VARIANTS[variant])
+        kw.setdefault("lr", 0.02)
+        for seed in seeds:
+            p0, grads = make_params(TORCH_SHAPES, seed), make_grads(TORCH_SHAPES, seed)
+            params = leaves(p0)
+            run(Muon(params, **kw), params, grads)
+            ref64, _ = torch_muon_ref(p0, grads, torch.float64, **kw)
+            ref16, _ = torch_muon_ref(p0, grads, torch.bfloat16, dtype=torch.float32, **kw)
+            ratios += [("torch", variant, seed, tuple(p.shape), *bf16_errors(p, r16, r64))
+                       for p, r64, r16 in zip(params, ref64, ref16)]
+    for seed in [s + 8 for s in seeds]:
+        p0, grads, groups = keller_setup(seed)
+        params = leaves(p0)
+        run(SingleDeviceMuonWithAuxAdam(keller_groups(groups, params)), params, grads)
+        ref64, _ = keller_ref(groups, p0, grads, torch.float64)
+        ref16, _ = keller_ref(groups, p0, grads, torch.bfloat16, dtype=torch.float32)
+        ratios += [("keller", "muon", seed, tuple(params[i].shape),
+                    *bf16_errors(params[i], ref16[i], ref64[i])) for i in range(4)]
+    return ratios
+
+
+if __name__ == "__main__":
+    rows = measure_bf16()
+    for who, variant, seed, shape, ours, theirs in rows:
+        print(f"{who:6s} {variant:16s} seed {seed:2d} {str(shape):14s} ours/original {ours / theirs:.2f}")
+    r = [ours / theirs for *_, ours, theirs in rows]
+    print(f"{len(r)} matrices: ours/original bf16 error min {min(r):.2f} max {max(r):.2f}")
