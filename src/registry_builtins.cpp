@@ -98,6 +98,16 @@ std::vector<OverrideRule> scalar_defaults(const std::string& who) {
   return rules;
 }
 
+// coefficient_type custom's default tuple: Keller Jordan's (the set "simple").
+constexpr NsCoefficients kCustomNs{3.4445, -4.7750, 2.0315};
+
+// The built-in set names and "custom" (ns_coefficient_a, _b, _c).
+std::vector<std::string> muon_coefficient_choices() {
+  auto names = accepted_coefficient_set_names();
+  names.emplace_back("custom");
+  return names;
+}
+
 // The muon_* fields. Their defaults are MuonOptions' own, except
 // scale_mode: the config pairs Muon with the common lr (3e-4, AdamW's scale,
 // shared by every optimizer of a config), and spectral scaling gives the
@@ -121,8 +131,14 @@ std::vector<FieldSpec> muon_fields() {
           .exclusive_min(),
       FieldSpec::text("coefficient_type", d.ns().coefficients().name,
                       "Newton–Schulz coefficient set (names as in Megatron-Core; "
-                      "polar_express_8 = polar_express)",
-                      accepted_coefficient_set_names()),
+                      "polar_express_8 = polar_express; custom: ns_coefficient_a, _b, _c)",
+                      muon_coefficient_choices()),
+      FieldSpec::real("ns_coefficient_a", kCustomNs.a,
+                      "a of coefficient_type custom (one (a, b, c) every step)"),
+      FieldSpec::real("ns_coefficient_b", kCustomNs.b,
+                      "b of coefficient_type custom (one (a, b, c) every step)"),
+      FieldSpec::real("ns_coefficient_c", kCustomNs.c,
+                      "c of coefficient_type custom (one (a, b, c) every step)"),
       FieldSpec::integer("num_ns_steps", 0, "Newton–Schulz steps (0: the set's default)", 0.0,
                          static_cast<double>(kMaxNsSteps - 1)),
       FieldSpec::real("ns_eps", d.ns().eps(), "Newton–Schulz normalization epsilon", 0.0)
@@ -176,7 +192,13 @@ MuonOptions muon_options(const OptimizerSettings& s) {
   o.weight_decay_mode(s.get_string("weight_decay_mode"));
   o.num_heads(s.get_int("num_heads"));
   o.scale_mode(s.get_string("scale_mode"));
-  o.ns_coefficients(s.get_string("coefficient_type"));
+  if (s.get_string("coefficient_type") == "custom") {
+    o.ns().coefficients({{s.get_double("ns_coefficient_a"), s.get_double("ns_coefficient_b"),
+                          s.get_double("ns_coefficient_c")}},
+                        StepSchedule::kRepeatLast);
+  } else {
+    o.ns_coefficients(s.get_string("coefficient_type"));
+  }
   if (s.get_int("num_ns_steps") > 0) o.ns_steps(s.get_int("num_ns_steps"));
   o.ns_eps(s.get_double("ns_eps"));
   o.ns_eps_mode(s.get_string("ns_eps_mode"));

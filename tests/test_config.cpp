@@ -317,6 +317,32 @@ TEST(Config, CoefficientNamesAndPalmDecayFromTheField) {
                       "polar_express_8"});
 }
 
+TEST(Config, CustomCoefficientsFromTheirFields) {
+  // muon_coefficient_type custom: one (a, b, c) every step (torch.optim.Muon's
+  // ns_coefficients), from muon_ns_coefficient_a, _b, _c.
+  OptimizerConfig c;
+  EXPECT_DOUBLE_EQ(c.get_double("muon_ns_coefficient_a"), 3.4445);
+  EXPECT_DOUBLE_EQ(c.get_double("muon_ns_coefficient_b"), -4.7750);
+  EXPECT_DOUBLE_EQ(c.get_double("muon_ns_coefficient_c"), 2.0315);
+  c.set("muon_coefficient_type", "custom")
+      .set("muon_ns_coefficient_a", 3.0)
+      .set("muon_ns_coefficient_b", -3.2)
+      .set("muon_ns_coefficient_c", 1.2)
+      .set("muon_num_ns_steps", int64_t{3});
+  const auto o = muon_options_of(c);
+  const auto& set = o.ns().coefficients();
+  EXPECT_EQ(set.name, "custom");
+  ASSERT_EQ(set.coefficients.size(), 1u);
+  EXPECT_DOUBLE_EQ(set.coefficients[0].a, 3.0);
+  EXPECT_DOUBLE_EQ(set.coefficients[0].b, -3.2);
+  EXPECT_DOUBLE_EQ(set.coefficients[0].c, 1.2);
+  EXPECT_EQ(set.schedule, muon::StepSchedule::kRepeatLast);
+  EXPECT_EQ(o.ns().steps(), 3);
+  // Another set name ignores the custom fields.
+  c.set("muon_coefficient_type", "simple");
+  EXPECT_DOUBLE_EQ(muon_options_of(c).ns().coefficients().coefficients[0].a, 3.4445);
+}
+
 TEST(Config, HelpListsEveryField) {
   OptimizerConfig c;
   const auto help = muon::config_help(c);

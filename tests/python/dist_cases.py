@@ -737,7 +737,34 @@ def case_qk_clip_max(rank, world):
     return {"gamma": gamma, "weight": weight}
 
 
+def case_compat_keller(rank, world):
+    """muon_cpp.compat.keller.MuonWithAuxAdam over the default group (layer-wise
+    Muon, Adam on every rank) and SingleDeviceMuonWithAuxAdam on the same data:
+    5 steps of bf16 Newton–Schulz (as Keller's) on matrices of several shapes."""
+    from muon_cpp.compat.keller import MuonWithAuxAdam, SingleDeviceMuonWithAuxAdam
+    shapes = [(12, 8), (8, 12), (6, 2, 3, 3), (16, 4), (10, 10), (7,), (9, 4)]
+
+    def groups(params):
+        return [dict(params=params[:5], use_muon=True, lr=0.05, weight_decay=0.1),
+                dict(params=params[5:], use_muon=False, lr=0.01)]
+
+    def train(cls):
+        params = [torch.nn.Parameter(randn(s, 100 + i)) for i, s in enumerate(shapes)]
+        opt = cls(groups(params))
+        for step in range(5):
+            for i, p in enumerate(params):
+                p.grad = randn(p.shape, 1000 * step + i)
+            opt.step()
+        return params, opt
+
+    params, opt = train(MuonWithAuxAdam)
+    single, _ = train(SingleDeviceMuonWithAuxAdam)
+    return {"rank": rank, "params": [p.detach() for p in params],
+            "single": [p.detach() for p in single], "owners": opt.engine.owners()}
+
+
 CASES = {
+    "compat_keller": case_compat_keller,
     "qk_clip_max": case_qk_clip_max,
     "mesh4": case_mesh4,
     "layerwise": case_layerwise,

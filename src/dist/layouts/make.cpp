@@ -380,10 +380,18 @@ GroupedOptimizer make_grouped_optimizer(const std::vector<GroupSpec>& groups,
   auto optimizer = std::make_unique<LayerwiseOptimizer>(
       named, layout.group,
       [&](const torch::OrderedDict<std::string, at::Tensor>& owned) {
+        // `owned` holds the owned parameters by name: the parameters
+        // themselves, or copies (the settings probe); the groups take them.
         std::set<const c10::TensorImpl*> mine;
         for (const auto& item : owned) mine.insert(item.value().unsafeGetTensorImpl());
+        auto taken = groups;
+        for (auto& g : taken) {
+          for (const auto j : c10::irange(g.names.size())) {
+            if (const auto* t = owned.find(g.names[j])) g.params[j] = *t;
+          }
+        }
         return std::unique_ptr<torch::optim::Optimizer>(build_groups(
-            groups, settings,
+            taken, settings,
             [&mine](const at::Tensor& p) { return mine.count(p.unsafeGetTensorImpl()) != 0; },
             BuildContext(), registry, index));
       },

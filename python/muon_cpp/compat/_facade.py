@@ -1,0 +1,188 @@
+"""A torch.optim.Optimizer with another implementation's param group keys over
+the muon-cpp engine.
+
+The user's ``param_groups`` keep the keys the original optimizer names
+(``group["momentum"]``, ``group["ns_steps"]``, ...); each user group is
+stepped by one or more engine groups of a ``muon_cpp.optim.Optimizer``
+whose settings are computed from the user group's values before every step,
+so an edit of a user group (a scheduler, user code) takes effect at the next
+step. ``state`` is the engine optimizer's state (the same dicts of tensors).
+"""
+import math
+import numbers
+
+import torch
+
+from .. import _C
+from .. import optim as _optim
+
+
+def short(value, limit=80):
+    """repr(value), at most `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_real(name, value, low=None, high=None, low_open=False, high_open=False):
+    """float(value), or ValueError naming `name` and the value: a finite real in
+    the range (low, high), each end open or closed."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        lo = "" if low is None else ("(" if low_open else "[") + f"{low}, "
+        hi = "" if high is None else f"{high}" + (")" if high_open else "]")
+        want = f"in {lo}{hi}" if low is not None and high is not None else (
+            f"{'>' if low_open else '>='} {low}" if low is not None else "finite")
+        raise ValueError(f"{name} should be a finite number {want} but is: {short(value)}")
+    return float(value)
+
+
+NS_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+
+
+def ns_dtype_name(name, value):
+    if value not in NS_DTYPES:
+        raise ValueError(f"{name} should be torch.bfloat16, torch.float32 or torch.float64 but "
+                         f"is: {short(value)}")
+    return NS_DTYPES[value]
+
+
+class Facade(torch.optim.Optimizer):
+    """Subclasses define ``_engine_parts(group, index)``: a list of
+    ``(kind, settings, params)`` for one user group, after checking its values
+    (ValueError naming the group's key and value)."""
+
+    _scalar_optimizer = None
+
+    def __init__(self, params, defaults, layout=None):
+        self._inner = None
+        super().__init__(params, defaults)
+        self._parts = []  # per user group: the engine groups' indices
+        engine_groups = []
+        config = _C.Config()
+        config.set("optimizer", "muon")
+        config.set("nonfinite", "error")
+        plans = [self._engine_parts(g, i) for i, g in enumerate(self.param_groups)]
+        kinds = {kind for plan in plans for kind, _, _ in plan}
+        if self._scalar_optimizer and self._scalar_optimizer in kinds:
+            config.set("scalar_optimizer", self._scalar_optimizer)
+        name_of = {id(p): f"param_groups.{i}.{j}" for i, g in enumerate(self.param_groups)
+                   for j, p in enumerate(g["params"])}
+        for i, plan in enumerate(plans):
+            indices = []
+            for kind, settings, params in plan:
+                names = [name_of[id(p)] for p in params]
+                engine_groups.append(self._engine_group(kind, settings, params, names, config))
+                indices.append(len(engine_groups) - 1)
+            self._parts.append(indices)
+        self._inner = _optim.Optimizer(engine_groups, config, layout)
+        self.state = self._inner.state
+
+    @staticmethod
+    def _engine_group(kind, settings, params, names, config):
+        return dict(_C.group_settings(kind, settings, config), params=list(params), names=names,
+                    optimizer=kind)
+
+    def _engine_settings(self):
+        """Every engine group's settings from the user groups' current values
+        (checked; nothing is changed here)."""
+        out = {}
+        for i, (g, indices) in enumerate(zip(self.param_groups, self._parts)):
+            plan = self._engine_parts(g, i)
+            if len(plan) != len(indices):
+                raise ValueError(f"param_groups[{i}]: its parameters' grouping changed; "
+                                 f"build a new optimizer")
+            for (kind, settings, params), e in zip(plan, indices):
+                engine = self._inner.param_groups[e]
+                if kind != engine["optimizer"] or any(
+                        a is not b for a, b in zip(params, engine["params"])) or len(params) != len(
+                            engine["params"]):
+                    raise ValueError(f"param_groups[{i}]: its parameters changed after "
+                                     f"construction; build a new optimizer")
+                out[e] = _C.group_settings(kind, settings, self._inner._config)
+        return out
+
+    def _sync(self):
+        for e, settings in self._engine_settings().items():
+            self._inner.param_groups[e].update(settings)
+
+    def add_param_group(self, param_group):
+        if getattr(self, "_inner", None) is not None:
+            raise ValueError(f"{type(self).__name__} cannot add param groups after construction; "
+                             "build a new optimizer with every group")
+        super().add_param_group(param_group)
+
+    def _before_step(self):
+        pass
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync()
+        self._before_step()
+        self._inner.step()
+        self.state = self._inner.state
+        return loss
+
+    def load_state_dict(self, state_dict):
+        """torch.optim's format (this class's group keys); checked before anything
+        changes (on error, nothing did)."""
+        saved = state_dict.get("param_groups", [])
+        if len(saved) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has {len(saved)} param groups, this optimizer "
+                             f"has {len(self.param_groups)}")
+        new_groups = []
+        for i, (mine, theirs) in enumerate(zip(self.param_groups, saved)):
+            if len(mine["params"]) != len(theirs.get("params", ())):
+                raise ValueError(f"loaded state dict's param group {i} has "
+                                 f"{len(theirs.get('params', ()))} parameters, this optimizer's "
+                                 f"has {len(mine['params'])}")
+            g = dict(theirs)
+            g["params"] = mine["params"]
+            new_groups.append(g)
+        # The new values, checked as a step would check them.
+        old_groups = self.param_groups
+        self.param_groups = new_groups
+        try:
+            settings = self._engine_settings()
+        finally:
+            self.param_groups = old_groups
+        # The saved state by parameter, re-indexed in the engine's order.
+        index_of = {}
+        for g, theirs in zip(self.param_groups, saved):
+            for p, k in zip(g["params"], theirs["params"]):
+                index_of[id(p)] = k
+        inner_sd = self._inner.state_dict()
+        saved_state = state_dict.get("state", {})
+        state = {}
+        k = 0
+        for e, eg in enumerate(inner_sd["param_groups"]):
+            eg.update(settings[e])
+            for p in self._inner.param_groups[e]["params"]:
+                s = saved_state.get(index_of[id(p)])
+                if s:
+                    state[k] = self._complete_state(p, dict(s))
+                k += 1
+        inner_sd["state"] = state
+        self._inner.load_state_dict(inner_sd)
+        for g, new in zip(self.param_groups, new_groups):
+            g.update({key: v for key, v in new.items() if key != "params"})
+        self.state = self._inner.state
+
+    def _complete_state(self, p, s):
+        return s
+
+    # ---- extras ----------------------------------------------------------------------
+
+    @property
+    def engine(self):
+        """The muon_cpp.optim.Optimizer that steps the parameters."""
+        return self._inner
