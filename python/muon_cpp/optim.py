@@ -377,6 +377,7 @@ class Optimizer(torch.optim.Optimizer):
             self._engine.step(self.param_groups, self.state)
         return loss
 
+    @_no_dynamo
     def zero_grad(self, set_to_none=True):
         super().zero_grad(set_to_none=set_to_none)
 
