@@ -605,3 +605,40 @@ def test_scheduler_and_optimizer_resume_together(cls, name):
         sched.step()
         sched_b.step()
         assert_same(a, b)
+
+
+# ---- every other class: add_param_group and deepcopy through the shared base ----------
+
+OTHERS = [muon_cpp.LaProp, muon_cpp.Signum, muon_cpp.SimAdEMAMix, muon_cpp.SOAP, muon_cpp.Dion2,
+          muon_cpp.NorDion2, muon_cpp.PolarGrad, muon_cpp.Scion, muon_cpp.MOP, muon_cpp.SPEL,
+          muon_cpp.MuonHyperball]
+
+
+@pytest.mark.parametrize("cls", OTHERS, ids=[c.__name__ for c in OTHERS])
+def test_other_classes_add_param_group_and_deepcopy(cls):
+    g = torch.Generator().manual_seed(9)
+    a = [(n, torch.nn.Parameter(torch.randn(SHAPES[n], generator=g))) for n in ("w1", "w2")]
+    b = clone(a)
+    opt_a = cls([a[0]])
+    opt_b = cls(b)
+    grads(a, 0, only={"w1"})
+    grads(b, 0, only={"w1"})
+    opt_a.step()
+    opt_b.step()
+    opt_a.add_param_group({"params": [a[1][1]]})
+    for step in range(1, 4):
+        grads(a, step)
+        grads(b, step)
+        opt_a.step()
+        opt_b.step()
+        assert_same(a, b)
+    opt_c = copy.deepcopy(opt_a)
+    c = [(n, p) for grp in opt_c.param_groups for n, p in zip(grp["names"], grp["params"])]
+    for step in range(4, 6):
+        grads(a, step)
+        grads(c, step)
+        opt_a.step()
+        opt_c.step()
+        assert_same(a, c)
+    for (_, p), (_, q) in zip(a, c):
+        assert_same_state(state_of(opt_a, p), state_of(opt_c, q))
