@@ -711,6 +711,11 @@ class MuonWithAdamW(Optimizer):
     ``MuonWithAdamW(named_parameters, lr=0.02, weight_decay=0.0, *,
     adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-8,
     adamw_weight_decay=0.0, layout=None, nonfinite="error", **muon_options)``.
+
+    ``add_param_group`` routes the new group's parameters by the same rules
+    (name them with (name, tensor) pairs or ``names`` for the name rules), or
+    takes ``"optimizer": "muon"`` or ``"adamw"``; its settings start from
+    that kind's constructor arguments.
     """
 
     def __init__(self, named_parameters, lr=0.02, weight_decay=0.0, *, adamw_lr=3e-4,
