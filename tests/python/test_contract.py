@@ -424,23 +424,30 @@ def test_deepcopy(cls, with_model):
 
 
 @needs_torch2
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 @pytest.mark.parametrize("cls", CLASSES, ids=IDS)
-def test_torch_compile_train_step(cls):
-    """backend="eager": dynamo traces the step function with graph breaks at the
-    optimizer's calls (step runs under torch._disable_dynamo) and runs the same
-    aten ops as eager, so the trajectories are equal bit for bit."""
+def test_torch_compile_train_step(cls, backend):
+    """Dynamo traces the step function with graph breaks at the optimizer's calls
+    (step and zero_grad run under torch._disable_dynamo). The loss is linear in
+    each weight, L = sum((x·w1·w2) ∘ t) + sum(b ∘ c), so the gradients are matrix
+    products (x·w1)ᵀ·t, xᵀ·(t·w2ᵀ) and c, which every backend, inductor included,
+    leaves to the same aten mm: the trajectories are equal bit for bit. The loss, a
+    sum inductor may order differently, within fp32 rounding of summing its 24
+    terms: 24·2^-24 (< 2e-6) of the sum of their magnitudes."""
     torch._dynamo.reset()
     a = params(cls)
     b = clone(a)
     opt_a, opt_b = build(cls, a), build(cls, b)
-    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(6))
+    gen = torch.Generator().manual_seed(6)
+    x, t, c = torch.randn(5, 8, generator=gen), torch.randn(5, 4, generator=gen), torch.randn(4, generator=gen)
 
     def make(named, opt):
         d = dict(named)
 
         def train_step(x):
-            y = torch.tanh(x @ d["w1"]) @ d["w2"]
-            loss = ((y + d["b"]) if "b" in d else y).pow(2).sum()
+            loss = (x @ d["w1"] @ d["w2"] * t).sum()
+            if "b" in d:
+                loss = loss + (d["b"] * c).sum()
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -448,12 +455,18 @@ def test_torch_compile_train_step(cls):
 
         return train_step
 
-    compiled = torch.compile(make(a, opt_a), backend="eager")
+    compiled = torch.compile(make(a, opt_a), backend=backend)
     eager = make(b, opt_b)
     for _ in range(4):
+        with torch.no_grad():
+            d = dict(b)
+            size = (x @ d["w1"] @ d["w2"] * t).double().abs().sum().item()
+            size += (d["b"] * c).double().abs().sum().item() if "b" in d else 0.0
         la = compiled(x)
         lb = eager(x)
-        assert torch.equal(la.detach(), lb.detach())
+        assert abs(la.item() - lb.item()) <= 2e-6 * size
+        if backend != "inductor":
+            assert torch.equal(la.detach(), lb.detach())
         assert_same(a, b)
         assert all(p.grad is None for _, p in a)
     assert opt_a.state[dict(a)["w1"]]["step"] == 4
