@@ -282,6 +282,10 @@ class Optimizer(torch.optim.Optimizer):
                 else [str(n) for n in names]
         if len(names) != len(tensors):
             raise ValueError(f"add_param_group: {len(names)} names for {len(tensors)} params")
+        held = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in held for p in tensors):
+            raise ValueError("add_param_group: some parameters appear in more than one parameter "
+                             "group")
         taken = {n for g in self.param_groups for n in g["names"]}
         clash = [n for n in names if n in taken] or \
             [n for i, n in enumerate(names) if n in names[:i]]
@@ -321,10 +325,9 @@ class Optimizer(torch.optim.Optimizer):
                                  f"optimizer steps ({sorted(kinds)})")
             if kind in defaults:
                 return kind, defaults[kind]
-            plans = [p for p in _C.plan_groups(names, params, self._config)
-                     if p["optimizer"] == kind]
+            plans = [p for p in self._plan(names, params) if p["optimizer"] == kind]
             return kind, plans[0]["settings"] if plans else {}
-        plans = _C.plan_groups(names, params, self._config)
+        plans = self._plan(names, params)
         routed = {p["optimizer"] for p in plans}
         if len(routed) > 1:
             where = "; ".join(f"{p['optimizer']}: {', '.join(p['names'])[:80]}" for p in plans)
@@ -335,6 +338,21 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError(f"add_param_group: the parameters go to '{kind}', which this optimizer "
                              f"does not step ({sorted(kinds)}); pass 'optimizer'")
         return kind, defaults.get(kind, plans[0]["settings"])
+
+    def _plan(self, names, params):
+        """The config's plan (optimizer, settings) of the new parameters, planned
+        with every parameter (as construction plans: an override rule must
+        match some parameter)."""
+        new = set(names)
+        every = _C.plan_groups([n for g in self.param_groups for n in g["names"]] + list(names),
+                               [p for g in self.param_groups for p in g["params"]] + list(params),
+                               self._config)
+        plans = []
+        for p in every:
+            mine = [n for n in p["names"] if n in new]
+            if mine:
+                plans.append({"optimizer": p["optimizer"], "names": mine, "settings": p["settings"]})
+        return plans
 
     def __deepcopy__(self, memo):
         """An independent optimizer over the copied parameters (mapped through

@@ -655,3 +655,25 @@ def test_other_classes_add_param_group_and_deepcopy(cls):
         assert_same(a, c)
     for (_, p), (_, q) in zip(a, c):
         assert_same_state(state_of(opt_a, p), state_of(opt_c, q))
+
+
+def test_make_optimizer_add_param_group_follows_the_config():
+    """make_optimizer's groups come from the config: an added group is planned by
+    it too (its override rules match the new parameters' names)."""
+    w, q0 = torch.nn.Parameter(torch.randn(8, 6)), torch.nn.Parameter(torch.randn(6, 6))
+    opt = muon_cpp.make_optimizer([("blocks.0.w", w), ("blocks.0.attn.qkv.weight", q0)], {
+        "optimizer": "muon", "lr": 0.03,
+        "overrides": [{"match": {"name": "*.qkv.weight"}, "set": {"lr": 0.01}}]})
+    qkv, other = torch.nn.Parameter(torch.randn(6, 6)), torch.nn.Parameter(torch.randn(6, 6))
+    opt.add_param_group({"params": [("blocks.1.attn.qkv.weight", qkv)]})
+    opt.add_param_group({"params": [other]})
+    assert sorted(g["lr"] for g in opt.param_groups) == [0.01, 0.01, 0.03, 0.03]
+    assert (opt.param_groups[2]["lr"], opt.param_groups[3]["lr"]) == (0.01, 0.03)
+    assert opt.param_groups[3]["names"] == ["group3.param0"]
+    with pytest.raises(ValueError, match="lr"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(3, 3))], "lr": -1.0})
+    assert len(opt.param_groups) == 4
+    for p in (w, q0, qkv, other):
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert all(opt.state[p]["step"] == 1 for p in (w, q0, qkv, other))
