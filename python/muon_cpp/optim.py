@@ -277,7 +277,7 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError("add_param_group: the group has no parameters")
         names, tensors = _split_named(ps, "add_param_group")
         if names is None:
-            names = param_group.get("names")
+            names = param_group.get("names", param_group.get("param_names"))
             names = [f"group{gi}.param{i}" for i in range(len(tensors))] if names is None \
                 else [str(n) for n in names]
         if len(names) != len(tensors):
@@ -291,7 +291,8 @@ class Optimizer(torch.optim.Optimizer):
             [n for i, n in enumerate(names) if n in names[:i]]
         if clash:
             raise ValueError(f"add_param_group: parameter name '{clash[0][:80]}' is already taken")
-        given = {k: v for k, v in param_group.items() if k not in _STRUCTURAL}
+        given = {k: v for k, v in param_group.items()
+                 if k not in _STRUCTURAL and k != "param_names"}
         kind, base = self._route(param_group.get("optimizer"), names, tensors)
         base = dict(base)
         base.update(given)
@@ -335,8 +336,8 @@ class Optimizer(torch.optim.Optimizer):
                              f"({where}); add one group per optimizer or pass 'optimizer'")
         kind = plans[0]["optimizer"]
         if kind not in kinds:
-            raise ValueError(f"add_param_group: the parameters go to '{kind}', which this optimizer "
-                             f"does not step ({sorted(kinds)}); pass 'optimizer'")
+            raise ValueError(f"add_param_group: the parameters go to '{kind}', which this "
+                             f"optimizer does not step ({sorted(kinds)}); pass 'optimizer'")
         return kind, defaults.get(kind, plans[0]["settings"])
 
     def _plan(self, names, params):
@@ -351,7 +352,8 @@ class Optimizer(torch.optim.Optimizer):
         for p in every:
             mine = [n for n in p["names"] if n in new]
             if mine:
-                plans.append({"optimizer": p["optimizer"], "names": mine, "settings": p["settings"]})
+                plans.append({"optimizer": p["optimizer"], "names": mine,
+                              "settings": p["settings"]})
         return plans
 
     def __deepcopy__(self, memo):

@@ -21,7 +21,8 @@ import muon_cpp
 from conftest import value_error
 
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
-needs_torch2 = pytest.mark.skipif(not TORCH2, reason=f"torch 2.x feature; this is torch {torch.__version__}")
+needs_torch2 = pytest.mark.skipif(
+    not TORCH2, reason=f"torch 2.x feature; this is torch {torch.__version__}")
 
 CLASSES = [muon_cpp.Muon, muon_cpp.AdaptiveMuon, muon_cpp.Lion, muon_cpp.MuonWithAdamW]
 IDS = [c.__name__ for c in CLASSES]
@@ -154,7 +155,8 @@ def test_add_param_group_bad_settings_change_nothing(cls):
             assert "2" in str(e.value)
         assert len(e.value.args[0]) < 400
         assert len(opt.param_groups) == n
-    with pytest.raises(ValueError, match="more than one parameter group"):  # a parameter twice: torch's own check
+    # A parameter twice: torch's own check and message.
+    with pytest.raises(ValueError, match="more than one parameter group"):
         opt.add_param_group({"params": [first[0][1]]})
     for step in range(3):
         grads(first, step)
@@ -162,6 +164,17 @@ def test_add_param_group_bad_settings_change_nothing(cls):
         opt.step()
         opt_t.step()
     assert_same(first, twin)
+
+
+def test_add_param_group_whole_run_options_and_param_names():
+    w = torch.nn.Parameter(torch.randn(8, 6))
+    opt = muon_cpp.AdaptiveMuon([w], beta2=0.9)
+    m = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError, match="beta2 is a whole-run option"):
+        opt.add_param_group({"params": [m], "beta2": 0.5})
+    assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": [m], "param_names": ["extra.m"], "lr": 0.01})
+    assert (opt.param_groups[1]["names"], opt.param_groups[1]["beta2"]) == (["extra.m"], 0.9)
 
 
 def test_add_param_group_names_and_routing():
@@ -439,7 +452,8 @@ def test_torch_compile_train_step(cls, backend):
     b = clone(a)
     opt_a, opt_b = build(cls, a), build(cls, b)
     gen = torch.Generator().manual_seed(6)
-    x, t, c = torch.randn(5, 8, generator=gen), torch.randn(5, 4, generator=gen), torch.randn(4, generator=gen)
+    x, t = torch.randn(5, 8, generator=gen), torch.randn(5, 4, generator=gen)
+    c = torch.randn(4, generator=gen)
 
     def make(named, opt):
         d = dict(named)
