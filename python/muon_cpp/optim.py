@@ -12,7 +12,11 @@ Every optimizer here keeps torch.optim's data model:
 * ``state_dict()`` / ``load_state_dict()`` in torch.optim's format.
 * ``step(closure=None)``: one call into C++ for every parameter, with the
   GIL released.
+* ``add_param_group``, ``copy.deepcopy``, the step and state-dict hooks of
+  torch 2.x, ``zero_grad`` and every ``torch.optim.lr_scheduler``: see
+  docs/python.md, "torch.optim's contract".
 """
+import copy
 import json
 import operator
 import os
@@ -99,12 +103,26 @@ def _config_of(config):
     return c
 
 
+def _no_dynamo(fn):
+    """``fn`` run eagerly under torch.compile (torch 2.x): a graph break
+    around the call into C++."""
+    disable = getattr(torch, "_disable_dynamo", None)
+    return fn if disable is None else disable(fn)
+
+
 class Optimizer(torch.optim.Optimizer):
     """A torch.optim.Optimizer whose step runs in the muon-cpp engine.
 
-    Built by the classes below and by ``make_optimizer``; groups are never
-    added after construction.
+    Built by the classes below and by ``make_optimizer``. ``add_param_group``
+    rebuilds the engine over every group, keeping each existing parameter's
+    state (one process only; see docs/python.md).
     """
+
+    # A subclass sets {registry name: settings} before Optimizer.__init__: the
+    # settings a group added by add_param_group starts from. With one kind
+    # they are also torch.optim's ``defaults`` (CyclicLR and OneCycleLR look
+    # for "momentum" there).
+    _group_defaults = None
 
     def __init__(self, groups, config, layout=None):
         # groups: dicts with params, names, optimizer and complete settings.
@@ -120,21 +138,49 @@ class Optimizer(torch.optim.Optimizer):
         layout = _dist._layout_of(layout, config, self._dtensor_shards(groups))
         layout.apply_to(config)
         c_layout = layout.build(names)
-        super().__init__(groups, {})
+        kinds = self._group_defaults or {}
+        super().__init__(groups, dict(next(iter(kinds.values()))) if len(kinds) == 1 else {})
         self._config = config
         self._layout = layout
+        self._engine = self._new_engine(c_layout)
+        # The tensors the engine steps, group by group: they cannot be
+        # replaced in param_groups (checked at every step).
+        self._built_params = [tuple(g["params"]) for g in self.param_groups]
+
+    def _new_engine(self, c_layout):
         specs = []
         for g in self.param_groups:
             specs.append({
                 "optimizer": g["optimizer"],
                 "names": list(g["names"]),
                 "params": [self._engine_param(p) for p in g["params"]],
-                "settings": {k: v for k, v in g.items() if k not in _STRUCTURAL},
+                "settings": {k: v for k, v in g.items() if k in self._option_keys(g["optimizer"])},
             })
-        self._engine = _C.Engine(specs, config, c_layout)
-        # The tensors the engine steps, group by group: they cannot be
-        # replaced in param_groups (checked at every step).
+        return _C.Engine(specs, self._config, c_layout)
+
+    @staticmethod
+    def _option_keys(kind):
+        return {f["name"] for f in _C.group_fields(kind)}
+
+    def _single_process(self, what):
+        """Raises ValueError unless this optimizer steps every parameter whole
+        in this process (no distributed layout, no DTensor parameters)."""
+        if self._dtensors or type(self._layout) is not _dist._NoLayout:
+            kind = "DTensor (FSDP2) parameters" if self._dtensors else \
+                f"the {type(self._layout).__name__} layout"
+            raise ValueError(f"{what} is supported in one process only, not with {kind}: build a "
+                             f"new optimizer with every group on every rank")
+
+    def _rebuild(self):
+        """A new engine over every group of param_groups, each parameter's
+        state loaded from self.state (copied bit for bit)."""
+        names = {id(p): n for g in self.param_groups for n, p in zip(g["names"], g["params"])}
+        engine = self._new_engine(self._layout.build(names))
+        engine.load_state({self._engine_param(p): self._local_state(p, s)
+                           for p, s in self.state.items() if s})
+        self._engine = engine
         self._built_params = [tuple(g["params"]) for g in self.param_groups]
+        self._refresh_state()
 
     def _check_params(self):
         """Raises ValueError if a tensor in param_groups is not the one the
@@ -200,11 +246,135 @@ class Optimizer(torch.optim.Optimizer):
     # ---- torch.optim.Optimizer -------------------------------------------------------
 
     def add_param_group(self, param_group):
-        if getattr(self, "_engine", None) is not None:
-            raise ValueError("muon_cpp optimizers cannot add param groups after construction; "
-                             "build a new optimizer with every group")
-        super().add_param_group(param_group)
+        """torch.optim's add_param_group: the next step updates the new group.
 
+        The group's settings start from the construction's (``lr``,
+        ``weight_decay`` and the options given to the constructor) and are
+        checked as construction checks them (ValueError naming the key and
+        value; on error nothing changed). Its parameters are named by
+        ``names`` (a list), by (name, tensor) pairs in ``params``, or else
+        ``"group{g}.param{i}"`` (g: the new group's index, i: the parameter's
+        in it). ``optimizer`` (a registry name this optimizer steps) picks the
+        kind; without it the parameters are routed as construction routes them
+        (by name and shape), and must all go to one kind. The engine is
+        rebuilt over every group; every existing parameter keeps its state
+        (new tensors holding the same values). One process only: with a
+        distributed layout or DTensor parameters it raises ValueError.
+        """
+        if getattr(self, "_engine", None) is None:
+            super().add_param_group(param_group)  # construction
+            return
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise TypeError("add_param_group: param_group must be a dict with 'params'")
+        self._single_process("add_param_group")
+        self._check_params()
+        gi = len(self.param_groups)
+        ps = param_group["params"]
+        if isinstance(ps, set):
+            raise TypeError("add_param_group: params must be an ordered collection, not a set")
+        ps = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+        if not ps:
+            raise ValueError("add_param_group: the group has no parameters")
+        names, tensors = _split_named(ps, "add_param_group")
+        if names is None:
+            names = param_group.get("names", param_group.get("param_names"))
+            names = [f"group{gi}.param{i}" for i in range(len(tensors))] if names is None \
+                else [str(n) for n in names]
+        if len(names) != len(tensors):
+            raise ValueError(f"add_param_group: {len(names)} names for {len(tensors)} params")
+        held = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in held for p in tensors):
+            raise ValueError("add_param_group: some parameters appear in more than one parameter "
+                             "group")
+        taken = {n for g in self.param_groups for n in g["names"]}
+        clash = [n for n in names if n in taken] or \
+            [n for i, n in enumerate(names) if n in names[:i]]
+        if clash:
+            raise ValueError(f"add_param_group: parameter name '{clash[0][:80]}' is already taken")
+        given = {k: v for k, v in param_group.items()
+                 if k not in _STRUCTURAL and k != "param_names"}
+        kind, base = self._route(param_group.get("optimizer"), names, tensors)
+        base = dict(base)
+        base.update(given)
+        try:
+            settings = _C.group_settings(kind, base, self._config)
+        except ValueError as e:
+            raise ValueError(f"add_param_group: {e}") from None
+        for f in _C.group_fields(kind):
+            if f["per_parameter"]:
+                continue
+            for g in self.param_groups:
+                if g["optimizer"] == kind and g[f["name"]] != settings[f["name"]]:
+                    raise ValueError(f"add_param_group: {f['name']} is a whole-run option of "
+                                     f"{kind} and must be the same in every param group: "
+                                     f"{g[f['name']]!r}, got {settings[f['name']]!r}")
+        before = len(self.param_groups)
+        super().add_param_group(dict(settings, params=tensors, names=names, optimizer=kind))
+        try:
+            self._rebuild()
+        except BaseException:
+            del self.param_groups[before:]
+            raise
+
+    def _route(self, kind, names, params):
+        """(registry name, settings to start from) of a group add_param_group adds."""
+        defaults = self._group_defaults or {}
+        kinds = {g["optimizer"] for g in self.param_groups} | set(defaults)
+        if kind is not None:
+            if kind not in kinds:
+                raise ValueError(f"add_param_group: optimizer '{str(kind)[:60]}' is not one this "
+                                 f"optimizer steps ({sorted(kinds)})")
+            if kind in defaults:
+                return kind, defaults[kind]
+            plans = [p for p in self._plan(names, params) if p["optimizer"] == kind]
+            return kind, plans[0]["settings"] if plans else {}
+        plans = self._plan(names, params)
+        routed = {p["optimizer"] for p in plans}
+        if len(routed) > 1:
+            where = "; ".join(f"{p['optimizer']}: {', '.join(p['names'])[:80]}" for p in plans)
+            raise ValueError(f"add_param_group: the parameters go to more than one optimizer "
+                             f"({where}); add one group per optimizer or pass 'optimizer'")
+        kind = plans[0]["optimizer"]
+        if kind not in kinds:
+            raise ValueError(f"add_param_group: the parameters go to '{kind}', which this "
+                             f"optimizer does not step ({sorted(kinds)}); pass 'optimizer'")
+        return kind, defaults.get(kind, plans[0]["settings"])
+
+    def _plan(self, names, params):
+        """The config's plan (optimizer, settings) of the new parameters, planned
+        with every parameter (as construction plans: an override rule must
+        match some parameter)."""
+        new = set(names)
+        every = _C.plan_groups([n for g in self.param_groups for n in g["names"]] + list(names),
+                               [p for g in self.param_groups for p in g["params"]] + list(params),
+                               self._config)
+        plans = []
+        for p in every:
+            mine = [n for n in p["names"] if n in new]
+            if mine:
+                plans.append({"optimizer": p["optimizer"], "names": mine,
+                              "settings": p["settings"]})
+        return plans
+
+    def __deepcopy__(self, memo):
+        """An independent optimizer over the copied parameters (mapped through
+        ``memo``, as ``copy.deepcopy((model, opt))`` does) with a copy of the
+        state and its own engine. One process only."""
+        self._single_process("copy.deepcopy")
+        self._check_params()
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            if k not in ("_engine", "_config", "_layout", "_dtensors", "_built_params"):
+                new.__dict__[k] = copy.deepcopy(v, memo)
+        new._engine = None
+        new._dtensors = {}
+        new._layout = self._layout
+        new._config = _config_of(self._config)
+        new._rebuild()
+        return new
+
+    @_no_dynamo
     @torch.no_grad()
     def step(self, closure=None):
         """One step of every parameter with a gradient; ``closure`` (re-evaluates
@@ -227,6 +397,7 @@ class Optimizer(torch.optim.Optimizer):
             self._engine.step(self.param_groups, self.state)
         return loss
 
+    @_no_dynamo
     def zero_grad(self, set_to_none=True):
         super().zero_grad(set_to_none=set_to_none)
 
@@ -314,7 +485,17 @@ class _OneOptimizer(Optimizer):
         defaults["lr"] = lr
         defaults["weight_decay"] = weight_decay
         groups = self._complete(self._kind, _normalize_groups(params), defaults, config)
+        try:
+            self._group_defaults = {self._kind: _C.group_settings(self._kind, defaults, config)}
+        except ValueError:
+            self._group_defaults = {self._kind: defaults}  # every group overrides the bad value
         super().__init__(groups, config, layout)
+
+    def _route(self, kind, names, params):
+        if kind is not None and kind != self._kind:
+            raise ValueError(f"add_param_group: optimizer '{str(kind)[:60]}': this optimizer "
+                             f"steps '{self._kind}' only")
+        return self._kind, self._group_defaults[self._kind]
 
 
 class Muon(_OneOptimizer):
@@ -550,6 +731,11 @@ class MuonWithAdamW(Optimizer):
     ``MuonWithAdamW(named_parameters, lr=0.02, weight_decay=0.0, *,
     adamw_lr=3e-4, adamw_betas=(0.9, 0.95), adamw_eps=1e-8,
     adamw_weight_decay=0.0, layout=None, nonfinite="error", **muon_options)``.
+
+    ``add_param_group`` routes the new group's parameters by the same rules
+    (name them with (name, tensor) pairs or ``names`` for the name rules), or
+    takes ``"optimizer": "muon"`` or ``"adamw"``; its settings start from
+    that kind's constructor arguments.
     """
 
     def __init__(self, named_parameters, lr=0.02, weight_decay=0.0, *, adamw_lr=3e-4,
@@ -580,6 +766,7 @@ class MuonWithAdamW(Optimizer):
             settings = muon if plan["optimizer"] == "muon" else adamw
             groups.append(dict(settings, params=plan["params"], names=plan["names"],
                                optimizer=plan["optimizer"]))
+        self._group_defaults = {"muon": muon, "adamw": adamw}
         super().__init__(groups, config, layout)
 
 
