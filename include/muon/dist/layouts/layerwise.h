@@ -51,9 +51,13 @@ struct LayerwiseOptions {
 
 /// Builds the inner optimizer over the parameters a rank owns (names and
 /// tensors in the order given to `LayerwiseOptimizer`); never called with an
-/// empty set. At construction it is also called once over all parameters,
-/// on every rank, to read the options it gives each param group (the ranks
-/// compare them); that optimizer is discarded before its first step.
+/// empty set. At construction it is also called once over copies of all
+/// parameters (same names, shapes and values), on every rank, to read the
+/// options it gives each param group (the ranks compare them); that
+/// optimizer is discarded before its first step. A factory therefore finds
+/// its parameters in `owned` by name, not by tensor identity. Whatever the
+/// owner's optimizer does to its parameters when built, every rank holds
+/// afterwards (the layout all-gathers them once).
 using InnerOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
     const torch::OrderedDict<std::string, at::Tensor>& owned)>;
 
