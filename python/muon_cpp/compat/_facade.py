@@ -8,6 +8,7 @@ whose settings are computed from the user group's values before every step,
 so an edit of a user group (a scheduler, user code) takes effect at the next
 step. ``state`` is the engine optimizer's state (the same dicts of tensors).
 """
+import copy
 import math
 import numbers
 
@@ -62,7 +63,14 @@ class Facade(torch.optim.Optimizer):
     def __init__(self, params, defaults, layout=None):
         self._inner = None
         super().__init__(params, defaults)
-        self._parts = []  # per user group: the engine groups' indices
+        self._layout_given = layout
+        self._inner, self._parts = self._build_inner()
+        self.state = self._inner.state
+
+    def _build_inner(self):
+        """The engine optimizer over every user group, and each user group's
+        engine group indices (checked: ValueError naming a bad value)."""
+        parts = []  # per user group: the engine groups' indices
         engine_groups = []
         config = _C.Config()
         config.set("optimizer", "muon")
@@ -79,9 +87,8 @@ class Facade(torch.optim.Optimizer):
                 names = [name_of[id(p)] for p in params]
                 engine_groups.append(self._engine_group(kind, settings, params, names, config))
                 indices.append(len(engine_groups) - 1)
-            self._parts.append(indices)
-        self._inner = _optim.Optimizer(engine_groups, config, layout)
-        self.state = self._inner.state
+            parts.append(indices)
+        return _optim.Optimizer(engine_groups, config, self._layout_given), parts
 
     @staticmethod
     def _engine_group(kind, settings, params, names, config):
@@ -112,14 +119,53 @@ class Facade(torch.optim.Optimizer):
             self._inner.param_groups[e].update(settings)
 
     def add_param_group(self, param_group):
-        if getattr(self, "_inner", None) is not None:
-            raise ValueError(f"{type(self).__name__} cannot add param groups after construction; "
-                             "build a new optimizer with every group")
-        super().add_param_group(param_group)
+        """torch.optim's add_param_group: the group takes the constructor's
+        defaults for the keys it does not give, is checked as construction
+        checks groups (ValueError naming the key and value; on error nothing
+        changed), and the next step updates it. The engine is rebuilt over
+        every group; every existing parameter keeps its state bit for bit.
+        One process only (ValueError with a distributed layout)."""
+        if getattr(self, "_inner", None) is None:
+            super().add_param_group(param_group)  # construction
+            return
+        self._inner._single_process("add_param_group")
+        self._sync()  # the existing groups' current values, checked
+        before = len(self.param_groups)
+        super().add_param_group(param_group)  # torch's checks and defaults
+        try:
+            inner, parts = self._build_inner()
+            # The existing parameters come first in the same engine order:
+            # their state moves over by index.
+            saved = self._inner.state_dict()
+            loaded = inner.state_dict()
+            loaded["state"] = saved["state"]
+            inner.load_state_dict(loaded)
+        except BaseException:
+            del self.param_groups[before:]
+            raise
+        self._inner, self._parts = inner, parts
+        self.state = self._inner.state
 
     def _before_step(self):
         pass
 
+    def __deepcopy__(self, memo):
+        """An independent optimizer over the copied parameters (mapped through
+        ``memo``, as ``copy.deepcopy((model, opt))`` does), with a copy of the
+        state and its own engine. One process only."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            new.__dict__[k] = copy.deepcopy(v, memo)
+        new.state = new._inner.state
+        return new
+
+    def zero_grad(self, set_to_none=True):
+        """torch 2.x's default (gradients freed) on every torch version, as
+        muon_cpp's own optimizers; set_to_none=False zeroes them in place."""
+        super().zero_grad(set_to_none=set_to_none)
+
+    @_optim._no_dynamo
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -134,7 +180,17 @@ class Facade(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """torch.optim's format (this class's group keys); checked before anything
-        changes (on error, nothing did)."""
+        changes (on error, nothing did). torch 2.x's load_state_dict pre- and
+        post-hooks run as torch.optim runs them."""
+        for hook in getattr(self, "_optimizer_load_state_dict_pre_hooks", {}).values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        self._load_state_dict(state_dict)
+        for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
+            hook(self)
+
+    def _load_state_dict(self, state_dict):
         saved = state_dict.get("param_groups", [])
         if len(saved) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved)} param groups, this optimizer "

@@ -76,6 +76,14 @@ class _KellerBase(Facade):
             self._check(g, i)
         super().__init__(groups, {}, layout)
 
+    def add_param_group(self, param_group):
+        """A group as the constructor takes them (``use_muon``, Keller's keys
+        and defaults); see Facade.add_param_group."""
+        if getattr(self, "_inner", None) is not None:
+            param_group = _with_defaults([param_group])[0]
+            self._check(param_group, len(self.param_groups))
+        super().add_param_group(param_group)
+
     def _check(self, g, i):
         where = f"param_groups[{i}]"
         lr = check_real(f"{where}['lr']", g["lr"], low=0.0)
