@@ -14,6 +14,9 @@ BUILD_DIR=${BUILD_DIR:-build}
 # ccache and precompiled headers work together only with these settings.
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_NOHASHDIR=true
+# Paths relative to the tree: every clone of it, wherever it is, shares the
+# compiler's work.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 
 start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUON_WARNINGS_AS_ERRORS=ON
