@@ -140,6 +140,10 @@ def run_rank(rank, world, port, case, outdir, kwargs):
             else:
                 result = CASES[case](rank, world, **kwargs)
             torch.save(result, os.path.join(outdir, "rank%d.pt" % rank))
+            # Every rank is done with the group before any leaves it: a case
+            # whose last collective returns on one rank first (a single
+            # all_reduce) otherwise tears down gloo's pairs under the other.
+            dist.barrier()
         except BaseException:
             record_error()
             raise
