@@ -1,0 +1,591 @@
+// muon::plan: predictions of every layout (include/muon/plan.h).
+//
+// The bytes mirror what each layout sends through muon::dist::Group (its
+// ring model, per call, in integers): the step's agreement, the gradient
+// reduction in buckets, the optimizer's collectives and the gather of the
+// updated parameters, with the same bucketing, padding, row splits and owner
+// packing as src/dist/layouts/. The times are a model: each collective
+// hops · latency + bytes / bandwidth, each Newton–Schulz call its FLOPs at the
+// machine's rate for its shape class.
+#include "muon/plan.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "muon/dist/layouts/assignment.h"
+#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/newton_schulz.h"
+
+namespace muon::plan {
+namespace {
+
+constexpr const char* kWho = "[muon::plan] ";
+
+// Slots of the step agreement before its bitmask (step_agreement.cpp), and
+// the bits per mask word.
+constexpr int64_t kAgreementSlots = 6;
+constexpr int64_t kMaskBits = 63;
+constexpr int64_t kAlign = 16;  // layer-wise bucket alignment
+// Group::all_gather_uneven first gathers each rank's shape as 9 integers.
+constexpr int64_t kUnevenShapeInts = 9;
+
+int64_t ring_all_reduce_bytes(int64_t bytes, int64_t p) { return p <= 1 ? 0 : 2 * (p - 1) * bytes / p; }
+int64_t all_gather_bytes(int64_t bytes, int64_t p) { return p <= 1 ? 0 : (p - 1) * bytes; }
+int64_t ints_bytes(int64_t count, int64_t p) { return all_gather_bytes(8 * count, p); }
+int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// (rows, cols) of a tensor as its layouts see it: dim 0 and the rest.
+int64_t rows_of(const Tensor& t) { return t.shape.empty() ? 1 : t.shape[0]; }
+int64_t row_numel(const Tensor& t) { return t.numel() / std::max<int64_t>(rows_of(t), 1); }
+
+// The matrices Newton–Schulz sees in a Muon tensor: [rows, cols] slices of
+// a stack of 3+ dims, the tensor itself if 2-D.
+struct Matrices {
+  int64_t count = 0, rows = 0, cols = 0;
+};
+Matrices matrices_of(const std::vector<int64_t>& shape) {
+  if (shape.size() < 2) return {};
+  const int64_t rows = shape[shape.size() - 2];
+  const int64_t cols = shape.back();
+  int64_t count = 1;
+  for (size_t d = 0; d + 2 < shape.size(); ++d) count *= shape[d];
+  return {count, rows, cols};
+}
+
+bool is_muon(const Tensor& t, const Options& o) {
+  return !o.adamw_only && t.route == Route::kMuon && t.shape.size() >= 2;
+}
+
+// A tensor-parallel rank's block of a tensor.
+std::vector<int64_t> block_shape(const Tensor& t, int64_t tp, int64_t rank) {
+  auto shape = t.shape;
+  if (tp <= 1 || t.split == Split::kNone || (shape.size() < 2 && t.split == Split::kCols)) return shape;
+  const size_t dim = t.split == Split::kRows ? (shape.size() < 2 ? 0 : shape.size() - 2) : shape.size() - 1;
+  shape[dim] = muon::dist::balanced_split_sizes(shape[dim], tp)[static_cast<size_t>(rank)];
+  return shape;
+}
+
+Tensor block_of(const Tensor& t, int64_t tp, int64_t rank) {
+  Tensor b = t;
+  b.shape = block_shape(t, tp, rank);
+  return b;
+}
+
+// Per-rank sums, reported for the most loaded rank.
+struct PerRank {
+  explicit PerRank(int64_t world) : bytes(static_cast<size_t>(world), 0), flops(bytes.size(), 0),
+                                    ns_s(bytes.size(), 0), elementwise_s(bytes.size(), 0),
+                                    state(bytes.size(), 0), params(bytes.size(), 0) {}
+  std::vector<int64_t> bytes;
+  std::vector<double> flops, ns_s, elementwise_s;
+  std::vector<int64_t> state, params;
+};
+
+class Planner {
+ public:
+  Planner(const Model& model, const Machine& machine, LayoutKind layout, const Options& o)
+      : model_(model), machine_(machine), layout_(layout), o_(o), ranks_(o.world) {
+    TORCH_CHECK_VALUE(o.world >= 1, kWho, "world must be >= 1, got ", o.world);
+    TORCH_CHECK_VALUE(o.ns_steps >= 0, kWho, "ns_steps must be >= 0, got ", o.ns_steps);
+    const bool tp_layout = layout == LayoutKind::kTensorParallel || layout == LayoutKind::kTensorParallelSharded;
+    tp_ = 1;
+    if (tp_layout) tp_ = o.tp > 0 ? o.tp : (layout == LayoutKind::kTensorParallel ? o.world : 2);
+    TORCH_CHECK_VALUE(tp_ >= 1, kWho, "tp must be >= 0, got ", o.tp);
+    if (o.world % tp_ != 0) {
+      p_.why_not = c10::str("tp = ", tp_, " does not divide world = ", o.world);
+      tp_ = 1;
+    }
+    dp_ = o.world / tp_;
+    p_.layout = layout;
+    p_.world = o.world;
+    p_.tp = tp_;
+    p_.dp = dp_;
+    p_.adamw = o.adamw_only;
+  }
+
+  Prediction run() {
+    if (!p_.why_not.empty()) return p_;
+    if (layout_ == LayoutKind::kTensorParallel && dp_ != 1) {
+      p_.why_not = "tensor_parallel spans the whole world (use tp,sharded for tp < world)";
+      return p_;
+    }
+    if (layout_ == LayoutKind::kTensorParallelSharded && (tp_ < 2 || dp_ < 2)) {
+      p_.why_not = "the 2-D layout needs tp >= 2 and dp >= 2";
+      return p_;
+    }
+    TORCH_CHECK_VALUE(model_.expert_data_parallel <= 1, kWho, "expert_data_parallel must be 0 or 1, got ",
+                      model_.expert_data_parallel);
+    if ((layout_ == LayoutKind::kTensorParallel || layout_ == LayoutKind::kTensorParallelSharded) &&
+        model_.expert_data_parallel > 0) {
+      p_.why_not = "this model's experts are laid out by expert parallelism";
+      return p_;
+    }
+    for (int64_t tp_rank = 0; tp_rank < tp_; ++tp_rank) run_replica(tp_rank);
+    finish();
+    return p_;
+  }
+
+ private:
+  // World rank of (dp rank d, tp rank t): TP fastest (Group::mesh).
+  int64_t world_rank(int64_t d, int64_t t) const { return d * tp_ + t; }
+
+  Collective& collective(const std::string& what, int64_t group, bool overlapped = false) {
+    for (auto& c : p_.collectives) {
+      if (c.what == what) return c;
+    }
+    Collective c;
+    c.what = what;
+    c.group = group;
+    c.overlapped = overlapped;
+    p_.collectives.push_back(c);
+    return p_.collectives.back();
+  }
+
+  // Records a collective of `group` ranks that sends bytes[r] from each of
+  // its ranks (world ranks `members`); the reported bytes and calls are the
+  // most loaded rank's.
+  void add(const std::string& what, const std::vector<int64_t>& members, const std::vector<int64_t>& bytes,
+           int64_t hops, bool overlapped = false) {
+    const auto g = static_cast<int64_t>(members.size());
+    if (g <= 1) return;
+    auto& c = collective(what, g, overlapped);
+    int64_t most = 0;
+    for (size_t k = 0; k < members.size(); ++k) {
+      ranks_.bytes[static_cast<size_t>(members[k])] += bytes[k];
+      most = std::max(most, bytes[k]);
+    }
+    c.calls += 1;
+    c.bytes += most;
+    c.hops += hops;
+  }
+
+  std::vector<int64_t> dp_members(int64_t t) const {
+    std::vector<int64_t> m;
+    for (int64_t d = 0; d < dp_; ++d) m.push_back(world_rank(d, t));
+    return m;
+  }
+  std::vector<int64_t> tp_members(int64_t d) const {
+    std::vector<int64_t> m;
+    for (int64_t t = 0; t < tp_; ++t) m.push_back(world_rank(d, t));
+    return m;
+  }
+
+  void same_bytes(const std::string& what, const std::vector<int64_t>& members, int64_t bytes, int64_t hops,
+                  bool overlapped = false) {
+    add(what, members, std::vector<int64_t>(members.size(), bytes), hops, overlapped);
+  }
+
+  // The tensors of this TP rank (blocks) and which are the optimizer's.
+  std::vector<Tensor> local_tensors(int64_t tp_rank) const {
+    std::vector<Tensor> out;
+    for (const auto& t : model_.tensors) out.push_back(block_of(t, tp_, tp_rank));
+    return out;
+  }
+
+  double ns_rate(int64_t smaller) const {
+    const double* rates = o_.ns_bf16 ? machine_.gemm_bf16 : machine_.gemm_fp32;
+    return rates[shape_class(smaller)] * compute_share();
+  }
+
+  // A rank's share of its node's compute (CPU ranks beyond the cores share).
+  double compute_share() const {
+    if (machine_.cores_per_node <= 0) return 1.0;
+    const int64_t on_node = std::min<int64_t>(o_.world, std::max<int64_t>(machine_.ranks_per_node, 1));
+    const int64_t threads = std::max<int64_t>(1, machine_.cores_per_node / on_node);
+    // Rates are for threads_per_rank threads; fewer threads lose the
+    // speed-up, more ranks than cores time-share them.
+    double share = threads >= machine_.threads_per_rank ? 1.0 : 1.0 / machine_.thread_speedup;
+    if (on_node * threads > machine_.cores_per_node) {
+      share *= static_cast<double>(machine_.cores_per_node) / static_cast<double>(on_node * threads);
+    }
+    return share;
+  }
+
+  // `share`: this rank's part of the work (distributed Newton–Schulz).
+  void orthogonalize(int64_t rank, int64_t count, int64_t rows, int64_t cols, double share = 1.0) {
+    if (count <= 0 || rows <= 0 || cols <= 0) return;
+    const double f = share * static_cast<double>(count) * newton_schulz_flops(rows, cols, o_.ns_steps);
+    ranks_.flops[static_cast<size_t>(rank)] += f;
+    ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols));
+  }
+
+  void elementwise(int64_t rank, int64_t elements, bool muon) {
+    const double per = muon ? machine_.muon_elementwise_s : machine_.adamw_elementwise_s;
+    ranks_.elementwise_s[static_cast<size_t>(rank)] += static_cast<double>(elements) * per / compute_share();
+    ranks_.state[static_cast<size_t>(rank)] += elements * 4 * (muon ? 1 : 2);
+  }
+
+  // The step agreement: one all-gather of a few integers (its slots and a
+  // bit per parameter) over the world group, which every layout is given.
+  void agreement(int64_t tp_rank, int64_t params) {
+    if (tp_rank != 0) return;
+    const int64_t ints = kAgreementSlots + (params + kMaskBits - 1) / kMaskBits;
+    std::vector<int64_t> all(static_cast<size_t>(o_.world));
+    std::iota(all.begin(), all.end(), 0);
+    same_bytes("step agreement", all, ints_bytes(ints, o_.world), 1);
+  }
+
+  void gradient_all_reduce(int64_t tp_rank, const std::vector<Tensor>& tensors) {
+    if (dp_ <= 1) return;
+    int64_t bucket = 0;
+    int64_t bytes = 0;
+    int64_t hops = 0;
+    auto flush = [&] {
+      if (bucket == 0) return;
+      bytes += ring_all_reduce_bytes(bucket, dp_);
+      hops += 2 * (dp_ - 1);
+      bucket = 0;
+    };
+    for (const auto& t : tensors) {
+      if (bucket > 0 && bucket + t.bytes() > o_.all_reduce_bucket_bytes) flush();
+      bucket += t.bytes();
+    }
+    flush();
+    same_bytes("gradients all-reduce", dp_members(tp_rank), bytes, hops);
+  }
+
+  // Expert parallelism (expert_data_parallel 1): each rank's own experts,
+  // never reduced or exchanged: orthogonalized and updated where they are.
+  void local_experts(int64_t tp_rank, const std::vector<Tensor>& experts) {
+    for (int64_t d = 0; d < dp_; ++d) {
+      const int64_t r = world_rank(d, tp_rank);
+      for (const auto& t : experts) {
+        ranks_.params[static_cast<size_t>(r)] += t.bytes();
+        const bool muon = is_muon(t, o_);
+        elementwise(r, t.numel(), muon);
+        if (muon) {
+          const auto m = matrices_of(t.shape);
+          orthogonalize(r, m.count, m.rows, m.cols);
+        }
+      }
+    }
+  }
+
+  void run_replica(int64_t tp_rank) {
+    auto tensors = local_tensors(tp_rank);
+    agreement(tp_rank, static_cast<int64_t>(tensors.size()));
+    if (model_.expert_data_parallel > 0) {
+      std::vector<Tensor> dense, experts;
+      for (auto& t : tensors) (t.expert ? experts : dense).push_back(t);
+      local_experts(tp_rank, experts);
+      tensors = dense;
+    }
+    if (o_.training_step && tp_ > 1 && model_.activation_all_reduces > 0 && tp_rank == 0) {
+      const int64_t elements = model_.activation_elements / dp_;
+      for (int64_t d = 0; d < dp_; ++d) {
+        int64_t bytes = 0;
+        for (int64_t k = 0; k < model_.activation_all_reduces; ++k) bytes += ring_all_reduce_bytes(elements * 4, tp_);
+        add("activations all-reduce (TP)", tp_members(d), std::vector<int64_t>(static_cast<size_t>(tp_), bytes),
+            2 * (tp_ - 1) * model_.activation_all_reduces);
+      }
+    }
+    switch (layout_) {
+      case LayoutKind::kReplicated: replicated(tp_rank, tensors); break;
+      case LayoutKind::kLayerwise: layerwise(tp_rank, tensors); break;
+      case LayoutKind::kSharded:
+      case LayoutKind::kShardedReplicated:
+      case LayoutKind::kTensorParallelSharded: sharded(tp_rank, tensors); break;
+      case LayoutKind::kTensorParallel: replicated(tp_rank, tensors); break;
+    }
+    if (tp_ > 1) tensor_parallel_gathers(tp_rank, tensors);
+  }
+
+  // Duplicated TP Muon: every TP rank gathers each split matrix's blocks
+  // (all_gather_uneven: its shape, then the blocks padded to the largest)
+  // and orthogonalizes the whole matrix. In the 2-D layout only the owner
+  // of the matrix in its dp group does, with its TP peers.
+  void tensor_parallel_gathers(int64_t tp_rank, const std::vector<Tensor>& tensors) {
+    if (tp_rank != 0) return;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& whole = model_.tensors[i];
+      if (!is_muon(whole, o_) || whole.split == Split::kNone) continue;
+      int64_t largest = 0;
+      for (int64_t t = 0; t < tp_; ++t) largest = std::max(largest, block_of(whole, tp_, t).numel());
+      const int64_t bytes = ints_bytes(kUnevenShapeInts, tp_) + all_gather_bytes(largest * whole.dtype_bytes, tp_);
+      if (layout_ == LayoutKind::kTensorParallel) {
+        same_bytes("TP block gather", tp_members(0), bytes, 2 * (tp_ - 1));
+      }
+    }
+  }
+
+  void replicated(int64_t tp_rank, const std::vector<Tensor>& tensors) {
+    gradient_all_reduce(tp_rank, tensors);
+    for (int64_t d = 0; d < dp_; ++d) {
+      const int64_t r = world_rank(d, tp_rank);
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const auto& t = tensors[i];
+        ranks_.params[static_cast<size_t>(r)] += t.bytes();
+        const bool muon = is_muon(t, o_);
+        elementwise(r, t.numel(), muon);
+        if (muon) {
+          // TP blocks are orthogonalized whole (duplicated mode).
+          const auto m = matrices_of(layout_ == LayoutKind::kTensorParallel ? model_.tensors[i].shape : t.shape);
+          orthogonalize(r, m.count, m.rows, m.cols);
+        }
+      }
+    }
+  }
+
+  void layerwise(int64_t tp_rank, const std::vector<Tensor>& tensors) {
+    gradient_all_reduce(tp_rank, tensors);
+    std::vector<double> costs;
+    for (const auto& t : tensors) {
+      if (t.shape.size() >= 2) {
+        costs.push_back(muon::dist::newton_schulz_cost(rows_of(t), row_numel(t)));
+      } else {
+        costs.push_back(static_cast<double>(t.numel()));
+      }
+    }
+    const auto owners = muon::dist::assign_owners(costs, dp_);
+    // Buckets per owner in parameter order; bucket k of every rank is
+    // gathered at the largest rank's size.
+    std::vector<std::vector<int64_t>> used(static_cast<size_t>(dp_));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      auto& mine = used[static_cast<size_t>(owners[i])];
+      const int64_t bytes = tensors[i].bytes();
+      if (mine.empty() || mine.back() + bytes > o_.layerwise_bucket_bytes) {
+        mine.push_back(aligned(bytes));
+      } else {
+        mine.back() += aligned(bytes);
+      }
+      const int64_t r = world_rank(owners[i], tp_rank);
+      const bool muon = is_muon(tensors[i], o_);
+      elementwise(r, tensors[i].numel(), muon);
+      if (muon) {
+        const auto m = matrices_of(tensors[i].shape);
+        orthogonalize(r, m.count, m.rows, m.cols);
+      }
+    }
+    for (int64_t d = 0; d < dp_; ++d) {
+      for (const auto& t : tensors) ranks_.params[static_cast<size_t>(world_rank(d, tp_rank))] += t.bytes();
+    }
+    size_t buckets = 0;
+    for (const auto& b : used) buckets = std::max(buckets, b.size());
+    int64_t bytes = 0;
+    for (size_t k = 0; k < buckets; ++k) {
+      int64_t largest = 0;
+      for (const auto& b : used) {
+        if (k < b.size()) largest = std::max(largest, b[k]);
+      }
+      bytes += all_gather_bytes(largest, dp_);
+    }
+    same_bytes("updated parameters all-gather", dp_members(tp_rank), bytes, static_cast<int64_t>(buckets) * (dp_ - 1),
+               true);
+  }
+
+  // Row shards over dp: reduce-scatter (all-to-all per bucket), the Muon
+  // matrices through their owners (or gathered everywhere), the AdamW part
+  // on the shards, the updated rows all-gathered per bucket.
+  void sharded(int64_t tp_rank, const std::vector<Tensor>& tensors) {
+    const auto members = dp_members(tp_rank);
+    std::vector<std::vector<int64_t>> rows;
+    for (const auto& t : tensors) rows.push_back(muon::dist::balanced_split_sizes(rows_of(t), dp_));
+    // Buckets: in order, up to row_bucket_bytes (one dtype here).
+    std::vector<std::vector<size_t>> buckets;
+    int64_t filled = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (buckets.empty() || filled + tensors[i].bytes() > o_.row_bucket_bytes) {
+        buckets.push_back({});
+        filled = 0;
+      }
+      buckets.back().push_back(i);
+      filled += tensors[i].bytes();
+    }
+    std::vector<int64_t> scatter(static_cast<size_t>(dp_), 0), gather(static_cast<size_t>(dp_), 0);
+    int64_t hops = 0;
+    for (const auto& b : buckets) {
+      int64_t total = 0, largest = 0;
+      std::vector<int64_t> held(static_cast<size_t>(dp_), 0);
+      for (const auto i : b) {
+        for (int64_t d = 0; d < dp_; ++d) held[static_cast<size_t>(d)] += rows[i][static_cast<size_t>(d)] * row_numel(tensors[i]) * tensors[i].dtype_bytes;
+        total += tensors[i].bytes();
+      }
+      for (int64_t d = 0; d < dp_; ++d) {
+        scatter[static_cast<size_t>(d)] += dp_ > 1 ? total - held[static_cast<size_t>(d)] : 0;
+        largest = std::max(largest, held[static_cast<size_t>(d)]);
+      }
+      for (int64_t d = 0; d < dp_; ++d) gather[static_cast<size_t>(d)] += all_gather_bytes(largest, dp_);
+      hops += dp_ - 1;
+    }
+    add("gradients reduce-scatter", members, scatter, hops, true);
+    // The optimizer on the shards.
+    std::vector<double> costs;
+    std::vector<size_t> owned;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      for (int64_t d = 0; d < dp_; ++d) {
+        const int64_t r = world_rank(d, tp_rank);
+        const int64_t mine = rows[i][static_cast<size_t>(d)] * row_numel(t);
+        elementwise(r, mine, is_muon(t, o_));
+        ranks_.params[static_cast<size_t>(r)] += t.bytes() + mine * t.dtype_bytes;
+      }
+      if (!is_muon(t, o_)) continue;
+      if (t.shape.size() >= 3) {  // stacked experts: each rank its own, no exchange
+        const auto m = matrices_of(t.shape);
+        for (int64_t d = 0; d < dp_; ++d) {
+          orthogonalize(world_rank(d, tp_rank), rows[i][static_cast<size_t>(d)] * (m.count / rows_of(t)), m.rows, m.cols);
+        }
+        continue;
+      }
+      owned.push_back(i);
+      const auto& whole = model_.tensors[i];
+      costs.push_back(tp_ > 1 && whole.split != Split::kNone
+                          ? muon::dist::newton_schulz_cost(whole.shape[0], whole.shape[1])
+                          : muon::dist::newton_schulz_cost(rows_of(t), row_numel(t)));
+    }
+    if (layout_ == LayoutKind::kShardedReplicated) {
+      std::vector<int64_t> bytes(static_cast<size_t>(dp_), 0);
+      for (const auto i : owned) {
+        const auto& t = tensors[i];
+        const int64_t largest = *std::max_element(rows[i].begin(), rows[i].end());
+        for (auto& b : bytes) b += ints_bytes(kUnevenShapeInts, dp_) + all_gather_bytes(largest * row_numel(t) * t.dtype_bytes, dp_);
+        for (int64_t d = 0; d < dp_; ++d) orthogonalize(world_rank(d, tp_rank), 1, rows_of(t), row_numel(t));
+      }
+      add("matrices all-gather (every rank)", members, bytes, static_cast<int64_t>(owned.size()) * 2 * (dp_ - 1));
+    } else {
+      const auto owners = muon::dist::assign_owners(costs, dp_);
+      std::vector<int64_t> bytes(static_cast<size_t>(dp_), 0);
+      for (size_t k = 0; k < owned.size(); ++k) {
+        const auto i = owned[k];
+        const auto& t = tensors[i];
+        const int64_t owner = owners[k];
+        const int64_t row_bytes = row_numel(t) * t.dtype_bytes;
+        for (int64_t d = 0; d < dp_; ++d) {
+          if (d != owner) bytes[static_cast<size_t>(d)] += rows[i][static_cast<size_t>(d)] * row_bytes;
+        }
+        bytes[static_cast<size_t>(owner)] += (rows_of(t) - rows[i][static_cast<size_t>(owner)]) * row_bytes;
+        const auto& whole = model_.tensors[i];
+        const bool split = tp_ > 1 && whole.split != Split::kNone;
+        const int64_t r = world_rank(owner, tp_rank);
+        if (!split) {
+          orthogonalize(r, 1, rows_of(t), row_numel(t));
+          continue;
+        }
+        // The 2-D layout's TP mode is distributed (LayoutGroups::tp_mode):
+        // the owners of a split matrix, one per TP rank, run Newton–Schulz
+        // together on their blocks: one all-reduce of ‖G‖² (a double), then
+        // per iteration one of the Gram matrix that the blocks' own Grams
+        // sum to (cols² for a row split, rows² for a column split; fp32).
+        orthogonalize(r, 1, whole.shape[0], whole.shape[1], 1.0 / static_cast<double>(tp_));
+        if (tp_rank == 0) {
+          const int64_t side = whole.split == Split::kRows ? whole.shape[1] : whole.shape[0];
+          const int64_t bytes = ring_all_reduce_bytes(8, tp_) + o_.ns_steps * ring_all_reduce_bytes(side * side * 4, tp_);
+          same_bytes("distributed Newton-Schulz all-reduces (TP)", tp_members(owner), bytes,
+                     (1 + o_.ns_steps) * 2 * (tp_ - 1));
+        }
+      }
+      add("owner exchange (all-to-all)", members, bytes, static_cast<int64_t>(owned.size()) * 2 * (dp_ - 1), true);
+    }
+    add("updated rows all-gather", members, gather, hops, true);
+  }
+
+  void finish() {
+    size_t most = 0;
+    const auto world = static_cast<size_t>(o_.world);
+    for (size_t r = 0; r < world; ++r) {
+      if (ranks_.bytes[r] > ranks_.bytes[most]) most = r;
+    }
+    p_.bytes_per_rank = ranks_.bytes;
+    p_.bytes_sent = ranks_.bytes[most];
+    // Times: the slowest rank's compute, then each collective by the
+    // alpha-beta model on the link its group spans.
+    double compute = 0;
+    for (size_t r = 0; r < world; ++r) {
+      const double c = ranks_.ns_s[r] + ranks_.elementwise_s[r];
+      if (c >= compute) {
+        compute = c;
+        p_.newton_schulz_s = ranks_.ns_s[r];
+        p_.elementwise_s = ranks_.elementwise_s[r];
+        p_.newton_schulz_flops = ranks_.flops[r];
+      }
+    }
+    double overlapped = 0, serial = 0;
+    for (auto& c : p_.collectives) {
+      const bool inter = c.group > machine_.ranks_per_node && o_.world > machine_.ranks_per_node;
+      const Link& link = inter ? machine_.inter : machine_.intra;
+      c.seconds = static_cast<double>(c.hops) * link.latency_s + static_cast<double>(c.bytes) / link.bytes_per_s;
+      (c.overlapped ? overlapped : serial) += c.seconds;
+    }
+    p_.communication_s = overlapped + serial;
+    const double hidden = machine_.overlap * std::min(overlapped, compute);
+    p_.step_s = compute + p_.communication_s - hidden;
+    p_.state_bytes = *std::max_element(ranks_.state.begin(), ranks_.state.end());
+    p_.parameter_bytes = *std::max_element(ranks_.params.begin(), ranks_.params.end());
+    int64_t grads = 0;
+    for (const auto& t : model_.tensors) grads += block_of(t, tp_, 0).bytes();
+    p_.gradient_bytes = grads;
+    p_.fits = machine_.memory_bytes <= 0 ||
+              static_cast<double>(p_.parameter_bytes + p_.gradient_bytes + p_.state_bytes) <= machine_.memory_bytes;
+    if (model_.train_flops > 0) {
+      const double train_s = model_.train_flops / static_cast<double>(tp_) / machine_.gemm_bf16[kShapeClasses - 1];
+      p_.share_of_training = p_.step_s / (train_s + p_.step_s);
+    }
+  }
+
+  const Model& model_;
+  const Machine& machine_;
+  LayoutKind layout_;
+  Options o_;
+  PerRank ranks_;
+  int64_t tp_ = 1, dp_ = 1;
+  Prediction p_;
+};
+
+}  // namespace
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (const auto s : shape) n *= s;
+  return n;
+}
+
+int shape_class(int64_t smaller_side) {
+  if (smaller_side <= 128) return 0;
+  if (smaller_side <= 512) return 1;
+  if (smaller_side <= 2048) return 2;
+  return 3;
+}
+
+double newton_schulz_flops(int64_t rows, int64_t cols, int64_t steps) {
+  return muon::newton_schulz_flops(rows, cols, muon::NewtonSchulzOptions().steps(steps));
+}
+
+Prediction predict(const Model& model, const Machine& machine, LayoutKind layout, const Options& options) {
+  auto p = Planner(model, machine, layout, options).run();
+  if (!p.why_not.empty() || options.adamw_only) return p;
+  auto adamw = options;
+  adamw.adamw_only = true;
+  const auto base = Planner(model, machine, layout, adamw).run();
+  p.adamw_step_s = base.step_s;
+  p.adamw_bytes_sent = base.bytes_sent;
+  p.adamw_state_bytes = base.state_bytes;
+  p.vs_adamw = base.step_s > 0 ? p.step_s / base.step_s : 0;
+  return p;
+}
+
+std::vector<Prediction> plan(const Model& model, const Machine& machine, const Options& options) {
+  std::vector<Prediction> out;
+  for (const auto layout : all_layouts()) {
+    auto p = predict(model, machine, layout, options);
+    if (p.why_not.empty()) out.push_back(std::move(p));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.step_s < b.step_s;
+  });
+  return out;
+}
+
+Prediction recommend(const Model& model, const Machine& machine, const Options& options) {
+  const auto all = plan(model, machine, options);
+  TORCH_CHECK_VALUE(!all.empty(), kWho, "no layout can run model '", model.name, "' at world ", options.world);
+  return all.front();
+}
+
+}  // namespace muon::plan

@@ -1,0 +1,263 @@
+// muon-plan: predicts every layout's optimizer step (muon::plan) for a model
+// on a machine, and measures this machine (calibrate).
+//
+//   muon-plan [--model gpt|PRESET|FILE.json] [--layers N --width N ...]
+//             [--machine h100|gb300|FILE.json] [--world 1,2,4] [--tp N]
+//             [--layout L] [--ns-dtype fp32|bf16] [--optimizer-step] [--json]
+//   muon-plan calibrate [--out FILE.json] [--ranks-per-node N]
+//
+// docs/scale.md: what the model counts, its validation here, projections.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/optim/adamw.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "muon/dist/runtime/group.h"
+#include "muon/newton_schulz.h"
+#include "muon/optim/muon.h"
+#include "muon/plan.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s.size() > 400 ? s.substr(0, 397) + "..." : s;
+}
+
+std::string read_file(const std::string& path, const char* flag) {
+  std::ifstream in(path);
+  TORCH_CHECK_VALUE(in.good(), "[muon-plan] ", flag, " '", path.substr(0, 200), "': cannot read it");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// Median seconds of `fn` over `reps` runs after one warm-up.
+double median_seconds(const std::function<void()>& fn, int reps) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Newton–Schulz FLOP/s (the library's count) on an m × 4m matrix.
+double ns_rate(int64_t m, at::ScalarType dtype, int reps) {
+  at::manual_seed(0);
+  const auto g = at::randn({m, 4 * m});
+  const auto opts = muon::NewtonSchulzOptions().compute_dtype(dtype);
+  const double secs = median_seconds([&] { (void)muon::newton_schulz(g, opts); }, reps);
+  return muon::newton_schulz_flops(m, 4 * m, opts) / secs;
+}
+
+// Seconds per element of Muon's element-wise work (the momentum, Nesterov
+// and the update: the operations muon::Muon runs around Newton–Schulz, on
+// 2M elements), and of a whole AdamW step.
+std::pair<double, double> elementwise_seconds() {
+  const int64_t n = 512, count = 8;
+  auto p = at::randn({count, n, n});
+  auto g = at::randn({count, n, n});
+  auto m = at::zeros({count, n, n});
+  const double muon_s = median_seconds(
+      [&] {
+        m.lerp_(g, 0.05);
+        const auto u = g.lerp(m, 0.95);
+        p.mul_(1.0 - 1e-4).add_(u, -0.01);
+      },
+      9);
+  const double elements = static_cast<double>(count * n * n);
+  auto q = at::randn({count * n * n}).requires_grad_(true);
+  q.mutable_grad() = at::randn({count * n * n});
+  torch::optim::AdamW adamw({q}, torch::optim::AdamWOptions(1e-3));
+  const double adamw_s = median_seconds([&] { adamw.step(); }, 9);
+  return {muon_s / elements, adamw_s / elements};
+}
+
+// The link between two ranks of this machine (threads over Gloo/TCP on
+// loopback): latency from an 8-byte all-reduce, bandwidth from 16 MiB.
+muon::plan::Link measure_link() {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  double small = 0, large = 0;
+  const int64_t big = int64_t{4} << 20;  // floats: 16 MiB
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto group = muon::dist::Group::create(store, r, 2);
+      auto a = at::zeros({2});
+      auto b = at::zeros({big});
+      const double s = median_seconds([&] { group.all_reduce_(a); }, 51);
+      const double l = median_seconds([&] { group.all_reduce_(b); }, 7);
+      if (r == 0) small = s, large = l;
+    });
+  }
+  for (auto& t : ranks) t.join();
+  // Two ranks: an all-reduce is 2 hops and sends N bytes per rank.
+  muon::plan::Link link;
+  link.latency_s = small / 2;
+  link.bytes_per_s = static_cast<double>(big * 4) / std::max(large - small, 1e-9);
+  return link;
+}
+
+int calibrate(const std::string& out, int64_t ranks_per_node) {
+  const int64_t cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  muon::plan::Machine m;
+  m.name = "this";
+  m.source = "muon-plan calibrate";
+  m.cores_per_node = cores;
+  m.ranks_per_node = ranks_per_node > 0 ? ranks_per_node : cores;
+  m.threads_per_rank = cores;
+  const int64_t sizes[muon::plan::kShapeClasses] = {96, 256, 768, 768};
+  std::printf("calibrating on %lld cores: Newton-Schulz FLOP/s per shape class (fp32, bf16) ...\n",
+              static_cast<long long>(cores));
+  std::fflush(stdout);
+  at::set_num_threads(static_cast<int>(cores));
+  for (int c = 0; c < muon::plan::kShapeClasses; ++c) {
+    const int reps = sizes[c] >= 768 ? 3 : 7;
+    m.gemm_fp32[c] = c == 3 ? m.gemm_fp32[2] : ns_rate(sizes[c], at::kFloat, reps);
+    m.gemm_bf16[c] = c == 3 ? m.gemm_bf16[2] : ns_rate(sizes[c], at::kBFloat16, reps);
+  }
+  at::set_num_threads(1);
+  m.thread_speedup = cores > 1 ? m.gemm_fp32[1] / ns_rate(sizes[1], at::kFloat, 5) : 1.0;
+  at::set_num_threads(static_cast<int>(cores));
+  const auto [muon_s, adamw_s] = elementwise_seconds();
+  m.muon_elementwise_s = muon_s;
+  m.adamw_elementwise_s = adamw_s;
+  m.intra = measure_link();
+  m.inter = m.intra;
+  m.memory_bytes = 0;
+  m.overlap = 0;
+  at::set_num_threads(static_cast<int>(cores));
+  const auto text = m.to_json();
+  if (out.empty() || out == "-") {
+    std::printf("%s\n", text.c_str());
+  } else {
+    std::ofstream f(out);
+    TORCH_CHECK_VALUE(f.good(), "[muon-plan] --out '", out.substr(0, 200), "': cannot write it");
+    f << text << "\n";
+    std::printf("machine written to %s\n", out.c_str());
+  }
+  return 0;
+}
+
+std::vector<int64_t> parse_worlds(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream s(text);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    TORCH_CHECK_VALUE(!item.empty() && *end == '\0' && v >= 1 && v <= (1 << 20), "[muon-plan] --world '",
+                      text.substr(0, 100), "': each entry must be an integer in [1, 1048576]");
+    out.push_back(v);
+  }
+  TORCH_CHECK_VALUE(!out.empty(), "[muon-plan] --world is empty");
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Predict every layout's optimizer step for a model on a machine (muon::plan).");
+  std::string model_name = "gpt", machine_name, worlds = "1,2,4", layout, ns_dtype = "fp32";
+  int64_t layers = 4, width = 128, heads = 4, vocab = 46, context = 64, batch = 32, experts = 0, tp = 0;
+  bool optimizer_step = false, as_json = false;
+  app.add_option("--model", model_name, "gpt (muon-train-gpt's model, from the flags below), a preset (" +
+                                            [] {
+                                              std::string s;
+                                              for (const auto& n : muon::plan::Model::preset_names()) s += (s.empty() ? "" : ", ") + n;
+                                              return s;
+                                            }() + ") or FILE.json");
+  app.add_option("--layers", layers, "gpt: transformer blocks");
+  app.add_option("--width", width, "gpt: model width");
+  app.add_option("--heads", heads, "gpt: attention heads");
+  app.add_option("--vocab", vocab, "gpt: vocabulary (the main job's generated corpus: 46)");
+  app.add_option("--context", context, "gpt: context length");
+  app.add_option("--batch", batch, "gpt: sequences per step over all ranks");
+  app.add_option("--experts", experts, "gpt: experts per block (0: dense)");
+  app.add_option("--machine", machine_name, "h100, gb300 or FILE.json (muon-plan calibrate's); required");
+  app.add_option("--world", worlds, "comma-separated world sizes");
+  app.add_option("--tp", tp, "tensor-parallel size of the tp layouts (default: world for tp, 2 for tp,sharded)");
+  app.add_option("--layout", layout, "only this layout");
+  app.add_option("--ns-dtype", ns_dtype, "Newton-Schulz compute dtype")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_flag("--optimizer-step", optimizer_step,
+               "the optimizer step only (gradient reduction, optimizer, gather), without the activations' "
+               "tensor-parallel all-reduces of a training step");
+  app.add_flag("--json", as_json, "print the predictions as JSON");
+  auto* cal = app.add_subcommand("calibrate", "measure this machine (GEMM rates, element-wise, link) as a machine file");
+  std::string out;
+  int64_t ranks_per_node = 0;
+  cal->add_option("--out", out, "write the machine JSON here (default: print it)");
+  cal->add_option("--ranks-per-node", ranks_per_node, "ranks a job runs on this machine (default: its cores)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "muon-plan: %s\n", one_line(e.what()).c_str());
+    return 1;
+  }
+  try {
+    if (cal->parsed()) return calibrate(out, ranks_per_node);
+    TORCH_CHECK_VALUE(!machine_name.empty(), "[muon-plan] --machine is required (h100, gb300, or a file of "
+                                             "muon-plan calibrate)");
+    const auto machine = ends_with(machine_name, ".json")
+                             ? muon::plan::Machine::from_json(read_file(machine_name, "--machine"))
+                             : muon::plan::Machine::preset(machine_name);
+    const auto model = model_name == "gpt" ? muon::plan::Model::gpt(layers, width, heads, vocab, context, batch, 4, experts)
+                       : ends_with(model_name, ".json")
+                           ? muon::plan::Model::from_json(read_file(model_name, "--model"))
+                           : muon::plan::Model::preset(model_name);
+    std::vector<muon::plan::Prediction> all;
+    for (const auto w : parse_worlds(worlds)) {
+      muon::plan::Options o;
+      o.world = w;
+      o.tp = tp;
+      o.ns_bf16 = ns_dtype == "bf16";
+      o.training_step = !optimizer_step;
+      std::vector<muon::plan::Prediction> some;
+      if (!layout.empty()) {
+        auto p = muon::plan::predict(model, machine, muon::plan::parse_layout(layout), o);
+        TORCH_CHECK_VALUE(p.why_not.empty(), "[muon-plan] --layout ", layout, " at world ", w, ": ", p.why_not);
+        some.push_back(p);
+      } else {
+        some = muon::plan::plan(model, machine, o);
+      }
+      if (!as_json) {
+        std::printf("%s on %s, world %lld (%lld parameters, %lld in Muon):\n%s", model.name.c_str(),
+                    machine.name.c_str(), static_cast<long long>(w), static_cast<long long>(model.parameters()),
+                    static_cast<long long>(model.muon_parameters()), muon::plan::format_table(some).c_str());
+        if (layout.empty() && !some.empty()) {
+          std::printf("recommended: %s\n\n", muon::plan::to_string(some.front().layout).c_str());
+        }
+      }
+      all.insert(all.end(), some.begin(), some.end());
+    }
+    if (as_json) std::printf("%s\n", muon::plan::to_json(all).c_str());
+  } catch (const std::exception& e) {
+    const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+    std::fprintf(stderr, "muon-plan: %s\n", one_line(c10 ? c10->what_without_backtrace() : e.what()).c_str());
+    return 1;
+  }
+  return 0;
+}
