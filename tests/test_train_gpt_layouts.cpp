@@ -20,6 +20,7 @@
 #include "dist_util.h"
 #include "gpt.h"
 #include "muon/dist/layouts/qk_clip.h"
+#include "muon/plan.h"
 #include "report.h"
 #include "train_gpt_util.h"
 
@@ -196,8 +197,41 @@ double largest_difference(const train_gpt::RunLog& a, const train_gpt::RunLog& b
 // the loss by more than 1e-2 within a few steps.
 constexpr double kCurveTolerance = 1e-4;
 
+// The vocabulary the program reports ("..., vocab N, ...").
+int64_t vocab_of(const std::string& text) {
+  const auto at = text.find(", vocab ");
+  EXPECT_NE(at, std::string::npos) << text;
+  return at == std::string::npos ? 0 : std::stoll(text.substr(at + 8));
+}
+
+// muon::plan's prediction of what `job` sends per step and holds per rank
+// is exact: the ring-model bytes the job counted, its optimizer state and
+// its parameter bytes, for the hybrid (muon) and AdamW.
+void expect_plan_exact(const Job& job, const Result& r, int64_t experts = 0) {
+  const auto model = muon::plan::Model::gpt(1, 32, 4, vocab_of(r.text), 32, 8, 4, experts);
+  const std::map<std::string, muon::plan::LayoutKind> kinds{
+      {"ddp", muon::plan::LayoutKind::kLayerwise},
+      {"sharded", muon::plan::LayoutKind::kSharded},
+      {"tp", muon::plan::LayoutKind::kTensorParallel},
+      {"tp,sharded", muon::plan::LayoutKind::kTensorParallelSharded}};
+  for (const bool adamw : {false, true}) {
+    if (r.summary.count(adamw ? "adamw" : "muon") == 0) continue;
+    muon::plan::Options o;
+    o.world = job.ranks;
+    o.tp = job.tp;
+    o.adamw_only = adamw;
+    const auto p = muon::plan::predict(model, muon::plan::Machine::preset("h100"), kinds.at(job.parallel), o);
+    ASSERT_TRUE(p.why_not.empty()) << p.why_not;
+    const auto& s = r.summary.at(adamw ? "adamw" : "muon");
+    EXPECT_EQ(p.bytes_sent, s.at("bytes_sent_per_step").get<int64_t>()) << (adamw ? "adamw" : "muon");
+    EXPECT_EQ(p.state_bytes, s.at("optimizer_state_bytes").get<int64_t>()) << (adamw ? "adamw" : "muon");
+    EXPECT_EQ(p.parameter_bytes, s.at("parameter_bytes").get<int64_t>()) << (adamw ? "adamw" : "muon");
+  }
+}
+
 // Every layout at `ranks`, for the hybrid (muon), AdamW and Muon on every
-// matrix, against one process; the costs per rank each layout promises.
+// matrix, against one process; the costs per rank each layout promises,
+// and muon::plan's prediction of them.
 void expect_layouts_match(int ranks, const std::vector<Job>& jobs) {
   const auto dir = scratch("layouts_" + std::to_string(ranks));
   {
@@ -225,6 +259,7 @@ void expect_layouts_match(int ranks, const std::vector<Job>& jobs) {
     EXPECT_LT(r.logs.at("muon").final_point().valid_loss,
               r.logs.at("muon").points.front().valid_loss - 0.3);
 
+    expect_plan_exact(job, r);
     const auto& one = base.summary.at("muon");
     const auto& mine = r.summary.at("muon");
     const auto state = [](const nlohmann::json& s) { return s.at("optimizer_state_bytes").get<double>(); };
@@ -274,6 +309,7 @@ TEST(TrainGptLayouts, ExpertsGiveTheSingleProcessCurveInEveryLayout) {
     if (r.logs.empty()) continue;
     const double d = largest_difference(r.logs.at("muon"), base.logs.at("muon"));
     std::printf("experts %-14s %.2e\n", label(job).c_str(), d);
+    expect_plan_exact(job, r, 3);
     EXPECT_LE(d, kCurveTolerance);
   }
   fs::remove_all(dir);

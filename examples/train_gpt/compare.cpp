@@ -56,6 +56,7 @@ void write_summary(const std::string& path, const std::string& parallel, int ran
     runs.push_back({{"name", l.name},
                     {"valid_loss", l.final_point().valid_loss},
                     {"ms_per_step", 1e3 * l.seconds_per_step()},
+                    {"optimizer_ms_per_step", 1e3 * l.optimizer_seconds_per_step()},
                     {"optimizer_state_bytes", l.cost.optimizer_state_bytes},
                     {"parameter_bytes", l.cost.parameter_bytes},
                     {"bytes_sent_per_step", l.cost.bytes_sent_per_step}});

@@ -23,6 +23,11 @@ double RunLog::seconds_per_step() const {
   return last.step > 0 ? last.seconds / static_cast<double>(last.step) : 0.0;
 }
 
+double RunLog::optimizer_seconds_per_step() const {
+  const auto& last = final_point();
+  return last.step > 0 ? last.optimizer_seconds / static_cast<double>(last.step) : 0.0;
+}
+
 double RunLog::optimizer_share() const {
   const auto& last = final_point();
   return last.seconds > 0 ? last.optimizer_seconds / last.seconds : 0.0;

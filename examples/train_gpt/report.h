@@ -49,6 +49,9 @@ struct RunLog {
   const EvalPoint& final_point() const;
   /// Mean wall time per step, seconds.
   double seconds_per_step() const;
+  /// Mean time per step in the layout's step (the optimizer, and a
+  /// reduce-scatter of the gradients where the layout does one), seconds.
+  double optimizer_seconds_per_step() const;
   /// Fraction of training time spent in optimizer.step().
   double optimizer_share() const;
   /// The first step at which the validation loss is <= `target`, linearly

@@ -95,7 +95,12 @@ struct Model {
 /// plus its bytes over `bytes_per_s` (per rank, one direction).
 struct Link {
   double latency_s = 0;
+  /// An all-reduce's bytes per second; all-gathers and all-to-alls may move
+  /// bytes at other rates (Gloo's all-gather copies into fresh outputs):
+  /// 0 means the all-reduce's.
   double bytes_per_s = 1;
+  double all_gather_bytes_per_s = 0;
+  double all_to_all_bytes_per_s = 0;
 };
 
 /// The GEMM shape classes: by a matrix's smaller side m, ≤ 128, ≤ 512,
@@ -116,6 +121,13 @@ struct Machine {
   /// scaling, weight decay, the update), Muon's and AdamW's.
   double muon_elementwise_s = 0;
   double adamw_elementwise_s = 0;
+  /// Seconds per tensor per step beyond its elements (kernel launches,
+  /// bookkeeping; Muon's includes a small matrix's Newton–Schulz calls).
+  double muon_tensor_s = 0;
+  double adamw_tensor_s = 0;
+  /// Seconds per batched Newton–Schulz call beyond its FLOPs (one call per
+  /// distinct matrix shape a rank orthogonalizes).
+  double ns_call_s = 0;
   /// Memory per rank in bytes.
   double memory_bytes = 0;
   /// Ranks on one node, and the compute units they share: a CPU node's
@@ -157,6 +169,9 @@ std::vector<LayoutKind> all_layouts();
 /// What is being planned.
 struct Options {
   int64_t world = 1;
+  /// Ranks per node of this job (0: the machine's ranks_per_node); a CPU
+  /// node's ranks beyond its cores share them.
+  int64_t ranks_per_node = 0;
   /// Tensor-parallel size of the TP layouts (0: the whole world for
   /// tensor_parallel, 2 for the 2-D layout).
   int64_t tp = 0;
@@ -178,6 +193,7 @@ struct Options {
 /// One collective of a step on the most loaded rank.
 struct Collective {
   std::string what;     ///< "gradients all-reduce", "owner exchange", ...
+  std::string kind;     ///< "all_reduce", "all_gather" or "all_to_all" 
   int64_t group = 1;    ///< ranks in its group
   int64_t calls = 0;    ///< collectives issued
   int64_t bytes = 0;    ///< bytes this rank sends (Group::bytes_sent's model)

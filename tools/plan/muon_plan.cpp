@@ -13,7 +13,13 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/optim/adamw.h>
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,8 +34,11 @@
 #include "muon/optim/muon.h"
 #include "muon/plan.h"
 
+extern char** environ;
+
 namespace {
 
+namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 std::string one_line(std::string s) {
@@ -94,28 +103,81 @@ std::pair<double, double> elementwise_seconds() {
   return {muon_s / elements, adamw_s / elements};
 }
 
-// The link between two ranks of this machine (threads over Gloo/TCP on
-// loopback): latency from an 8-byte all-reduce, bandwidth from 16 MiB.
-muon::plan::Link measure_link() {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  double small = 0, large = 0;
-  const int64_t big = int64_t{4} << 20;  // floats: 16 MiB
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      auto group = muon::dist::Group::create(store, r, 2);
-      auto a = at::zeros({2});
-      auto b = at::zeros({big});
-      const double s = median_seconds([&] { group.all_reduce_(a); }, 51);
-      const double l = median_seconds([&] { group.all_reduce_(b); }, 7);
-      if (r == 0) small = s, large = l;
-    });
+// Seconds per tensor of a Muon step and of an AdamW step beyond their
+// elements (256 tiny tensors: launches and bookkeeping), and of one
+// Newton–Schulz call on a tiny matrix.
+struct Overheads {
+  double muon_tensor_s, adamw_tensor_s, ns_call_s;
+};
+Overheads overheads() {
+  const int64_t count = 256;
+  std::vector<at::Tensor> mats, vecs;
+  for (int64_t k = 0; k < count; ++k) {
+    mats.push_back(at::randn({4, 8}).requires_grad_(true));
+    mats.back().mutable_grad() = at::randn({4, 8});
+    vecs.push_back(at::randn({8}).requires_grad_(true));
+    vecs.back().mutable_grad() = at::randn({8});
   }
-  for (auto& t : ranks) t.join();
-  // Two ranks: an all-reduce is 2 hops and sends N bytes per rank.
+  const auto tiny = at::randn({4, 8});
+  const double ns_s = median_seconds([&] { (void)muon::newton_schulz(tiny, muon::NewtonSchulzOptions()); }, 51);
+  muon::Muon muon(mats, muon::MuonOptions(0.01));
+  const double muon_s = median_seconds([&] { muon.step(); }, 15);
+  torch::optim::AdamW adamw(vecs, torch::optim::AdamWOptions(1e-3));
+  const double adamw_s = median_seconds([&] { adamw.step(); }, 15);
+  // Muon batched the tiny matrices into one Newton–Schulz call.
+  return {std::max(muon_s - ns_s, 0.0) / count, adamw_s / count, ns_s};
+}
+
+// One rank of the link measurement: two processes over a FileStore (Gloo
+// over TCP on loopback, as the jobs on this machine run). The latency is an
+// 8-byte all-gather's time (one hop at two ranks); the rates from 4 MiB
+// collectives as the layouts issue them (an all-reduce: two hops, N bytes
+// sent per rank; an all-gather: one hop, N; an all-to-all: one hop, N / 2).
+muon::plan::Link link_rank(int rank, const std::string& path) {
+  auto store = c10::make_intrusive<c10d::FileStore>(path, 2);
+  auto group = muon::dist::Group::create(store, rank, 2);
+  const int64_t n = int64_t{1} << 20;  // floats: 4 MiB
+  const double bytes = static_cast<double>(n * 4);
+  auto tiny = at::zeros({1}, at::kLong);
+  auto a = at::zeros({n});
+  const double small = median_seconds([&] { (void)group.all_gather(tiny); }, 101);
+  const double reduce = median_seconds([&] { group.all_reduce_(a); }, 9);
+  const double gather = median_seconds([&] { (void)group.all_gather_async(a).wait(); }, 9);
+  const std::vector<int64_t> half{n / 2, n / 2};
+  const double to_all = median_seconds([&] { (void)group.all_to_all_async(a, half, half).wait(); }, 9);
+  group.barrier();
   muon::plan::Link link;
-  link.latency_s = small / 2;
-  link.bytes_per_s = static_cast<double>(big * 4) / std::max(large - small, 1e-9);
+  link.latency_s = small;
+  link.bytes_per_s = bytes / std::max(reduce - 2 * small, 1e-9);
+  link.all_gather_bytes_per_s = bytes / std::max(gather - small, 1e-9);
+  link.all_to_all_bytes_per_s = bytes / 2 / std::max(to_all - small, 1e-9);
+  return link;
+}
+
+muon::plan::Link measure_link() {
+  char dir[] = "/tmp/muon-plan-link-XXXXXX";
+  TORCH_CHECK(mkdtemp(dir) != nullptr, "[muon-plan] calibrate: cannot make a temporary directory");
+  const std::string path = std::string(dir) + "/store";
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<std::string> args{self, "--link-rank", "1", path};
+  std::vector<char*> argv;
+  for (auto& x : args) argv.push_back(x.data());
+  argv.push_back(nullptr);
+  pid_t child = 0;
+  TORCH_CHECK(posix_spawn(&child, self.c_str(), nullptr, nullptr, argv.data(), environ) == 0,
+              "[muon-plan] calibrate: cannot start ", self);
+  muon::plan::Link link;
+  try {
+    link = link_rank(0, path);
+  } catch (...) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    throw;
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  fs::remove_all(dir);
+  TORCH_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "[muon-plan] calibrate: the second rank failed");
   return link;
 }
 
@@ -143,6 +205,10 @@ int calibrate(const std::string& out, int64_t ranks_per_node) {
   const auto [muon_s, adamw_s] = elementwise_seconds();
   m.muon_elementwise_s = muon_s;
   m.adamw_elementwise_s = adamw_s;
+  const auto o = overheads();
+  m.muon_tensor_s = o.muon_tensor_s;
+  m.adamw_tensor_s = o.adamw_tensor_s;
+  m.ns_call_s = o.ns_call_s;
   m.intra = measure_link();
   m.inter = m.intra;
   m.memory_bytes = 0;
@@ -178,10 +244,21 @@ std::vector<int64_t> parse_worlds(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The second rank of calibrate's link measurement (started by calibrate).
+  if (argc == 4 && std::string(argv[1]) == "--link-rank") {
+    try {
+      (void)link_rank(std::atoi(argv[2]), argv[3]);
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "muon-plan: link rank: %s\n", one_line(e.what()).c_str());
+      return 1;
+    }
+  }
   CLI::App app("Predict every layout's optimizer step for a model on a machine (muon::plan).");
   std::string model_name = "gpt", machine_name, worlds = "1,2,4", layout, ns_dtype = "fp32";
   int64_t layers = 4, width = 128, heads = 4, vocab = 46, context = 64, batch = 32, experts = 0, tp = 0;
-  bool optimizer_step = false, as_json = false;
+  bool optimizer_step = false, as_json = false, adamw = false;
+  int64_t ranks_per_node_job = 0;
   app.add_option("--model", model_name, "gpt (muon-train-gpt's model, from the flags below), a preset (" +
                                             [] {
                                               std::string s;
@@ -203,6 +280,9 @@ int main(int argc, char** argv) {
   app.add_flag("--optimizer-step", optimizer_step,
                "the optimizer step only (gradient reduction, optimizer, gather), without the activations' "
                "tensor-parallel all-reduces of a training step");
+  app.add_option("--ranks-per-node", ranks_per_node_job,
+                 "ranks of the job on each node (default: the machine's ranks_per_node)");
+  app.add_flag("--adamw", adamw, "predict AdamW on every tensor (the baseline) instead of Muon");
   app.add_flag("--json", as_json, "print the predictions as JSON");
   auto* cal = app.add_subcommand("calibrate", "measure this machine (GEMM rates, element-wise, link) as a machine file");
   std::string out;
@@ -235,6 +315,8 @@ int main(int argc, char** argv) {
       o.tp = tp;
       o.ns_bf16 = ns_dtype == "bf16";
       o.training_step = !optimizer_step;
+      o.adamw_only = adamw;
+      o.ranks_per_node = ranks_per_node_job;
       std::vector<muon::plan::Prediction> some;
       if (!layout.empty()) {
         auto p = muon::plan::predict(model, machine, muon::plan::parse_layout(layout), o);

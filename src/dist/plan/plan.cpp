@@ -85,6 +85,7 @@ struct PerRank {
   std::vector<int64_t> bytes;
   std::vector<double> flops, ns_s, elementwise_s;
   std::vector<int64_t> state, params;
+  std::vector<std::set<std::pair<int64_t, int64_t>>> shapes{bytes.size()};  // batched NS calls
 };
 
 class Planner {
@@ -111,10 +112,6 @@ class Planner {
 
   Prediction run() {
     if (!p_.why_not.empty()) return p_;
-    if (layout_ == LayoutKind::kTensorParallel && dp_ != 1) {
-      p_.why_not = "tensor_parallel spans the whole world (use tp,sharded for tp < world)";
-      return p_;
-    }
     if (layout_ == LayoutKind::kTensorParallelSharded && (tp_ < 2 || dp_ < 2)) {
       p_.why_not = "the 2-D layout needs tp >= 2 and dp >= 2";
       return p_;
@@ -141,6 +138,10 @@ class Planner {
     }
     Collective c;
     c.what = what;
+    c.kind = what.find("gather") != std::string::npos || what == "step agreement" ? "all_gather"
+             : what.find("reduce-scatter") != std::string::npos || what.find("exchange") != std::string::npos
+                 ? "all_to_all"
+                 : "all_reduce";
     c.group = group;
     c.overlapped = overlapped;
     p_.collectives.push_back(c);
@@ -193,18 +194,26 @@ class Planner {
     return rates[shape_class(smaller)] * compute_share();
   }
 
-  // A rank's share of its node's compute (CPU ranks beyond the cores share).
+  int64_t ranks_per_node() const {
+    return std::max<int64_t>(1, o_.ranks_per_node > 0 ? o_.ranks_per_node : machine_.ranks_per_node);
+  }
+
+  // A CPU node's ranks beyond its cores time-share them: everything a rank
+  // does (computing, and moving bytes through the host) slows by this.
+  double oversubscription() const {
+    if (machine_.cores_per_node <= 0) return 1.0;
+    const int64_t on_node = std::min<int64_t>(o_.world, ranks_per_node());
+    const int64_t threads = std::max<int64_t>(1, machine_.cores_per_node / on_node);
+    return std::max(1.0, static_cast<double>(on_node * threads) / static_cast<double>(machine_.cores_per_node));
+  }
+
+  // A rank's speed against the calibration's: the rates are for
+  // threads_per_rank threads; a rank with fewer loses their speed-up.
   double compute_share() const {
     if (machine_.cores_per_node <= 0) return 1.0;
-    const int64_t on_node = std::min<int64_t>(o_.world, std::max<int64_t>(machine_.ranks_per_node, 1));
+    const int64_t on_node = std::min<int64_t>(o_.world, ranks_per_node());
     const int64_t threads = std::max<int64_t>(1, machine_.cores_per_node / on_node);
-    // Rates are for threads_per_rank threads; fewer threads lose the
-    // speed-up, more ranks than cores time-share them.
-    double share = threads >= machine_.threads_per_rank ? 1.0 : 1.0 / machine_.thread_speedup;
-    if (on_node * threads > machine_.cores_per_node) {
-      share *= static_cast<double>(machine_.cores_per_node) / static_cast<double>(on_node * threads);
-    }
-    return share;
+    return threads >= machine_.threads_per_rank ? 1.0 : 1.0 / machine_.thread_speedup;
   }
 
   // `share`: this rank's part of the work (distributed Newton–Schulz).
@@ -212,12 +221,17 @@ class Planner {
     if (count <= 0 || rows <= 0 || cols <= 0) return;
     const double f = share * static_cast<double>(count) * newton_schulz_flops(rows, cols, o_.ns_steps);
     ranks_.flops[static_cast<size_t>(rank)] += f;
-    ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols));
+    ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols)) * oversubscription();
+    if (ranks_.shapes[static_cast<size_t>(rank)].insert({rows, cols}).second) {
+      ranks_.ns_s[static_cast<size_t>(rank)] += machine_.ns_call_s * oversubscription();
+    }
   }
 
   void elementwise(int64_t rank, int64_t elements, bool muon) {
     const double per = muon ? machine_.muon_elementwise_s : machine_.adamw_elementwise_s;
-    ranks_.elementwise_s[static_cast<size_t>(rank)] += static_cast<double>(elements) * per / compute_share();
+    const double fixed = muon ? machine_.muon_tensor_s : machine_.adamw_tensor_s;
+    ranks_.elementwise_s[static_cast<size_t>(rank)] +=
+        (static_cast<double>(elements) * per / compute_share() + (elements > 0 ? fixed : 0.0)) * oversubscription();
     ranks_.state[static_cast<size_t>(rank)] += elements * 4 * (muon ? 1 : 2);
   }
 
@@ -309,7 +323,7 @@ class Planner {
       for (int64_t t = 0; t < tp_; ++t) largest = std::max(largest, block_of(whole, tp_, t).numel());
       const int64_t bytes = ints_bytes(kUnevenShapeInts, tp_) + all_gather_bytes(largest * whole.dtype_bytes, tp_);
       if (layout_ == LayoutKind::kTensorParallel) {
-        same_bytes("TP block gather", tp_members(0), bytes, 2 * (tp_ - 1));
+        for (int64_t d = 0; d < dp_; ++d) same_bytes("TP block gather", tp_members(d), bytes, 2 * (tp_ - 1));
       }
     }
   }
@@ -480,7 +494,10 @@ class Planner {
                      (1 + o_.ns_steps) * 2 * (tp_ - 1));
         }
       }
-      add("owner exchange (all-to-all)", members, bytes, static_cast<int64_t>(owned.size()) * 2 * (dp_ - 1), true);
+      // One all-to-all out and one back per batch (matrices of one shape).
+      std::set<std::pair<int64_t, int64_t>> shapes;
+      for (const auto i : owned) shapes.insert({rows_of(tensors[i]), row_numel(tensors[i])});
+      add("owner exchange (all-to-all)", members, bytes, static_cast<int64_t>(shapes.size()) * 2 * (dp_ - 1), true);
     }
     add("updated rows all-gather", members, gather, hops, true);
   }
@@ -507,9 +524,12 @@ class Planner {
     }
     double overlapped = 0, serial = 0;
     for (auto& c : p_.collectives) {
-      const bool inter = c.group > machine_.ranks_per_node && o_.world > machine_.ranks_per_node;
+      const bool inter = c.group > ranks_per_node() && o_.world > ranks_per_node();
       const Link& link = inter ? machine_.inter : machine_.intra;
-      c.seconds = static_cast<double>(c.hops) * link.latency_s + static_cast<double>(c.bytes) / link.bytes_per_s;
+      const double rate = c.kind == "all_gather" && link.all_gather_bytes_per_s > 0   ? link.all_gather_bytes_per_s
+                          : c.kind == "all_to_all" && link.all_to_all_bytes_per_s > 0 ? link.all_to_all_bytes_per_s
+                                                                                       : link.bytes_per_s;
+      c.seconds = static_cast<double>(c.hops) * link.latency_s + static_cast<double>(c.bytes) / rate;
       (c.overlapped ? overlapped : serial) += c.seconds;
     }
     p_.communication_s = overlapped + serial;

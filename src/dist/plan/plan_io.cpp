@@ -371,6 +371,9 @@ Machine Machine::from_json(const std::string& text) {
   }
   m.muon_elementwise_s = get<double>(j, "muon_elementwise_s", 0.0);
   m.adamw_elementwise_s = get<double>(j, "adamw_elementwise_s", 0.0);
+  m.muon_tensor_s = get<double>(j, "muon_tensor_s", 0.0);
+  m.adamw_tensor_s = get<double>(j, "adamw_tensor_s", 0.0);
+  m.ns_call_s = get<double>(j, "ns_call_s", 0.0);
   m.memory_bytes = get<double>(j, "memory_bytes", 0.0);
   m.ranks_per_node = get<int64_t>(j, "ranks_per_node", 1);
   m.cores_per_node = get<int64_t>(j, "cores_per_node", 0);
@@ -379,12 +382,18 @@ Machine Machine::from_json(const std::string& text) {
   m.overlap = get<double>(j, "overlap", 0.0);
   for (const auto* key : {"intra", "inter"}) {
     const auto link = get<json>(j, key, json::object());
-    Link l{get<double>(link, "latency_s", 0.0), get<double>(link, "bytes_per_s", 1e9)};
-    TORCH_CHECK_VALUE(l.latency_s >= 0 && l.bytes_per_s > 0, kWho, "'", key,
-                      "' needs latency_s >= 0 and bytes_per_s > 0");
+    Link l;
+    l.latency_s = get<double>(link, "latency_s", 0.0);
+    l.bytes_per_s = get<double>(link, "bytes_per_s", 1e9);
+    l.all_gather_bytes_per_s = get<double>(link, "all_gather_bytes_per_s", 0.0);
+    l.all_to_all_bytes_per_s = get<double>(link, "all_to_all_bytes_per_s", 0.0);
+    TORCH_CHECK_VALUE(l.latency_s >= 0 && l.bytes_per_s > 0 && l.all_gather_bytes_per_s >= 0 &&
+                          l.all_to_all_bytes_per_s >= 0,
+                      kWho, "'", key, "' needs latency_s >= 0 and bytes_per_s > 0");
     (std::string(key) == "intra" ? m.intra : m.inter) = l;
   }
-  TORCH_CHECK_VALUE(m.muon_elementwise_s >= 0 && m.adamw_elementwise_s >= 0 && m.ranks_per_node >= 1 &&
+  TORCH_CHECK_VALUE(m.muon_elementwise_s >= 0 && m.adamw_elementwise_s >= 0 && m.muon_tensor_s >= 0 &&
+                        m.adamw_tensor_s >= 0 && m.ns_call_s >= 0 && m.ranks_per_node >= 1 &&
                         m.cores_per_node >= 0 && m.threads_per_rank >= 1 && m.thread_speedup > 0 &&
                         m.overlap >= 0 && m.overlap <= 1,
                     kWho, "machine '", clip(m.name), "': a field is out of range (overlap in [0, 1], counts >= 1)");
@@ -399,14 +408,23 @@ std::string Machine::to_json() const {
   j["gemm_bf16"] = std::vector<double>(gemm_bf16, gemm_bf16 + kShapeClasses);
   j["muon_elementwise_s"] = muon_elementwise_s;
   j["adamw_elementwise_s"] = adamw_elementwise_s;
+  j["muon_tensor_s"] = muon_tensor_s;
+  j["adamw_tensor_s"] = adamw_tensor_s;
+  j["ns_call_s"] = ns_call_s;
   j["memory_bytes"] = memory_bytes;
   j["ranks_per_node"] = ranks_per_node;
   j["cores_per_node"] = cores_per_node;
   j["threads_per_rank"] = threads_per_rank;
   j["thread_speedup"] = thread_speedup;
   j["overlap"] = overlap;
-  j["intra"] = {{"latency_s", intra.latency_s}, {"bytes_per_s", intra.bytes_per_s}};
-  j["inter"] = {{"latency_s", inter.latency_s}, {"bytes_per_s", inter.bytes_per_s}};
+  auto link = [](const Link& l) {
+    return json{{"latency_s", l.latency_s},
+                {"bytes_per_s", l.bytes_per_s},
+                {"all_gather_bytes_per_s", l.all_gather_bytes_per_s},
+                {"all_to_all_bytes_per_s", l.all_to_all_bytes_per_s}};
+  };
+  j["intra"] = link(intra);
+  j["inter"] = link(inter);
   return j.dump(2);
 }
 
@@ -459,7 +477,7 @@ std::string to_json(const std::vector<Prediction>& predictions) {
   for (const auto& p : predictions) {
     json c = json::array();
     for (const auto& x : p.collectives) {
-      c.push_back({{"what", x.what}, {"group", x.group}, {"calls", x.calls}, {"bytes", x.bytes},
+      c.push_back({{"what", x.what}, {"kind", x.kind}, {"group", x.group}, {"calls", x.calls}, {"bytes", x.bytes},
                    {"seconds", x.seconds}, {"overlapped", x.overlapped}});
     }
     all.push_back({{"layout", to_string(p.layout)},
