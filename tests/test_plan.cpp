@@ -206,22 +206,26 @@ TEST(Plan, TimesAreFlopsAtTheRateAndAlphaBetaPerCollective) {
   EXPECT_NEAR(p.vs_adamw, p.step_s / p.adamw_step_s, 1e-12);
 }
 
-TEST(Plan, RanksBeyondTheCoresShareThem) {
-  // A 2-core node whose rates were calibrated with 2 threads, 1.25 times
-  // one thread's: 4 ranks get 1 thread each (no speed-up) and run two to a
-  // core: Newton–Schulz takes 1.25 · 2 = 2.5 times as long.
+TEST(Plan, RanksOfACpuNodeShareIt) {
+  // A CPU node's rates are the whole node's: 4 ranks on it compute at a
+  // quarter each, Newton–Schulz and element-wise alike; an accelerator's
+  // ranks (cores_per_node 0) do not share.
   auto machine = round_machine();
+  machine.muon_elementwise_s = 1e-9;
   machine.cores_per_node = 2;
-  machine.threads_per_rank = 2;
-  machine.thread_speedup = 1.25;
   machine.ranks_per_node = 4;
   Options o;
   o.world = 4;
   const auto p = muon::plan::predict(tiny(), machine, LayoutKind::kReplicated, o);
-  EXPECT_DOUBLE_EQ(p.newton_schulz_s, 2.5 * muon::plan::newton_schulz_flops(4, 4, 5) / 1e9);
+  EXPECT_DOUBLE_EQ(p.newton_schulz_s, 4 * muon::plan::newton_schulz_flops(4, 4, 5) / 1e9);
+  EXPECT_DOUBLE_EQ(p.elementwise_s, 4 * 16 * 1e-9);
   o.world = 1;
   const auto one = muon::plan::predict(tiny(), machine, LayoutKind::kReplicated, o);
   EXPECT_DOUBLE_EQ(one.newton_schulz_s, muon::plan::newton_schulz_flops(4, 4, 5) / 1e9);
+  machine.cores_per_node = 0;
+  o.world = 4;
+  EXPECT_DOUBLE_EQ(muon::plan::predict(tiny(), machine, LayoutKind::kReplicated, o).newton_schulz_s,
+                   muon::plan::newton_schulz_flops(4, 4, 5) / 1e9);
 }
 
 TEST(Plan, RecommendsTheFastestLayoutThatFits) {

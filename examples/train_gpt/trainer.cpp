@@ -434,9 +434,11 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
     layout->zero_grad();
     auto loss = model->loss(batch);
     loss.backward();
-    // An all-reduce of the gradients is timed apart from the optimizer's
-    // step (DDP overlaps it with backward); a reduce-scatter is part of it.
-    if (layout->reduction() == muon::dist::GradientReduction::kAllReduce) layout->reduce_gradients();
+    // The step's agreement and the gradients' reduction (all-reduce or
+    // reduce-scatter) are timed apart from the optimizer's step (DDP and
+    // FSDP overlap them with backward); so is the ranks' skew, which the
+    // first collective absorbs.
+    layout->reduce_gradients();
     const auto t_opt = Clock::now();
     layout->step();
     max_logits.after_step(model, *layout);

@@ -113,12 +113,13 @@ struct Machine {
   std::string name;
   /// Where the figures come from (a calibration run, a datasheet).
   std::string source;
-  /// Sustained GEMM rate of one rank in FLOP/s per shape class, fp32 and
-  /// bf16, when the rank has `threads_per_rank` threads to itself.
+  /// Sustained Newton–Schulz rate in FLOP/s per shape class, fp32 and bf16:
+  /// one accelerator's, or a whole CPU node's (all its cores).
   double gemm_fp32[kShapeClasses] = {1, 1, 1, 1};
   double gemm_bf16[kShapeClasses] = {1, 1, 1, 1};
   /// Seconds per element of the element-wise part of a step (momentum,
-  /// scaling, weight decay, the update), Muon's and AdamW's.
+  /// scaling, weight decay, the update), Muon's and AdamW's (an
+  /// accelerator's, or a CPU node's).
   double muon_elementwise_s = 0;
   double adamw_elementwise_s = 0;
   /// Seconds per tensor per step beyond its elements (kernel launches,
@@ -130,15 +131,10 @@ struct Machine {
   double ns_call_s = 0;
   /// Memory per rank in bytes.
   double memory_bytes = 0;
-  /// Ranks on one node, and the compute units they share: a CPU node's
-  /// cores (ranks beyond them time-share: each rank's rate is scaled by
-  /// cores / (ranks on the node · threads)); 0 for accelerators (one each).
+  /// Ranks on one node, and a CPU node's cores (0 for accelerators: a rank
+  /// each). The ranks of a CPU node divide its rates among them.
   int64_t ranks_per_node = 1;
   int64_t cores_per_node = 0;
-  /// Threads one rank runs with the node to itself (the calibration's),
-  /// and the speed-up of those threads over one.
-  int64_t threads_per_rank = 1;
-  double thread_speedup = 1;
   Link intra;
   Link inter;
   /// Fraction of the smaller of a pipelined stage's compute and its

@@ -198,22 +198,15 @@ class Planner {
     return std::max<int64_t>(1, o_.ranks_per_node > 0 ? o_.ranks_per_node : machine_.ranks_per_node);
   }
 
-  // A CPU node's ranks beyond its cores time-share them: everything a rank
-  // does (computing, and moving bytes through the host) slows by this.
-  double oversubscription() const {
-    if (machine_.cores_per_node <= 0) return 1.0;
-    const int64_t on_node = std::min<int64_t>(o_.world, ranks_per_node());
-    const int64_t threads = std::max<int64_t>(1, machine_.cores_per_node / on_node);
-    return std::max(1.0, static_cast<double>(on_node * threads) / static_cast<double>(machine_.cores_per_node));
-  }
-
-  // A rank's speed against the calibration's: the rates are for
-  // threads_per_rank threads; a rank with fewer loses their speed-up.
+  // A rank's share of its node's compute: the machine's rates are a whole
+  // node's (a CPU node calibrated on all its cores); the ranks of a CPU node
+  // compute at the same time and divide it (its cores may be hyperthreads
+  // of fewer physical ones: measured, two 1-thread ranks on this 2-core
+  // machine get half the 2-thread rate each, not a core each).
+  // Accelerators: one rank each.
   double compute_share() const {
     if (machine_.cores_per_node <= 0) return 1.0;
-    const int64_t on_node = std::min<int64_t>(o_.world, ranks_per_node());
-    const int64_t threads = std::max<int64_t>(1, machine_.cores_per_node / on_node);
-    return threads >= machine_.threads_per_rank ? 1.0 : 1.0 / machine_.thread_speedup;
+    return 1.0 / static_cast<double>(std::min<int64_t>(o_.world, ranks_per_node()));
   }
 
   // `share`: this rank's part of the work (distributed Newton–Schulz).
@@ -221,9 +214,9 @@ class Planner {
     if (count <= 0 || rows <= 0 || cols <= 0) return;
     const double f = share * static_cast<double>(count) * newton_schulz_flops(rows, cols, o_.ns_steps);
     ranks_.flops[static_cast<size_t>(rank)] += f;
-    ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols)) * oversubscription();
+    ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols));
     if (ranks_.shapes[static_cast<size_t>(rank)].insert({rows, cols}).second) {
-      ranks_.ns_s[static_cast<size_t>(rank)] += machine_.ns_call_s * oversubscription();
+      ranks_.ns_s[static_cast<size_t>(rank)] += machine_.ns_call_s;
     }
   }
 
@@ -231,7 +224,7 @@ class Planner {
     const double per = muon ? machine_.muon_elementwise_s : machine_.adamw_elementwise_s;
     const double fixed = muon ? machine_.muon_tensor_s : machine_.adamw_tensor_s;
     ranks_.elementwise_s[static_cast<size_t>(rank)] +=
-        (static_cast<double>(elements) * per / compute_share() + (elements > 0 ? fixed : 0.0)) * oversubscription();
+        static_cast<double>(elements) * per / compute_share() + (elements > 0 ? fixed : 0.0);
     ranks_.state[static_cast<size_t>(rank)] += elements * 4 * (muon ? 1 : 2);
   }
 

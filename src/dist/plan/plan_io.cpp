@@ -377,8 +377,6 @@ Machine Machine::from_json(const std::string& text) {
   m.memory_bytes = get<double>(j, "memory_bytes", 0.0);
   m.ranks_per_node = get<int64_t>(j, "ranks_per_node", 1);
   m.cores_per_node = get<int64_t>(j, "cores_per_node", 0);
-  m.threads_per_rank = get<int64_t>(j, "threads_per_rank", 1);
-  m.thread_speedup = get<double>(j, "thread_speedup", 1.0);
   m.overlap = get<double>(j, "overlap", 0.0);
   for (const auto* key : {"intra", "inter"}) {
     const auto link = get<json>(j, key, json::object());
@@ -394,7 +392,7 @@ Machine Machine::from_json(const std::string& text) {
   }
   TORCH_CHECK_VALUE(m.muon_elementwise_s >= 0 && m.adamw_elementwise_s >= 0 && m.muon_tensor_s >= 0 &&
                         m.adamw_tensor_s >= 0 && m.ns_call_s >= 0 && m.ranks_per_node >= 1 &&
-                        m.cores_per_node >= 0 && m.threads_per_rank >= 1 && m.thread_speedup > 0 &&
+                        m.cores_per_node >= 0 &&
                         m.overlap >= 0 && m.overlap <= 1,
                     kWho, "machine '", clip(m.name), "': a field is out of range (overlap in [0, 1], counts >= 1)");
   return m;
@@ -414,8 +412,6 @@ std::string Machine::to_json() const {
   j["memory_bytes"] = memory_bytes;
   j["ranks_per_node"] = ranks_per_node;
   j["cores_per_node"] = cores_per_node;
-  j["threads_per_rank"] = threads_per_rank;
-  j["thread_speedup"] = thread_speedup;
   j["overlap"] = overlap;
   auto link = [](const Link& l) {
     return json{{"latency_s", l.latency_s},
