@@ -204,6 +204,24 @@ TEST(Plan, TimesAreFlopsAtTheRateAndAlphaBetaPerCollective) {
   // AdamW's step: no Newton–Schulz; the same traffic.
   EXPECT_NEAR(p.adamw_step_s, 3e-3 + 136 / 1e6, 1e-15);
   EXPECT_NEAR(p.vs_adamw, p.step_s / p.adamw_step_s, 1e-12);
+  // A forward and backward of 1e9 FLOPs at 1e9 FLOP/s: 1 s. Muon's cost
+  // is its extra step time over AdamW's training step.
+  auto m = tiny();
+  m.train_flops = 1e9;
+  m.train_flops_per_s = 1e9;
+  const auto t = predict(m, LayoutKind::kReplicated, 2);
+  EXPECT_DOUBLE_EQ(t.train_s, 1.0);
+  EXPECT_NEAR(t.throughput_cost, (t.step_s - t.adamw_step_s) / (1.0 + t.adamw_step_s), 1e-15);
+  EXPECT_NEAR(t.iteration_ratio, (1.0 + t.step_s) / (1.0 + t.adamw_step_s), 1e-15);
+  EXPECT_NEAR(t.share_of_training, t.step_s / (1.0 + t.step_s), 1e-15);
+}
+
+TEST(Plan, RowFractionOrthogonalizesThatShareOfTheRows) {
+  Options o;
+  o.world = 1;
+  o.row_fraction = 0.5;
+  const auto p = muon::plan::predict(tiny(), round_machine(), LayoutKind::kReplicated, o);
+  EXPECT_DOUBLE_EQ(p.newton_schulz_flops, muon::plan::newton_schulz_flops(2, 4, 5));
 }
 
 TEST(Plan, RanksOfACpuNodeShareIt) {

@@ -63,6 +63,9 @@ struct Model {
   /// replica's batch (6 · parameters · tokens for a dense transformer), for
   /// the optimizer's share of a training step; 0: unknown.
   double train_flops = 0;
+  /// The model FLOP/s a rank sustains in forward and backward (a published
+  /// AdamW throughput); 0: the machine's large bf16 GEMM rate.
+  double train_flops_per_s = 0;
   /// Expert parallelism of a published setup: the expert tensors listed are
   /// one rank's own experts (already divided by the expert-parallel size),
   /// reduced over `expert_data_parallel` ranks; 0: the expert tensors are
@@ -174,6 +177,9 @@ struct Options {
   int64_t ns_steps = 5;
   /// Newton–Schulz in bf16 (the accelerators' default) or fp32.
   bool ns_bf16 = false;
+  /// Fraction of each Muon matrix's rows orthogonalized (1: Muon; Dion2's
+  /// selected fraction, as an approximation of its Newton–Schulz work).
+  double row_fraction = 1.0;
   /// Bucket sizes (the layouts' defaults: 32 MiB all-reduce, 4 MiB
   /// reduce-scatter / all-gather of row shards, 8 MiB layer-wise gather).
   int64_t all_reduce_bucket_bytes = int64_t{32} << 20;
@@ -227,9 +233,14 @@ struct Prediction {
   double vs_adamw = 0;
   int64_t adamw_bytes_sent = 0;
   int64_t adamw_state_bytes = 0;
-  /// The step's share of a training step (train_flops at the machine's
-  /// large-GEMM rate), when the model gives train_flops.
+  /// With the model's train_flops: forward and backward's seconds, the
+  /// optimizer step's share of a training step, Muon's throughput cost
+  /// against AdamW ((Muon step − AdamW step) / AdamW's training step) and
+  /// the training step's ratio (Muon's / AdamW's).
+  double train_s = 0;
   double share_of_training = 0;
+  double throughput_cost = 0;
+  double iteration_ratio = 0;
   std::string why_not;  ///< non-empty: this layout cannot run this model here
 };
 

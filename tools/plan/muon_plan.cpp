@@ -257,6 +257,7 @@ int main(int argc, char** argv) {
   int64_t layers = 4, width = 128, heads = 4, vocab = 46, context = 64, batch = 32, experts = 0, tp = 0;
   bool optimizer_step = false, as_json = false, adamw = false;
   int64_t ranks_per_node_job = 0;
+  double row_fraction = 1.0;
   app.add_option("--model", model_name, "gpt (muon-train-gpt's model, from the flags below), a preset (" +
                                             [] {
                                               std::string s;
@@ -280,6 +281,9 @@ int main(int argc, char** argv) {
                "tensor-parallel all-reduces of a training step");
   app.add_option("--ranks-per-node", ranks_per_node_job,
                  "ranks of the job on each node (default: the machine's ranks_per_node)");
+  app.add_option("--row-fraction", row_fraction,
+                 "orthogonalize this fraction of each matrix's rows (Dion2's selection, approximately)")
+      ->check(CLI::Range(1e-6, 1.0));
   app.add_flag("--adamw", adamw, "predict AdamW on every tensor (the baseline) instead of Muon");
   app.add_flag("--json", as_json, "print the predictions as JSON");
   auto* cal = app.add_subcommand("calibrate", "measure this machine (GEMM rates, element-wise, link) as a machine file");
@@ -315,6 +319,7 @@ int main(int argc, char** argv) {
       o.training_step = !optimizer_step;
       o.adamw_only = adamw;
       o.ranks_per_node = ranks_per_node_job;
+      o.row_fraction = row_fraction;
       std::vector<muon::plan::Prediction> some;
       if (!layout.empty()) {
         auto p = muon::plan::predict(model, machine, muon::plan::parse_layout(layout), o);

@@ -94,6 +94,8 @@ class Planner {
       : model_(model), machine_(machine), layout_(layout), o_(o), ranks_(o.world) {
     TORCH_CHECK_VALUE(o.world >= 1, kWho, "world must be >= 1, got ", o.world);
     TORCH_CHECK_VALUE(o.ns_steps >= 0, kWho, "ns_steps must be >= 0, got ", o.ns_steps);
+    TORCH_CHECK_VALUE(o.row_fraction > 0 && o.row_fraction <= 1, kWho, "row_fraction must be in (0, 1], got ",
+                      o.row_fraction);
     const bool tp_layout = layout == LayoutKind::kTensorParallel || layout == LayoutKind::kTensorParallelSharded;
     tp_ = 1;
     if (tp_layout) tp_ = o.tp > 0 ? o.tp : (layout == LayoutKind::kTensorParallel ? o.world : 2);
@@ -212,6 +214,8 @@ class Planner {
   // `share`: this rank's part of the work (distributed Newton–Schulz).
   void orthogonalize(int64_t rank, int64_t count, int64_t rows, int64_t cols, double share = 1.0) {
     if (count <= 0 || rows <= 0 || cols <= 0) return;
+    // Dion2-like selection: Newton–Schulz on a fraction of the rows.
+    if (o_.row_fraction < 1.0) rows = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o_.row_fraction * static_cast<double>(rows))));
     const double f = share * static_cast<double>(count) * newton_schulz_flops(rows, cols, o_.ns_steps);
     ranks_.flops[static_cast<size_t>(rank)] += f;
     ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols));
@@ -536,8 +540,9 @@ class Planner {
     p_.fits = machine_.memory_bytes <= 0 ||
               static_cast<double>(p_.parameter_bytes + p_.gradient_bytes + p_.state_bytes) <= machine_.memory_bytes;
     if (model_.train_flops > 0) {
-      const double train_s = model_.train_flops / static_cast<double>(tp_) / machine_.gemm_bf16[kShapeClasses - 1];
-      p_.share_of_training = p_.step_s / (train_s + p_.step_s);
+      const double rate = model_.train_flops_per_s > 0 ? model_.train_flops_per_s : machine_.gemm_bf16[kShapeClasses - 1];
+      p_.train_s = model_.train_flops / static_cast<double>(tp_) / rate;
+      p_.share_of_training = p_.step_s / (p_.train_s + p_.step_s);
     }
   }
 
@@ -577,6 +582,10 @@ Prediction predict(const Model& model, const Machine& machine, LayoutKind layout
   const auto base = Planner(model, machine, layout, adamw).run();
   p.adamw_step_s = base.step_s;
   p.adamw_bytes_sent = base.bytes_sent;
+  if (p.train_s > 0) {
+    p.throughput_cost = (p.step_s - base.step_s) / (p.train_s + base.step_s);
+    p.iteration_ratio = (p.train_s + p.step_s) / (p.train_s + base.step_s);
+  }
   p.adamw_state_bytes = base.state_bytes;
   p.vs_adamw = base.step_s > 0 ? p.step_s / base.step_s : 0;
   return p;
