@@ -120,6 +120,11 @@ struct Machine {
   /// one accelerator's, or a whole CPU node's (all its cores).
   double gemm_fp32[kShapeClasses] = {1, 1, 1, 1};
   double gemm_bf16[kShapeClasses] = {1, 1, 1, 1};
+  /// A CPU node's rate per rank when `cores_per_node` one-thread ranks run
+  /// Newton–Schulz at once (0: the node's rate divided among them); more
+  /// ranks than cores divide the cores.
+  double rank_gemm_fp32[kShapeClasses] = {0, 0, 0, 0};
+  double rank_gemm_bf16[kShapeClasses] = {0, 0, 0, 0};
   /// Seconds per element of the element-wise part of a step (momentum,
   /// scaling, weight decay, the update), Muon's and AdamW's (an
   /// accelerator's, or a CPU node's).
@@ -135,7 +140,9 @@ struct Machine {
   /// Memory per rank in bytes.
   double memory_bytes = 0;
   /// Ranks on one node, and a CPU node's cores (0 for accelerators: a rank
-  /// each). The ranks of a CPU node divide its rates among them.
+  /// each). A CPU node's ranks share it: alone, a rank runs at the node's
+  /// rates; several run at rank_gemm_* each (element-wise work divides the
+  /// node's rate), scaled by cores / ranks beyond one rank per core.
   int64_t ranks_per_node = 1;
   int64_t cores_per_node = 0;
   Link intra;

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -72,12 +73,28 @@ double best_seconds(const std::function<void()>& fn, int reps) {
   return best;
 }
 
-// Newton–Schulz FLOP/s (the library's count) on an m × 4m matrix.
-double ns_rate(int64_t m, at::ScalarType dtype, int reps) {
+// The median of `reps` runs of `fn` after one warm-up (ranks measured while
+// they run at once: their typical, contended speed).
+double median_seconds(const std::function<void()>& fn, int reps) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Newton–Schulz FLOP/s (the library's count) on an m × 4m matrix: the
+// fastest of `reps` runs, or their median.
+double ns_rate(int64_t m, at::ScalarType dtype, int reps, bool median = false) {
   at::manual_seed(0);
   const auto g = at::randn({m, 4 * m});
   const auto opts = muon::NewtonSchulzOptions().compute_dtype(dtype);
-  const double secs = best_seconds([&] { (void)muon::newton_schulz(g, opts); }, reps);
+  const auto once = [&] { (void)muon::newton_schulz(g, opts); };
+  const double secs = median ? median_seconds(once, reps) : best_seconds(once, reps);
   return muon::newton_schulz_flops(m, 4 * m, opts) / secs;
 }
 
@@ -182,6 +199,73 @@ muon::plan::Link measure_link() {
   return link;
 }
 
+// One of calibrate's concurrent ranks: one thread (OMP_NUM_THREADS and
+// OPENBLAS_NUM_THREADS 1, set by calibrate), each class's Newton–Schulz rate,
+// fp32 then bf16, on one line of `path`.
+int rank_rates(const std::string& path) {
+  at::set_num_threads(1);
+  const int64_t sizes[muon::plan::kShapeClasses - 1] = {128, 384, 1024};
+  std::ofstream out(path);
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto m : sizes) out << ns_rate(m, dtype, m >= 1024 ? 5 : 15, /*median=*/true) << " ";
+  }
+  out << "\n";
+  return out.good() ? 0 : 1;
+}
+
+// Spawns `argv` with extra environment variables; returns its pid.
+pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env) {
+  std::vector<std::string> env_text(extra_env);
+  for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
+  std::vector<char*> env;
+  for (auto& e : env_text) env.push_back(e.data());
+  env.push_back(nullptr);
+  std::vector<std::string> a(args);
+  std::vector<char*> argv;
+  for (auto& x : a) argv.push_back(x.data());
+  argv.push_back(nullptr);
+  pid_t child = 0;
+  TORCH_CHECK(posix_spawn(&child, a[0].c_str(), nullptr, nullptr, argv.data(), env.data()) == 0,
+              "[muon-plan] calibrate: cannot start ", a[0]);
+  return child;
+}
+
+// The rates of `cores` one-thread ranks running at once (processes, as a
+// job's ranks): each class's slowest rank.
+void shared_rates(muon::plan::Machine& m, int64_t cores, const int64_t* sizes) {
+  (void)sizes;
+  char dir[] = "/tmp/muon-plan-rates-XXXXXX";
+  TORCH_CHECK(mkdtemp(dir) != nullptr, "[muon-plan] calibrate: cannot make a temporary directory");
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<pid_t> children;
+  for (int64_t r = 0; r < cores; ++r) {
+    children.push_back(spawn({self, "--rank-rates", std::string(dir) + "/" + std::to_string(r)},
+                             {"OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1"}));
+  }
+  bool ok = true;
+  for (const auto c : children) {
+    int status = 0;
+    waitpid(c, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  std::vector<double> worst(2 * (muon::plan::kShapeClasses - 1), std::numeric_limits<double>::infinity());
+  for (int64_t r = 0; ok && r < cores; ++r) {
+    std::ifstream in(std::string(dir) + "/" + std::to_string(r));
+    for (auto& w : worst) {
+      double v = 0;
+      ok = ok && static_cast<bool>(in >> v);
+      w = std::min(w, v);
+    }
+  }
+  fs::remove_all(dir);
+  TORCH_CHECK(ok, "[muon-plan] calibrate: a concurrent rank failed");
+  for (int c = 0; c < muon::plan::kShapeClasses; ++c) {
+    const int k = std::min(c, muon::plan::kShapeClasses - 2);
+    m.rank_gemm_fp32[c] = worst[static_cast<size_t>(k)];
+    m.rank_gemm_bf16[c] = worst[static_cast<size_t>(muon::plan::kShapeClasses - 1 + k)];
+  }
+}
+
 int calibrate(const std::string& out, int64_t ranks_per_node) {
   const int64_t cores = static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   muon::plan::Machine m;
@@ -189,13 +273,13 @@ int calibrate(const std::string& out, int64_t ranks_per_node) {
   m.source = "muon-plan calibrate";
   m.cores_per_node = cores;
   m.ranks_per_node = ranks_per_node > 0 ? ranks_per_node : cores;
-  const int64_t sizes[muon::plan::kShapeClasses] = {96, 256, 768, 768};
+  const int64_t sizes[muon::plan::kShapeClasses] = {128, 384, 1024, 1024};
   std::printf("calibrating on %lld cores: Newton-Schulz FLOP/s per shape class (fp32, bf16) ...\n",
               static_cast<long long>(cores));
   std::fflush(stdout);
   at::set_num_threads(static_cast<int>(cores));
   for (int c = 0; c < muon::plan::kShapeClasses; ++c) {
-    const int reps = sizes[c] >= 768 ? 5 : 9;
+    const int reps = sizes[c] >= 1024 ? 3 : 9;
     m.gemm_fp32[c] = c == 3 ? m.gemm_fp32[2] : ns_rate(sizes[c], at::kFloat, reps);
     m.gemm_bf16[c] = c == 3 ? m.gemm_bf16[2] : ns_rate(sizes[c], at::kBFloat16, reps);
   }
@@ -207,6 +291,9 @@ int calibrate(const std::string& out, int64_t ranks_per_node) {
   m.muon_tensor_s = o.muon_tensor_s;
   m.adamw_tensor_s = o.adamw_tensor_s;
   m.ns_call_s = o.ns_call_s;
+  std::printf("... with %lld one-thread ranks at once ...\n", static_cast<long long>(cores));
+  std::fflush(stdout);
+  shared_rates(m, cores, sizes);
   m.intra = measure_link();
   m.inter = m.intra;
   m.memory_bytes = 0;
@@ -243,6 +330,7 @@ std::vector<int64_t> parse_worlds(const std::string& text) {
 
 int main(int argc, char** argv) {
   // The second rank of calibrate's link measurement (started by calibrate).
+  if (argc == 3 && std::string(argv[1]) == "--rank-rates") return rank_rates(argv[2]);
   if (argc == 4 && std::string(argv[1]) == "--link-rank") {
     try {
       (void)link_rank(std::atoi(argv[2]), argv[3]);

@@ -192,23 +192,28 @@ class Planner {
   }
 
   double ns_rate(int64_t smaller) const {
-    const double* rates = o_.ns_bf16 ? machine_.gemm_bf16 : machine_.gemm_fp32;
-    return rates[shape_class(smaller)] * compute_share();
+    const int c = shape_class(smaller);
+    const double node = (o_.ns_bf16 ? machine_.gemm_bf16 : machine_.gemm_fp32)[c];
+    if (machine_.cores_per_node <= 0) return node;
+    const int64_t k = ranks_on_node();
+    if (k == 1) return node;
+    const double shared = (o_.ns_bf16 ? machine_.rank_gemm_bf16 : machine_.rank_gemm_fp32)[c];
+    const double cores = static_cast<double>(machine_.cores_per_node);
+    const double each = shared > 0 ? shared : node / std::min(static_cast<double>(k), cores);
+    return each * std::min(1.0, cores / static_cast<double>(k));
   }
+
+  int64_t ranks_on_node() const { return std::min<int64_t>(o_.world, ranks_per_node()); }
 
   int64_t ranks_per_node() const {
     return std::max<int64_t>(1, o_.ranks_per_node > 0 ? o_.ranks_per_node : machine_.ranks_per_node);
   }
 
-  // A rank's share of its node's compute: the machine's rates are a whole
-  // node's (a CPU node calibrated on all its cores); the ranks of a CPU node
-  // compute at the same time and divide it (its cores may be hyperthreads
-  // of fewer physical ones: measured, two 1-thread ranks on this 2-core
-  // machine get half the 2-thread rate each, not a core each).
-  // Accelerators: one rank each.
+  // A rank's share of its node's element-wise throughput: a CPU node's
+  // ranks divide it; accelerators have one rank each.
   double compute_share() const {
     if (machine_.cores_per_node <= 0) return 1.0;
-    return 1.0 / static_cast<double>(std::min<int64_t>(o_.world, ranks_per_node()));
+    return 1.0 / static_cast<double>(ranks_on_node());
   }
 
   // `share`: this rank's part of the work (distributed Newton–Schulz).

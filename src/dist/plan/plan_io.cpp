@@ -373,6 +373,13 @@ Machine Machine::from_json(const std::string& text) {
                       kWho, "'", key, "' must hold ", kShapeClasses, " positive FLOP/s (m <= 128, 512, 2048, more)");
     std::copy(rates.begin(), rates.end(), std::string(key) == "gemm_fp32" ? m.gemm_fp32 : m.gemm_bf16);
   }
+  for (const auto* key : {"rank_gemm_fp32", "rank_gemm_bf16"}) {
+    const auto rates = get<std::vector<double>>(j, key, std::vector<double>(kShapeClasses, 0.0));
+    TORCH_CHECK_VALUE(rates.size() == kShapeClasses &&
+                          std::all_of(rates.begin(), rates.end(), [](double r) { return r >= 0; }),
+                      kWho, "'", key, "' must hold ", kShapeClasses, " FLOP/s >= 0");
+    std::copy(rates.begin(), rates.end(), std::string(key) == "rank_gemm_fp32" ? m.rank_gemm_fp32 : m.rank_gemm_bf16);
+  }
   m.muon_elementwise_s = get<double>(j, "muon_elementwise_s", 0.0);
   m.adamw_elementwise_s = get<double>(j, "adamw_elementwise_s", 0.0);
   m.muon_tensor_s = get<double>(j, "muon_tensor_s", 0.0);
@@ -408,6 +415,8 @@ std::string Machine::to_json() const {
   j["source"] = source;
   j["gemm_fp32"] = std::vector<double>(gemm_fp32, gemm_fp32 + kShapeClasses);
   j["gemm_bf16"] = std::vector<double>(gemm_bf16, gemm_bf16 + kShapeClasses);
+  j["rank_gemm_fp32"] = std::vector<double>(rank_gemm_fp32, rank_gemm_fp32 + kShapeClasses);
+  j["rank_gemm_bf16"] = std::vector<double>(rank_gemm_bf16, rank_gemm_bf16 + kShapeClasses);
   j["muon_elementwise_s"] = muon_elementwise_s;
   j["adamw_elementwise_s"] = adamw_elementwise_s;
   j["muon_tensor_s"] = muon_tensor_s;
