@@ -8,6 +8,15 @@
 
 #include <c10/util/Exception.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "muon/plan.h"
@@ -316,6 +325,75 @@ TEST(Plan, BadInputIsNamed) {
   // A layout that cannot run says why instead of predicting.
   EXPECT_FALSE(predict(tiny(), LayoutKind::kTensorParallelSharded, 3, 2).why_not.empty());
   EXPECT_FALSE(predict(tiny(), LayoutKind::kTensorParallelSharded, 2, 2).why_not.empty());
+}
+
+// ---- the muon-plan command ----
+
+struct Run {
+  int status;
+  std::string text;
+};
+
+Run run_plan(const std::string& args) {
+  const std::string cmd = std::string(MUON_PLAN_BIN) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string text;
+  char buf[4096];
+  while (pipe != nullptr && fgets(buf, sizeof buf, pipe) != nullptr) text += buf;
+  const int status = pipe != nullptr ? pclose(pipe) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+TEST(PlanCommand, PrintsEveryLayoutAndRecommendsOne) {
+  const auto r = run_plan("--model kimi-k2 --machine gb300 --world 64 --ns-dtype bf16 --optimizer-step");
+  ASSERT_EQ(r.status, 0) << r.text;
+  for (const char* layout : {"replicated", "layerwise", "sharded", "sharded-replicated"}) {
+    EXPECT_NE(r.text.find(std::string("\n") + layout + " "), std::string::npos) << layout << "\n" << r.text;
+  }
+  EXPECT_NE(r.text.find("recommended: "), std::string::npos) << r.text;
+}
+
+TEST(PlanCommand, BadFlagsAreOneLineNamingThem) {
+  for (const auto& [args, named] : std::vector<std::pair<std::string, std::string>>{
+           {"--world 2", "--machine"},
+           {"--machine h100 --world 0", "--world"},
+           {"--machine h100 --model nonesuch", "nonesuch"},
+           {"--machine h100 --layout zero3", "zero3"},
+           {"--machine /nonexistent.json", "/nonexistent.json"}}) {
+    const auto r = run_plan(args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.text;
+    EXPECT_NE(r.text.find(named), std::string::npos) << args << "\n" << r.text;
+    EXPECT_EQ(std::count(r.text.begin(), r.text.end(), '\n'), 1) << args << "\n" << r.text;
+  }
+}
+
+TEST(PlanCommand, CalibrateWritesAMachineThePlanReads) {
+  const auto dir = std::filesystem::temp_directory_path() / ("muon_plan_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const auto file = (dir / "this.json").string();
+  const auto cal = run_plan("calibrate --out " + file);
+  ASSERT_EQ(cal.status, 0) << cal.text;
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto machine = Machine::from_json(text.str());
+  for (int c = 0; c < muon::plan::kShapeClasses; ++c) {
+    EXPECT_GT(machine.gemm_fp32[c], 1e8);  // any x86-64 core does more than 0.1 GFLOP/s
+    EXPECT_GT(machine.rank_gemm_fp32[c], 1e8);
+  }
+  EXPECT_GT(machine.muon_elementwise_s, 0);
+  EXPECT_GT(machine.intra.bytes_per_s, 1e6);
+  EXPECT_GE(machine.cores_per_node, 1);
+  // The command's JSON is the library's prediction for the main job's model.
+  const auto r = run_plan("--machine " + file + " --world 2 --layout sharded --json");
+  ASSERT_EQ(r.status, 0) << r.text;
+  const auto j = nlohmann::json::parse(r.text);
+  Options o;
+  o.world = 2;
+  const auto p = muon::plan::predict(Model::gpt(4, 128, 4, 46, 64, 32), machine, LayoutKind::kSharded, o);
+  EXPECT_EQ(j.at(0).at("bytes_sent").get<int64_t>(), p.bytes_sent);
+  EXPECT_EQ(j.at(0).at("state_bytes").get<int64_t>(), p.state_bytes);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -39,6 +39,54 @@ NOT_OPTIMIZER = ("gradients all-reduce", "gradients reduce-scatter", "activation
                  "step agreement")
 
 
+# bench_distributed_layouts' rows and the layouts they time: the optimizer
+# alone on the shards or replicas (no agreement, gradient reduction or row
+# gathers: the prediction leaves those out).
+BENCH = [("sharded owner-compute", "sharded"), ("sharded replicated", "sharded-replicated"),
+         ("layer-wise", "layerwise")]
+NOT_IN_BENCH = ("step agreement", "gradients all-reduce", "gradients reduce-scatter", "updated rows all-gather")
+
+
+def bench_layouts(a, plan, machine):
+    """The optimizer-step benchmark at 2 ranks against the model: time and MB sent per rank."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    launch = os.path.join(a.build, "muon-launch")
+    bench = os.path.join(a.build, "bench", "bench_distributed_layouts")
+    out = subprocess.run([launch, "-n", "2", "--", bench], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True).stdout
+    measured = {}
+    for line in out.splitlines():
+        line = line.split("] ", 1)[-1]
+        for name, _ in BENCH:
+            if line.startswith(name + " ") and len(line.split()) >= 4:
+                nums = line[len(name):].split()
+                measured[name] = (float(nums[0]), float(nums[2]))
+    cmd = [plan, "--machine", machine, "--model", os.path.join(here, "bench_25m.json"), "--world", "2",
+           "--ranks-per-node", "2", "--json"]
+    predicted = {p["layout"]: p for p in json.loads(subprocess.check_output(cmd))}
+    print("\n| bench_distributed_layouts (2 ranks) | MB sent/rank predicted | measured | ms/step predicted | "
+          "measured | ratio |")
+    print("|---|---|---|---|---|---|")
+    bad = 0
+    for name, layout in BENCH:
+        if name not in measured:
+            print(f"{name}: not in the benchmark's output", file=sys.stderr)
+            bad += 1
+            continue
+        p = predicted[layout]
+        kept = [c for c in p["collectives"] if c["what"] not in NOT_IN_BENCH]
+        mb = sum(c["bytes"] for c in kept) / 1e6
+        ms = 1e3 * (p["newton_schulz_s"] + p["elementwise_s"] + sum(c["seconds"] for c in kept))
+        ms_meas, mb_meas = measured[name]
+        ratio = ms / ms_meas
+        ok_bytes = abs(mb - mb_meas) < 0.006  # the benchmark prints MB to 2 decimals
+        ok_time = a.bytes_only or abs(ratio - 1) <= a.tolerance
+        bad += (not ok_bytes) + (not ok_time)
+        print(f"| {name} | {mb:.2f} | {mb_meas:.2f} | {ms:.1f} | {ms_meas:.1f} | {ratio:.2f}"
+              f"{'' if ok_bytes else ' **bytes differ**'}{'' if ok_time else ' **time off**'} |")
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
@@ -48,6 +96,7 @@ def main():
     ap.add_argument("--bytes-only", action="store_true", help="check bytes only (few steps are enough)")
     ap.add_argument("--tolerance", type=float, default=0.25)
     ap.add_argument("--out", default="", help="directory of the runs (default: a temporary one)")
+    ap.add_argument("--no-bench", action="store_true", help="skip bench_distributed_layouts")
     a = ap.parse_args()
     plan = os.path.join(a.build, "muon-plan")
     job_bin = os.path.join(a.build, "examples", "train_gpt", "muon-train-gpt")
@@ -99,6 +148,8 @@ def main():
         mark += "" if r[13] else " **time off**"
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]} | {r[7]} | {r[8]} | "
               f"{r[9]:.1f} | {r[10]:.1f} | {r[11]:.2f}{mark} |")
+    if not a.no_bench:
+        bad += bench_layouts(a, plan, machine)
     exact = sum(1 for r in rows if r[12])
     within = sum(1 for r in rows if abs(r[11] - 1) <= a.tolerance)
     print(f"\nbytes, state and parameters exact: {exact} of {len(rows)}; optimizer time within "

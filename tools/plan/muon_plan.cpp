@@ -204,6 +204,11 @@ muon::plan::Link measure_link() {
 // fp32 then bf16, on one line of `path`.
 int rank_rates(const std::string& path) {
   at::set_num_threads(1);
+  // Loaded: say so, then start when every rank is (the parent's "go"), so
+  // that the ranks measure while the others run.
+  std::ofstream(path + ".ready") << "\n";
+  const auto go = fs::path(path).parent_path() / "go";
+  for (int i = 0; i < 60000 && !fs::exists(go); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const int64_t sizes[muon::plan::kShapeClasses - 1] = {128, 384, 1024};
   std::ofstream out(path);
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
@@ -242,6 +247,14 @@ void shared_rates(muon::plan::Machine& m, int64_t cores, const int64_t* sizes) {
     children.push_back(spawn({self, "--rank-rates", std::string(dir) + "/" + std::to_string(r)},
                              {"OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1", "MKL_NUM_THREADS=1"}));
   }
+  // Every rank loaded, then all start at once.
+  for (int i = 0; i < 120000; ++i) {
+    int64_t ready = 0;
+    for (int64_t r = 0; r < cores; ++r) ready += fs::exists(std::string(dir) + "/" + std::to_string(r) + ".ready");
+    if (ready == cores) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::ofstream(std::string(dir) + "/go") << "\n";
   bool ok = true;
   for (const auto c : children) {
     int status = 0;
