@@ -20,6 +20,7 @@
 #include <string>
 
 #include "muon/plan.h"
+#include "train_gpt_util.h"
 
 namespace {
 
@@ -329,19 +330,8 @@ TEST(Plan, BadInputIsNamed) {
 
 // ---- the muon-plan command ----
 
-struct Run {
-  int status;
-  std::string text;
-};
-
-Run run_plan(const std::string& args) {
-  const std::string cmd = std::string(MUON_PLAN_BIN) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string text;
-  char buf[4096];
-  while (pipe != nullptr && fgets(buf, sizeof buf, pipe) != nullptr) text += buf;
-  const int status = pipe != nullptr ? pclose(pipe) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+train_gpt_test::Output run_plan(const std::string& args) {
+  return train_gpt_test::run_program_command(std::string(MUON_PLAN_BIN) + " " + args);
 }
 
 TEST(PlanCommand, PrintsEveryLayoutAndRecommendsOne) {

@@ -36,9 +36,11 @@ inline Output run_program_command(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
 }
 
+#ifdef MUON_TRAIN_GPT_BIN
 // muon-train-gpt with `args`.
 inline Output run_program(const std::string& args) {
   return run_program_command(std::string(MUON_TRAIN_GPT_BIN) + " " + args);
 }
+#endif
 
 }  // namespace train_gpt_test

@@ -307,50 +307,57 @@ Model Model::from_json(const std::string& text) {
   return m;
 }
 
-Machine Machine::preset(const std::string& name) {
+namespace {
+
+// An accelerator node from its datasheet: dense bf16 and fp32 (TF32) peaks
+// scaled by the sustained fraction per shape class, element-wise work as
+// HBM traffic (40 bytes per element for Muon, 56 for AdamW), links at what
+// NCCL's ring reaches.
+struct Datasheet {
+  const char* name;
+  const char* source;
+  double bf16_peak, fp32_peak;
+  double efficiency[kShapeClasses];
+  double hbm_bytes_per_s, memory_bytes;
+  int64_t ranks_per_node;
+  Link intra, inter;
+};
+
+Machine accelerator(const Datasheet& d) {
   Machine m;
-  if (name == "h100") {
-    // NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense bf16 (tensor cores),
-    // 67 TFLOP/s fp32 (no tensor cores; TF32 is 494), 80 GB HBM3; DGX H100:
-    // 8 GPUs, NVLink 4 at 450 GB/s per direction, 8 × 400 Gb/s InfiniBand
-    // (50 GB/s per GPU). Sustained: 70% of peak for large GEMMs, less for
-    // small ones; NCCL's ring reaches ~80% of a link.
-    m.name = "h100";
-    m.source = "NVIDIA H100 SXM5 / DGX H100 datasheets (docs/scale.md)";
-    const double bf16[] = {0.10, 0.35, 0.60, 0.70};
-    for (int c = 0; c < kShapeClasses; ++c) {
-      m.gemm_bf16[c] = 989e12 * bf16[c];
-      m.gemm_fp32[c] = 494e12 * bf16[c];  // TF32
-    }
-    m.muon_elementwise_s = 40.0 / 3.35e12;   // bytes touched per element / HBM bandwidth
-    m.adamw_elementwise_s = 56.0 / 3.35e12;
-    m.memory_bytes = 80e9;
-    m.ranks_per_node = 8;
-    m.intra = {5e-6, 360e9};
-    m.inter = {10e-6, 40e9};
-    m.overlap = 0.8;
-    return m;
+  m.name = d.name;
+  m.source = d.source;
+  for (int c = 0; c < kShapeClasses; ++c) {
+    m.gemm_bf16[c] = d.bf16_peak * d.efficiency[c];
+    m.gemm_fp32[c] = d.fp32_peak * d.efficiency[c];
   }
+  m.muon_elementwise_s = 40.0 / d.hbm_bytes_per_s;
+  m.adamw_elementwise_s = 56.0 / d.hbm_bytes_per_s;
+  m.memory_bytes = d.memory_bytes;
+  m.ranks_per_node = d.ranks_per_node;
+  m.intra = d.intra;
+  m.inter = d.inter;
+  m.overlap = 0.8;
+  return m;
+}
+
+}  // namespace
+
+Machine Machine::preset(const std::string& name) {
+  // NVIDIA H100 SXM5: 989 TFLOP/s dense bf16, 494 TF32, 3.35 TB/s HBM3, 80
+  // GB; DGX H100: 8 GPUs on NVLink 4 (450 GB/s per direction), 8 × 400 Gb/s
+  // InfiniBand (50 GB/s per GPU). Sustained: 10-70% of peak by shape class;
+  // NCCL's ring at ~80% of a link.
+  if (name == "h100") {
+    return accelerator({"h100", "NVIDIA H100 SXM5 / DGX H100 datasheets (docs/scale.md)", 989e12, 494e12,
+                        {0.10, 0.35, 0.60, 0.70}, 3.35e12, 80e9, 8, {5e-6, 360e9}, {10e-6, 40e9}});
+  }
+  // NVIDIA GB300 NVL72: ~2.5 PFLOP/s dense bf16 per GPU, 288 GB HBM3e at 8
+  // TB/s, NVLink 5 at 900 GB/s per direction across the rack's 72 GPUs,
+  // ConnectX-8 at 800 Gb/s (100 GB/s) per GPU between racks.
   if (name == "gb300") {
-    // NVIDIA GB300 NVL72: Blackwell Ultra, ~2.5 PFLOP/s dense bf16 per GPU,
-    // 288 GB HBM3e at 8 TB/s, NVLink 5 at 900 GB/s per direction across the
-    // 72 GPUs of a rack, ConnectX-8 at 800 Gb/s (100 GB/s) per GPU between
-    // racks.
-    m.name = "gb300";
-    m.source = "NVIDIA GB300 NVL72 datasheet (docs/scale.md)";
-    const double eff[] = {0.08, 0.30, 0.55, 0.70};
-    for (int c = 0; c < kShapeClasses; ++c) {
-      m.gemm_bf16[c] = 2.5e15 * eff[c];
-      m.gemm_fp32[c] = 1.25e15 * eff[c];
-    }
-    m.muon_elementwise_s = 40.0 / 8e12;
-    m.adamw_elementwise_s = 56.0 / 8e12;
-    m.memory_bytes = 288e9;
-    m.ranks_per_node = 72;
-    m.intra = {4e-6, 720e9};
-    m.inter = {10e-6, 80e9};
-    m.overlap = 0.8;
-    return m;
+    return accelerator({"gb300", "NVIDIA GB300 NVL72 datasheet (docs/scale.md)", 2.5e15, 1.25e15,
+                        {0.08, 0.30, 0.55, 0.70}, 8e12, 288e9, 72, {4e-6, 720e9}, {10e-6, 80e9}});
   }
   std::string names;
   for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
