@@ -235,9 +235,10 @@ TEST(Plan, RowFractionOrthogonalizesThatShareOfTheRows) {
 }
 
 TEST(Plan, RanksOfACpuNodeShareIt) {
-  // A CPU node's rates are the whole node's: 4 ranks on it compute at a
-  // quarter each, Newton–Schulz and element-wise alike; an accelerator's
-  // ranks (cores_per_node 0) do not share.
+  // A CPU node's Newton–Schulz rates are the whole node's, its element-wise
+  // rates one thread's: 4 ranks on 2 cores each run Newton–Schulz at a
+  // quarter of the node (no rank_gemm_* given) and element-wise work at half
+  // a thread; an accelerator's ranks (cores_per_node 0) do not share.
   auto machine = round_machine();
   machine.muon_elementwise_s = 1e-9;
   machine.cores_per_node = 2;
@@ -246,7 +247,7 @@ TEST(Plan, RanksOfACpuNodeShareIt) {
   o.world = 4;
   const auto p = muon::plan::predict(tiny(), machine, LayoutKind::kReplicated, o);
   EXPECT_DOUBLE_EQ(p.newton_schulz_s, 4 * muon::plan::newton_schulz_flops(4, 4, 5) / 1e9);
-  EXPECT_DOUBLE_EQ(p.elementwise_s, 4 * 16 * 1e-9);
+  EXPECT_DOUBLE_EQ(p.elementwise_s, 2 * 16 * 1e-9);
   o.world = 1;
   const auto one = muon::plan::predict(tiny(), machine, LayoutKind::kReplicated, o);
   EXPECT_DOUBLE_EQ(one.newton_schulz_s, muon::plan::newton_schulz_flops(4, 4, 5) / 1e9);

@@ -127,7 +127,7 @@ struct Machine {
   double rank_gemm_bf16[kShapeClasses] = {0, 0, 0, 0};
   /// Seconds per element of the element-wise part of a step (momentum,
   /// scaling, weight decay, the update), Muon's and AdamW's (an
-  /// accelerator's, or a CPU node's).
+  /// accelerator's, or one CPU thread's: a rank's).
   double muon_elementwise_s = 0;
   double adamw_elementwise_s = 0;
   /// Seconds per tensor per step beyond its elements (kernel launches,
@@ -141,8 +141,8 @@ struct Machine {
   double memory_bytes = 0;
   /// Ranks on one node, and a CPU node's cores (0 for accelerators: a rank
   /// each). A CPU node's ranks share it: alone, a rank runs at the node's
-  /// rates; several run at rank_gemm_* each (element-wise work divides the
-  /// node's rate), scaled by cores / ranks beyond one rank per core.
+  /// rates; several run at rank_gemm_* each; beyond one rank per core they
+  /// share the cores (rates scaled by cores / ranks).
   int64_t ranks_per_node = 1;
   int64_t cores_per_node = 0;
   Link intra;

@@ -296,7 +296,9 @@ int calibrate(const std::string& out, int64_t ranks_per_node) {
     m.gemm_fp32[c] = c == 3 ? m.gemm_fp32[2] : ns_rate(sizes[c], at::kFloat, reps);
     m.gemm_bf16[c] = c == 3 ? m.gemm_bf16[2] : ns_rate(sizes[c], at::kBFloat16, reps);
   }
-  at::set_num_threads(static_cast<int>(cores));
+  // Element-wise work as a rank runs it: one LibTorch thread (the jobs'
+  // default; more would contend with BLAS's spinning threads).
+  at::set_num_threads(1);
   const auto [muon_s, adamw_s] = elementwise_seconds();
   m.muon_elementwise_s = muon_s;
   m.adamw_elementwise_s = adamw_s;

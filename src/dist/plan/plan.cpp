@@ -210,10 +210,11 @@ class Planner {
   }
 
   // A rank's share of its node's element-wise throughput: a CPU node's
-  // ranks divide it; accelerators have one rank each.
+  // rates are one thread's (a rank's), and ranks beyond the cores share
+  // them; accelerators have one rank each.
   double compute_share() const {
     if (machine_.cores_per_node <= 0) return 1.0;
-    return 1.0 / static_cast<double>(ranks_on_node());
+    return std::min(1.0, static_cast<double>(machine_.cores_per_node) / static_cast<double>(ranks_on_node()));
   }
 
   // `share`: this rank's part of the work (distributed Newton–Schulz).
