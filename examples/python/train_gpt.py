@@ -25,6 +25,19 @@ Data parallel over gloo, in one of two ways (--parallel):
     PYTHONPATH=build/python python3 -m muon_cpp.torchrun --nproc_per_node 2 examples/python/train_gpt.py --parallel fsdp2
     PYTHONPATH=build/python /usr/bin/python3 examples/python/train_gpt.py --steps 50   # one process
 
+Checkpoints (--parallel ddp): --save DIR writes DIR/<run>/step-<N>.pt every
+--save-every steps and at the end (the model, the whole optimizer state
+gathered from the ranks that own it, the schedule, the log so far; written
+to a temporary name and renamed, so a file under its own name is complete),
+keeping the newest --keep. --resume DIR continues each run from the newest
+in DIR/<run>/, at any world size; --resume auto does so from --save's where
+there is one and starts at step 0 where not, so that a job restarted by
+torchrun --max-restarts continues by itself:
+
+    PYTHONPATH=build/python python3 -m muon_cpp.torchrun --nnodes 1:2 --nproc_per_node 2 \
+        --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \
+        examples/python/train_gpt.py --save ckpt --save-every 50 --resume auto
+
 Rank 0 prints a progress line every 10% of a run, then the table (final
 validation loss, ms per step, optimizer share of the step, steps each run
 needs to reach the baseline's (AdamW's) final validation loss) and writes
@@ -34,6 +47,7 @@ the C++ job's format: examples/train_gpt/plot_runs.py plots them).
 import argparse
 import math
 import os
+import re
 import time
 
 RUNS = ("adamw", "muon")
@@ -66,6 +80,16 @@ def parse_args(argv=None):
     p.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp2"),
                    help="data parallelism with several ranks: DDP (the Muon run layer-wise) or "
                         "FSDP2's fully_shard (the Muon run sharded, owner-compute)")
+    p.add_argument("--save", default="",
+                   help="directory of checkpoints: DIR/<run>/step-<N>.pt, every --save-every steps "
+                        "and at the end (--parallel ddp)")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="steps between checkpoints (0: only at the end)")
+    p.add_argument("--keep", type=int, default=2, help="checkpoints kept per run (the newest)")
+    p.add_argument("--resume", default="",
+                   help="directory of a --save: each run continues from its newest checkpoint (at "
+                        "any world size); auto: from --save's newest where there is one, else "
+                        "from step 0 (for torchrun --max-restarts)")
     args = p.parse_args(argv)
     runs = [r for r in args.runs.split(",") if r]
     bad = [r for r in runs if r not in RUNS]
@@ -85,6 +109,15 @@ def parse_args(argv=None):
         p.error(f"--heads {args.heads} must divide --d-model {args.d_model}")
     if args.threads < 0:
         p.error(f"--threads must be >= 0, got {args.threads}")
+    if args.save_every < 0:
+        p.error(f"--save-every must be >= 0, got {args.save_every}")
+    if args.keep < 1:
+        p.error(f"--keep must be >= 1, got {args.keep}")
+    if args.resume == "auto" and not args.save:
+        p.error("--resume auto continues from the checkpoints of --save; give --save DIR")
+    if (args.save or args.resume) and args.parallel != "ddp":
+        p.error(f"--save and --resume take --parallel ddp (got {args.parallel!r}); FSDP2's "
+                "parameters and state are saved with torch.distributed.checkpoint (docs/python.md)")
     return args
 
 
@@ -418,6 +451,133 @@ def make_optimizer(run, model, args, world):
                                   scale_mode="shape_scaling")
 
 
+# ---- checkpoints -----------------------------------------------------------------------
+
+CHECKPOINT_FORMAT = "muon_cpp examples/python/train_gpt.py checkpoint 1"
+# What a checkpoint must share with the run that loads it: the model's shape,
+# the batches and the schedule.
+CHECKPOINT_ARGS = ("d_model", "layers", "heads", "seq", "tie_head", "steps", "batch", "seed",
+                   "chars", "lr_muon", "lr_adamw")
+
+
+def checkpoint_steps(directory):
+    """The steps of the complete checkpoints in ``directory``, newest first
+    (a file under its own name is complete: it is written under a
+    temporary name and renamed)."""
+    steps = []
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            m = re.fullmatch(r"step-(\d+)\.pt", name)
+            if m:
+                steps.append(int(m.group(1)))
+    return sorted(steps, reverse=True)
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _owned(opt, index_of):
+    """The indices (torch.optim's state_dict numbering) of the parameters whose
+    state this rank holds: all of them, except in muon_cpp's layer-wise
+    layout, where each rank holds those it owns."""
+    steps_here = getattr(opt, "steps_here", None)
+    return {i for p, i in index_of.items() if steps_here is None or steps_here(p)}
+
+
+def _index_of(opt):
+    params = [p for g in opt.param_groups for p in g["params"]]
+    return {p: i for i, p in enumerate(params)}
+
+
+def save_checkpoint(directory, step, model, opt, sched, progress, args, rank, world):
+    """Collective: every rank gives the state it holds; rank 0 writes
+    ``directory/step-<step>.pt`` (the whole optimizer state, so that any world
+    size loads it) and keeps the newest ``args.keep``."""
+    sd = opt.state_dict()
+    state = sd["state"]
+    if world > 1:
+        parts = [None] * world
+        dist.all_gather_object(parts, state)
+        state = {}
+        for part in parts:
+            state.update(part)
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        blob = {"format": CHECKPOINT_FORMAT, "step": step, "world": world,
+                "args": {k: getattr(args, k) for k in CHECKPOINT_ARGS},
+                "model": model.state_dict(),
+                "optimizer": {"state": state, "param_groups": sd["param_groups"]},
+                "scheduler": sched.state_dict(), "progress": progress}
+        final = os.path.join(directory, f"step-{step}.pt")
+        tmp = os.path.join(directory, f".step-{step}.pt.tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            torch.save(blob, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+        for old in checkpoint_steps(directory)[args.keep:]:
+            os.remove(os.path.join(directory, f"step-{old}.pt"))
+    if world > 1:
+        dist.barrier()
+
+
+def find_resume(run, args, rank, world):
+    """The checkpoint this run continues from (a path), or None; rank 0's
+    choice, given to every rank."""
+    if not args.resume:
+        return None
+    directory = os.path.join(args.save if args.resume == "auto" else args.resume, run)
+    choice = [None]
+    if rank == 0:
+        steps = checkpoint_steps(directory)
+        if steps:
+            choice[0] = os.path.join(directory, f"step-{steps[0]}.pt")
+            how = "--resume auto: continuing" if args.resume == "auto" else "resuming"
+            print(f"run {run!r}: {how} from step {steps[0]} ({choice[0]})", flush=True)
+        elif args.resume == "auto":
+            print(f"run {run!r}: --resume auto: no checkpoint in {directory} yet, starting at "
+                  "step 0", flush=True)
+        else:
+            choice[0] = ""  # an error on every rank, below
+    if world > 1:
+        dist.broadcast_object_list(choice, src=0)
+    if choice[0] == "":
+        raise SystemExit(f"train_gpt.py: --resume {args.resume!r}: no checkpoint of run {run!r} "
+                         f"in {directory!r}")
+    return choice[0]
+
+
+def load_checkpoint(path, run, model, opt, sched, args, rank, world):
+    """Loads ``path`` into this rank's model, optimizer and schedule; returns
+    the progress dict it saved. The ranks of another world size take their
+    part of the optimizer state."""
+    blob = torch.load(path, map_location="cpu")
+    if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
+        raise SystemExit(f"train_gpt.py: {path!r} is not a checkpoint of this example")
+    for k, v in blob["args"].items():
+        if getattr(args, k) != v:
+            raise SystemExit(f"train_gpt.py: run {run!r}: {path!r} was written with "
+                             f"--{k.replace('_', '-')} {v}, this run has {getattr(args, k)}")
+    if blob["step"] > args.steps:
+        raise SystemExit(f"train_gpt.py: {path!r} is at step {blob['step']}, past --steps {args.steps}")
+    model.load_state_dict(blob["model"])
+    owned = _owned(opt, _index_of(opt))
+    saved = blob["optimizer"]
+    opt.load_state_dict({"state": {i: s for i, s in saved["state"].items() if i in owned},
+                         "param_groups": saved["param_groups"]})
+    sched.load_state_dict(blob["scheduler"])
+    if rank == 0:
+        print(f"run {run!r}: resumed from step {blob['step']} of {path} (written by "
+              f"{blob['world']} rank(s); this run: {world})", flush=True)
+    return blob["progress"]
+
+
 # ---- one run --------------------------------------------------------------------------
 
 def fully_shard_gpt(model, world):
@@ -472,12 +632,31 @@ def train(run, args, vocab_size, train_tokens, windows, rank, world):
         model.train()
         return all_reduce_sum([s], world)[0] / len(windows)
 
-    log = [(0, 0, float("nan"), evaluate(), 0.0, 0.0)]
     tokens_per_step = args.batch * args.seq
+    start = 0
     seconds = opt_seconds = 0.0
     train_sum, train_count = 0.0, 0
+    resume_from = find_resume(run, args, rank, world)
+    if resume_from:
+        progress = load_checkpoint(resume_from, run, model, opt, sched, args, rank, world)
+        start, log = progress["step"], [tuple(row) for row in progress["log"]]
+        seconds, opt_seconds = progress["seconds"], progress["opt_seconds"]
+        # The training losses since the last evaluation: each rank goes on
+        # from their mean over the ranks that saved them (at any world size,
+        # the interval's mean is then each step's mean over the ranks).
+        train_sum, train_count = progress["train_sum"], progress["train_count"]
+    else:
+        log = [(0, 0, float("nan"), evaluate(), 0.0, 0.0)]
+
+    def save(done):
+        mean = all_reduce_sum([train_sum], world)[0] / world
+        progress = {"step": done, "log": log, "seconds": seconds, "opt_seconds": opt_seconds,
+                    "train_sum": mean, "train_count": train_count}
+        save_checkpoint(os.path.join(args.save, run), done, model, opt, sched, progress, args,
+                        rank, world)
+
     report_every = max(1, args.steps // 10)
-    for step in range(args.steps):
+    for step in range(start, args.steps):
         t0 = time.perf_counter()
         batch = train_batch(train_tokens, step, args.batch, args.seq, rank, world, args.seed)
         opt.zero_grad(set_to_none=True)
@@ -498,6 +677,8 @@ def train(run, args, vocab_size, train_tokens, windows, rank, world):
             total, count = all_reduce_sum([train_sum, train_count], world)
             log.append((done, done * tokens_per_step, total / count, evaluate(), seconds, opt_seconds))
             train_sum, train_count = 0.0, 0
+        if args.save and (done == args.steps or (args.save_every and done % args.save_every == 0)):
+            save(done)
         if rank == 0 and (done % report_every == 0 or done == args.steps):
             print(f"{run:<6} step {done:>5}/{args.steps} loss {value:.4f} "
                   f"{done * tokens_per_step / seconds:8.0f} tok/s", flush=True)

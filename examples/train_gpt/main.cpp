@@ -21,7 +21,9 @@
 // compare their flags, and rank 0's model is broadcast to all (as DDP does).
 // --save DIR writes reshardable checkpoints (muon::dist::save_checkpoint) to
 // DIR/<run>/step-<N>; --resume DIR continues each run from the newest in
-// DIR/<run>/, at any --nproc and --optimizer-layout.
+// DIR/<run>/, at any --nproc and --optimizer-layout; --resume auto from
+// --save's newest where there is one (torchrun --max-restarts: a restarted
+// job continues by itself).
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -123,10 +125,21 @@ void check_save_directory(const char* flag, const std::string& path) {
   }
 }
 
+// --resume auto: each run continues from the newest complete checkpoint
+// under --save if it has one, and starts at step 0 if not (a job restarted
+// by its launcher, e.g. torchrun --max-restarts, continues by itself).
+bool resume_auto(const Flags& f) { return f.resume == "auto"; }
+
 // Every run has a complete checkpoint under --resume (its model shape is
-// checked by the trainer, against the data's vocabulary).
+// checked by the trainer, against the data's vocabulary); --resume auto
+// needs --save.
 void check_resume_directories(const Flags& f, const std::vector<std::string>& runs) {
   if (f.resume.empty()) return;
+  if (resume_auto(f)) {
+    TORCH_CHECK_VALUE(!f.save.empty(),
+                      "[muon-train-gpt] --resume auto continues from the checkpoints of --save; give --save DIR");
+    return;
+  }
   for (const auto& run : runs) {
     const auto dir = (fs::path(f.resume) / run).string();
     TORCH_CHECK_VALUE(muon::dist::latest_checkpoint(dir).has_value(), "[muon-train-gpt] --resume '",
@@ -369,6 +382,35 @@ std::string one_line(std::string text) {
   return text;
 }
 
+// --resume auto for one run: `dir` when it holds a complete checkpoint, ""
+// (start at step 0) when not. Every rank looks, and the ranks agree on the
+// step they found: a rank that sees another checkpoint (a directory not
+// shared by every node) raises c10::ValueError on every rank.
+std::string auto_resume_directory(const muon::dist::Group& group, const std::string& dir,
+                                  const std::string& run) {
+  const auto latest = muon::dist::latest_checkpoint(dir);
+  const int64_t step = latest ? latest->step : -1;
+  const auto steps = group.all_gather_ints({step});
+  for (size_t r = 0; r < steps.size(); ++r) {
+    TORCH_CHECK_VALUE(steps[r][0] == step, "[muon-train-gpt] --resume auto: rank ", group.rank(),
+                      " finds ", step < 0 ? "no checkpoint" : "step " + std::to_string(step),
+                      " of run '", run, "' in '", clip(dir), "', rank ", r, " finds ",
+                      steps[r][0] < 0 ? "none" : "step " + std::to_string(steps[r][0]),
+                      "; --save must be one directory every rank sees");
+  }
+  if (group.rank() == 0) {
+    if (latest) {
+      std::printf("run '%s': --resume auto: continuing from step %lld (%s)\n", run.c_str(),
+                  static_cast<long long>(step), latest->path.c_str());
+    } else {
+      std::printf("run '%s': --resume auto: no checkpoint in %s yet, starting at step 0\n",
+                  run.c_str(), clip(dir).c_str());
+    }
+    std::fflush(stdout);
+  }
+  return latest ? dir : "";
+}
+
 int run_rank(const Flags& f) {
   const bool launched = std::getenv("RANK") != nullptr;
   muon::dist::Group group = muon::dist::Group::single();
@@ -431,7 +473,11 @@ int run_rank(const Flags& f) {
     if (!f.save.empty()) o.save_dir = (fs::path(f.save) / run).string();
     o.save_every = f.save_every;
     o.keep = f.keep;
-    if (!f.resume.empty()) o.resume = (fs::path(f.resume) / run).string();
+    if (resume_auto(f)) {
+      o.resume = auto_resume_directory(group, (fs::path(f.save) / run).string(), run);
+    } else if (!f.resume.empty()) {
+      o.resume = (fs::path(f.resume) / run).string();
+    }
     if (mesh.tp.size() > 1) {
       // The ranks of a tensor-parallel group compute one model on one batch:
       // they take the seed of its first rank (batches follow the seed).
@@ -516,7 +562,8 @@ int main(int argc, char** argv) {
       ->check(count(1));
   app.add_option("--resume", f.resume,
                  "directory of a --save: each run continues from the newest complete checkpoint in "
-                 "DIR/<run>/ (written at any --nproc and --optimizer-layout; same model shape)");
+                 "DIR/<run>/ (written at any --nproc and --optimizer-layout; same model shape); "
+                 "auto: from --save's newest where there is one, else from step 0 (for restarts)");
   app.add_flag("!--no-plot", f.plot, "skip the PNG plot");
   app.add_flag("!--no-progress", t.progress, "no progress bar");
   app.add_option("--optimizer-layout", f.layout,

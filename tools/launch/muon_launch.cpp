@@ -1,12 +1,22 @@
 // muon-launch: runs N local ranks of a program with torchrun's environment.
 //
 //   muon-launch -n N [--master-port P] [--master-addr A] [--grace S] -- program args...
+//   muon-launch -n N --nnodes M --node-rank K --master-addr A --master-port P -- program args...
 //
 // Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_RESTART_COUNT=0 and TORCHELASTIC_USE_AGENT_STORE=False (rank
 // 0 hosts the store, as in muon::dist::init_from_env). Every line a rank
 // writes is prefixed with "[rank N] " (stdout to stdout, stderr to stderr).
+//
+// Several machines (torchrun's static rendezvous, --nnodes M --node_rank K):
+// run one muon-launch on each of M nodes with the same -n, --nnodes,
+// --master-addr (an address of node 0 that every node reaches) and
+// --master-port (free on node 0), and --node-rank 0..M-1. Node K's local
+// rank r is global rank K*N + r of M*N (GROUP_RANK = K). Each launcher
+// stops only its own ranks; the ranks of the other nodes see their peers
+// fail and exit in turn. For restarts after a failure (a node dying), use
+// torchrun's c10d rendezvous with --max-restarts (docs/train_gpt.md).
 // SIGINT, SIGTERM and SIGHUP are forwarded to every rank. When a rank exits
 // with a non-zero status the others get SIGTERM; after a forwarded signal or
 // a failing rank, ranks still running after the grace period get SIGKILL,
@@ -55,8 +65,8 @@ void on_signal(int sig) { g_signal = sig; }
 [[noreturn]] void usage(const std::string& error) {
   std::fprintf(stderr,
                "muon-launch: %s\n"
-               "usage: muon-launch -n N [--master-port P] [--master-addr A] [--grace S] -- "
-               "program [args...]\n",
+               "usage: muon-launch -n N [--nnodes M --node-rank K] [--master-port P] "
+               "[--master-addr A] [--grace S] -- program [args...]\n",
                error.c_str());
   std::exit(2);
 }
@@ -193,6 +203,9 @@ int main(int argc, char** argv) {
   int n = -1;
   int port = -1;
   int grace = kDefaultGraceSeconds;
+  int nnodes = 1;
+  int node_rank = -1;
+  bool addr_given = false;
   std::string addr = "127.0.0.1";
   int i = 1;
   for (; i < argc; ++i) {
@@ -208,6 +221,11 @@ int main(int argc, char** argv) {
       port = parse_int(a, argv[++i], 1, 65535);
     } else if (a == "--master-addr") {
       addr = argv[++i];
+      addr_given = true;
+    } else if (a == "--nnodes") {
+      nnodes = parse_int(a, argv[++i], 1, 1024);
+    } else if (a == "--node-rank") {
+      node_rank = parse_int(a, argv[++i], 0, 1023);
     } else if (a == "--grace") {
       grace = parse_int(a, argv[++i], 0, 3600);
     } else {
@@ -216,6 +234,23 @@ int main(int argc, char** argv) {
   }
   if (n < 1) usage("-n N is required");
   if (i >= argc) usage("no program given after --");
+  if (nnodes > 1) {
+    // Every node must name the same store: no free port of this machine's own.
+    if (node_rank < 0) usage("--nnodes " + std::to_string(nnodes) + " needs --node-rank K (0.." +
+                             std::to_string(nnodes - 1) + ")");
+    if (port < 0 || !addr_given) {
+      usage("--nnodes " + std::to_string(nnodes) +
+            " needs --master-addr and --master-port: node 0's address and a free port there, the "
+            "same on every node");
+    }
+  }
+  if (node_rank < 0) node_rank = 0;
+  if (node_rank >= nnodes) {
+    usage("--node-rank must be < --nnodes (" + std::to_string(nnodes) + "), got " +
+          std::to_string(node_rank));
+  }
+  const int world = n * nnodes;
+  const int first_rank = n * node_rank;
   if (port < 0) port = free_port(addr);
   if (port < 0) usage("could not find a free port; pass --master-port");
 
@@ -263,13 +298,13 @@ int main(int argc, char** argv) {
       dfl.sa_handler = SIG_DFL;
       for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(sig, &dfl, nullptr);
       const auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
-      set("RANK", std::to_string(r));
+      set("RANK", std::to_string(first_rank + r));
       set("LOCAL_RANK", std::to_string(r));
-      set("GROUP_RANK", "0");
-      set("ROLE_RANK", std::to_string(r));
-      set("WORLD_SIZE", std::to_string(n));
+      set("GROUP_RANK", std::to_string(node_rank));
+      set("ROLE_RANK", std::to_string(first_rank + r));
+      set("WORLD_SIZE", std::to_string(world));
       set("LOCAL_WORLD_SIZE", std::to_string(n));
-      set("ROLE_WORLD_SIZE", std::to_string(n));
+      set("ROLE_WORLD_SIZE", std::to_string(world));
       set("MASTER_ADDR", addr);
       set("MASTER_PORT", std::to_string(port));
       set("TORCHELASTIC_RESTART_COUNT", "0");
@@ -283,7 +318,7 @@ int main(int argc, char** argv) {
     close(err[1]);
     ranks[static_cast<size_t>(r)].pid = pid;
     ranks[static_cast<size_t>(r)].running = true;
-    const std::string prefix = "[rank " + std::to_string(r) + "] ";
+    const std::string prefix = "[rank " + std::to_string(first_rank + r) + "] ";
     for (const auto& [fd, to] : {std::pair<int, int>{out[0], STDOUT_FILENO}, {err[0], STDERR_FILENO}}) {
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
       streams.push_back(Stream{fd, to, prefix, {}});
@@ -324,7 +359,7 @@ int main(int argc, char** argv) {
           first_failure = static_cast<int>(r);
           exit_code = rank.status;
           std::fprintf(stderr, "muon-launch: rank %zu exited with status %d; stopping the others\n",
-                       r, rank.status);
+                       static_cast<size_t>(first_rank) + r, rank.status);
           begin_stop(SIGTERM);
         }
       } else {
