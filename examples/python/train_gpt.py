@@ -25,11 +25,13 @@ Data parallel over gloo, in one of two ways (--parallel):
     PYTHONPATH=build/python python3 -m muon_cpp.torchrun --nproc_per_node 2 examples/python/train_gpt.py --parallel fsdp2
     PYTHONPATH=build/python /usr/bin/python3 examples/python/train_gpt.py --steps 50   # one process
 
-Checkpoints (--parallel ddp): --save DIR writes DIR/<run>/step-<N>.pt every
---save-every steps and at the end (the model, the whole optimizer state
-gathered from the ranks that own it, the schedule, the log so far; written
-to a temporary name and renamed, so a file under its own name is complete),
-keeping the newest --keep. --resume DIR continues each run from the newest
+Checkpoints: --save DIR writes DIR/<run>/step-<N> every --save-every steps
+and at the end, keeping the newest --keep: with ddp a file step-<N>.pt (the
+model, the whole optimizer state gathered from the ranks that own it, the
+schedule, the log so far), with fsdp2 a directory step-<N>/ of
+torch.distributed.checkpoint (each rank's shards) and the same run state.
+Each is written under a temporary name and renamed, so a checkpoint under
+its own name is complete. --resume DIR continues each run from the newest
 in DIR/<run>/, at any world size; --resume auto does so from --save's where
 there is one and starts at step 0 where not, so that a job restarted by
 torchrun --max-restarts continues by itself:
@@ -48,6 +50,7 @@ import argparse
 import math
 import os
 import re
+import shutil
 import time
 
 RUNS = ("adamw", "muon")
@@ -81,8 +84,8 @@ def parse_args(argv=None):
                    help="data parallelism with several ranks: DDP (the Muon run layer-wise) or "
                         "FSDP2's fully_shard (the Muon run sharded, owner-compute)")
     p.add_argument("--save", default="",
-                   help="directory of checkpoints: DIR/<run>/step-<N>.pt, every --save-every steps "
-                        "and at the end (--parallel ddp)")
+                   help="directory of checkpoints: DIR/<run>/step-<N>, every --save-every steps "
+                        "and at the end")
     p.add_argument("--save-every", type=int, default=0,
                    help="steps between checkpoints (0: only at the end)")
     p.add_argument("--keep", type=int, default=2, help="checkpoints kept per run (the newest)")
@@ -115,9 +118,6 @@ def parse_args(argv=None):
         p.error(f"--keep must be >= 1, got {args.keep}")
     if args.resume == "auto" and not args.save:
         p.error("--resume auto continues from the checkpoints of --save; give --save DIR")
-    if (args.save or args.resume) and args.parallel != "ddp":
-        p.error(f"--save and --resume take --parallel ddp (got {args.parallel!r}); FSDP2's "
-                "parameters and state are saved with torch.distributed.checkpoint (docs/python.md)")
     return args
 
 
@@ -460,17 +460,25 @@ CHECKPOINT_ARGS = ("d_model", "layers", "heads", "seq", "tie_head", "steps", "ba
                    "chars", "lr_muon", "lr_adamw")
 
 
-def checkpoint_steps(directory):
-    """The steps of the complete checkpoints in ``directory``, newest first
-    (a file under its own name is complete: it is written under a
-    temporary name and renamed)."""
-    steps = []
+def checkpoints(directory):
+    """The complete checkpoints in ``directory`` as (step, path), newest
+    first: files step-<N>.pt (ddp) and directories step-<N> (fsdp2). One
+    under its own name is complete: it is written under a temporary name
+    and renamed."""
+    found = []
     if os.path.isdir(directory):
         for name in os.listdir(directory):
-            m = re.fullmatch(r"step-(\d+)\.pt", name)
+            m = re.fullmatch(r"step-(\d+)(\.pt)?", name)
             if m:
-                steps.append(int(m.group(1)))
-    return sorted(steps, reverse=True)
+                found.append((int(m.group(1)), os.path.join(directory, name)))
+    return sorted(found, reverse=True)
+
+
+def _remove(path):
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
 
 
 def _fsync_dir(directory):
@@ -494,10 +502,63 @@ def _index_of(opt):
     return {p: i for i, p in enumerate(params)}
 
 
+def _fsdp2_state(model, opt):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+
+
+def _run_state(step, world, args, sched, progress):
+    return {"format": CHECKPOINT_FORMAT, "step": step, "world": world, "parallel": args.parallel,
+            "args": {k: getattr(args, k) for k in CHECKPOINT_ARGS},
+            "scheduler": sched.state_dict(), "progress": progress}
+
+
+def _write(blob, path):
+    with open(path, "wb") as f:
+        torch.save(blob, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _prune(directory, keep):
+    for _, old in checkpoints(directory)[keep:]:
+        _remove(old)
+
+
+def save_fsdp2_checkpoint(directory, step, model, opt, sched, progress, args, rank, world):
+    """Collective: ``directory/step-<step>/``, torch.distributed.checkpoint's
+    files of every rank's shards (loadable at any world size) and run.pt,
+    written in a temporary directory that rank 0 renames when every rank is
+    done."""
+    import torch.distributed.checkpoint as dcp
+
+    tmp = os.path.join(directory, f".step-{step}.tmp")
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)  # a save a killed job left
+    dist.barrier()
+    dcp.save(_fsdp2_state(model, opt), checkpoint_id=tmp)
+    dist.barrier()
+    if rank == 0:
+        _write(_run_state(step, world, args, sched, progress), os.path.join(tmp, "run.pt"))
+        final = os.path.join(directory, f"step-{step}")
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(directory)
+        _prune(directory, args.keep)
+    dist.barrier()
+
+
 def save_checkpoint(directory, step, model, opt, sched, progress, args, rank, world):
     """Collective: every rank gives the state it holds; rank 0 writes
     ``directory/step-<step>.pt`` (the whole optimizer state, so that any world
     size loads it) and keeps the newest ``args.keep``."""
+    if args.parallel == "fsdp2" and world > 1:
+        save_fsdp2_checkpoint(directory, step, model, opt, sched, progress, args, rank, world)
+        return
     sd = opt.state_dict()
     state = sd["state"]
     if world > 1:
@@ -508,21 +569,15 @@ def save_checkpoint(directory, step, model, opt, sched, progress, args, rank, wo
             state.update(part)
     if rank == 0:
         os.makedirs(directory, exist_ok=True)
-        blob = {"format": CHECKPOINT_FORMAT, "step": step, "world": world,
-                "args": {k: getattr(args, k) for k in CHECKPOINT_ARGS},
-                "model": model.state_dict(),
-                "optimizer": {"state": state, "param_groups": sd["param_groups"]},
-                "scheduler": sched.state_dict(), "progress": progress}
+        blob = _run_state(step, world, args, sched, progress)
+        blob["model"] = model.state_dict()
+        blob["optimizer"] = {"state": state, "param_groups": sd["param_groups"]}
         final = os.path.join(directory, f"step-{step}.pt")
         tmp = os.path.join(directory, f".step-{step}.pt.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
-            torch.save(blob, f)
-            f.flush()
-            os.fsync(f.fileno())
+        _write(blob, tmp)
         os.replace(tmp, final)
         _fsync_dir(directory)
-        for old in checkpoint_steps(directory)[args.keep:]:
-            os.remove(os.path.join(directory, f"step-{old}.pt"))
+        _prune(directory, args.keep)
     if world > 1:
         dist.barrier()
 
@@ -535,11 +590,11 @@ def find_resume(run, args, rank, world):
     directory = os.path.join(args.save if args.resume == "auto" else args.resume, run)
     choice = [None]
     if rank == 0:
-        steps = checkpoint_steps(directory)
-        if steps:
-            choice[0] = os.path.join(directory, f"step-{steps[0]}.pt")
+        found = checkpoints(directory)
+        if found:
+            step, choice[0] = found[0]
             how = "--resume auto: continuing" if args.resume == "auto" else "resuming"
-            print(f"run {run!r}: {how} from step {steps[0]} ({choice[0]})", flush=True)
+            print(f"run {run!r}: {how} from step {step} ({choice[0]})", flush=True)
         elif args.resume == "auto":
             print(f"run {run!r}: --resume auto: no checkpoint in {directory} yet, starting at "
                   "step 0", flush=True)
@@ -557,20 +612,36 @@ def load_checkpoint(path, run, model, opt, sched, args, rank, world):
     """Loads ``path`` into this rank's model, optimizer and schedule; returns
     the progress dict it saved. The ranks of another world size take their
     part of the optimizer state."""
-    blob = torch.load(path, map_location="cpu")
+    sharded = os.path.isdir(path)
+    blob = torch.load(os.path.join(path, "run.pt") if sharded else path, map_location="cpu")
     if not isinstance(blob, dict) or blob.get("format") != CHECKPOINT_FORMAT:
         raise SystemExit(f"train_gpt.py: {path!r} is not a checkpoint of this example")
+    fsdp2 = args.parallel == "fsdp2" and world > 1
+    if sharded != fsdp2:
+        raise SystemExit(f"train_gpt.py: run {run!r}: {path!r} was written with --parallel "
+                         f"{blob.get('parallel')} at {blob['world']} rank(s); this run "
+                         f"({args.parallel}, {world} rank(s)) loads "
+                         f"{'sharded' if fsdp2 else 'whole'} checkpoints only")
     for k, v in blob["args"].items():
         if getattr(args, k) != v:
             raise SystemExit(f"train_gpt.py: run {run!r}: {path!r} was written with "
                              f"--{k.replace('_', '-')} {v}, this run has {getattr(args, k)}")
     if blob["step"] > args.steps:
         raise SystemExit(f"train_gpt.py: {path!r} is at step {blob['step']}, past --steps {args.steps}")
-    model.load_state_dict(blob["model"])
-    owned = _owned(opt, _index_of(opt))
-    saved = blob["optimizer"]
-    opt.load_state_dict({"state": {i: s for i, s in saved["state"].items() if i in owned},
-                         "param_groups": saved["param_groups"]})
+    if fsdp2:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        state = _fsdp2_state(model, opt)
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+    else:
+        model.load_state_dict(blob["model"])
+        owned = _owned(opt, _index_of(opt))
+        saved = blob["optimizer"]
+        opt.load_state_dict({"state": {i: s for i, s in saved["state"].items() if i in owned},
+                             "param_groups": saved["param_groups"]})
     sched.load_state_dict(blob["scheduler"])
     if rank == 0:
         print(f"run {run!r}: resumed from step {blob['step']} of {path} (written by "

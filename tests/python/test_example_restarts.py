@@ -24,6 +24,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "python", "train_gpt.py")
@@ -141,6 +142,25 @@ class Node:
             self.kill_all()
 
 
+def _has_fsdp2():
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except Exception:  # noqa: BLE001 - ImportError, or 1.13's FSDP failing on Python 3.11
+        return False
+    return True
+
+
+# The example's two layouts: DDP (the Muon run layer-wise, whole
+# checkpoints gathered by rank 0) and FSDP2 (sharded, checkpoints of
+# torch.distributed.checkpoint), torch >= 2.6.
+PARALLEL = pytest.mark.parametrize("parallel", [
+    "ddp",
+    pytest.param("fsdp2", marks=pytest.mark.skipif(
+        not _has_fsdp2(), reason="FSDP2 (fully_shard) needs torch >= 2.6; this torch is %s"
+        % torch.__version__)),
+])
+
+
 def _one_process(tmp_path, steps):
     out = tmp_path / "one"
     r = subprocess.run([sys.executable, EXAMPLE] + TINY + ["--steps", str(steps), "--out", str(out)],
@@ -154,7 +174,7 @@ def _wait_for_checkpoint(directory, node, limit=240):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if os.path.isdir(directory):
-            steps = [int(m.group(1)) for m in map(re.compile(r"step-(\d+)\.pt$").match,
+            steps = [int(m.group(1)) for m in map(re.compile(r"step-(\d+)(\.pt)?$").match,
                                                   os.listdir(directory)) if m]
             if steps:
                 return max(steps)
@@ -168,25 +188,27 @@ def _continued_from(text):
     return int(m.group(1)) if m else -1
 
 
-def test_two_agents_give_the_one_process_curve(tmp_path):
+@PARALLEL
+def test_two_agents_give_the_one_process_curve(tmp_path, parallel):
     one = _one_process(tmp_path, 20)
     port = _free_port()
-    args = TINY + ["--steps", "20", "--out", str(tmp_path / "two_nodes")]
+    args = TINY + ["--steps", "20", "--out", str(tmp_path / "two_nodes"), "--parallel", parallel]
     a = Node(str(tmp_path / "a.log"), "2", port, [], args)
     b = Node(str(tmp_path / "b.log"), "2", port, [], args)
     assert a.wait(300) == 0, a.output() + "\n---- node b ----\n" + b.output()
     assert b.wait(300) == 0, b.output()
-    assert "4 rank(s) (ddp)" in a.output() + b.output()
+    assert f"4 rank(s) ({parallel})" in a.output() + b.output()
     d = _difference(_read_curve(tmp_path / "two_nodes" / "muon.csv"), one)
-    print(f"2 nodes x 2 ranks vs one process: {d:.2e}")
+    print(f"{parallel}: 2 nodes x 2 ranks vs one process: {d:.2e}")
     assert d <= CURVE_TOLERANCE
 
 
-def test_killed_rank_restarts_from_the_newest_checkpoint(tmp_path):
+@PARALLEL
+def test_killed_rank_restarts_from_the_newest_checkpoint(tmp_path, parallel):
     steps = 60
     straight = tmp_path / "straight"
     port = _free_port()
-    common = TINY + ["--steps", str(steps)]
+    common = TINY + ["--steps", str(steps), "--parallel", parallel]
     # The uninterrupted run: the same 2 ranks, once.
     node = Node(str(tmp_path / "straight.log"), "1", port, [], common + ["--out", str(straight)])
     assert node.wait(300) == 0, node.output()
@@ -208,17 +230,18 @@ def test_killed_rank_restarts_from_the_newest_checkpoint(tmp_path):
     assert saved <= start < steps, ("the rank was killed after the run ended; the test needs a "
                                     "longer run", text)
     d = _difference(_read_curve(out / "muon.csv"), uninterrupted)
-    print(f"killed a rank after checkpoint {saved}, continued from {start}: {d:.2e}")
+    print(f"{parallel}: killed a rank after checkpoint {saved}, continued from {start}: {d:.2e}")
     assert d <= SAME_WORLD_TOLERANCE
 
 
-def test_node_dying_restarts_at_the_smaller_world(tmp_path):
+@PARALLEL
+def test_node_dying_restarts_at_the_smaller_world(tmp_path, parallel):
     steps = 60
     one = _one_process(tmp_path, steps)
     save = tmp_path / "save"
     out = tmp_path / "elastic"
     args = TINY + ["--steps", str(steps), "--save", str(save), "--save-every", "10",
-                   "--resume", "auto", "--out", str(out)]
+                   "--resume", "auto", "--out", str(out), "--parallel", parallel]
     port = _free_port()
     # Node a hosts the rendezvous store; node b dies. Between 1 and 2 nodes:
     # after b is gone, a waits last_call_timeout for more and goes on alone.
@@ -231,12 +254,33 @@ def test_node_dying_restarts_at_the_smaller_world(tmp_path):
     b.kill_all()
     assert a.wait(400) == 0, a.output() + "\n---- node b ----\n" + b.output()
     text = a.output()
-    assert "4 rank(s) (ddp)" in text + b.output(), text
-    assert "2 rank(s) (ddp)" in text, text
+    assert f"4 rank(s) ({parallel})" in text + b.output(), text
+    assert f"2 rank(s) ({parallel})" in text, text
     assert "written by 4 rank(s); this run: 2" in text, text
     start = _continued_from(text)
     assert saved <= start < steps, ("the node was killed after the run ended; the test needs a "
                                     "longer run", text)
     d = _difference(_read_curve(out / "muon.csv"), one)
-    print(f"node killed after checkpoint {saved}; 2 ranks continued from {start}: {d:.2e}")
+    print(f"{parallel}: node killed after checkpoint {saved}; 2 ranks continued from {start}: "
+          f"{d:.2e}")
     assert d <= CURVE_TOLERANCE
+
+
+def test_checkpoint_flags_fail_in_one_line_naming_them(tmp_path):
+    def run(*extra):
+        r = subprocess.run([sys.executable, EXAMPLE] + TINY + ["--steps", "4"] + list(extra),
+                           env=_env(), capture_output=True, text=True, timeout=300)
+        return r.returncode, (r.stdout + r.stderr).strip().splitlines()
+
+    code, lines = run("--resume", "auto")
+    assert code == 2 and "--resume auto" in lines[-1] and "--save" in lines[-1], lines
+    code, lines = run("--resume", str(tmp_path / "empty"), "--out", str(tmp_path / "o1"))
+    assert code == 1 and "no checkpoint of run 'muon'" in lines[-1], lines
+    # A checkpoint of another model names the flag and both values, and
+    # nothing is trained.
+    save = tmp_path / "save"
+    code, lines = run("--save", str(save), "--out", str(tmp_path / "o2"))
+    assert code == 0, lines
+    code, lines = run("--resume", str(save), "--d-model", "64", "--out", str(tmp_path / "o3"))
+    assert code == 1 and "--d-model 32, this run has 64" in lines[-1], lines
+    assert not (tmp_path / "o3" / "muon.csv").exists()
