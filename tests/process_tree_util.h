@@ -74,13 +74,7 @@ class Tree {
  public:
   Tree(const std::vector<std::string>& args, const std::string& log, const EnvChanges& env = {})
       : log_(log), start_(std::chrono::steady_clock::now()) {
-    std::vector<std::string> env_strings = environment_with(env);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    std::vector<char*> envp;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
+    const ExecImage image(args, env);
     const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) std::abort();
     pid_ = fork();
@@ -88,8 +82,7 @@ class Tree {
       setsid();
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
+      image.exec();
     }
     close(fd);
   }

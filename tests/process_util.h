@@ -39,6 +39,30 @@ inline std::vector<std::string> environment_with(const EnvChanges& changes) {
   return env;
 }
 
+/// A command's argv and envp for execve, built before fork: the child
+/// then only calls async-signal-safe functions.
+class ExecImage {
+ public:
+  ExecImage(const std::vector<std::string>& args, const EnvChanges& env)
+      : args_(args), env_(environment_with(env)) {
+    for (auto& a : args_) argv_.push_back(a.data());
+    argv_.push_back(nullptr);
+    for (auto& e : env_) envp_.push_back(e.data());
+    envp_.push_back(nullptr);
+  }
+  /// In the child: runs the command, or exits 127.
+  [[noreturn]] void exec() const {
+    execve(argv_[0], argv_.data(), envp_.data());
+    _exit(127);
+  }
+
+ private:
+  std::vector<std::string> args_;
+  std::vector<std::string> env_;
+  std::vector<char*> argv_;
+  std::vector<char*> envp_;
+};
+
 /// One child process with its stdout and stderr captured.
 class Child {
  public:
@@ -47,20 +71,12 @@ class Child {
     int out[2];
     int err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) std::abort();
-    // argv and envp are built before fork: the child only calls async-signal-safe functions.
-    std::vector<std::string> env_strings = environment_with(env);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    std::vector<char*> envp;
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
+    const ExecImage image(args, env);
     pid_ = fork();
     if (pid_ == 0) {
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
+      image.exec();
     }
     close(out[1]);
     close(err[1]);

@@ -22,11 +22,13 @@
 #include "muon/dist/layouts/qk_clip.h"
 #include "muon/plan.h"
 #include "report.h"
+#include "train_gpt_curve_util.h"
 #include "train_gpt_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using train_gpt_test::largest_difference;
 using train_gpt_test::Output;
 using train_gpt_test::run_program;
 using train_gpt_test::scratch;
@@ -166,23 +168,6 @@ Result run_job(const fs::path& dir, const std::string& args, const Job& job,
   const auto summary = nlohmann::json::parse(in);
   for (const auto& s : summary.at("runs")) r.summary[s.at("name").get<std::string>()] = s;
   return r;
-}
-
-// The largest relative difference between two runs' training and validation
-// losses at every logged step.
-double largest_difference(const train_gpt::RunLog& a, const train_gpt::RunLog& b) {
-  EXPECT_EQ(a.points.size(), b.points.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.points.size(), b.points.size()); ++i) {
-    EXPECT_EQ(a.points[i].step, b.points[i].step);
-    worst = std::max(worst, std::abs(a.points[i].valid_loss - b.points[i].valid_loss) /
-                                std::abs(a.points[i].valid_loss));
-    if (i > 0) {
-      worst = std::max(worst, std::abs(a.points[i].train_loss - b.points[i].train_loss) /
-                                  std::abs(a.points[i].train_loss));
-    }
-  }
-  return worst;
 }
 
 // Same global batches and initialization in every layout: a layout differs

@@ -16,10 +16,7 @@
 // tree): torchrun with the same arguments, which also starts jobs where
 // torch was built without libuv (Debian 13's 2.6) and works around
 // Debian 12's torchrun 1.13 on Python 3.11.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <cmath>
@@ -29,12 +26,16 @@
 #include <vector>
 
 #include "muon/dist/checkpoints/checkpoint.h"
+#include "env_util.h"
 #include "process_tree_util.h"
 #include "report.h"
+#include "train_gpt_curve_util.h"
 #include "train_gpt_util.h"
 
 namespace fs = std::filesystem;
+using muon::test::free_port;
 using muon::test::Tree;
+using train_gpt_test::largest_difference;
 using train_gpt_test::run_program;
 using train_gpt_test::scratch;
 
@@ -67,22 +68,6 @@ std::vector<std::string> words(const std::string& text) {
   return out;
 }
 
-// A TCP port free now on the loopback address (the kernel picks it).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-    port = ntohs(sa.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 bool have_torchrun() { return std::string(MUON_PYTHON_EXE).size() > 0; }
 
 // torchrun as a node runs it: an agent for `nproc` local ranks of
@@ -102,25 +87,6 @@ std::vector<std::string> torchrun(int port, const std::string& nnodes, int nproc
 }
 
 const muon::test::EnvChanges kTorchrunEnv{{"PYTHONPATH", MUON_PYTHON_PATH}};
-
-// The largest relative difference of two runs' validation and training
-// losses at every logged step; the logged steps and token counts must be
-// the same (a step lost or counted twice changes them).
-double largest_difference(const train_gpt::RunLog& a, const train_gpt::RunLog& b) {
-  EXPECT_EQ(a.points.size(), b.points.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.points.size(), b.points.size()); ++i) {
-    EXPECT_EQ(a.points[i].step, b.points[i].step);
-    EXPECT_EQ(a.points[i].tokens, b.points[i].tokens);
-    worst = std::max(worst, std::abs(a.points[i].valid_loss - b.points[i].valid_loss) /
-                                std::abs(a.points[i].valid_loss));
-    if (i > 0) {
-      worst = std::max(worst, std::abs(a.points[i].train_loss - b.points[i].train_loss) /
-                                  std::abs(a.points[i].train_loss));
-    }
-  }
-  return worst;
-}
 
 // One process's curve of `steps` steps (the reference).
 train_gpt::RunLog one_process(const fs::path& dir, int steps) {
