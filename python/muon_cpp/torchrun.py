@@ -13,6 +13,16 @@ with the same arguments. Where libuv works, or on torch 1.13 (which has
 only the classic backend), it is torchrun unchanged, except for one
 Debian 12 defect (``_with_redirects``).
 
+Restarts (``--max-restarts``) with the c10d rendezvous: torch 2.4-2.6's
+agents share their rendezvous store with the workers, and that breaks
+every restart. The workers' keys of the attempt before stay in the shared
+store (init_process_group no longer prefixes them by attempt), so the new
+ranks read the dead ranks' addresses ("Gloo connectFullMesh failed"), and
+a node that becomes group rank 0 on a restart trips an assertion in the
+agent (``_shared_tcp_store_server is not None``). This entry point sets
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless it is set: rank 0 of each
+attempt hosts a store of its own, as before torch 2.4.
+
     python3 -m muon_cpp.torchrun --nproc_per_node 2 train.py
 """
 import importlib
@@ -68,6 +78,8 @@ def main(argv=None):
     if not dist.is_available():
         sys.exit("muon_cpp.torchrun: this torch has no torch.distributed")
     args = _with_redirects(list(sys.argv[1:] if argv is None else argv))
+    # Read by the agent's rendezvous (torch >= 2.4); see the module's text.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     classic = (os.environ.get("USE_LIBUV") != "1" and hasattr(dist, "TCPStore")
                and libuv_available() is False)
     if classic:
