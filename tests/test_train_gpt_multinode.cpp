@@ -113,12 +113,25 @@ int64_t wait_for_checkpoint(const fs::path& dir, double limit_s) {
   return -1;
 }
 
-// The step of the first "--resume auto: continuing from step N" line of
-// rank 0 (-1: none).
-int64_t continued_from(const std::string& text) {
+// The job of the restart tests: `steps` steps, a checkpoint every 10 under
+// `save`, --resume auto, the curve in `out`; `extra` adds flags.
+std::string restartable(int steps, const fs::path& save, const fs::path& out,
+                        const std::string& extra = "") {
+  return kTiny + " --steps " + std::to_string(steps) + " --save-every 10 --save " + save.string() +
+         " --resume auto --out " + out.string() + " " + extra;
+}
+
+// The step rank 0's first "--resume auto: continuing from step N" line of
+// `text` names; checked to be at or after the checkpoint `saved` that was
+// complete when the rank or node died, and before the run's end (a kill
+// after the end would test no restart).
+int64_t continued_from(const std::string& text, int64_t saved, int steps) {
   const std::string key = "--resume auto: continuing from step ";
   const auto at = text.find(key);
-  return at == std::string::npos ? -1 : std::stoll(text.substr(at + key.size()));
+  const int64_t from = at == std::string::npos ? -1 : std::stoll(text.substr(at + key.size()));
+  EXPECT_GE(from, saved) << text;
+  EXPECT_LT(from, steps) << "killed after the run ended; the test needs a longer run\n" << text;
+  return from;
 }
 
 }  // namespace
@@ -213,8 +226,7 @@ TEST(TrainGptMultiNode, KilledRankRestartsFromTheNewestCheckpointOnTheUninterrup
 
   const auto out = dir / "restarted";
   const auto save = dir / "save";
-  const std::string args = kTiny + " --steps " + std::to_string(steps) + " --save-every 10 --save " +
-                           save.string() + " --resume auto --out " + out.string();
+  const std::string args = restartable(steps, save, out);
   Tree agent(torchrun(free_port(), "1", 2, "--max_restarts 1", args), (dir / "agent.log").string(),
              kTorchrunEnv);
   // Kill a rank as soon as the first checkpoint is complete: the steps
@@ -230,10 +242,7 @@ TEST(TrainGptMultiNode, KilledRankRestartsFromTheNewestCheckpointOnTheUninterrup
   // before the end.
   EXPECT_NE(text.find("--resume auto: no checkpoint"), std::string::npos) << text;
   const auto second = text.substr(text.find("--resume auto: no checkpoint") + 1);
-  const int64_t from = continued_from(second);
-  EXPECT_GE(from, saved) << text;
-  EXPECT_LT(from, steps) << "the rank was killed after the run ended; the test needs a longer run\n"
-                         << text;
+  const int64_t from = continued_from(second, saved, steps);
   const double d = largest_difference(train_gpt::read_csv((out / "muon.csv").string()), uninterrupted);
   std::printf("killed rank 1 after checkpoint %lld, continued from step %lld: %.2e from the "
               "uninterrupted curve\n",
@@ -250,8 +259,7 @@ TEST(TrainGptMultiNode, NodeDyingRestartsAtTheSmallerWorldOnTheSameCurve) {
   ASSERT_FALSE(one.points.empty());
   const auto out = dir / "elastic";
   const auto save = dir / "save";
-  const std::string args = kTiny + " --steps " + std::to_string(steps) + " --save-every 10 --save " +
-                           save.string() + " --resume auto --parallel sharded --out " + out.string();
+  const std::string args = restartable(steps, save, out, "--parallel sharded");
   const int port = free_port();
   // Node a hosts the rendezvous (its agent keeps the store), node b dies.
   // Between 1 and 2 nodes: after b is gone, a waits last_call_timeout for
@@ -268,10 +276,7 @@ TEST(TrainGptMultiNode, NodeDyingRestartsAtTheSmallerWorldOnTheSameCurve) {
   // from a checkpoint the 4 ranks wrote.
   EXPECT_NE(text.find("muon-train-gpt: 4 rank(s)"), std::string::npos) << text;
   EXPECT_NE(a.output().find("muon-train-gpt: 2 rank(s)"), std::string::npos) << a.output();
-  const int64_t from = continued_from(a.output());
-  EXPECT_GE(from, saved) << a.output();
-  EXPECT_LT(from, steps) << "the node was killed after the run ended; the test needs a longer run\n"
-                         << a.output();
+  const int64_t from = continued_from(a.output(), saved, steps);
   EXPECT_NE(a.output().find("written by 4 ranks"), std::string::npos) << a.output();
   const double d = largest_difference(train_gpt::read_csv((out / "muon.csv").string()), one);
   std::printf("node of 2 ranks killed after checkpoint %lld; 2 ranks continued from step %lld: "

@@ -489,17 +489,13 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
-def _owned(opt, index_of):
+def _owned(opt):
     """The indices (torch.optim's state_dict numbering) of the parameters whose
     state this rank holds: all of them, except in muon_cpp's layer-wise
     layout, where each rank holds those it owns."""
     steps_here = getattr(opt, "steps_here", None)
-    return {i for p, i in index_of.items() if steps_here is None or steps_here(p)}
-
-
-def _index_of(opt):
     params = [p for g in opt.param_groups for p in g["params"]]
-    return {p: i for i, p in enumerate(params)}
+    return {i for i, p in enumerate(params) if steps_here is None or steps_here(p)}
 
 
 def _fsdp2_state(model, opt):
@@ -521,7 +517,14 @@ def _write(blob, path):
         os.fsync(f.fileno())
 
 
-def _prune(directory, keep):
+def _commit(tmp, final, keep):
+    """Rank 0: the complete checkpoint ``tmp`` becomes ``final`` (one rename,
+    made durable), and only the newest ``keep`` stay."""
+    directory = os.path.dirname(final)
+    if os.path.exists(final):
+        _remove(final)
+    os.replace(tmp, final)
+    _fsync_dir(directory)
     for _, old in checkpoints(directory)[keep:]:
         _remove(old)
 
@@ -543,19 +546,14 @@ def save_fsdp2_checkpoint(directory, step, model, opt, sched, progress, args, ra
     dist.barrier()
     if rank == 0:
         _write(_run_state(step, world, args, sched, progress), os.path.join(tmp, "run.pt"))
-        final = os.path.join(directory, f"step-{step}")
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(directory)
-        _prune(directory, args.keep)
+        _commit(tmp, os.path.join(directory, f"step-{step}"), args.keep)
     dist.barrier()
 
 
 def save_checkpoint(directory, step, model, opt, sched, progress, args, rank, world):
-    """Collective: every rank gives the state it holds; rank 0 writes
-    ``directory/step-<step>.pt`` (the whole optimizer state, so that any world
-    size loads it) and keeps the newest ``args.keep``."""
+    """Collective. FSDP2: save_fsdp2_checkpoint. Otherwise every rank gives
+    the state it holds and rank 0 writes ``directory/step-<step>.pt`` (the
+    whole optimizer state, so that any world size loads it)."""
     if args.parallel == "fsdp2" and world > 1:
         save_fsdp2_checkpoint(directory, step, model, opt, sched, progress, args, rank, world)
         return
@@ -572,12 +570,9 @@ def save_checkpoint(directory, step, model, opt, sched, progress, args, rank, wo
         blob = _run_state(step, world, args, sched, progress)
         blob["model"] = model.state_dict()
         blob["optimizer"] = {"state": state, "param_groups": sd["param_groups"]}
-        final = os.path.join(directory, f"step-{step}.pt")
         tmp = os.path.join(directory, f".step-{step}.pt.tmp-{os.getpid()}")
         _write(blob, tmp)
-        os.replace(tmp, final)
-        _fsync_dir(directory)
-        _prune(directory, args.keep)
+        _commit(tmp, os.path.join(directory, f"step-{step}.pt"), args.keep)
     if world > 1:
         dist.barrier()
 
@@ -638,7 +633,7 @@ def load_checkpoint(path, run, model, opt, sched, args, rank, world):
         set_optimizer_state_dict(model, opt, state["optim"])
     else:
         model.load_state_dict(blob["model"])
-        owned = _owned(opt, _index_of(opt))
+        owned = _owned(opt)
         saved = blob["optimizer"]
         opt.load_state_dict({"state": {i: s for i, s in saved["state"].items() if i in owned},
                              "param_groups": saved["param_groups"]})

@@ -390,14 +390,10 @@ std::string auto_resume_directory(const muon::dist::Group& group, const std::str
                                   const std::string& run) {
   const auto latest = muon::dist::latest_checkpoint(dir);
   const int64_t step = latest ? latest->step : -1;
-  const auto steps = group.all_gather_ints({step});
-  for (size_t r = 0; r < steps.size(); ++r) {
-    TORCH_CHECK_VALUE(steps[r][0] == step, "[muon-train-gpt] --resume auto: rank ", group.rank(),
-                      " finds ", step < 0 ? "no checkpoint" : "step " + std::to_string(step),
-                      " of run '", run, "' in '", clip(dir), "', rank ", r, " finds ",
-                      steps[r][0] < 0 ? "none" : "step " + std::to_string(steps[r][0]),
-                      "; --save must be one directory every rank sees");
-  }
+  muon::dist::check_ranks_agree(
+      group, {{"the newest checkpoint of run '" + run + "' in '" + clip(dir) + "'",
+               latest ? "step " + std::to_string(step) : "none"}},
+      "[muon-train-gpt] --resume auto: ", "--save must be one directory every rank sees");
   if (group.rank() == 0) {
     if (latest) {
       std::printf("run '%s': --resume auto: continuing from step %lld (%s)\n", run.c_str(),
