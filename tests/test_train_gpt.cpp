@@ -656,16 +656,19 @@ int free_port() {
 }
 
 // Two ranks started by hand (as a cluster's scheduler would), each with its
-// own flags; their outputs and exit statuses.
+// own flags (and, given `cwd`, in its own working directory, as on two
+// machines); their outputs and exit statuses.
 std::vector<Output> run_two_ranks(const std::string& args0, const std::string& args1,
-                                  const std::filesystem::path& dir) {
+                                  const std::filesystem::path& dir,
+                                  const std::vector<std::filesystem::path>& cwd = {}) {
   std::string cmd = "export MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
                     " WORLD_SIZE=2 LOCAL_WORLD_SIZE=2; ";
   const std::string args[] = {args0, args1};
   for (int r = 0; r < 2; ++r) {
     const auto out = (dir / ("rank" + std::to_string(r) + ".txt")).string();
     const auto status = (dir / ("status" + std::to_string(r))).string();
-    cmd += "(RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) + " " +
+    cmd += "(" + (cwd.empty() ? std::string() : "cd " + cwd[static_cast<size_t>(r)].string() + " && ") +
+           "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) + " " +
            MUON_TRAIN_GPT_BIN + " " + args[r] + " > " + out + " 2>&1; echo $? > " + status + ") & ";
   }
   cmd += "wait";
@@ -687,6 +690,30 @@ const char* kTinyShape = "--layers 1 --heads 2 --context 32 --chars 60000 --eval
 std::string two_rank_flags(const std::filesystem::path& dir) {
   return std::string(kTinyShape) + "--batch 8 --steps 4 --timeout 60 --out " + (dir / "out").string() +
          " ";
+}
+
+// --resume auto on ranks that see different --save directories (a relative
+// path from two working directories, as on two machines without a shared
+// file system): every rank refuses in one line naming both findings, and
+// none trains from a checkpoint the others lack.
+TEST(TrainGptProgram, ResumeAutoRefusesRanksThatSeeDifferentCheckpoints) {
+  const auto dir = scratch("resume_auto_split");
+  std::filesystem::create_directories(dir / "a");
+  std::filesystem::create_directories(dir / "b");
+  const std::string flags = two_rank_flags(dir) + "--width 32 ";
+  ASSERT_EQ(run_program(flags + "--nproc 1 --save " + (dir / "a" / "ckpt").string()).status, 0);
+  const auto out = run_two_ranks(flags + "--save ckpt --resume auto", flags + "--save ckpt --resume auto",
+                                 dir, {dir / "a", dir / "b"});
+  for (int r = 0; r < 2; ++r) {
+    const auto& o = out[static_cast<size_t>(r)];
+    EXPECT_EQ(o.status, 1) << o.text;
+    EXPECT_NE(o.text.find("the newest checkpoint of run 'muon' in 'ckpt/muon' is none on rank 1, "
+                          "step 4 on rank 0; --save must be one directory every rank sees"),
+              std::string::npos)
+        << o.text;
+    EXPECT_EQ(o.text.find("resumed from"), std::string::npos) << o.text;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainGptProgram, ResumeNamesWhatDiffersFromTheCheckpoint) {
