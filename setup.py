@@ -18,10 +18,12 @@ build with one line that names it and how to get it.
 """
 import glob
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -60,6 +62,47 @@ def find_torch_config(prefix):
     return None
 
 
+def cxx_compiler():
+    """The C++ compiler CMake's configure will use, as (where it comes from,
+    its command line): -DCMAKE_CXX_COMPILER in CMAKE_ARGS, else CXX, else c++."""
+    for arg in shlex.split(os.environ.get("CMAKE_ARGS", "")):
+        m = re.match(r"-DCMAKE_CXX_COMPILER(?::[A-Z]+)?=(.*)$", arg)
+        if m:
+            return "CMAKE_CXX_COMPILER", m.group(1)
+    if os.environ.get("CXX", "").strip():
+        return "CXX", os.environ["CXX"]
+    return "the default", "c++"
+
+
+def check_compiler():
+    """Stops in one line naming the compiler unless it compiles an empty C++
+    file to an object file (CMake's configure would only say it failed)."""
+    source, cxx = cxx_compiler()
+    command = shlex.split(cxx)
+    if not command or shutil.which(command[0]) is None:
+        what = (f"the C++ compiler '{cxx}' ({source}) is not executable"
+                if command and os.path.isfile(command[0]) else
+                f"no C++ compiler '{cxx}' ({source}) on PATH")
+        fail(f"{what}; install one (Debian: apt-get install g++) or set CXX")
+    with tempfile.TemporaryDirectory(prefix="muon_cpp_cxx_") as tmp:
+        src, obj = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.o")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write("int muon_cpp_probe(int x) { return x + 1; }\n")
+        try:
+            result = subprocess.run(command + ["-c", src, "-o", obj], capture_output=True,
+                                    text=True, errors="replace", timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            fail(f"the C++ compiler '{cxx}' ({source}) does not run: {type(e).__name__}: "
+                 f"{str(e)[:120]}; install one (Debian: apt-get install g++) or set CXX")
+        ok = result.returncode == 0 and os.path.isfile(obj) and os.path.getsize(obj) > 0
+        if not ok:
+            said = " ".join((result.stderr or result.stdout).split())[:160]
+            how = (f"exit {result.returncode}" + (f": {said}" if said else "")
+                   if result.returncode != 0 else "it exited 0 without writing the object file")
+            fail(f"the C++ compiler '{cxx}' ({source}) does not compile an empty C++ file ({how}); "
+                 "install one (Debian: apt-get install g++) or set CXX to a working compiler")
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])
@@ -70,9 +113,7 @@ class CMakeBuild(build_ext):
         cmake = shutil.which("cmake")
         if cmake is None:
             fail("cmake not found on PATH; install it (Debian: apt-get install cmake ninja-build g++)")
-        cxx = os.environ.get("CXX", "c++")
-        if shutil.which(shlex.split(cxx)[0]) is None:
-            fail(f"no C++ compiler '{cxx}' on PATH; install one (Debian: apt-get install g++) or set CXX")
+        check_compiler()
         version, prefix = torch_info()
         torch_dir = find_torch_config(prefix)
         if torch_dir is None:

@@ -8,8 +8,8 @@
 #   - the extension's only run path is $ORIGIN (libmuon ships beside it);
 #   - `pip uninstall` leaves nothing of it behind;
 # then the same with `pip install -e .` (the package imported from the copy);
-# and a build without cmake, or without a C++ compiler, stops in one line
-# naming what is missing.
+# and a build without cmake, or without a C++ compiler, or with one that
+# does not compile (CXX=/bin/true), stops in one line naming what is missing.
 #
 #   tests/pip_install_test.sh SOURCE_DIR WORK_DIR PYTHON
 set -euo pipefail
@@ -99,4 +99,5 @@ expect_one_line() {  # what, expected text, then the command
 }
 expect_one_line cmake "cmake not found" env PATH="$work/venv/bin" "$py" -m pip install --no-build-isolation .
 expect_one_line "a C++ compiler" "no C++ compiler" env CXX=/nonexistent/c++ "$py" -m pip install --no-build-isolation .
+expect_one_line "a working C++ compiler" "compiler '/bin/true' (CXX) does not compile" env CXX=/bin/true "$py" -m pip install --no-build-isolation .
 echo "pip_install_test: ok"
