@@ -66,6 +66,26 @@ def _blas_threads(paths):
     return None
 
 
+def _local_world_size(value, problems):
+    """LOCAL_WORLD_SIZE (the ranks on this machine; 1 when unset or empty), or
+    1 with a line in `problems` naming it and its value when it is not a
+    positive integer (muon_cpp's process groups refuse it too)."""
+    if value is None or not value.strip():
+        return 1
+    text = value.strip()
+    if text.isascii() and text.isdigit() and len(text) <= 10 and 1 <= int(text) <= 2**31 - 1:
+        return int(text)
+    problems.append(f"LOCAL_WORLD_SIZE should be an integer in [1, 2147483647] (the ranks on "
+                    f"this machine) but is {_short(value)}")
+    return 1
+
+
+def _short(value, limit=40):
+    """repr(value), at most `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def collect():
     """Everything the doctor reports, as a dict (``problems`` lists what is wrong)."""
     report = {"python": sys.version.split()[0], "python_executable": sys.executable,
@@ -95,7 +115,7 @@ def collect():
     env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                       "OPENBLAS_CORETYPE", "ONEDNN_MAX_CPU_ISA",
                                       "ATEN_CPU_CAPABILITY", "LOCAL_WORLD_SIZE") if k in os.environ}
-    report["environment"] = env
+    report["environment"] = {k: v if len(v) <= 80 else v[:77] + "..." for k, v in env.items()}
 
     import muon_cpp
     report["muon_cpp"] = muon_cpp.__version__
@@ -127,7 +147,7 @@ def collect():
     threads = _blas_threads(blas)
     report["blas_threads"] = threads
     # Several ranks per machine, each with a full BLAS pool, spin against each other.
-    ranks = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+    ranks = _local_world_size(env.get("LOCAL_WORLD_SIZE"), report["problems"])
     cores = os.cpu_count() or 1
     per_rank = max(threads or 1, report["intra_op_threads"])
     if ranks * per_rank > cores:

@@ -47,6 +47,20 @@ def test_doctor_warns_when_local_ranks_oversubscribe_the_cores():
     assert "warning:" in report["verdict"]
 
 
+def test_a_bad_local_world_size_is_one_line_naming_it():
+    for value, args in (("abc", ()), ("2.5", ("--json",)), ("0", ()), ("9" * 5000, ("--json",))):
+        result = run_doctor(*args, env=dict(os.environ, LOCAL_WORLD_SIZE=value))
+        assert result.returncode == 1, (value[:20], result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr
+        line = (json.loads(result.stdout)["verdict"] if args else
+                result.stdout.strip().splitlines()[-1])
+        assert line.startswith("muon_cpp doctor: PROBLEM: LOCAL_WORLD_SIZE "), line
+        assert repr(value)[:20] in line and len(line) < 300, line
+        assert max(map(len, result.stdout.splitlines())) < 400
+    result = run_doctor(env=dict(os.environ, LOCAL_WORLD_SIZE=" 1 "))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_build_info_names_the_torch_it_was_built_against():
     info = muon_cpp.build_info()
     assert info["version"] == muon_cpp.__version__
