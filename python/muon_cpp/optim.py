@@ -25,6 +25,7 @@ import torch
 
 from . import _C
 from . import _dtensor as _dt
+from . import _loading
 from . import distributed as _dist
 
 __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "SimAdEMAMix", "SOAP",
@@ -33,6 +34,29 @@ __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "Sim
 
 # Keys of a param group that are not options.
 _STRUCTURAL = ("params", "names", "optimizer")
+
+# torch.optim.Muon's arguments that the Muon family spells otherwise: the
+# field that takes each one's place, and how to give it.
+_TORCH_MUON_ARGS = {
+    "ns_coefficients": ("ns_coefficient_a", "coefficient_type='custom' with ns_coefficient_a=a, "
+                        "ns_coefficient_b=b, ns_coefficient_c=c (the same (a, b, c) at every step)"),
+    "ns_steps": ("num_ns_steps", "num_ns_steps"),
+    "eps": ("ns_eps", "ns_eps, with ns_eps_mode='clamp' for torch's X / max(|X|, eps)"),
+    "adjust_lr_fn": ("scale_mode", "scale_mode ('shape_scaling' for None or 'original', or "
+                     "'match_rms_adamw')"),
+}
+
+
+def _group_settings(kind, given, config):
+    """_C.group_settings, after naming torch.optim.Muon's arguments given to
+    the Muon family (ValueError saying what to give instead)."""
+    fields = {f["name"] for f in _C.group_fields(kind)}
+    for key, (field, instead) in _TORCH_MUON_ARGS.items():
+        if key in given and key not in fields and field in fields:
+            raise ValueError(f"{key}={_loading.short(given[key], 60)} is torch.optim.Muon's "
+                             f"argument; '{kind}' takes {instead}; or use "
+                             f"muon_cpp.compat.torch.Muon, which takes torch.optim.Muon's arguments")
+    return _C.group_settings(kind, given, config)
 # Optimizers whose matrices the sharded layout orthogonalizes whole.
 _ROW_SHARDED = ("muon", "adaptive_muon", "polargrad", "scion", "mop", "spel", "muon_hyperball")
 
@@ -230,7 +254,7 @@ class Optimizer(torch.optim.Optimizer):
             given = dict(defaults)
             given.update({k: v for k, v in g.items() if k not in _STRUCTURAL})
             try:
-                settings = _C.group_settings(kind, given, config)
+                settings = _group_settings(kind, given, config)
             except ValueError as e:
                 raise ValueError(f"param group {gi}: {e}" if len(groups) > 1 else str(e)) from None
             out.append(dict(settings, params=g["params"], names=g["names"], optimizer=kind))
@@ -297,7 +321,7 @@ class Optimizer(torch.optim.Optimizer):
         base = dict(base)
         base.update(given)
         try:
-            settings = _C.group_settings(kind, base, self._config)
+            settings = _group_settings(kind, base, self._config)
         except ValueError as e:
             raise ValueError(f"add_param_group: {e}") from None
         for f in _C.group_fields(kind):
@@ -405,7 +429,16 @@ class Optimizer(torch.optim.Optimizer):
         """torch.optim's load_state_dict; the state and the group values go to
         the engine, checked before anything changes (on error, nothing did)."""
         self._check_params()
-        saved_groups = state_dict.get("param_groups", [])
+        _loading.check_format(state_dict)
+        saved_groups = state_dict["param_groups"]
+        for i, (mine, theirs) in enumerate(zip(self.param_groups, saved_groups)):
+            if "optimizer" in theirs and theirs["optimizer"] != mine["optimizer"]:
+                raise ValueError(f"loaded state dict's param group {i} is for optimizer "
+                                 f"{_loading.short(theirs['optimizer'], 40)}, this one's is "
+                                 f"'{mine['optimizer']}'")
+            missing = self._option_keys(mine["optimizer"]) - set(theirs)
+            if missing:
+                raise ValueError(_loading.lacks(i, missing, theirs, self))
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved_groups)} param groups, this "
                              f"optimizer has {len(self.param_groups)}")
@@ -414,9 +447,6 @@ class Optimizer(torch.optim.Optimizer):
                 raise ValueError(f"loaded state dict's param group {i} has "
                                  f"{len(theirs.get('params', ()))} parameters, this optimizer's "
                                  f"has {len(mine['params'])}")
-            if "optimizer" in theirs and theirs["optimizer"] != mine["optimizer"]:
-                raise ValueError(f"loaded state dict's param group {i} is for optimizer "
-                                 f"'{theirs['optimizer']}', this one's is '{mine['optimizer']}'")
         old_groups = [dict(g) for g in self.param_groups]
         old_state = {p: dict(s) for p, s in self.state.items()}
         try:
@@ -486,7 +516,7 @@ class _OneOptimizer(Optimizer):
         defaults["weight_decay"] = weight_decay
         groups = self._complete(self._kind, _normalize_groups(params), defaults, config)
         try:
-            self._group_defaults = {self._kind: _C.group_settings(self._kind, defaults, config)}
+            self._group_defaults = {self._kind: _group_settings(self._kind, defaults, config)}
         except ValueError:
             self._group_defaults = {self._kind: defaults}  # every group overrides the bad value
         super().__init__(groups, config, layout)
@@ -751,7 +781,7 @@ class MuonWithAdamW(Optimizer):
         muon = {"scale_mode": "shape_scaling"}
         muon.update(muon_options)
         muon.update(lr=lr, weight_decay=weight_decay)
-        muon = _C.group_settings("muon", muon, config)  # checks the names and values
+        muon = _group_settings("muon", muon, config)  # checks the names and values
         try:
             adamw = _C.group_settings("adamw", {"lr": adamw_lr, "weight_decay": adamw_weight_decay,
                                                 "beta1": adamw_betas[0], "beta2": adamw_betas[1],

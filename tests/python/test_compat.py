@@ -301,6 +301,42 @@ def test_torch_muon_rejects_bad_arguments(kwargs, pattern):
     assert len(msg) < 300
 
 
+@pytest.mark.parametrize("kwargs,instead", [
+    (dict(ns_coefficients=(3.4445, -4.775, 2.0315)),
+     r"coefficient_type='custom' with ns_coefficient_a=a, ns_coefficient_b=b, ns_coefficient_c=c"),
+    (dict(ns_steps=6), r"takes num_ns_steps;"),
+    (dict(eps=1e-6), r"takes ns_eps, with ns_eps_mode='clamp'"),
+    (dict(adjust_lr_fn="match_rms_adamw"), r"takes scale_mode \("),
+])
+def test_torch_muon_arguments_given_to_muon_cpp_muon_say_what_to_give(kwargs, instead):
+    import muon_cpp
+    key = next(iter(kwargs))
+    w = torch.nn.Parameter(torch.zeros(3, 4))
+    for make in (lambda: muon_cpp.Muon([w], **kwargs),
+                 lambda: muon_cpp.MuonWithAdamW([("w", w)], **kwargs),
+                 lambda: muon_cpp.Muon([w]).add_param_group(
+                     dict(params=[torch.nn.Parameter(torch.zeros(2, 2))], **kwargs))):
+        msg = value_error(make, rf"{key}=.* is torch.optim.Muon's argument; 'muon' takes ",
+                          instead, r"or use muon_cpp.compat.torch.Muon")
+        assert len(msg) < 400
+    # What the message says to give runs as torch's ns_coefficients: custom
+    # coefficients (with torch's eps clamp, EMA momentum and 5 steps) step as
+    # muon_cpp.compat.torch.Muon with those ns_coefficients, bit for bit.
+    if key == "ns_coefficients":
+        g = torch.randn(3, 4, generator=torch.Generator().manual_seed(5))
+        a, b = torch.nn.Parameter(torch.ones(3, 4)), torch.nn.Parameter(torch.ones(3, 4))
+        ours = muon_cpp.Muon([a], lr=0.1, weight_decay=0.1, coefficient_type="custom",
+                             ns_coefficient_a=3.0, ns_coefficient_b=-3.2, ns_coefficient_c=1.2,
+                             num_ns_steps=5, ns_eps=1e-7, ns_eps_mode="clamp",
+                             momentum_style="ema", ns_compute_dtype="float32")
+        theirs = Muon([b], lr=0.1, weight_decay=0.1, ns_coefficients=(3.0, -3.2, 1.2),
+                      ns_dtype=torch.float32)
+        a.grad, b.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("shape", [(4,), (2, 3, 4)])
 def test_torch_muon_rejects_non_matrices_as_torch(shape):
     value_error(lambda: Muon([torch.nn.Parameter(torch.zeros(*shape))]),

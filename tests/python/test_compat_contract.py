@@ -207,3 +207,129 @@ def test_compiled_step_equals_eager(kind):
         runs.append([p.detach().clone() for p in ps])
     for x, y in zip(*runs):
         assert torch.equal(x, y)
+
+
+# ---- another class's state_dict ---------------------------------------------------
+
+def muon_cpp_muon(ps):
+    import muon_cpp
+    return muon_cpp.Muon(ps, lr=0.02, ns_compute_dtype="float32")
+
+
+def sgd(ps):
+    return torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+
+
+# (builder, shapes, the class name load_state_dict names, a key its groups have
+# and another class's lack, what its state_dict looks like)
+CLASSES = {
+    "keller": (keller, KINDS["keller"][1], "muon_cpp.compat.keller.SingleDeviceMuonWithAuxAdam",
+               "use_muon", "Keller Jordan's MuonWithAuxAdam"),
+    "torch_muon": (torch_muon, KINDS["torch_muon"][1], "muon_cpp.compat.torch.Muon",
+                   "ns_coefficients", "torch.optim.Muon's"),
+    "muon_cpp": (muon_cpp_muon, KINDS["torch_muon"][1], "muon_cpp.Muon", "momentum_style",
+                 "a muon_cpp optimizer's, a group of 'muon'"),
+    "sgd": (sgd, KINDS["torch_muon"][1], "torch.optim.SGD", "dampening", "torch.optim.SGD's"),
+}
+
+
+def snapshot(opt):
+    sd = opt.state_dict()
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
+    state = {k: {n: (v.clone() if torch.is_tensor(v) else v) for n, v in s.items()}
+             for k, s in sd["state"].items()}
+    return groups, state
+
+
+def same(a, b):
+    (ga, sa), (gb, sb) = a, b
+    assert ga == gb and sa.keys() == sb.keys()
+    for k in sa:
+        assert sa[k].keys() == sb[k].keys()
+        for n in sa[k]:
+            x, y = sa[k][n], sb[k][n]
+            assert torch.equal(x, y) if torch.is_tensor(x) else x == y, (k, n)
+
+
+@pytest.mark.parametrize("into,source", [(i, s) for i in ("keller", "torch_muon", "muon_cpp")
+                                         for s in ("keller", "torch_muon", "muon_cpp", "sgd")
+                                         if i != s])
+def test_another_class_state_dict_is_refused_naming_what_differs(into, source):
+    make, shapes, name, key, _ = CLASSES[into]
+    ps = params(9, shapes)
+    opt = make(ps)
+    step_with(opt, ps, 0)
+    before = snapshot(opt)
+    src_make, src_shapes, _, _, looks = CLASSES[source]
+    src_ps = params(10, src_shapes)
+    src = src_make(src_ps)
+    step_with(src, src_ps, 0)
+    with pytest.raises(ValueError) as info:
+        opt.load_state_dict(src.state_dict())
+    msg = str(info.value)
+    assert msg.startswith("load_state_dict: param_groups[0] lacks "), msg
+    assert f"'{key}'" in msg or key == "momentum_style", msg
+    assert f"not from {name} " in msg and looks in msg, msg
+    assert len(msg) < 400 and "\n" not in msg, msg
+    same(snapshot(opt), before)
+    step_with(opt, ps, 1)  # still steps
+
+
+def test_keller_state_dict_with_another_use_muon_is_refused():
+    ps = params(11, KINDS["keller"][1])
+    opt = keller(ps)
+    sd = opt.state_dict()
+    sd["param_groups"] = sd["param_groups"][::-1]
+    before = snapshot(opt)
+    with pytest.raises(ValueError, match=r"param_groups\[0\] has use_muon=False, this "
+                                         r"optimizer's has use_muon=True"):
+        opt.load_state_dict(sd)
+    same(snapshot(opt), before)
+
+
+def test_torch_optim_muon_state_dict_without_ours_loads():
+    # torch.optim.Muon's groups have no ns_dtype (ours); use_addmm is not in every
+    # torch's: such a group keeps this optimizer's values for them.
+    a = params(12)
+    opt_a = torch_muon(a)
+    step_with(opt_a, a, 0)
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    opt_b = torch_muon(b)
+    sd = opt_a.state_dict()
+    for g in sd["param_groups"]:
+        del g["ns_dtype"], g["use_addmm"]
+    opt_b.load_state_dict(sd)
+    assert opt_b.param_groups[0]["ns_dtype"] is torch.float32
+    for s in range(1, 3):
+        step_with(opt_a, a, s)
+        step_with(opt_b, b, s)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("state_dict,pattern", [
+    ([1, 2], r"expected a torch.optim state_dict .*got list"),
+    ({"state": {}}, r"'param_groups' should be a list of dicts, got NoneType"),
+    ({"state": [], "param_groups": []}, r"'state' should be a dict, got list"),
+    ({"state": {}, "param_groups": [3]}, r"param_groups\[0\] should be a dict, got int"),
+])
+@pytest.mark.parametrize("into", ["keller", "torch_muon", "muon_cpp"])
+def test_a_state_dict_not_in_torchs_format_is_refused(into, state_dict, pattern):
+    make, shapes = CLASSES[into][:2]
+    opt = make(params(13, shapes))
+    with pytest.raises(ValueError, match=pattern):
+        opt.load_state_dict(state_dict)
+
+
+def test_keller_add_param_group_names_the_new_groups_index():
+    ps = params(14, KINDS["keller"][1])
+    opt = keller(ps)
+    step_with(opt, ps, 0)
+    before = snapshot(opt)
+    extra = params(15, ((4, 4),))
+    with pytest.raises(ValueError, match=r"^param_groups\[2\] has no 'use_muon' key"):
+        opt.add_param_group(dict(params=extra))
+    with pytest.raises(ValueError, match=r"^param_groups\[2\]\['lr'\] .*-1"):
+        opt.add_param_group(dict(params=extra, use_muon=True, lr=-1.0))
+    assert len(opt.param_groups) == 2
+    same(snapshot(opt), before)

@@ -15,6 +15,7 @@ import numbers
 import torch
 
 from .. import _C
+from .. import _loading
 from .. import optim as _optim
 
 
@@ -190,8 +191,25 @@ class Facade(torch.optim.Optimizer):
         for hook in getattr(self, "_optimizer_load_state_dict_post_hooks", {}).values():
             hook(self)
 
+    # Keys of this class's groups a loaded group may lack (ours, which the
+    # original's state_dicts do not have): they keep this optimizer's values.
+    _optional_keys = frozenset()
+
+    def _required_keys(self, theirs):
+        """The keys a loaded param group must have to be one of this class's."""
+        return set(self.defaults) - set(self._optional_keys)
+
+    def _check_loaded_group(self, i, mine, theirs):
+        """ValueError if loaded group ``theirs`` cannot replace group ``mine``."""
+
     def _load_state_dict(self, state_dict):
-        saved = state_dict.get("param_groups", [])
+        _loading.check_format(state_dict)
+        saved = state_dict["param_groups"]
+        for i, (mine, theirs) in enumerate(zip(self.param_groups, saved)):
+            missing = self._required_keys(theirs) - set(theirs)
+            if missing:
+                raise ValueError(_loading.lacks(i, missing, theirs, self))
+            self._check_loaded_group(i, mine, theirs)
         if len(saved) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved)} param groups, this optimizer "
                              f"has {len(self.param_groups)}")
@@ -201,7 +219,8 @@ class Facade(torch.optim.Optimizer):
                 raise ValueError(f"loaded state dict's param group {i} has "
                                  f"{len(theirs.get('params', ()))} parameters, this optimizer's "
                                  f"has {len(mine['params'])}")
-            g = dict(theirs)
+            g = {k: mine[k] for k in self._optional_keys if k in mine}
+            g.update(theirs)
             g["params"] = mine["params"]
             new_groups.append(g)
         # The new values, checked as a step would check them.

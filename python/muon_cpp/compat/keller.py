@@ -35,14 +35,15 @@ MUON_KEYS = {"params", "lr", "momentum", "weight_decay", "use_muon"}
 ADAM_KEYS = {"params", "lr", "betas", "eps", "weight_decay", "use_muon"}
 
 
-def _with_defaults(param_groups):
+def _with_defaults(param_groups, first=0):
     """Copies of the user's groups with Keller's defaults filled in and his key
-    checks (his asserts) as ValueError naming the group and the keys."""
+    checks (his asserts) as ValueError naming the group (its index: ``first``
+    plus its position) and the keys."""
     if isinstance(param_groups, torch.Tensor) or isinstance(param_groups, dict):
         raise ValueError("param_groups should be a list of dicts, each with 'use_muon', got "
                          f"{type(param_groups).__name__}")
     groups = []
-    for i, group in enumerate(param_groups):
+    for i, group in enumerate(param_groups, first):
         if not isinstance(group, dict):
             raise ValueError(f"param_groups[{i}] should be a dict, got {type(group).__name__}")
         if "use_muon" not in group:
@@ -80,9 +81,21 @@ class _KellerBase(Facade):
         """A group as the constructor takes them (``use_muon``, Keller's keys
         and defaults); see Facade.add_param_group."""
         if getattr(self, "_inner", None) is not None:
-            param_group = _with_defaults([param_group])[0]
+            param_group = _with_defaults([param_group], len(self.param_groups))[0]
             self._check(param_group, len(self.param_groups))
         super().add_param_group(param_group)
+
+    def _required_keys(self, theirs):
+        if "use_muon" not in theirs:
+            return {"use_muon"}
+        return (MUON_KEYS if theirs["use_muon"] is True else ADAM_KEYS) - {"params"}
+
+    def _check_loaded_group(self, i, mine, theirs):
+        if not (isinstance(theirs["use_muon"], bool) and theirs["use_muon"] == mine["use_muon"]):
+            raise ValueError(f"load_state_dict: param_groups[{i}] has use_muon="
+                             f"{short(theirs['use_muon'])}, this optimizer's has use_muon="
+                             f"{mine['use_muon']}: the state_dict's groups are not this "
+                             f"optimizer's (build it with the same groups)")
 
     def _check(self, g, i):
         where = f"param_groups[{i}]"

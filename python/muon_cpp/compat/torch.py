@@ -95,6 +95,10 @@ class Muon(Facade):
         _check_group(defaults, "")
         super().__init__(params, defaults)
 
+    # Ours, not in torch.optim.Muon's state_dicts (use_addmm, not read, is
+    # not in every torch's): a loaded group without them keeps this one's.
+    _optional_keys = frozenset({"ns_dtype", "use_addmm"})
+
     def _engine_parts(self, group, index):
         for p in group["params"]:
             if p.ndim != 2:
