@@ -71,7 +71,6 @@ if _C is not None:
         newton_schulz_cpu_kernels,
         newton_schulz_flops,
         optimizer_names,
-        qk_clip_gamma,
         scale_factor,
         scale_mode_names,
         state_schema,
@@ -98,6 +97,7 @@ if _C is not None:
         option_fields,
     )
     from . import distributed  # noqa: F401
+    from . import _checks
 
 
     def newton_schulz(x, coefficients="quintic", steps=None, eps=1e-7, eps_mode="add",
@@ -139,15 +139,43 @@ if _C is not None:
         argument is checked before a weight changes (ValueError naming it).
         Returns gamma per query head (float64).
         """
+        where = "qk_clip"
+        num_heads, head_dim, num_kv_heads, threshold, alpha = _qk_clip_args(
+            where, num_heads, head_dim, num_kv_heads, threshold, alpha)
         if isinstance(weights, torch.Tensor):
             weights = [weights]
         weights = list(weights)
         rows = [rows] * len(weights) if isinstance(rows, str) else list(rows)
-        row_begins = [row_begin] * len(weights) if isinstance(row_begin, int) else list(row_begin)
+        row_begins = [row_begin] * len(weights) if not isinstance(row_begin, (list, tuple)) \
+            else list(row_begin)
+        row_begins = [_checks.number(where, "row_begin" if not isinstance(row_begin, (list, tuple))
+                                     else f"row_begin[{i}]", r, integer=True)
+                      for i, r in enumerate(row_begins)]
         max_logits = torch.as_tensor(max_logits).detach().to(torch.float64).clone()
         if group is not None:
             import torch.distributed as dist
             dist.all_reduce(max_logits, op=dist.ReduceOp.MAX, group=group)
         return _C.qk_clip_(weights, rows, row_begins, max_logits, num_heads=num_heads,
-                           head_dim=head_dim, num_kv_heads=num_kv_heads or 0,
-                           threshold=float(threshold), alpha=float(alpha))
+                           head_dim=head_dim, num_kv_heads=num_kv_heads, threshold=threshold,
+                           alpha=alpha)
+
+
+    def qk_clip_gamma(max_logits, num_heads, head_dim, num_kv_heads=0, threshold=100.0,
+                      alpha=0.5):
+        """gamma per query head (float64): per query group, threshold over its
+        largest maximum when that exceeds the threshold, else 1 (as qk_clip
+        computes it, changing nothing). Bad arguments raise ValueError naming
+        them."""
+        args = _qk_clip_args("qk_clip_gamma", num_heads, head_dim, num_kv_heads, threshold, alpha)
+        return _C.qk_clip_gamma(torch.as_tensor(max_logits), *args)
+
+
+    def _qk_clip_args(where, num_heads, head_dim, num_kv_heads, threshold, alpha):
+        """The numbers of qk_clip and qk_clip_gamma, checked for type (ValueError
+        naming the argument); num_kv_heads None is 0 (as many as num_heads)."""
+        return (_checks.number(where, "num_heads", num_heads, integer=True),
+                _checks.number(where, "head_dim", head_dim, integer=True),
+                0 if num_kv_heads is None else
+                _checks.number(where, "num_kv_heads", num_kv_heads, integer=True),
+                _checks.number(where, "threshold", threshold),
+                _checks.number(where, "alpha", alpha))

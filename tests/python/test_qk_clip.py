@@ -127,6 +127,33 @@ def test_errors_name_the_argument_and_change_nothing():
     assert torch.equal(w, before)
 
 
+def test_arguments_of_the_wrong_type_are_named_and_change_nothing():
+    w = randn((24, 5), 2)
+    before = w.clone()
+    m = torch.tensor([5.0, 1.0])
+    cases = [(dict(threshold="abc"), r"threshold must be a real number, got 'abc' of type str"),
+             (dict(threshold=None), r"threshold must be a real number, got None of type NoneType"),
+             (dict(alpha=[0.5]), r"alpha must be a real number, got \[0.5\] of type list"),
+             (dict(num_heads="2"), r"num_heads must be an integer in int64, got '2'"),
+             (dict(num_heads=2.0), r"num_heads must be an integer in int64, got 2.0 of type float"),
+             (dict(head_dim=2**64), r"head_dim must be an integer in int64, got 18446744073709551616"),
+             (dict(num_kv_heads=True), r"num_kv_heads must be an integer in int64, got True"),
+             (dict(threshold="x" * 1000), r"threshold must be a real number, got 'xxx")]
+    for kw, pattern in cases:
+        args = dict(num_heads=2, head_dim=D, threshold=2.0)
+        args.update(kw)
+        msg = value_error(lambda: muon_cpp.qk_clip(w, m, **args), r"^qk_clip: " + pattern)
+        assert len(msg) < 200, msg
+        value_error(lambda: muon_cpp.qk_clip_gamma(m, **args), r"^qk_clip_gamma: " + pattern)
+    value_error(lambda: muon_cpp.qk_clip(w, m, num_heads=2, head_dim=D, row_begin=[0.5]),
+                r"^qk_clip: row_begin\[0\] must be an integer in int64, got 0.5")
+    assert torch.equal(w, before)
+    # Numbers of other types that are numbers: 0-d tensors, ints for floats.
+    g = muon_cpp.qk_clip(w, m, num_heads=torch.tensor(2), head_dim=D, threshold=torch.tensor(2),
+                         alpha=1)
+    assert g.tolist() == [0.4, 1.0]
+
+
 def test_max_over_a_process_group():
     from ranks import run_ranks
     results = run_ranks("qk_clip_max", 2)
