@@ -39,7 +39,8 @@ _STRUCTURAL = ("params", "names", "optimizer")
 # field that takes each one's place, and how to give it.
 _TORCH_MUON_ARGS = {
     "ns_coefficients": ("ns_coefficient_a", "coefficient_type='custom' with ns_coefficient_a=a, "
-                        "ns_coefficient_b=b, ns_coefficient_c=c (the same (a, b, c) at every step)"),
+                        "ns_coefficient_b=b, ns_coefficient_c=c "
+                        "(the same (a, b, c) at every step)"),
     "ns_steps": ("num_ns_steps", "num_ns_steps"),
     "eps": ("ns_eps", "ns_eps, with ns_eps_mode='clamp' for torch's X / max(|X|, eps)"),
     "adjust_lr_fn": ("scale_mode", "scale_mode ('shape_scaling' for None or 'original', or "
@@ -55,7 +56,8 @@ def _group_settings(kind, given, config):
         if key in given and key not in fields and field in fields:
             raise ValueError(f"{key}={_loading.short(given[key], 60)} is torch.optim.Muon's "
                              f"argument; '{kind}' takes {instead}; or use "
-                             f"muon_cpp.compat.torch.Muon, which takes torch.optim.Muon's arguments")
+                             f"muon_cpp.compat.torch.Muon, which takes torch.optim.Muon's "
+                             f"arguments")
     return _C.group_settings(kind, given, config)
 # Optimizers whose matrices the sharded layout orthogonalizes whole.
 _ROW_SHARDED = ("muon", "adaptive_muon", "polargrad", "scion", "mop", "spel", "muon_hyperball")
@@ -546,7 +548,10 @@ class Muon(_OneOptimizer):
     Newton–Schulz: the rows in num_heads equal blocks, each orthogonalized alone; 0 off),
     tp_mode.
     Parameters must have at least 2 dimensions. ``layout``: a layout of
-    ``muon_cpp.distributed``.
+    ``muon_cpp.distributed``. torch.optim.Muon's ns_coefficients, ns_steps,
+    eps and adjust_lr_fn are refused naming what this class takes instead
+    (coefficient_type="custom" with ns_coefficient_a/_b/_c, num_ns_steps,
+    ns_eps, scale_mode); muon_cpp.compat.torch.Muon takes them as torch does.
     """
 
     _kind = "muon"
