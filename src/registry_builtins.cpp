@@ -343,7 +343,7 @@ OptimizerEntry laprop_entry() {
       FieldSpec::real("beta1", d.beta1(), "decay of the momentum of normalized gradients", 0.0, 1.0)
           .exclusive_max(),
       FieldSpec::real("beta2", d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
-      FieldSpec::real("eps", d.eps(), "added to the square root of the second moment", 0.0),
+      FieldSpec::real("eps", d.eps(), "added to the square root of the second moment", 0.0).exclusive_min(),
       FieldSpec::boolean("correct_bias", d.correct_bias(), "Adam-style bias correction of both moments"),
   };
   e.make_options = [](const OptimizerSettings& s) {
@@ -449,7 +449,7 @@ OptimizerEntry sim_ademamix_entry() {
       FieldSpec::real("beta1", d.beta1(), "momentum decay (final value of the warmup)", 0.0, 1.0)
           .exclusive_max(),
       FieldSpec::real("beta2", d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
-      FieldSpec::real("eps", d.eps(), "added to the square root of the second moment", 0.0),
+      FieldSpec::real("eps", d.eps(), "added to the square root of the second moment", 0.0).exclusive_min(),
       FieldSpec::boolean("correct_bias", d.correct_bias(), "bias correction of both moments"),
       FieldSpec::integer("num_beta_fast_warmup_steps", d.num_beta_fast_warmup_steps(),
                          "steps of the half-life warmup of beta1 from min_beta_fast (0: none)",
@@ -492,7 +492,7 @@ OptimizerEntry soap_entry() {
       FieldSpec::real("beta2", d.beta2(), "Adam's second-moment decay", 0.0, 1.0).exclusive_max(),
       FieldSpec::real("shampoo_beta", d.shampoo_beta(), "decay of the Kronecker factors L and R", 0.0, 1.0)
           .exclusive_max(),
-      FieldSpec::real("eps", d.eps(), "added to the square root of Adam's second moment", 0.0),
+      FieldSpec::real("eps", d.eps(), "added to the square root of Adam's second moment", 0.0).exclusive_min(),
       FieldSpec::text("weight_decay_method", to_string(d.weight_decay_method()), "how weight decay enters the step",
                       {"decoupled", "independent", "l2"}),
       FieldSpec::boolean("use_nesterov", d.use_nesterov(), "Nesterov momentum in the inner Adam"),
@@ -557,7 +557,7 @@ OptimizerEntry dion2_entry(const bool nordion2) {
       FieldSpec::real("fraction", d.fraction(), "fraction of rows (or columns) orthogonalized per step", 0.0, 1.0)
           .exclusive_min(),
       FieldSpec::real(nordion2 ? "mu" : "ef_decay", d.ef_decay(),
-                      "error-feedback decay of the selected slices of the momentum", 0.0),
+                      "error-feedback decay of the selected slices of the momentum", 0.0, 1.0),
       FieldSpec::real("epsilon", d.epsilon(), "Newton–Schulz normalization epsilon", 0.0).exclusive_min(),
       FieldSpec::text("adjust_lr", to_string(d.adjust_lr()),
                       "lr scale: spectral_norm sqrt(fan_out/fan_in), rms_norm 0.2·sqrt(max), none",
@@ -570,7 +570,7 @@ OptimizerEntry dion2_entry(const bool nordion2) {
       FieldSpec::text("ns_compute_dtype", "float32", "Newton–Schulz compute dtype", {"float32", "bfloat16", "float64"}),
   };
   if (nordion2) {
-    e.fields.push_back(FieldSpec::real("muon_beta2", d.muon_beta2(), "decay of the per-row variance", 0.0));
+    e.fields.push_back(FieldSpec::real("muon_beta2", d.muon_beta2(), "decay of the per-row variance", 0.0, 1.0).exclusive_max());
   }
   e.make_options = [nordion2](const OptimizerSettings& s) {
     auto o = std::make_unique<Dion2Options>(s.get_double("lr"));

@@ -199,14 +199,16 @@ void Dion2Options::validate() const {
   TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, who, "lr must be >= 0, got ", lr_);
   TORCH_CHECK_VALUE(fraction_ > 0 && fraction_ <= 1, who, "fraction must be in (0, 1], got ",
                     fraction_);
-  TORCH_CHECK_VALUE(std::isfinite(ef_decay_) && ef_decay_ >= 0, who, nordion2_ ? "mu" : "ef_decay",
-                    " must be >= 0, got ", ef_decay_);
+  // The selected slices of M are multiplied by it at every selection: above 1 they overflow.
+  TORCH_CHECK_VALUE(ef_decay_ >= 0 && ef_decay_ <= 1, who, nordion2_ ? "mu" : "ef_decay",
+                    " must be in [0, 1], got ", ef_decay_);
   TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, who,
                     "weight_decay must be >= 0, got ", weight_decay_);
   TORCH_CHECK_VALUE(std::isfinite(epsilon_) && epsilon_ > 0, who, "epsilon must be > 0, got ",
                     epsilon_);
-  TORCH_CHECK_VALUE(std::isfinite(muon_beta2_) && muon_beta2_ >= 0, who,
-                    "muon_beta2 must be >= 0, got ", muon_beta2_);
+  // v ← β·v + (1 − β)·u²: above 1 v turns negative and its square root NaN.
+  TORCH_CHECK_VALUE(muon_beta2_ >= 0 && muon_beta2_ < 1, who, "muon_beta2 must be in [0, 1), got ",
+                    muon_beta2_);
   detail::check_name(ns_coefficients_, accepted_coefficient_set_names(), who, "ns_coefficients");
   TORCH_CHECK_VALUE(ns_steps_ == 0 || (ns_steps_ >= kMinNsSteps && ns_steps_ < kMaxNsSteps), who,
                     "ns_steps must be 0 (the set's default) or in [", kMinNsSteps, ", ",

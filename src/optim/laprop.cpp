@@ -20,7 +20,7 @@ void LaPropOptions::validate() const {
   TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
   TORCH_CHECK_VALUE(beta1_ >= 0 && beta1_ < 1, kWho, "beta1 must be in [0, 1), got ", beta1_);
   TORCH_CHECK_VALUE(beta2_ >= 0 && beta2_ < 1, kWho, "beta2 must be in [0, 1), got ", beta2_);
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ >= 0, kWho, "eps must be >= 0, got ", eps_);
+  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps_);
   TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho,
                     "weight_decay must be >= 0, got ", weight_decay_);
 }

@@ -225,7 +225,7 @@ void SoapOptions::validate() const {
   TORCH_CHECK_VALUE(beta2_ >= 0 && beta2_ < 1, kWho, "beta2 must be in [0, 1), got ", beta2_);
   TORCH_CHECK_VALUE(shampoo_beta_ >= 0 && shampoo_beta_ < 1, kWho, "shampoo_beta must be in [0, 1), got ",
                     shampoo_beta_);
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ >= 0, kWho, "eps must be >= 0, got ", eps_);
+  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps_);
   TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho, "weight_decay must be >= 0, got ",
                     weight_decay_);
   TORCH_CHECK_VALUE(precondition_frequency_ >= 1, kWho, "precondition_frequency must be >= 1, got ",

@@ -90,7 +90,7 @@ struct Dion2Options : public torch::optim::OptimizerCloneableOptions<Dion2Option
   TORCH_ARG(double, lr) = 0.01;
   /// Fraction of the rows (or columns) orthogonalized per step, in (0, 1].
   TORCH_ARG(double, fraction) = 0.25;
-  /// Error-feedback decay of the selected slices of the momentum, >= 0 (NorDion2's mu).
+  /// Error-feedback decay of the selected slices of the momentum, in [0, 1] (NorDion2's mu).
   TORCH_ARG(double, ef_decay) = 0.95;
   /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
   TORCH_ARG(double, weight_decay) = 0.01;
@@ -102,7 +102,7 @@ struct Dion2Options : public torch::optim::OptimizerCloneableOptions<Dion2Option
   TORCH_ARG(bool, flatten) = false;
   /// NorDion2: rows always, NorMuon's per-row normalization of O.
   TORCH_ARG(bool, nordion2) = false;
-  /// NorDion2's variance decay, >= 0 (Dion accepts any value >= 0; < 1 is meaningful).
+  /// NorDion2's variance decay, in [0, 1) (above 1 the variance turns negative).
   TORCH_ARG(double, muon_beta2) = 0.95;
   /// Newton–Schulz coefficient set (a name of muon/newton_schulz.h).
   TORCH_ARG(std::string, ns_coefficients) = "polar_express_5";

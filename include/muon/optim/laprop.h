@@ -47,8 +47,8 @@ struct LaPropOptions : public ElementwiseOptions<LaPropOptions> {
   TORCH_ARG(double, beta1) = 0.9;
   /// Decay of the second moment, in [0, 1).
   TORCH_ARG(double, beta2) = 0.999;
-  /// Added to √v̂ in the denominator, >= 0 (at 0, an element whose gradients
-  /// have all been 0 divides 0 by 0, as in Emerging-Optimizers).
+  /// Added to √v̂ in the denominator, > 0 (at 0, an element whose gradients
+  /// have all been 0 would divide 0 by 0).
   TORCH_ARG(double, eps) = 1e-8;
   /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
   TORCH_ARG(double, weight_decay) = 0.0;

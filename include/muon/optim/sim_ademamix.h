@@ -55,7 +55,7 @@ struct SimAdEMAMixOptions : public ElementwiseOptions<SimAdEMAMixOptions> {
   TORCH_ARG(double, beta1) = 0.9999;
   /// Decay of the second moment, in [0, 1).
   TORCH_ARG(double, beta2) = 0.999;
-  /// Added to √v̂ in the denominator, >= 0.
+  /// Added to √v̂ in the denominator, > 0 (0 would divide 0 by 0 on a zero gradient element).
   TORCH_ARG(double, eps) = 1e-8;
   /// Weight decay, >= 0, applied as `weight_decay_method` says.
   TORCH_ARG(double, weight_decay) = 0.0;

@@ -79,7 +79,7 @@ struct SoapOptions : public torch::optim::OptimizerCloneableOptions<SoapOptions>
   TORCH_ARG(double, beta2) = 0.95;
   /// Decay of the Kronecker factors L and R, in [0, 1).
   TORCH_ARG(double, shampoo_beta) = 0.95;
-  /// Added to Adam's √v̂, >= 0.
+  /// Added to Adam's √v̂, > 0 (0 would divide 0 by 0 on a zero gradient element).
   TORCH_ARG(double, eps) = 1e-8;
   /// Weight decay, >= 0, applied as `weight_decay_method` says.
   TORCH_ARG(double, weight_decay) = 0.01;
