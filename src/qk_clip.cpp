@@ -42,6 +42,15 @@ void check_max_logits(const at::Tensor& max_logits, const QkClipOptions& o) {
   }
 }
 
+// "begin, end" of the rows [begin, begin + count), whose end may not fit int64.
+std::string row_end_text(int64_t row_begin, int64_t count) {
+  int64_t end = 0;
+  if (__builtin_add_overflow(row_begin, count, &end)) {
+    return c10::str(row_begin, ", ", row_begin, " + ", count);
+  }
+  return c10::str(row_begin, ", ", end);
+}
+
 }  // namespace
 
 std::string to_string(QkvRows rows) { return detail::name_of(rows, kRowNames); }
@@ -59,9 +68,22 @@ void QkClipOptions::validate() const {
   TORCH_CHECK_VALUE(std::isfinite(threshold_) && threshold_ > 0, kWho,
                     "threshold must be finite and > 0, got ", threshold_);
   TORCH_CHECK_VALUE(alpha_ >= 0 && alpha_ <= 1, kWho, "alpha must be in [0, 1], got ", alpha_);
+  // The largest weight, a fused QKV projection, has (H + 2G)·d rows: each
+  // row index of every layout must fit int64 (G <= H, so H·d and G·d do).
+  const int64_t g = kv_heads();
+  int64_t heads = 0;
+  int64_t rows = 0;
+  const bool overflow = __builtin_mul_overflow(g, int64_t{2}, &heads) ||
+                        __builtin_add_overflow(heads, num_heads_, &heads) ||
+                        __builtin_mul_overflow(heads, head_dim_, &rows);
+  TORCH_CHECK_VALUE(!overflow, kWho, "num_heads ", num_heads_, ", num_kv_heads ", g,
+                    " and head_dim ", head_dim_,
+                    ": a fused weight's (num_heads + 2 * num_kv_heads) * head_dim rows exceed "
+                    "int64");
 }
 
 int64_t qk_clip_global_rows(QkvRows rows, const QkClipOptions& o) {
+  o.validate();  // no product below overflows
   const int64_t h = o.num_heads();
   const int64_t g = o.kv_heads();
   switch (rows) {
@@ -95,47 +117,47 @@ at::Tensor qk_clip_gamma(const at::Tensor& max_logits, const QkClipOptions& o) {
 }
 
 at::Tensor qk_clip_row_factors(const at::Tensor& gamma, QkvRows rows, const QkClipOptions& o) {
-  o.validate();
+  return qk_clip_row_factors(gamma, rows, o, 0, qk_clip_global_rows(rows, o));
+}
+
+at::Tensor qk_clip_row_factors(const at::Tensor& gamma, QkvRows rows, const QkClipOptions& o,
+                               int64_t row_begin, int64_t count) {
+  const int64_t global = qk_clip_global_rows(rows, o);  // validates o
   TORCH_CHECK_VALUE(gamma.defined() && gamma.dim() == 1 && gamma.numel() == o.num_heads(), kWho,
                     "gamma must be 1-D with num_heads = ", o.num_heads(), " elements");
+  TORCH_CHECK_VALUE(row_begin >= 0 && count >= 0 && row_begin <= global - count, kWho, "rows [",
+                    row_end_text(row_begin, count), ") are not rows of a ", to_string(rows),
+                    " weight of ", global, " rows");
   const int64_t h = o.num_heads();
   const int64_t g = o.kv_heads();
   const int64_t r = h / g;
   const int64_t d = o.head_dim();
   const auto gm = gamma.detach().to(at::kCPU, at::kDouble).contiguous();
   const double* gv = gm.data_ptr<double>();
-  // Per query head and per key head (its group's γ, the γ of any of its heads).
-  std::vector<double> q(static_cast<size_t>(h));
-  std::vector<double> k(static_cast<size_t>(g));
-  for (const auto i : c10::irange(h)) q[i] = gv[i] == 1.0 ? 1.0 : std::pow(gv[i], o.alpha());
-  for (const auto j : c10::irange(g)) {
-    const double gj = gv[j * r];
-    k[j] = gj == 1.0 ? 1.0 : std::pow(gj, 1.0 - o.alpha());
-  }
-  auto factors = at::ones({qk_clip_global_rows(rows, o)}, at::kDouble);
-  double* f = factors.data_ptr<double>();
-  auto fill = [&](int64_t first_row, double value) {
-    for (const auto i : c10::irange(d)) f[first_row + i] = value;
-  };
-  switch (rows) {
-    case QkvRows::kQuery:
-      for (const auto i : c10::irange(h)) fill(i * d, q[i]);
-      break;
-    case QkvRows::kKey:
-      for (const auto j : c10::irange(g)) fill(j * d, k[j]);
-      break;
-    case QkvRows::kGrouped:
-      for (const auto j : c10::irange(g)) {
-        const int64_t base = j * (r + 2) * d;
-        for (const auto i : c10::irange(r)) fill(base + i * d, q[j * r + i]);
-        fill(base + r * d, k[j]);
+  auto q = [&](int64_t i) { return gv[i] == 1.0 ? 1.0 : std::pow(gv[i], o.alpha()); };
+  // A key head's factor: its group's γ (the γ of any of its query heads).
+  auto k = [&](int64_t j) { return gv[j * r] == 1.0 ? 1.0 : std::pow(gv[j * r], 1.0 - o.alpha()); };
+  // The factor of global row x (x < global: no product or index below overflows).
+  auto factor = [&](int64_t x) {
+    const int64_t head = x / d;
+    switch (rows) {
+      case QkvRows::kQuery:
+        return q(head);
+      case QkvRows::kKey:
+        return k(head);
+      case QkvRows::kGrouped: {
+        const int64_t group = head / (r + 2);
+        const int64_t slot = head % (r + 2);
+        return slot < r ? q(group * r + slot) : slot == r ? k(group) : 1.0;
       }
-      break;
-    case QkvRows::kBlocked:
-      for (const auto i : c10::irange(h)) fill(i * d, q[i]);
-      for (const auto j : c10::irange(g)) fill((h + j) * d, k[j]);
-      break;
-  }
+      case QkvRows::kBlocked:
+        return head < h ? q(head) : head < h + g ? k(head - h) : 1.0;
+    }
+    TORCH_INTERNAL_ASSERT(false, "unknown QkvRows");
+  };
+  auto factors = at::empty({count}, at::kDouble);
+  double* f = factors.data_ptr<double>();
+  for (const auto i : c10::irange(count)) f[i] = factor(row_begin + i);
   return factors;
 }
 
@@ -177,16 +199,16 @@ at::Tensor qk_clip_(const std::vector<QkClipWeight>& weights, const at::Tensor& 
     TORCH_CHECK_VALUE(at::isFloatingType(w.weight().scalar_type()), kWho, "weights[", i,
                       "] must be floating, got ", w.weight().scalar_type());
     const int64_t global = qk_clip_global_rows(w.rows(), o);
-    TORCH_CHECK_VALUE(w.row_begin() >= 0 && w.row_begin() + w.weight().size(0) <= global, kWho,
-                      "weights[", i, "] holds rows [", w.row_begin(), ", ",
-                      w.row_begin() + w.weight().size(0), ") of a ", to_string(w.rows()),
-                      " weight of ", global, " rows (num_heads ", o.num_heads(), ", num_kv_heads ",
-                      o.kv_heads(), ", head_dim ", o.head_dim(), ")");
+    const int64_t n = w.weight().size(0);
+    TORCH_CHECK_VALUE(w.row_begin() >= 0 && w.row_begin() <= global - n, kWho, "weights[", i,
+                      "] holds rows [", row_end_text(w.row_begin(), n), ") of a ",
+                      to_string(w.rows()), " weight of ", global, " rows (num_heads ",
+                      o.num_heads(), ", num_kv_heads ", o.kv_heads(), ", head_dim ", o.head_dim(),
+                      ")");
   }
   if ((gamma == 1.0).all().item<bool>()) return gamma;
   for (const auto& w : weights) {
-    const auto factors =
-        qk_clip_row_factors(gamma, w.rows(), o).narrow(0, w.row_begin(), w.weight().size(0));
+    const auto factors = qk_clip_row_factors(gamma, w.rows(), o, w.row_begin(), w.weight().size(0));
     auto weight = w.weight();
     scale_rows_(weight, factors);
   }

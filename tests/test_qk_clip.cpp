@@ -388,5 +388,85 @@ TEST(QkClip, InvalidArgumentsAreNamedAndChangeNothing) {
   EXPECT_EQ(to_string(QkvRows::kGrouped), "grouped");
 }
 
+// Head counts and a head_dim whose fused row count (H + 2G)·d does not fit
+// int64 (it wrapped to 4 rows: a 4-row weight passed the row check and the
+// row factors were written past their tensor) are refused by name; a row
+// range whose end does not fit int64 likewise. Nothing changes.
+TEST(QkClip, RowCountsThatOverflowInt64AreRefused) {
+  const int64_t d = 3689348814741910324;  // (3 + 2·1)·d = 4 (mod 2^64)
+  auto w = at::ones({4, 3}, at::kFloat);
+  const auto before = w.clone();
+  const auto maxima = at::full({3}, 50.0, at::kDouble);
+  const auto o = QkClipOptions(3, d).num_kv_heads(1).threshold(1.0);
+  for (const auto rows : {QkvRows::kGrouped, QkvRows::kBlocked, QkvRows::kQuery}) {
+    try {
+      qk_clip_({QkClipWeight(w, rows)}, maxima, o);
+      ADD_FAILURE() << "no error for " << to_string(rows);
+    } catch (const c10::ValueError& e) {
+      const std::string msg = e.what_without_backtrace();
+      EXPECT_NE(msg.find("[muon::qk_clip_] num_heads 3, num_kv_heads 1 and head_dim "
+                         "3689348814741910324: a fused weight's (num_heads + 2 * num_kv_heads) "
+                         "* head_dim rows exceed int64"),
+                std::string::npos)
+          << msg;
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    }
+  }
+  EXPECT_THROW(qk_clip_global_rows(QkvRows::kBlocked, o), c10::ValueError);
+  EXPECT_THROW(qk_clip_row_factors(at::ones({3}, at::kDouble), QkvRows::kKey, o), c10::ValueError);
+  EXPECT_THROW(qk_clip_gamma(maxima, QkClipOptions(3, INT64_MAX).threshold(1.0)), c10::ValueError);
+  EXPECT_TRUE(at::equal(w, before));
+
+  // A valid head_dim of 2^40: the rows fit, and a 4-row shard's rows are
+  // computed without the 5·2^40 global ones.
+  const int64_t big = int64_t{1} << 40;
+  const auto ok = QkClipOptions(3, big).num_kv_heads(1).threshold(12.5);
+  EXPECT_EQ(qk_clip_global_rows(QkvRows::kGrouped, ok), 5 * big);
+  const auto gamma = qk_clip_({QkClipWeight(w, QkvRows::kGrouped, 3 * big - 2)}, maxima, ok);
+  EXPECT_TRUE(at::equal(gamma, at::full({3}, 0.25, at::kDouble)));
+  // Rows 3·2^40 − 2, −1 are query rows (γ^½ = 0.5), the next two key rows.
+  EXPECT_TRUE(at::equal(w, at::full({4, 3}, 0.5f)));
+
+  // row_begin + rows past int64: refused by name, not wrapped.
+  auto v = at::ones({4, 3}, at::kFloat);
+  try {
+    qk_clip_({QkClipWeight(v, QkvRows::kQuery, INT64_MAX - 1)}, maxima,
+             QkClipOptions(3, 4).threshold(1.0));
+    ADD_FAILURE() << "no error for a row range past int64";
+  } catch (const c10::ValueError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("weights[0] holds rows [9223372036854775806, 9223372036854775806 + 4) of "
+                       "a query weight of 12 rows"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_TRUE(at::equal(v, at::ones({4, 3}, at::kFloat)));
+}
+
+// The factors of a row range are the whole weight's factors of those rows.
+TEST(QkClip, RowFactorsOfARangeAreTheWholesRows) {
+  const auto gamma = at::tensor({0.25, 0.25, 1.0, 1.0, 0.04, 0.04}, at::kDouble);
+  const auto o = QkClipOptions(6, 3).num_kv_heads(3).alpha(0.5);
+  for (const auto rows : {QkvRows::kQuery, QkvRows::kKey, QkvRows::kGrouped, QkvRows::kBlocked}) {
+    const auto whole = qk_clip_row_factors(gamma, rows, o);
+    ASSERT_EQ(whole.numel(), qk_clip_global_rows(rows, o));
+    for (int64_t begin = 0; begin <= whole.numel(); begin += 5) {
+      const int64_t n = std::min<int64_t>(7, whole.numel() - begin);
+      EXPECT_TRUE(
+          at::equal(qk_clip_row_factors(gamma, rows, o, begin, n), whole.narrow(0, begin, n)))
+          << to_string(rows) << " " << begin;
+    }
+    EXPECT_THROW(qk_clip_row_factors(gamma, rows, o, 1, whole.numel()), c10::ValueError);
+    EXPECT_THROW(qk_clip_row_factors(gamma, rows, o, -1, 1), c10::ValueError);
+  }
+  // Grouped (r = 2): per group [q q k v], 3 rows each.
+  const auto grouped_rows = qk_clip_row_factors(gamma, QkvRows::kGrouped, o);
+  std::vector<double> expected;
+  for (const double f : {0.5, 0.5, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2, 0.2, 1.0}) {
+    for (int i = 0; i < 3; ++i) expected.push_back(f);
+  }
+  EXPECT_TRUE(at::allclose(grouped_rows, at::tensor(expected, at::kDouble), 1e-15, 0));
+}
+
 }  // namespace
 }  // namespace muon::test

@@ -74,7 +74,8 @@ struct QkClipOptions {
  public:
   /// G with the default resolved.
   int64_t kv_heads() const { return num_kv_heads_ > 0 ? num_kv_heads_ : num_heads_; }
-  /// Raises c10::ValueError naming the first invalid field and its value.
+  /// Raises c10::ValueError naming the first invalid field and its value,
+  /// or all three counts when a fused weight's (H + 2G)·d rows exceed int64.
   void validate() const;
 };
 
@@ -105,6 +106,12 @@ at::Tensor qk_clip_gamma(const at::Tensor& max_logits, const QkClipOptions& opti
 /// qk_clip_global_rows): γ^α on query rows, γ^(1−α) on key rows (the
 /// group's γ), 1 on value rows. `gamma` as qk_clip_gamma returns it.
 at::Tensor qk_clip_row_factors(const at::Tensor& gamma, QkvRows rows, const QkClipOptions& options);
+/// The factors of the global rows [row_begin, row_begin + count) only
+/// (float64, count): qk_clip_row_factors(gamma, rows, options).narrow(0,
+/// row_begin, count) without the global rows. A range outside the global
+/// weight raises c10::ValueError.
+at::Tensor qk_clip_row_factors(const at::Tensor& gamma, QkvRows rows, const QkClipOptions& options,
+                               int64_t row_begin, int64_t count);
 
 /// Multiplies row i of `tensor` (dim 0) by `factors[i]` in place, rounded
 /// once to the tensor's dtype (the factor is rounded to it first). Rows

@@ -164,3 +164,31 @@ def test_max_over_a_process_group():
         assert torch.allclose(r["gamma"], expected_gamma, rtol=1e-15, atol=0)
         assert torch.equal(r["weight"], results[0]["weight"])
         check(randn((24, 5), 7), r["weight"], factors)
+
+
+def test_row_counts_past_int64_are_refused_not_a_crash():
+    # (3 + 2·1)·head_dim wraps to 4 rows in int64: a 4-row weight passed the
+    # row check and the row factors were written past their tensor (SIGSEGV).
+    # Run in a child so that a crash fails this test, not the whole session.
+    import subprocess
+    import sys
+    code = (
+        "import torch, muon_cpp\n"
+        "w = torch.ones(4, 3)\n"
+        "try:\n"
+        "    muon_cpp.qk_clip(w, [50.0, 50.0, 50.0], num_heads=3, num_kv_heads=1,\n"
+        "                     head_dim=3689348814741910324, threshold=1.0)\n"
+        "except ValueError as e:\n"
+        "    print(str(e).splitlines()[0])\n"
+        "assert torch.equal(w, torch.ones(4, 3))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert ("num_heads 3, num_kv_heads 1 and head_dim 3689348814741910324: a fused weight's "
+            "(num_heads + 2 * num_kv_heads) * head_dim rows exceed int64") in r.stdout, r.stdout
+    w = torch.ones(4, 3)
+    value_error(lambda: muon_cpp.qk_clip(w, [50.0, 50.0], num_heads=2, head_dim=D, rows="query",
+                                         row_begin=2**63 - 2, threshold=1.0),
+                r"weights\[0\] holds rows \[9223372036854775806, 9223372036854775806 \+ 4\) "
+                r"of a query weight of 8 rows")
+    assert torch.equal(w, torch.ones(4, 3))

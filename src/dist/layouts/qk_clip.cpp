@@ -51,13 +51,14 @@ at::Tensor qk_clip_(Layout& layout, const std::vector<QkClipParam>& params,
     TORCH_CHECK_VALUE(tensor != nullptr, kWho, "params[", i,
                       "]: the layout has no parameter named '", muon::detail::clip(p.name), "'");
     const int64_t global = qk_clip_global_rows(p.rows, options);
-    TORCH_CHECK_VALUE(
-        tensor->dim() >= 1 && p.row_begin >= 0 && p.row_begin + tensor->size(0) <= global, kWho,
-        "params[", i, "] '", muon::detail::clip(p.name), "' holds rows [", p.row_begin, ", ",
-        p.row_begin + (tensor->dim() >= 1 ? tensor->size(0) : 0), ") of a ", to_string(p.rows),
-        " weight of ", global, " rows");
-    factors.push_back(
-        qk_clip_row_factors(gamma, p.rows, options).narrow(0, p.row_begin, tensor->size(0)));
+    const int64_t n = tensor->dim() >= 1 ? tensor->size(0) : 0;
+    int64_t end = 0;  // printed only when it fits int64
+    const bool fits = !__builtin_add_overflow(p.row_begin, n, &end);
+    TORCH_CHECK_VALUE(tensor->dim() >= 1 && p.row_begin >= 0 && p.row_begin <= global - n, kWho,
+                      "params[", i, "] '", muon::detail::clip(p.name), "' holds rows [",
+                      p.row_begin, ", ", fits ? c10::str(end) : c10::str(p.row_begin, " + ", n),
+                      ") of a ", to_string(p.rows), " weight of ", global, " rows");
+    factors.push_back(qk_clip_row_factors(gamma, p.rows, options, p.row_begin, n));
   }
   if ((gamma == 1.0).all().item<bool>()) return gamma;
   for (const auto i : c10::irange(params.size())) layout.scale_rows(params[i].name, factors[i]);
