@@ -17,6 +17,7 @@
 #include <torch/serialize/archive.h>
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -105,6 +106,21 @@ inline at::Tensor apply_weight_decay(at::Tensor& p, const at::Tensor& grad,
       TORCH_INTERNAL_ASSERT(false, "unchecked weight_decay_method '", method, "'");
   }
   return grad;
+}
+
+/// v ← β2·v + (1 − β2)·g², Adam's second moment, without overflowing where
+/// v itself is representable: g is scaled by √(1 − β2) before it is squared
+/// (g² alone overflows fp32 from |g| ≈ 1.8e19), and no lerp forms inf − inf
+/// once v is inf (it stays inf, never NaN).
+inline void accumulate_second_moment(at::Tensor& v, const at::Tensor& g, double beta2) {
+  const auto scaled = g.mul(std::sqrt(1 - beta2));
+  v.mul_(beta2).addcmul_(scaled, scaled);
+}
+
+/// √(v / bias2) + eps as √v / √bias2 + eps: v / bias2 alone overflows where
+/// √v does not (e.g. v = 1e37 at the first step, bias2 = 1e-3).
+inline at::Tensor second_moment_denominator(const at::Tensor& v, double bias2, double eps) {
+  return v.sqrt().div_(std::sqrt(bias2)).add_(eps);
 }
 
 /// Writes `buffer` under `key` when it is defined.

@@ -40,8 +40,8 @@ void LaProp::update(at::Tensor& p, const at::Tensor& grad, LaPropParamState& st,
   if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
   auto& m = st.exp_avg();
   auto& v = st.exp_avg_sq();
-  v.lerp_(grad.square(), 1 - o.beta2());
-  const auto denom = v.div(bias2).sqrt_().add_(o.eps());
+  detail::accumulate_second_moment(v, grad, o.beta2());
+  const auto denom = detail::second_moment_denominator(v, bias2, o.eps());
   m.lerp_(grad / denom, 1 - o.beta1());
   p.add_(m / bias1, -o.lr());
 }

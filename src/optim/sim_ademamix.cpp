@@ -62,10 +62,10 @@ void SimAdEMAMix::update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParam
   auto& m = st.exp_avg();
   auto& v = st.exp_avg_sq();
   m.mul_(beta).add_(g);
-  v.lerp_(g.square(), 1 - o.beta2());
+  detail::accumulate_second_moment(v, g, o.beta2());
   const double bias1 = o.correct_bias() ? (1 - std::pow(beta, t)) / (1 - beta) : 1.0;
   const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
-  const auto denom = v.div(bias2).sqrt_().add_(o.eps());
+  const auto denom = detail::second_moment_denominator(v, bias2, o.eps());
   const auto numer = (g * o.alpha()).add_(m / bias1);
   p.add_(numer.div_(denom), -o.lr());
 }

@@ -113,7 +113,7 @@ at::Tensor adam_update(const at::Tensor& g, SoapParamState& st, const SoapOption
   auto& m = st.exp_avg();
   auto& v = st.exp_avg_sq();
   m.lerp_(g, 1 - o.beta1());
-  v.lerp_(g.square(), 1 - o.beta2());
+  detail::accumulate_second_moment(v, g, o.beta2());
   const double bias1 = o.correct_bias() ? 1 - std::pow(o.beta1(), t) : 1.0;
   const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
   at::Tensor momentum;
@@ -123,7 +123,7 @@ at::Tensor adam_update(const at::Tensor& g, SoapParamState& st, const SoapOption
   } else {
     momentum = m / bias1;
   }
-  return momentum / (v / bias2).sqrt_().add_(o.eps());
+  return momentum / detail::second_moment_denominator(v, bias2, o.eps());
 }
 
 }  // namespace

@@ -1,0 +1,174 @@
+// Large finite gradients and the ranges of the second-moment optimizers:
+// LaProp, Simplified AdEMAMix and SOAP's Adam on gradients of 1e20 follow
+// an fp64 run of the published update over three steps (g² overflows fp32
+// there; the second moment itself does not), and option values whose
+// arithmetic makes NaN from finite gradients (eps 0, NorDion2's muon_beta2
+// above 1, Dion2's ef_decay above 1) are refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "expect_util.h"
+#include "muon/optim/dion2.h"
+#include "muon/optim/laprop.h"
+#include "muon/optim/sim_ademamix.h"
+#include "muon/optim/soap.h"
+#include "muon/registry.h"
+#include "tensor_util.h"
+
+namespace muon::test {
+namespace {
+
+constexpr double kHuge = 1e20;  // g² = 1e40 overflows fp32 (max ≈ 3.4e38)
+
+std::vector<double> doubles_of(const at::Tensor& t) {
+  const auto d = t.detach().to(at::kDouble).contiguous().reshape({-1});
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+// The gradients of the three steps: N(0, 1)·1e20, exactly as fp32 holds them.
+std::vector<at::Tensor> huge_gradients(int64_t n) {
+  at::manual_seed(17);
+  std::vector<at::Tensor> out;
+  for (int s = 0; s < 3; ++s) out.push_back(at::randn({n}).mul_(kHuge));
+  return out;
+}
+
+// The tolerance: an fp32 step rounds ~20 times (2^-24 each) on values of at
+// most |p| + lr·|u|, |u| ≤ 1 + alpha (normalized updates); three steps.
+void expect_follows(const at::Tensor& p, const std::vector<double>& ref, double lr, double u_max,
+                    const std::string& what) {
+  const auto got = doubles_of(p);
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " element " << i;
+    const double bound = 3 * 20 * std::ldexp(std::abs(ref[i]) + lr * u_max, -24);
+    EXPECT_NEAR(got[i], ref[i], bound) << what << " element " << i;
+  }
+}
+
+TEST(LargeGradients, LaPropFollowsTheFp64UpdateOnGradientsOf1e20) {
+  const LaPropOptions o = LaPropOptions(0.01).weight_decay(0);
+  at::manual_seed(1);
+  auto p = leaf(at::randn({64}));
+  auto ref = doubles_of(p);
+  std::vector<double> m(ref.size(), 0), v(ref.size(), 0);
+  LaProp opt({p}, o);
+  const auto grads = huge_gradients(64);
+  for (int t = 1; t <= 3; ++t) {
+    p.mutable_grad() = grads[t - 1].clone();
+    opt.step();
+    const auto g = doubles_of(grads[t - 1]);
+    const double c1 = 1 - std::pow(o.beta1(), t);
+    const double c2 = 1 - std::pow(o.beta2(), t);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      v[i] = o.beta2() * v[i] + (1 - o.beta2()) * g[i] * g[i];
+      m[i] = o.beta1() * m[i] + (1 - o.beta1()) * g[i] / (std::sqrt(v[i] / c2) + o.eps());
+      ref[i] -= o.lr() * m[i] / c1;
+    }
+    expect_follows(p, ref, o.lr(), 1.0, "laprop step " + std::to_string(t));
+  }
+}
+
+TEST(LargeGradients, SimAdEMAMixFollowsTheFp64UpdateOnGradientsOf1e20) {
+  const SimAdEMAMixOptions o = SimAdEMAMixOptions(0.01).weight_decay(0);
+  at::manual_seed(2);
+  auto p = leaf(at::randn({64}));
+  auto ref = doubles_of(p);
+  std::vector<double> m(ref.size(), 0), v(ref.size(), 0);
+  SimAdEMAMix opt({p}, o);
+  const auto grads = huge_gradients(64);
+  for (int t = 1; t <= 3; ++t) {
+    p.mutable_grad() = grads[t - 1].clone();
+    opt.step();
+    const auto g = doubles_of(grads[t - 1]);
+    const double b = o.beta1();
+    const double c1 = (1 - std::pow(b, t)) / (1 - b);
+    const double c2 = 1 - std::pow(o.beta2(), t);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      m[i] = b * m[i] + g[i];
+      v[i] = o.beta2() * v[i] + (1 - o.beta2()) * g[i] * g[i];
+      ref[i] -= o.lr() * (o.alpha() * g[i] + m[i] / c1) / (std::sqrt(v[i] / c2) + o.eps());
+    }
+    // |u| ≤ (alpha + t)·|g| / √v̂, at most (alpha + 3)·√(1/(1 − β2)) here.
+    expect_follows(p, ref, o.lr(), (o.alpha() + 3) * std::sqrt(1 / (1 - o.beta2())),
+                   "sim_ademamix step " + std::to_string(t));
+  }
+}
+
+// SOAP on a 1-D parameter is its Adam (precondition_1d off). β2 0.999 keeps
+// v = (1 − β2)·g² ≈ 1e37 within fp32 (0.95's 5e38 is not: no fp32 state holds it).
+TEST(LargeGradients, SoapAdamFollowsTheFp64UpdateOnGradientsOf1e20) {
+  const SoapOptions o = SoapOptions(0.01).beta2(0.999).weight_decay(0);
+  at::manual_seed(3);
+  auto p = leaf(at::randn({64}));
+  auto ref = doubles_of(p);
+  std::vector<double> m(ref.size(), 0), v(ref.size(), 0);
+  Soap opt({p}, o);
+  const auto grads = huge_gradients(64);
+  for (int t = 1; t <= 3; ++t) {
+    p.mutable_grad() = grads[t - 1].clone();
+    opt.step();
+    const auto g = doubles_of(grads[t - 1]);
+    const double c1 = 1 - std::pow(o.beta1(), t);
+    const double c2 = 1 - std::pow(o.beta2(), t);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      m[i] = o.beta1() * m[i] + (1 - o.beta1()) * g[i];
+      v[i] = o.beta2() * v[i] + (1 - o.beta2()) * g[i] * g[i];
+      ref[i] -= o.lr() * (m[i] / c1) / (std::sqrt(v[i] / c2) + o.eps());
+    }
+    // |m̂| / √v̂ ≤ √(1 − β2)/(1 − β1)·... bounded by 1/√(1 − β2) for these moments.
+    expect_follows(p, ref, o.lr(), std::sqrt(1 / (1 - o.beta2())), "soap step " + std::to_string(t));
+  }
+}
+
+// ---- ranges -------------------------------------------------------------------
+
+TEST(OptionRanges, ValuesThatMakeNaNFromFiniteGradientsAreRefusedByName) {
+  auto p = leaf(at::randn({4, 4}));
+  expect_value_error([&] { LaProp opt({p}, LaPropOptions().eps(0)); }, {"[muon::LaProp]", "eps", "got 0"});
+  expect_value_error([&] { SimAdEMAMix opt({p}, SimAdEMAMixOptions().eps(0)); },
+                     {"[muon::SimAdEMAMix]", "eps", "got 0"});
+  expect_value_error([&] { Soap opt({p}, SoapOptions().eps(0)); }, {"[muon::Soap]", "eps", "got 0"});
+  expect_value_error([&] { Dion2 opt({p}, NorDion2Options().muon_beta2(1.5)); },
+                     {"[muon::NorDion2]", "muon_beta2", "got 1.5"});
+  expect_value_error([&] { Dion2 opt({p}, Dion2Options().ef_decay(1e6)); },
+                     {"[muon::Dion2]", "ef_decay", "[0, 1]", "got 1e+06"});
+  expect_value_error([&] { Dion2 opt({p}, NorDion2Options().ef_decay(1.5)); },
+                     {"[muon::NorDion2]", "mu", "got 1.5"});
+  // The edges stay valid.
+  Dion2 edge({p}, Dion2Options().ef_decay(1.0));
+  Dion2 nor({p}, NorDion2Options().muon_beta2(0.0));
+}
+
+TEST(OptionRanges, ConfigFieldsRefuseThemByName) {
+  const std::vector<std::pair<std::string, double>> bad{{"laprop_eps", 0.0},
+                                                        {"sim_ademamix_eps", 0.0},
+                                                        {"soap_eps", 0.0},
+                                                        {"nordion2_muon_beta2", 1.5},
+                                                        {"nordion2_muon_beta2", 1.0},
+                                                        {"dion2_ef_decay", 1e6},
+                                                        {"nordion2_mu", 1.5}};
+  for (const auto& [field, value] : bad) {
+    OptimizerConfig config;
+    expect_value_error([&] { config.set(field, value); }, {field});
+  }
+}
+
+TEST(OptionRanges, AnEditAfterConstructionIsRefusedAndChangesNothing) {
+  auto p = leaf(at::randn({4, 4}));
+  LaProp opt({p}, LaPropOptions(0.01));
+  p.mutable_grad() = at::zeros({4, 4});
+  opt.step();
+  const auto before = p.detach().clone();
+  static_cast<LaPropOptions&>(opt.param_groups()[0].options()).eps(0);
+  expect_value_error([&] { opt.step(); }, {"eps", "got 0"});
+  EXPECT_TRUE(at::equal(before, p.detach()));
+  const auto& st = static_cast<const LaPropParamState&>(*opt.state().begin()->second);
+  EXPECT_EQ(st.step(), 1);
+}
+
+}  // namespace
+}  // namespace muon::test
