@@ -5,6 +5,7 @@
 #include <c10/util/irange.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 #include <typeinfo>
@@ -13,6 +14,8 @@
 
 #include "optim/archive_kind.h"
 #include "optim/closure.h"
+#include "optim/step_transaction.h"
+#include "util/fault_injection.h"
 #include "util/names.h"
 
 namespace muon {
@@ -208,7 +211,18 @@ at::Tensor CompositeOptimizer::step(LossClosure closure) {
                   [this](size_t g, size_t i) { return describe(g, i); })) {
     return loss;
   }
-  for (auto& part : parts_) part.optimizer->step();
+  // One transaction over every part: a part that raises (a matrix function
+  // that fails, memory) leaves no part stepped.
+  size_t stepping = 0;
+  detail::run_whole_step(
+      *this, kWho,
+      [&] {
+        for (; stepping < parts_.size(); ++stepping) {
+          parts_[stepping].optimizer->step();
+          detail::fault_point("a part of muon::CompositeOptimizer");
+        }
+      },
+      [&] { return "optimizer '" + parts_[std::min(stepping, parts_.size() - 1)].name + "'"; });
   return loss;
 }
 

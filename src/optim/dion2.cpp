@@ -13,6 +13,8 @@
 #include "muon/compat.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/step_transaction.h"
+#include "util/fault_injection.h"
 #include "util/dtype_names.h"
 #include "util/names.h"
 
@@ -127,6 +129,7 @@ at::Tensor dion2_top_k(const at::Tensor& norms, const int64_t k) {
 
 at::Tensor dion2_orthogonalize(const at::Tensor& selected, at::Tensor* v_sel,
                                const Dion2Options& o) {
+  fault_point("Dion2's Newton-Schulz");
   auto orth = newton_schulz(selected, o.ns());
   if (v_sel != nullptr) orth = normuon_normalize(orth, *v_sel, o.muon_beta2());
   return orth.to(selected.scalar_type());
@@ -351,7 +354,12 @@ at::Tensor Dion2::step(LossClosure closure) {
   at::NoGradGuard no_grad;
   at::Tensor loss = detail::loss_of(closure);
   if (!admit_step(param_groups_, who(), [this] { check_before_step(); })) return loss;
-  step_parameters();
+  // A part of a composite: the composite's step is the transaction.
+  if (is_checked_by_owner()) {
+    step_parameters();
+  } else {
+    detail::run_whole_step(*this, who(), [this] { step_parameters(); });
+  }
   return loss;
 }
 

@@ -30,6 +30,8 @@
 #include "muon/optim/step_guard.h"
 #include "optim/archive_kind.h"
 #include "optim/closure.h"
+#include "optim/step_transaction.h"
+#include "util/fault_injection.h"
 
 namespace muon::detail {
 
@@ -221,6 +223,7 @@ void for_each_stepped(torch::optim::Optimizer& opt, MakeState make_state, Update
       auto& slot = states[compat::state_key(p)];
       if (!slot) slot = make_state(p);
       update(p, p.grad(), static_cast<State&>(*slot), options);
+      fault_point("an element-wise update");
     }
   }
 }
@@ -366,15 +369,23 @@ at::Tensor ElementwiseOptimizer<Derived, Options, State>::step(LossClosure closu
   // is checked before any is stepped.
   if (!admit_step(param_groups_, detail::who_of<Derived>(), [this] { check_before_step(); }))
     return loss;
-  detail::for_each_stepped<State, Options>(
-      *this,
-      [](const at::Tensor& p) {
-        auto st = std::make_unique<State>();
-        for (at::Tensor* buffer : st->buffers())
-          *buffer = at::zeros_like(p, at::MemoryFormat::Preserve);
-        return st;
-      },
-      &Derived::update);
+  const auto stepped = [this] {
+    detail::for_each_stepped<State, Options>(
+        *this,
+        [](const at::Tensor& p) {
+          auto st = std::make_unique<State>();
+          for (at::Tensor* buffer : st->buffers())
+            *buffer = at::zeros_like(p, at::MemoryFormat::Preserve);
+          return st;
+        },
+        &Derived::update);
+  };
+  // A part of a composite: the composite's step is the transaction.
+  if (is_checked_by_owner()) {
+    stepped();
+  } else {
+    detail::run_whole_step(*this, detail::who_of<Derived>(), stepped);
+  }
   return loss;
 }
 

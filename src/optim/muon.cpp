@@ -13,6 +13,7 @@
 #include "optim/archive_kind.h"
 #include "optim/closure.h"
 #include "optim/muon_fused.h"
+#include "optim/step_transaction.h"
 
 namespace muon {
 namespace {
@@ -111,6 +112,16 @@ at::Tensor Muon::step(LossClosure closure) {
   // Options changed or groups added since, gradients, non-finite values:
   // checked for every group before anything changes, agreed over the layout.
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
+  // A part of a composite: the composite's step is the transaction.
+  if (is_checked_by_owner()) {
+    step_parameters();
+  } else {
+    detail::run_whole_step(*this, kWho, [this] { step_parameters(); });
+  }
+  return loss;
+}
+
+void Muon::step_parameters() {
   // The strategy agrees which parameters step, unless the layout did.
   if (!agreed_by_layout()) orthogonalizer_->begin_step(param_groups_);
   // Steps 1–6 are detail::muon_step's, on batches of parameters. Those its
@@ -151,7 +162,6 @@ at::Tensor Muon::step(LossClosure closure) {
     if (!scratch_) scratch_ = std::make_shared<detail::FusedScratch>();
     detail::run_fused(std::move(fused), *scratch_);
   }
-  return loss;
 }
 
 MuonParamState& Muon::state_of(const at::Tensor& p) {

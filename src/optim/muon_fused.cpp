@@ -22,6 +22,7 @@
 #include "muon/spectral.h"
 #include "newton_schulz_internal.h"
 #include "optim/muon_internal.h"
+#include "util/fault_injection.h"
 #include "util/worker_pool.h"
 
 namespace muon::detail {
@@ -303,6 +304,7 @@ void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) 
   }
   // 4. orthogonalize: one Newton–Schulz call (fused) or the strategy, each
   // giving the scale of step 5.
+  if (!batch.empty()) fault_point("Muon's orthogonalization");
   if (fused) {
     if (!batch.empty()) orthogonalize_fused(std::move(x0), batch, work);
   } else {

@@ -14,6 +14,8 @@
 
 #include "muon/scaling.h"
 #include "optim/muon_fused.h"
+#include "optim/step_transaction.h"
+#include "util/fault_injection.h"
 #include "util/names.h"
 
 namespace muon {
@@ -80,7 +82,16 @@ class PolarOrthogonalizer final : public Orthogonalizer {
       // SVD in the update's precision, at least fp32 (bf16 has no SVD).
       const auto work = item.update.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
       const auto m = item.update.reshape({v.batch, v.rows, v.cols}).to(work);
-      auto [u, s, vh] = at::linalg_svd(m, /*full_matrices=*/false);
+      at::Tensor u;
+      at::Tensor vh;
+      detail::name_step_failure(
+          "[muon::MOP] ",
+          [&] { return c10::str("the SVD of a parameter of group ", item.group, " (shape ",
+                                item.param.sizes(), ")"); },
+          [&] {
+            detail::fault_point("MOP's SVD");
+            std::tie(u, std::ignore, vh) = at::linalg_svd(m, /*full_matrices=*/false);
+          });
       item.orth = at::matmul(u, vh);
       item.rows = v.rows;
       item.cols = v.cols;

@@ -13,6 +13,8 @@
 #include "muon/compat.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/step_transaction.h"
+#include "util/fault_injection.h"
 
 namespace muon {
 namespace {
@@ -64,6 +66,7 @@ bool diagonal_enough(const at::Tensor& k, const at::Tensor& eigvals, double tole
 // eigh_with_fallback): a diagonal K sorts its diagonal; otherwise eigh of
 // K + eps·I (eps 1e-7 in fp32, 1e-15 in fp64), in fp64 if fp32 fails.
 at::Tensor eigenbasis_eigh(const at::Tensor& k) {
+  detail::fault_point("SOAP's eigh");
   const bool diagonal = !k.triu(1).any().item<bool>() && !k.tril(-1).any().item<bool>();
   if (diagonal) {
     const auto order = std::get<1>(k.diagonal().sort(/*dim=*/-1, /*descending=*/true));
@@ -90,6 +93,7 @@ at::Tensor refresh_by_qr(const at::Tensor& k, const at::Tensor& q, at::Tensor& e
                          const SoapOptions& o) {
   const auto eigvals = approx_eigvals(k, q);
   if (o.use_adaptive_criteria() && diagonal_enough(k, eigvals, o.adaptive_update_tolerance())) return q;
+  detail::fault_point("SOAP's QR");
   const auto order = at::argsort(eigvals, /*dim=*/0, /*descending=*/true);
   exp_avg_sq = exp_avg_sq.index_select(axis, order);
   auto out = q.index_select(1, order);
@@ -175,6 +179,15 @@ at::Tensor soap_matrix_update(const at::Tensor& grad, const at::Tensor& adam_gra
   const auto g = grad.to(wide);
   if (left) st.L().lerp_(at::mm(g, g.t()), 1 - shampoo_beta);
   if (right) st.R().lerp_(at::mm(g.t(), g), 1 - shampoo_beta);
+  // A factor beyond the range of its dtype has no eigenbasis: eigh fails or
+  // returns NaN. Raised as c10::Error: the step names the parameter and
+  // restores what it changed.
+  for (const auto* factor : {&st.L(), &st.R()}) {
+    TORCH_CHECK(!factor->defined() || all_finite(*factor), "its Kronecker factor ",
+                factor == &st.L() ? "L" : "R", " (", factor->scalar_type(),
+                ") is not finite: gradient entries up to ", grad.abs().max().item<double>(),
+                " make g·gᵀ larger than the dtype holds");
+  }
 
   // The eigenbases: eigh at the first refresh, then as the options say; the
   // momentum is rotated from the old basis into the new one.
@@ -365,9 +378,11 @@ bool Soap::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
 
 void Soap::step_parameters() {
   auto& states = state();
-  for (auto& group : param_groups()) {
+  for (const auto g : c10::irange(param_groups().size())) {
+    auto& group = param_groups()[g];
     const auto& o = static_cast<const SoapOptions&>(group.options());
-    for (auto& p : group.params()) {
+    for (const auto i : c10::irange(group.params().size())) {
+      auto& p = group.params()[i];
       if (!p.grad().defined()) continue;
       auto& slot = states[compat::state_key(p)];
       if (!slot) slot = std::make_unique<SoapParamState>();
@@ -378,7 +393,10 @@ void Soap::step_parameters() {
       if (o.weight_decay() != 0 && o.weight_decay_method() == SoapWeightDecay::kL2) {
         adam_grad = grad.add(p.detach().reshape({rows, cols}), o.weight_decay());
       }
-      const auto u = detail::soap_matrix_update(grad, adam_grad, st, o, p.dim() == 1);
+      at::Tensor u;
+      detail::name_step_failure(
+          kWho, [&] { return detail::describe_param(p, g, i); },
+          [&] { u = detail::soap_matrix_update(grad, adam_grad, st, o, p.dim() == 1); });
       if (o.weight_decay() != 0 && o.weight_decay_method() != SoapWeightDecay::kL2) {
         const double rate = o.weight_decay_method() == SoapWeightDecay::kDecoupled ? o.lr() * o.weight_decay()
                                                                                     : o.weight_decay();
@@ -393,7 +411,12 @@ at::Tensor Soap::step(LossClosure closure) {
   at::NoGradGuard no_grad;
   at::Tensor loss = detail::loss_of(closure);
   if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
-  step_parameters();
+  // A part of a composite: the composite's step is the transaction.
+  if (is_checked_by_owner()) {
+    step_parameters();
+  } else {
+    detail::run_whole_step(*this, kWho, [this] { step_parameters(); });
+  }
   return loss;
 }
 

@@ -92,7 +92,10 @@ class CompositeOptimizer : public torch::optim::Optimizer,
   /// part in order; returns the closure's loss. The checks of
   /// muon/optim/step_guard.h run once for all parts first (every part's
   /// options, parameters and gradients, the composite's non-finite policy),
-  /// so a failure or a skip leaves every part untouched.
+  /// so a failure or a skip leaves every part untouched. The parts then
+  /// step as one transaction: if one raises (a matrix function that fails,
+  /// memory), every part's parameters, state and step counts are put back
+  /// bit for bit (docs/optimizer.md, "A step happens whole").
   at::Tensor step(LossClosure closure = nullptr) override;
   /// Hands the composite's group options to the parts and validates them
   /// all (this library's optimizers check their own; LibTorch's AdamW, Adam,

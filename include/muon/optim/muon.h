@@ -343,6 +343,8 @@ class Muon : public torch::optim::Optimizer, public StateBytes, public StepGuard
   void check_group(size_t index) const;
 
  private:
+  /// Steps every parameter with a gradient (after the step's checks).
+  void step_parameters();
   /// The state of `param`, created at first use, with its momentum buffer
   /// (zeros of the parameter's shape, dtype, device and layout).
   MuonParamState& state_of(const at::Tensor& param);

@@ -1,0 +1,239 @@
+// A step happens whole or changes nothing: for every optimizer of the
+// registry, a failure injected at each fault point of a step (its matrix
+// function: Newton–Schulz, SVD, eigh, QR; an element-wise update; the end of
+// a part) leaves the parameters, every state tensor and every step count
+// bit-identical to before the step, and the next step equals that of an
+// optimizer that never failed. Also the two failures the library met in
+// use: SOAP's eigh on gradients of 1e20, MOP's SVD on a NaN gradient under
+// nonfinite=propagate.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "expect_util.h"
+#include "muon/compat.h"
+#include "muon/optim/dion2.h"
+#include "muon/optim/laprop.h"
+#include "muon/optim/muon.h"
+#include "muon/optim/soap.h"
+#include "muon/registry.h"
+#include "tensor_util.h"
+#include "util/fault_injection.h"
+
+namespace muon::test {
+namespace {
+
+using torch::OrderedDict;
+
+// Matrices for the matrix optimizer, a bias for the scalar one.
+OrderedDict<std::string, at::Tensor> make_params() {
+  at::manual_seed(3);
+  OrderedDict<std::string, at::Tensor> named;
+  named.insert("fc.weight", leaf(at::randn({8, 6})));
+  named.insert("fc.bias", leaf(at::randn({8})));
+  named.insert("fc_out.weight", leaf(at::randn({6, 8})));
+  return named;
+}
+
+void set_grads(const OrderedDict<std::string, at::Tensor>& named, int64_t seed, double scale = 1.0) {
+  at::manual_seed(static_cast<uint64_t>(seed));
+  for (const auto& item : named) {
+    item.value().mutable_grad() = at::randn(item.value().sizes()).mul_(scale);
+  }
+}
+
+// Everything a step may change, in a fixed order: the parameters, then every
+// field (tensor or counter) of every state, by the registry's schemas.
+struct Values {
+  std::vector<at::Tensor> tensors;
+  std::vector<int64_t> counters;
+  std::vector<std::string> absent;  // parameters without state
+};
+
+Values values_of(torch::optim::Optimizer& opt) {
+  Values out;
+  for (const auto& group : opt.param_groups()) {
+    for (const auto& p : group.params()) out.tensors.push_back(p.detach().clone());
+  }
+  for (const auto& holder : muon::state_holders(opt, "[test] ")) {
+    auto& states = holder.optimizer->state();
+    for (const auto& group : holder.optimizer->param_groups()) {
+      for (const auto& p : group.params()) {
+        const auto it = states.find(compat::state_key(p));
+        if (it == states.end()) {
+          out.absent.push_back(holder.entry->name + " " + c10::str(p.sizes()));
+          continue;
+        }
+        for (const auto& v : holder.entry->state.values(*it->second)) {
+          if (v.counter != nullptr) out.counters.push_back(*v.counter);
+          if (v.tensor != nullptr) {
+            out.tensors.push_back(v.tensor->defined() ? v.tensor->detach().clone() : at::Tensor());
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void expect_same(const Values& a, const Values& b, const std::string& what) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size()) << what;
+  EXPECT_EQ(a.counters, b.counters) << what;
+  EXPECT_EQ(a.absent, b.absent) << what;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& x = a.tensors[i];
+    const auto& y = b.tensors[i];
+    ASSERT_EQ(x.defined(), y.defined()) << what << ": tensor " << i;
+    if (!x.defined()) continue;
+    ASSERT_EQ(x.scalar_type(), y.scalar_type()) << what << ": tensor " << i;
+    ASSERT_EQ(x.sizes(), y.sizes()) << what << ": tensor " << i;
+    // Bit for bit (NaN included): compare the bytes.
+    EXPECT_TRUE(at::equal(x.contiguous().view(at::kByte), y.contiguous().view(at::kByte)))
+        << what << ": tensor " << i;
+  }
+}
+
+struct Disarm {
+  ~Disarm() { detail::inject_fault_at(-1); }
+};
+
+// Steps `a` with a failure at every fault point of its second step in turn
+// (checking each failed step changed nothing), then without one; `b` steps
+// the same gradients and never fails: both must end bit-identical.
+template <typename Opt>
+void fail_at_every_point(Opt& a, Opt& b, const OrderedDict<std::string, at::Tensor>& pa,
+                         const OrderedDict<std::string, at::Tensor>& pb, const std::string& name) {
+  Disarm disarm;
+  set_grads(pa, 11);
+  set_grads(pb, 11);
+  a.step();
+  b.step();
+  set_grads(pa, 12);
+  set_grads(pb, 12);
+  const auto before = values_of(a);
+  int64_t failures = 0;
+  for (int64_t k = 0;; ++k) {
+    ASSERT_LT(k, 200) << name << ": the step never ran out of fault points";
+    detail::inject_fault_at(k);
+    bool raised = false;
+    try {
+      a.step();
+    } catch (const c10::ValueError& e) {
+      raised = true;
+      const std::string message = e.what_without_backtrace();
+      EXPECT_NE(message.find("injected fault at"), std::string::npos) << name << ": " << message;
+      EXPECT_NE(message.find("nothing of this step was applied"), std::string::npos)
+          << name << ": " << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << name << ": " << message;
+    }
+    const auto reached = detail::fault_points_reached();
+    detail::inject_fault_at(-1);
+    if (!raised) {
+      EXPECT_LE(reached, k) << name;
+      break;
+    }
+    ++failures;
+    expect_same(before, values_of(a), name + ", fault at point " + std::to_string(k));
+  }
+  EXPECT_GE(failures, 1) << name << ": no fault point in its step";
+  b.step();
+  expect_same(values_of(b), values_of(a), name + ": the step after the failures");
+  set_grads(pa, 13);
+  set_grads(pb, 13);
+  a.step();
+  b.step();
+  expect_same(values_of(b), values_of(a), name + ": the step after that");
+}
+
+TEST(WholeStep, EveryRegisteredOptimizerChangesNothingWhenItsStepFails) {
+  const auto names = OptimizerRegistry::global().keys();
+  ASSERT_GE(names.size(), 17u);
+  for (const auto& name : names) {
+    SCOPED_TRACE(name);
+    OptimizerConfig config;
+    config.set("optimizer", name).set("lr", 0.01);
+    const auto pa = make_params();
+    const auto pb = make_params();
+    auto a = make_optimizer(pa, config);
+    auto b = make_optimizer(pb, config);
+    fail_at_every_point(*a, *b, pa, pb, name);
+  }
+}
+
+TEST(WholeStep, StandaloneOptimizersChangeNothingWhenTheirStepFails) {
+  const auto matrices = [] {
+    auto named = make_params();
+    named.erase("fc.bias");
+    return named;
+  };
+  {
+    const auto pa = matrices();
+    const auto pb = matrices();
+    Muon a(pa.values(), MuonOptions(0.02));
+    Muon b(pb.values(), MuonOptions(0.02));
+    fail_at_every_point(a, b, pa, pb, "muon::Muon");
+  }
+  {
+    const auto pa = make_params();
+    const auto pb = make_params();
+    Soap a(pa.values(), SoapOptions(0.01));
+    Soap b(pb.values(), SoapOptions(0.01));
+    fail_at_every_point(a, b, pa, pb, "muon::Soap");
+  }
+  {
+    const auto pa = matrices();
+    const auto pb = matrices();
+    Dion2 a(pa.values(), NorDion2Options(0.01));
+    Dion2 b(pb.values(), NorDion2Options(0.01));
+    fail_at_every_point(a, b, pa, pb, "muon::Dion2");
+  }
+  {
+    const auto pa = make_params();
+    const auto pb = make_params();
+    LaProp a(pa.values(), LaPropOptions(0.01));
+    LaProp b(pb.values(), LaPropOptions(0.01));
+    fail_at_every_point(a, b, pa, pb, "muon::LaProp");
+  }
+}
+
+// The SOAP: gradients of 1e20 make Kronecker factors fp32 cannot
+// hold, and eigh fails. The AdamW part had stepped the bias and L, R had
+// changed; now the step raises ValueError naming the parameter and nothing
+// changes.
+TEST(WholeStep, SoapWhoseEighFailsOnHugeGradientsChangesNothing) {
+  OptimizerConfig config;
+  config.set("optimizer", "soap").set("lr", 0.01);
+  const auto named = make_params();
+  auto opt = make_optimizer(named, config);
+  set_grads(named, 5);
+  opt->step();
+  set_grads(named, 6, 1e20);
+  const auto before = values_of(*opt);
+  expect_value_error([&] { opt->step(); }, {"[muon::Soap]", "shape [8, 6]", "nothing of this step was applied"});
+  expect_same(before, values_of(*opt), "soap");
+  set_grads(named, 7);
+  opt->step();  // a later step with sane gradients works
+  for (const auto& item : named) EXPECT_TRUE(at::isfinite(item.value()).all().item<bool>()) << item.key();
+}
+
+// The MOP: under nonfinite=propagate a NaN gradient reaches the SVD,
+// which raises; AdamW and MOP's momentum had changed. Now nothing changes.
+TEST(WholeStep, MopWhoseSvdFailsOnANanGradientChangesNothing) {
+  OptimizerConfig config;
+  config.set("optimizer", "mop").set("lr", 0.01).set("nonfinite", "propagate");
+  const auto named = make_params();
+  auto opt = make_optimizer(named, config);
+  set_grads(named, 5);
+  opt->step();
+  set_grads(named, 6);
+  named["fc.weight"].mutable_grad()[0][0] = std::nan("");
+  const auto before = values_of(*opt);
+  expect_value_error([&] { opt->step(); },
+                     {"[muon::MOP]", "SVD", "shape [8, 6]", "nothing of this step was applied"});
+  expect_same(before, values_of(*opt), "mop");
+}
+
+}  // namespace
+}  // namespace muon::test
