@@ -23,6 +23,10 @@
 
 namespace muon::plan {
 
+/// Model and machine JSON texts are at most this long (8 MiB); the other
+/// input ranges: docs/scale.md#input-ranges.
+constexpr int64_t kMaxInputBytes = int64_t{8} << 20;
+
 /// Which optimizer updates a tensor.
 enum class Route { kMuon, kAdamW };
 
@@ -44,8 +48,9 @@ struct Tensor {
   /// their gradients are reduced over the expert-data-parallel group.
   bool expert = false;
 
+  /// Refused (ValueError naming the tensor) where int64 cannot hold them.
   int64_t numel() const;
-  int64_t bytes() const { return numel() * dtype_bytes; }
+  int64_t bytes() const;
 };
 
 /// A model: its tensors in parameter order (bucketing follows the order),

@@ -16,11 +16,13 @@
 #include <cstdio>
 #include <numeric>
 #include <set>
+#include <tuple>
 #include <sstream>
 
 #include "muon/dist/layouts/assignment.h"
 #include "muon/dist/layouts/tensor_parallel_shard.h"
 #include "muon/newton_schulz.h"
+#include "plan_checks.h"
 
 namespace muon::plan {
 namespace {
@@ -35,10 +37,11 @@ constexpr int64_t kAlign = 16;  // layer-wise bucket alignment
 // Group::all_gather_uneven first gathers each rank's shape as 9 integers.
 constexpr int64_t kUnevenShapeInts = 9;
 
-int64_t ring_all_reduce_bytes(int64_t bytes, int64_t p) { return p <= 1 ? 0 : 2 * (p - 1) * bytes / p; }
-int64_t all_gather_bytes(int64_t bytes, int64_t p) { return p <= 1 ? 0 : (p - 1) * bytes; }
+using detail::all_gather_bytes;
+using detail::mul;
+using detail::ring_all_reduce_bytes;
 int64_t ints_bytes(int64_t count, int64_t p) { return all_gather_bytes(8 * count, p); }
-int64_t aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+int64_t aligned(int64_t bytes) { return detail::add(bytes, kAlign - 1, "a bucket's bytes") / kAlign * kAlign; }
 
 // (rows, cols) of a tensor as its layouts see it: dim 0 and the rest.
 int64_t rows_of(const Tensor& t) { return t.shape.empty() ? 1 : t.shape[0]; }
@@ -67,7 +70,7 @@ std::vector<int64_t> block_shape(const Tensor& t, int64_t tp, int64_t rank) {
   auto shape = t.shape;
   if (tp <= 1 || t.split == Split::kNone || (shape.size() < 2 && t.split == Split::kCols)) return shape;
   const size_t dim = t.split == Split::kRows ? (shape.size() < 2 ? 0 : shape.size() - 2) : shape.size() - 1;
-  shape[dim] = muon::dist::balanced_split_sizes(shape[dim], tp)[static_cast<size_t>(rank)];
+  shape[dim] = detail::balanced_part(shape[dim], tp, rank);
   return shape;
 }
 
@@ -85,21 +88,16 @@ struct PerRank {
   std::vector<int64_t> bytes;
   std::vector<double> flops, ns_s, elementwise_s;
   std::vector<int64_t> state, params;
-  std::vector<std::set<std::pair<int64_t, int64_t>>> shapes{bytes.size()};  // batched NS calls
+  std::set<std::tuple<int64_t, int64_t, int64_t>> shapes;  // (rank, rows, cols): batched NS calls
 };
 
 class Planner {
  public:
   Planner(const Model& model, const Machine& machine, LayoutKind layout, const Options& o)
       : model_(model), machine_(machine), layout_(layout), o_(o), ranks_(o.world) {
-    TORCH_CHECK_VALUE(o.world >= 1, kWho, "world must be >= 1, got ", o.world);
-    TORCH_CHECK_VALUE(o.ns_steps >= 0, kWho, "ns_steps must be >= 0, got ", o.ns_steps);
-    TORCH_CHECK_VALUE(o.row_fraction > 0 && o.row_fraction <= 1, kWho, "row_fraction must be in (0, 1], got ",
-                      o.row_fraction);
     const bool tp_layout = layout == LayoutKind::kTensorParallel || layout == LayoutKind::kTensorParallelSharded;
     tp_ = 1;
     if (tp_layout) tp_ = o.tp > 0 ? o.tp : (layout == LayoutKind::kTensorParallel ? o.world : 2);
-    TORCH_CHECK_VALUE(tp_ >= 1, kWho, "tp must be >= 0, got ", o.tp);
     if (o.world % tp_ != 0) {
       p_.why_not = c10::str("tp = ", tp_, " does not divide world = ", o.world);
       tp_ = 1;
@@ -118,8 +116,6 @@ class Planner {
       p_.why_not = "the 2-D layout needs tp >= 2 and dp >= 2";
       return p_;
     }
-    TORCH_CHECK_VALUE(model_.expert_data_parallel <= 1, kWho, "expert_data_parallel must be 0 or 1, got ",
-                      model_.expert_data_parallel);
     if ((layout_ == LayoutKind::kTensorParallel || layout_ == LayoutKind::kTensorParallelSharded) &&
         model_.expert_data_parallel > 0) {
       p_.why_not = "this model's experts are laid out by expert parallelism";
@@ -160,12 +156,13 @@ class Planner {
     auto& c = collective(what, g, overlapped);
     int64_t most = 0;
     for (size_t k = 0; k < members.size(); ++k) {
-      ranks_.bytes[static_cast<size_t>(members[k])] += bytes[k];
+      auto& sent = ranks_.bytes[static_cast<size_t>(members[k])];
+      sent = detail::add(sent, bytes[k], "the bytes a rank sends");
       most = std::max(most, bytes[k]);
     }
     c.calls += 1;
-    c.bytes += most;
-    c.hops += hops;
+    c.bytes = detail::add(c.bytes, most, "a collective's bytes");
+    c.hops = detail::add(c.hops, hops, "a collective's latency terms");
   }
 
   std::vector<int64_t> dp_members(int64_t t) const {
@@ -225,9 +222,14 @@ class Planner {
     const double f = share * static_cast<double>(count) * newton_schulz_flops(rows, cols, o_.ns_steps);
     ranks_.flops[static_cast<size_t>(rank)] += f;
     ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols));
-    if (ranks_.shapes[static_cast<size_t>(rank)].insert({rows, cols}).second) {
+    if (ranks_.shapes.insert({rank, rows, cols}).second) {
       ranks_.ns_s[static_cast<size_t>(rank)] += machine_.ns_call_s;
     }
+  }
+
+  void add_params(int64_t rank, int64_t bytes) {
+    auto& held = ranks_.params[static_cast<size_t>(rank)];
+    held = detail::add(held, bytes, "a rank's parameter bytes");
   }
 
   void elementwise(int64_t rank, int64_t elements, bool muon) {
@@ -235,7 +237,8 @@ class Planner {
     const double fixed = muon ? machine_.muon_tensor_s : machine_.adamw_tensor_s;
     ranks_.elementwise_s[static_cast<size_t>(rank)] +=
         static_cast<double>(elements) * per / compute_share() + (elements > 0 ? fixed : 0.0);
-    ranks_.state[static_cast<size_t>(rank)] += elements * 4 * (muon ? 1 : 2);
+    auto& state = ranks_.state[static_cast<size_t>(rank)];
+    state = detail::add(state, mul(elements, muon ? 4 : 8, "a rank's state bytes"), "a rank's state bytes");
   }
 
   // The step agreement: one all-gather of a few integers (its slots and a
@@ -255,13 +258,13 @@ class Planner {
     int64_t hops = 0;
     auto flush = [&] {
       if (bucket == 0) return;
-      bytes += ring_all_reduce_bytes(bucket, dp_);
+      bytes = detail::add(bytes, ring_all_reduce_bytes(bucket, dp_), "the gradients all-reduce's bytes");
       hops += 2 * (dp_ - 1);
       bucket = 0;
     };
     for (const auto& t : tensors) {
-      if (bucket > 0 && bucket + t.bytes() > o_.all_reduce_bucket_bytes) flush();
-      bucket += t.bytes();
+      if (bucket > 0 && detail::add(bucket, t.bytes(), "a bucket's bytes") > o_.all_reduce_bucket_bytes) flush();
+      bucket = detail::add(bucket, t.bytes(), "a bucket's bytes");
     }
     flush();
     same_bytes("gradients all-reduce", dp_members(tp_rank), bytes, hops);
@@ -273,7 +276,7 @@ class Planner {
     for (int64_t d = 0; d < dp_; ++d) {
       const int64_t r = world_rank(d, tp_rank);
       for (const auto& t : experts) {
-        ranks_.params[static_cast<size_t>(r)] += t.bytes();
+        add_params(r, t.bytes());
         const bool muon = is_muon(t, o_);
         elementwise(r, t.numel(), muon);
         if (muon) {
@@ -294,13 +297,10 @@ class Planner {
       tensors = dense;
     }
     if (o_.training_step && tp_ > 1 && model_.activation_all_reduces > 0 && tp_rank == 0) {
-      const int64_t elements = model_.activation_elements / dp_;
-      for (int64_t d = 0; d < dp_; ++d) {
-        int64_t bytes = 0;
-        for (int64_t k = 0; k < model_.activation_all_reduces; ++k) bytes += ring_all_reduce_bytes(elements * 4, tp_);
-        add("activations all-reduce (TP)", tp_members(d), std::vector<int64_t>(static_cast<size_t>(tp_), bytes),
-            2 * (tp_ - 1) * model_.activation_all_reduces);
-      }
+      const int64_t each = ring_all_reduce_bytes(mul(model_.activation_elements / dp_, 4, "activation bytes"), tp_);
+      const int64_t bytes = mul(model_.activation_all_reduces, each, "the activations all-reduce's bytes");
+      const int64_t hops = mul(2 * (tp_ - 1), model_.activation_all_reduces, "the activations' latency terms");
+      for (int64_t d = 0; d < dp_; ++d) same_bytes("activations all-reduce (TP)", tp_members(d), bytes, hops);
     }
     switch (layout_) {
       case LayoutKind::kReplicated: replicated(tp_rank, tensors); break;
@@ -337,7 +337,7 @@ class Planner {
       const int64_t r = world_rank(d, tp_rank);
       for (size_t i = 0; i < tensors.size(); ++i) {
         const auto& t = tensors[i];
-        ranks_.params[static_cast<size_t>(r)] += t.bytes();
+        add_params(r, t.bytes());
         const bool muon = is_muon(t, o_);
         elementwise(r, t.numel(), muon);
         if (muon) {
@@ -369,7 +369,7 @@ class Planner {
       if (mine.empty() || mine.back() + bytes > o_.layerwise_bucket_bytes) {
         mine.push_back(aligned(bytes));
       } else {
-        mine.back() += aligned(bytes);
+        mine.back() = detail::add(mine.back(), aligned(bytes), "a bucket's bytes");
       }
       const int64_t r = world_rank(owners[i], tp_rank);
       const bool muon = is_muon(tensors[i], o_);
@@ -380,7 +380,7 @@ class Planner {
       }
     }
     for (int64_t d = 0; d < dp_; ++d) {
-      for (const auto& t : tensors) ranks_.params[static_cast<size_t>(world_rank(d, tp_rank))] += t.bytes();
+      for (const auto& t : tensors) add_params(world_rank(d, tp_rank), t.bytes());
     }
     size_t buckets = 0;
     for (const auto& b : used) buckets = std::max(buckets, b.size());
@@ -390,7 +390,7 @@ class Planner {
       for (const auto& b : used) {
         if (k < b.size()) largest = std::max(largest, b[k]);
       }
-      bytes += all_gather_bytes(largest, dp_);
+      bytes = detail::add(bytes, all_gather_bytes(largest, dp_), "the updated parameters all-gather's bytes");
     }
     same_bytes("updated parameters all-gather", dp_members(tp_rank), bytes, static_cast<int64_t>(buckets) * (dp_ - 1),
                true);
@@ -407,7 +407,7 @@ class Planner {
     std::vector<std::vector<size_t>> buckets;
     int64_t filled = 0;
     for (size_t i = 0; i < tensors.size(); ++i) {
-      if (buckets.empty() || filled + tensors[i].bytes() > o_.row_bucket_bytes) {
+      if (buckets.empty() || detail::add(filled, tensors[i].bytes(), "a bucket's bytes") > o_.row_bucket_bytes) {
         buckets.push_back({});
         filled = 0;
       }
@@ -421,13 +421,14 @@ class Planner {
       std::vector<int64_t> held(static_cast<size_t>(dp_), 0);
       for (const auto i : b) {
         for (int64_t d = 0; d < dp_; ++d) held[static_cast<size_t>(d)] += rows[i][static_cast<size_t>(d)] * row_numel(tensors[i]) * tensors[i].dtype_bytes;
-        total += tensors[i].bytes();
+        total = detail::add(total, tensors[i].bytes(), "a bucket's bytes");
       }
       for (int64_t d = 0; d < dp_; ++d) {
-        scatter[static_cast<size_t>(d)] += dp_ > 1 ? total - held[static_cast<size_t>(d)] : 0;
+        scatter[static_cast<size_t>(d)] = detail::add(scatter[static_cast<size_t>(d)], dp_ > 1 ? total - held[static_cast<size_t>(d)] : 0, "the reduce-scatter's bytes");
         largest = std::max(largest, held[static_cast<size_t>(d)]);
       }
-      for (int64_t d = 0; d < dp_; ++d) gather[static_cast<size_t>(d)] += all_gather_bytes(largest, dp_);
+      const int64_t gathered = all_gather_bytes(largest, dp_);
+      for (auto& g : gather) g = detail::add(g, gathered, "the updated rows all-gather's bytes");
       hops += dp_ - 1;
     }
     add("gradients reduce-scatter", members, scatter, hops, true);
@@ -440,7 +441,7 @@ class Planner {
         const int64_t r = world_rank(d, tp_rank);
         const int64_t mine = rows[i][static_cast<size_t>(d)] * row_numel(t);
         elementwise(r, mine, is_muon(t, o_));
-        ranks_.params[static_cast<size_t>(r)] += t.bytes() + mine * t.dtype_bytes;
+        add_params(r, detail::add(t.bytes(), mine * t.dtype_bytes, "a rank's parameter bytes"));
       }
       if (!is_muon(t, o_)) continue;
       if (t.shape.size() >= 3) {  // stacked experts: each rank its own, no exchange
@@ -461,7 +462,8 @@ class Planner {
       for (const auto i : owned) {
         const auto& t = tensors[i];
         const int64_t largest = *std::max_element(rows[i].begin(), rows[i].end());
-        for (auto& b : bytes) b += ints_bytes(kUnevenShapeInts, dp_) + all_gather_bytes(largest * row_numel(t) * t.dtype_bytes, dp_);
+        const int64_t each = detail::add(ints_bytes(kUnevenShapeInts, dp_), all_gather_bytes(largest * row_numel(t) * t.dtype_bytes, dp_), "the matrices all-gather's bytes");
+        for (auto& b : bytes) b = detail::add(b, each, "the matrices all-gather's bytes");
         for (int64_t d = 0; d < dp_; ++d) orthogonalize(world_rank(d, tp_rank), 1, rows_of(t), row_numel(t));
       }
       add("matrices all-gather (every rank)", members, bytes, static_cast<int64_t>(owned.size()) * 2 * (dp_ - 1));
@@ -474,9 +476,9 @@ class Planner {
         const int64_t owner = owners[k];
         const int64_t row_bytes = row_numel(t) * t.dtype_bytes;
         for (int64_t d = 0; d < dp_; ++d) {
-          if (d != owner) bytes[static_cast<size_t>(d)] += rows[i][static_cast<size_t>(d)] * row_bytes;
+          if (d != owner) bytes[static_cast<size_t>(d)] = detail::add(bytes[static_cast<size_t>(d)], rows[i][static_cast<size_t>(d)] * row_bytes, "the owner exchange's bytes");
         }
-        bytes[static_cast<size_t>(owner)] += (rows_of(t) - rows[i][static_cast<size_t>(owner)]) * row_bytes;
+        bytes[static_cast<size_t>(owner)] = detail::add(bytes[static_cast<size_t>(owner)], (rows_of(t) - rows[i][static_cast<size_t>(owner)]) * row_bytes, "the owner exchange's bytes");
         const auto& whole = model_.tensors[i];
         const bool split = tp_ > 1 && whole.split != Split::kNone;
         const int64_t r = world_rank(owner, tp_rank);
@@ -492,7 +494,8 @@ class Planner {
         orthogonalize(r, 1, whole.shape[0], whole.shape[1], 1.0 / static_cast<double>(tp_));
         if (tp_rank == 0) {
           const int64_t side = whole.split == Split::kRows ? whole.shape[1] : whole.shape[0];
-          const int64_t bytes = ring_all_reduce_bytes(8, tp_) + o_.ns_steps * ring_all_reduce_bytes(side * side * 4, tp_);
+          const int64_t gram = ring_all_reduce_bytes(mul(mul(side, side, "a Gram matrix"), 4, "a Gram matrix"), tp_);
+          const int64_t bytes = detail::add(ring_all_reduce_bytes(8, tp_), mul(o_.ns_steps, gram, "the Gram all-reduces"), "the Gram all-reduces");
           same_bytes("distributed Newton-Schulz all-reduces (TP)", tp_members(owner), bytes,
                      (1 + o_.ns_steps) * 2 * (tp_ - 1));
         }
@@ -541,14 +544,14 @@ class Planner {
     p_.state_bytes = *std::max_element(ranks_.state.begin(), ranks_.state.end());
     p_.parameter_bytes = *std::max_element(ranks_.params.begin(), ranks_.params.end());
     int64_t grads = 0;
-    for (const auto& t : model_.tensors) grads += block_of(t, tp_, 0).bytes();
+    for (const auto& t : model_.tensors) grads = detail::add(grads, block_of(t, tp_, 0).bytes(), "the gradient bytes");
     p_.gradient_bytes = grads;
-    p_.fits = machine_.memory_bytes <= 0 ||
-              static_cast<double>(p_.parameter_bytes + p_.gradient_bytes + p_.state_bytes) <= machine_.memory_bytes;
+    p_.fits = machine_.memory_bytes <= 0 || static_cast<double>(p_.parameter_bytes) + static_cast<double>(p_.gradient_bytes) +
+                                                    static_cast<double>(p_.state_bytes) <= machine_.memory_bytes;
     if (model_.train_flops > 0) {
       const double rate = model_.train_flops_per_s > 0 ? model_.train_flops_per_s : machine_.gemm_bf16[kShapeClasses - 1];
       p_.train_s = model_.train_flops / static_cast<double>(tp_) / rate;
-      p_.share_of_training = p_.step_s / (p_.train_s + p_.step_s);
+      if (p_.train_s + p_.step_s > 0) p_.share_of_training = p_.step_s / (p_.train_s + p_.step_s);
     }
   }
 
@@ -563,24 +566,8 @@ class Planner {
 
 }  // namespace
 
-int64_t Tensor::numel() const {
-  int64_t n = 1;
-  for (const auto s : shape) n *= s;
-  return n;
-}
-
-int shape_class(int64_t smaller_side) {
-  if (smaller_side <= 128) return 0;
-  if (smaller_side <= 512) return 1;
-  if (smaller_side <= 2048) return 2;
-  return 3;
-}
-
-double newton_schulz_flops(int64_t rows, int64_t cols, int64_t steps) {
-  return muon::newton_schulz_flops(rows, cols, muon::NewtonSchulzOptions().steps(steps));
-}
-
-Prediction predict(const Model& model, const Machine& machine, LayoutKind layout, const Options& options) {
+Prediction detail::predict_unchecked(const Model& model, const Machine& machine, LayoutKind layout,
+                                     const Options& options) {
   auto p = Planner(model, machine, layout, options).run();
   if (!p.why_not.empty() || options.adamw_only) return p;
   auto adamw = options;
@@ -595,25 +582,6 @@ Prediction predict(const Model& model, const Machine& machine, LayoutKind layout
   p.adamw_state_bytes = base.state_bytes;
   p.vs_adamw = base.step_s > 0 ? p.step_s / base.step_s : 0;
   return p;
-}
-
-std::vector<Prediction> plan(const Model& model, const Machine& machine, const Options& options) {
-  std::vector<Prediction> out;
-  for (const auto layout : all_layouts()) {
-    auto p = predict(model, machine, layout, options);
-    if (p.why_not.empty()) out.push_back(std::move(p));
-  }
-  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.step_s < b.step_s;
-  });
-  return out;
-}
-
-Prediction recommend(const Model& model, const Machine& machine, const Options& options) {
-  const auto all = plan(model, machine, options);
-  TORCH_CHECK_VALUE(!all.empty(), kWho, "no layout can run model '", model.name, "' at world ", options.world);
-  return all.front();
 }
 
 }  // namespace muon::plan

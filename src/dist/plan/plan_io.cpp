@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "muon/plan.h"
+#include "plan_checks.h"
 
 namespace muon::plan {
 namespace {
@@ -15,7 +16,7 @@ namespace {
 using json = nlohmann::json;
 constexpr const char* kWho = "[muon::plan] ";
 
-std::string clip(const std::string& s) { return s.size() > 80 ? s.substr(0, 77) + "..." : s; }
+std::string clip(const std::string& s) { return detail::shown(s); }
 
 Tensor tensor(std::string name, std::vector<int64_t> shape, Route route, Split split = Split::kNone) {
   Tensor t;
@@ -149,37 +150,6 @@ Model dion_5120() {
   return m;
 }
 
-Route parse_route(const std::string& s) {
-  if (s == "muon") return Route::kMuon;
-  if (s == "adamw") return Route::kAdamW;
-  TORCH_CHECK_VALUE(false, kWho, "tensor route must be 'muon' or 'adamw', got '", clip(s), "'");
-}
-
-Split parse_split(const std::string& s) {
-  if (s == "none") return Split::kNone;
-  if (s == "rows") return Split::kRows;
-  if (s == "cols") return Split::kCols;
-  TORCH_CHECK_VALUE(false, kWho, "tensor split must be 'none', 'rows' or 'cols', got '", clip(s), "'");
-}
-
-json parse(const std::string& text, const char* what) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    TORCH_CHECK_VALUE(false, kWho, what, " is not valid JSON: ", clip(e.what()));
-  }
-}
-
-template <typename T>
-T get(const json& j, const char* key, T fallback) {
-  if (!j.contains(key)) return fallback;
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    TORCH_CHECK_VALUE(false, kWho, "field '", key, "' has the wrong type: ", clip(j.at(key).dump()));
-  }
-}
-
 std::string bytes_text(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -194,27 +164,34 @@ std::string bytes_text(double b) {
 
 }  // namespace
 
-int64_t Model::parameters() const {
-  int64_t n = 0;
-  for (const auto& t : tensors) n += t.numel();
-  return n;
-}
-
-int64_t Model::muon_parameters() const {
-  int64_t n = 0;
-  for (const auto& t : tensors) {
-    if (t.route == Route::kMuon && t.shape.size() >= 2) n += t.numel();
-  }
-  return n;
-}
-
 Model Model::gpt(int64_t layers, int64_t width, int64_t heads, int64_t vocab, int64_t context, int64_t global_batch,
                  int64_t mlp_ratio, int64_t experts) {
-  TORCH_CHECK_VALUE(layers >= 1 && width >= 1 && heads >= 1 && width % heads == 0 && vocab >= 1 && context >= 1 &&
-                        global_batch >= 1 && mlp_ratio >= 1 && experts >= 0,
-                    kWho, "gpt: layers ", layers, ", width ", width, ", heads ", heads, ", vocab ", vocab,
-                    ", context ", context, ", batch ", global_batch, ", mlp_ratio ", mlp_ratio, ", experts ",
-                    experts, ": each must be >= 1 (experts >= 0) and heads must divide width");
+  const auto in = [](const char* flag, int64_t v, int64_t lo, int64_t hi) {
+    TORCH_CHECK_VALUE(v >= lo && v <= hi, kWho, "gpt: ", flag, " must be in [", lo, ", ", hi, "], got ", v);
+  };
+  in("layers", layers, 1, (detail::kMaxTensors - 4) / 8);
+  in("width", width, 1, int64_t{1} << 20);
+  in("heads", heads, 1, width);
+  TORCH_CHECK_VALUE(width % heads == 0, kWho, "gpt: heads must divide width, got heads ", heads, ", width ", width);
+  in("vocab", vocab, 1, int64_t{1} << 40);
+  in("context", context, 1, int64_t{1} << 40);
+  in("batch", global_batch, 1, int64_t{1} << 40);
+  in("mlp_ratio", mlp_ratio, 1, 1024);
+  in("experts", experts, 0, int64_t{1} << 20);
+  // Each size fits; the products are checked whole (in double, exact enough
+  // to compare against 2^50 and 2^53).
+  const double w = static_cast<double>(width), h = static_cast<double>(mlp_ratio) * w;
+  const double block = 3 * w * w + w * w + 2 * w +
+                       (experts > 0 ? static_cast<double>(experts) * (w + 2 * h * w) : 2 * h * w + h + w);
+  const double elements =
+      static_cast<double>(2 * vocab + context) * w + w + static_cast<double>(layers) * block;
+  TORCH_CHECK_VALUE(elements <= static_cast<double>(detail::kMaxElements), kWho, "gpt: layers ", layers, ", width ",
+                    width, ", vocab ", vocab, ", context ", context, ", mlp_ratio ", mlp_ratio, ", experts ", experts,
+                    ": the model holds about ", elements, " elements, more than ", detail::kMaxElements);
+  const double tokens = static_cast<double>(global_batch) * static_cast<double>(context);
+  TORCH_CHECK_VALUE(tokens * w <= static_cast<double>(detail::kMaxCount), kWho, "gpt: batch ", global_batch,
+                    " × context ", context, " × width ", width, " activation elements are more than ",
+                    detail::kMaxCount);
   Model m;
   m.name = "gpt";
   m.description = "muon-train-gpt's model: " + std::to_string(layers) + " layers, width " + std::to_string(width) +
@@ -245,7 +222,7 @@ Model Model::gpt(int64_t layers, int64_t width, int64_t heads, int64_t vocab, in
   // (backward) and row-parallel outputs (forward).
   m.activation_all_reduces = experts > 0 ? 2 * layers : 4 * layers;
   m.activation_elements = global_batch * context * width;
-  m.train_flops = 6.0 * static_cast<double>(m.parameters()) * static_cast<double>(global_batch * context);
+  m.train_flops = 6.0 * static_cast<double>(m.parameters()) * tokens;
   return m;
 }
 
@@ -263,48 +240,6 @@ Model Model::preset(const std::string& name) {
 
 std::vector<std::string> Model::preset_names() {
   return {"kimi-k2", "qwen3-30b-a3b", "dsv3-proxy-1b", "dsv3-proxy-3b", "dsv3-proxy-8b", "dion-5120x8"};
-}
-
-Model Model::from_json(const std::string& text) {
-  const auto j = parse(text, "the model");
-  TORCH_CHECK_VALUE(j.is_object() && j.contains("tensors") && j.at("tensors").is_array(), kWho,
-                    "the model must be an object with a 'tensors' array");
-  Model m;
-  m.name = get<std::string>(j, "name", "model");
-  m.description = get<std::string>(j, "description", "");
-  for (const auto& t : j.at("tensors")) {
-    TORCH_CHECK_VALUE(t.is_object(), kWho, "each tensor must be an object, got ", clip(t.dump()));
-    Tensor x;
-    x.name = get<std::string>(t, "name", "tensor" + std::to_string(m.tensors.size()));
-    x.shape = get<std::vector<int64_t>>(t, "shape", {});
-    TORCH_CHECK_VALUE(!x.shape.empty() && std::all_of(x.shape.begin(), x.shape.end(), [](int64_t s) { return s >= 1; }),
-                      kWho, "tensor '", clip(x.name), "': shape must be non-empty, every size >= 1, got ",
-                      clip(t.value("shape", json::array()).dump()));
-    x.route = parse_route(get<std::string>(t, "route", x.shape.size() >= 2 ? "muon" : "adamw"));
-    x.split = parse_split(get<std::string>(t, "split", "none"));
-    x.expert = get<bool>(t, "expert", false);
-    x.dtype_bytes = get<int64_t>(t, "dtype_bytes", 4);
-    TORCH_CHECK_VALUE(x.dtype_bytes == 2 || x.dtype_bytes == 4 || x.dtype_bytes == 8, kWho, "tensor '",
-                      clip(x.name), "': dtype_bytes must be 2, 4 or 8, got ", x.dtype_bytes);
-    const auto count = get<int64_t>(t, "count", 1);
-    TORCH_CHECK_VALUE(count >= 1, kWho, "tensor '", clip(x.name), "': count must be >= 1, got ", count);
-    for (int64_t k = 0; k < count; ++k) {
-      m.tensors.push_back(x);
-      if (count > 1) m.tensors.back().name += "." + std::to_string(k);
-    }
-  }
-  TORCH_CHECK_VALUE(!m.tensors.empty(), kWho, "the model has no tensors");
-  m.activation_all_reduces = get<int64_t>(j, "activation_all_reduces", 0);
-  m.activation_elements = get<int64_t>(j, "activation_elements", 0);
-  m.train_flops = get<double>(j, "train_flops", 0.0);
-  m.train_flops_per_s = get<double>(j, "train_flops_per_s", 0.0);
-  m.expert_data_parallel = get<int64_t>(j, "expert_data_parallel", 0);
-  m.pipeline_stages = get<int64_t>(j, "pipeline_stages", 1);
-  TORCH_CHECK_VALUE(m.activation_all_reduces >= 0 && m.activation_elements >= 0 && m.train_flops >= 0 &&
-                        m.expert_data_parallel >= 0 && m.pipeline_stages >= 1,
-                    kWho, "activation_all_reduces, activation_elements, train_flops and expert_data_parallel "
-                          "must be >= 0, pipeline_stages >= 1");
-  return m;
 }
 
 namespace {
@@ -366,55 +301,6 @@ Machine Machine::preset(const std::string& name) {
 }
 
 std::vector<std::string> Machine::preset_names() { return {"h100", "gb300"}; }
-
-Machine Machine::from_json(const std::string& text) {
-  const auto j = parse(text, "the machine");
-  TORCH_CHECK_VALUE(j.is_object(), kWho, "the machine must be a JSON object");
-  Machine m;
-  m.name = get<std::string>(j, "name", "machine");
-  m.source = get<std::string>(j, "source", "");
-  for (const auto* key : {"gemm_fp32", "gemm_bf16"}) {
-    const auto rates = get<std::vector<double>>(j, key, {});
-    TORCH_CHECK_VALUE(rates.size() == kShapeClasses &&
-                          std::all_of(rates.begin(), rates.end(), [](double r) { return r > 0; }),
-                      kWho, "'", key, "' must hold ", kShapeClasses, " positive FLOP/s (m <= 128, 512, 2048, more)");
-    std::copy(rates.begin(), rates.end(), std::string(key) == "gemm_fp32" ? m.gemm_fp32 : m.gemm_bf16);
-  }
-  for (const auto* key : {"rank_gemm_fp32", "rank_gemm_bf16"}) {
-    const auto rates = get<std::vector<double>>(j, key, std::vector<double>(kShapeClasses, 0.0));
-    TORCH_CHECK_VALUE(rates.size() == kShapeClasses &&
-                          std::all_of(rates.begin(), rates.end(), [](double r) { return r >= 0; }),
-                      kWho, "'", key, "' must hold ", kShapeClasses, " FLOP/s >= 0");
-    std::copy(rates.begin(), rates.end(), std::string(key) == "rank_gemm_fp32" ? m.rank_gemm_fp32 : m.rank_gemm_bf16);
-  }
-  m.muon_elementwise_s = get<double>(j, "muon_elementwise_s", 0.0);
-  m.adamw_elementwise_s = get<double>(j, "adamw_elementwise_s", 0.0);
-  m.muon_tensor_s = get<double>(j, "muon_tensor_s", 0.0);
-  m.adamw_tensor_s = get<double>(j, "adamw_tensor_s", 0.0);
-  m.ns_call_s = get<double>(j, "ns_call_s", 0.0);
-  m.memory_bytes = get<double>(j, "memory_bytes", 0.0);
-  m.ranks_per_node = get<int64_t>(j, "ranks_per_node", 1);
-  m.cores_per_node = get<int64_t>(j, "cores_per_node", 0);
-  m.overlap = get<double>(j, "overlap", 0.0);
-  for (const auto* key : {"intra", "inter"}) {
-    const auto link = get<json>(j, key, json::object());
-    Link l;
-    l.latency_s = get<double>(link, "latency_s", 0.0);
-    l.bytes_per_s = get<double>(link, "bytes_per_s", 1e9);
-    l.all_gather_bytes_per_s = get<double>(link, "all_gather_bytes_per_s", 0.0);
-    l.all_to_all_bytes_per_s = get<double>(link, "all_to_all_bytes_per_s", 0.0);
-    TORCH_CHECK_VALUE(l.latency_s >= 0 && l.bytes_per_s > 0 && l.all_gather_bytes_per_s >= 0 &&
-                          l.all_to_all_bytes_per_s >= 0,
-                      kWho, "'", key, "' needs latency_s >= 0 and bytes_per_s > 0");
-    (std::string(key) == "intra" ? m.intra : m.inter) = l;
-  }
-  TORCH_CHECK_VALUE(m.muon_elementwise_s >= 0 && m.adamw_elementwise_s >= 0 && m.muon_tensor_s >= 0 &&
-                        m.adamw_tensor_s >= 0 && m.ns_call_s >= 0 && m.ranks_per_node >= 1 &&
-                        m.cores_per_node >= 0 &&
-                        m.overlap >= 0 && m.overlap <= 1,
-                    kWho, "machine '", clip(m.name), "': a field is out of range (overlap in [0, 1], counts >= 1)");
-  return m;
-}
 
 std::string Machine::to_json() const {
   json j;
