@@ -48,12 +48,33 @@ std::string one_line(std::string s) {
   return s.size() > 400 ? s.substr(0, 397) + "..." : s;
 }
 
+// A model or machine file: at most muon::plan::kMaxInputBytes, read with a
+// bounded read (a device or a pipe never ends); a directory is said to be one.
 std::string read_file(const std::string& path, const char* flag) {
-  std::ifstream in(path);
-  TORCH_CHECK_VALUE(in.good(), "[muon-plan] ", flag, " '", path.substr(0, 200), "': cannot read it");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+  const auto shown = path.substr(0, 200);
+  std::error_code ec;
+  TORCH_CHECK_VALUE(!fs::is_directory(path, ec), "[muon-plan] ", flag, " '", shown, "' is a directory, not a file");
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK_VALUE(in.good(), "[muon-plan] ", flag, " '", shown, "': cannot read it");
+  std::string text(static_cast<size_t>(muon::plan::kMaxInputBytes) + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  TORCH_CHECK_VALUE(!in.bad(), "[muon-plan] ", flag, " '", shown, "': cannot read it");
+  text.resize(static_cast<size_t>(in.gcount()));
+  TORCH_CHECK_VALUE(static_cast<int64_t>(text.size()) <= muon::plan::kMaxInputBytes, "[muon-plan] ", flag, " '",
+                    shown, "' is larger than ", muon::plan::kMaxInputBytes, " bytes (8 MiB), more than a ",
+                    flag + 2, " file holds");
+  return text;
+}
+
+// A file's model or machine; its refusals name the flag and the path.
+template <typename T>
+T from_file(const std::string& path, const char* flag) {
+  const auto text = read_file(path, flag);
+  try {
+    return T::from_json(text);
+  } catch (const c10::ValueError& e) {
+    TORCH_CHECK_VALUE(false, "[muon-plan] ", flag, " '", path.substr(0, 200), "': ", e.what_without_backtrace());
+  }
 }
 
 bool ends_with(const std::string& s, const std::string& tail) {
@@ -406,12 +427,18 @@ int main(int argc, char** argv) {
     if (cal->parsed()) return calibrate(out, ranks_per_node);
     TORCH_CHECK_VALUE(!machine_name.empty(), "[muon-plan] --machine is required (h100, gb300, or a file of "
                                              "muon-plan calibrate)");
-    const auto machine = ends_with(machine_name, ".json")
-                             ? muon::plan::Machine::from_json(read_file(machine_name, "--machine"))
+    // A name that is no preset but a path (or ends in .json) is a file.
+    const auto is_file = [](const std::string& name, const std::vector<std::string>& presets) {
+      std::error_code ec;
+      return std::find(presets.begin(), presets.end(), name) == presets.end() &&
+             (ends_with(name, ".json") || fs::exists(name, ec));
+    };
+    const auto machine = is_file(machine_name, muon::plan::Machine::preset_names())
+                             ? from_file<muon::plan::Machine>(machine_name, "--machine")
                              : muon::plan::Machine::preset(machine_name);
     const auto model = model_name == "gpt" ? muon::plan::Model::gpt(layers, width, heads, vocab, context, batch, 4, experts)
-                       : ends_with(model_name, ".json")
-                           ? muon::plan::Model::from_json(read_file(model_name, "--model"))
+                       : is_file(model_name, muon::plan::Model::preset_names())
+                           ? from_file<muon::plan::Model>(model_name, "--model")
                            : muon::plan::Model::preset(model_name);
     std::vector<muon::plan::Prediction> all;
     for (const auto w : parse_worlds(worlds)) {
