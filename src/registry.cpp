@@ -104,14 +104,27 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+// The first line of an error's message (a c10::Error's without its backtrace).
+std::string first_line(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  return text.substr(0, text.find('\n'));
+}
+
 }  // namespace
 
-std::vector<FieldSpec> OptimizerRegistry::fields_locked() const {
+std::vector<FieldSpec> OptimizerRegistry::fields_locked(bool with_staged) const {
+  auto extensions = extensions_;
+  auto entries = entries_;
+  if (with_staged) {
+    extensions.insert(extensions.end(), staged_extensions_.begin(), staged_extensions_.end());
+    entries.insert(entries.end(), staged_.begin(), staged_.end());
+  }
   auto out = common_fields();
-  for (const auto& x : extensions_) out.insert(out.end(), x->common_fields.begin(), x->common_fields.end());
-  for (const auto& e : entries_) {
+  for (const auto& x : extensions) out.insert(out.end(), x->common_fields.begin(), x->common_fields.end());
+  for (const auto& e : entries) {
     for (const auto& f : e->fields) out.push_back(prefixed(e->name, f));
-    for (const auto& x : extensions_) {
+    for (const auto& x : extensions) {
       const auto it = x->option_fields.find(e->name);
       if (it == x->option_fields.end()) continue;
       for (const auto& f : it->second) out.push_back(prefixed(e->name, f));
@@ -120,12 +133,34 @@ std::vector<FieldSpec> OptimizerRegistry::fields_locked() const {
   return out;
 }
 
-void OptimizerRegistry::add(OptimizerEntry entry) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto& name = entry.name;
-  TORCH_CHECK_VALUE(!name.empty(), kRegistryWho, "an optimizer needs a name");
+std::vector<std::string> OptimizerRegistry::names_locked() const {
   std::vector<std::string> names;
   for (const auto& e : entries_) names.push_back(e->name);
+  for (const auto& e : staged_) names.push_back(e->name);
+  return names;
+}
+
+bool OptimizerRegistry::staging_here() const {
+  return staging_thread_ == std::this_thread::get_id();
+}
+
+void OptimizerRegistry::add(OptimizerEntry entry) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!staging_here()) {
+    entries_.push_back(checked_locked(std::move(entry)));
+    return;
+  }
+  try {
+    staged_.push_back(checked_locked(std::move(entry)));
+  } catch (const std::exception& e) {
+    if (staged_error_.empty()) staged_error_ = first_line(e);
+  }
+}
+
+std::shared_ptr<const OptimizerEntry> OptimizerRegistry::checked_locked(OptimizerEntry entry) const {
+  const auto& name = entry.name;
+  TORCH_CHECK_VALUE(!name.empty(), kRegistryWho, "an optimizer needs a name");
+  const auto names = names_locked();
   TORCH_CHECK_VALUE(!contains(names, name), kRegistryWho, "optimizer '", clip(name),
                     "' is already registered; registered: ", join(names));
   TORCH_CHECK_VALUE(entry.make_options != nullptr, kRegistryWho, "optimizer '", name,
@@ -138,7 +173,7 @@ void OptimizerRegistry::add(OptimizerEntry entry) {
   }
   // Config field names must stay unique across common, extension and every
   // entry's fields.
-  auto schema_fields = fields_locked();
+  auto schema_fields = fields_locked(true);
   std::vector<std::string> taken;
   for (const auto& f : schema_fields) taken.push_back(f.name);
   std::vector<std::string> mine;
@@ -178,15 +213,28 @@ void OptimizerRegistry::add(OptimizerEntry entry) {
       }
     }
   }
-  entries_.push_back(std::make_shared<const OptimizerEntry>(std::move(entry)));
+  return std::make_shared<const OptimizerEntry>(std::move(entry));
 }
 
 void OptimizerRegistry::extend(ConfigExtension extension) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!staging_here()) {
+    extensions_.push_back(checked_locked(std::move(extension)));
+    return;
+  }
+  try {
+    staged_extensions_.push_back(checked_locked(std::move(extension)));
+  } catch (const std::exception& e) {
+    if (staged_error_.empty()) staged_error_ = first_line(e);
+  }
+}
+
+std::shared_ptr<const ConfigExtension> OptimizerRegistry::checked_locked(
+    ConfigExtension extension) const {
   const auto& name = extension.name;
   TORCH_CHECK_VALUE(!name.empty(), kRegistryWho, "a config extension needs a name");
   std::vector<std::string> taken;
-  for (const auto& f : fields_locked()) taken.push_back(f.name);
+  for (const auto& f : fields_locked(true)) taken.push_back(f.name);
   auto add_name = [&](const FieldSpec& f, const std::string& full) {
     TORCH_CHECK_VALUE(!f.name.empty(), kRegistryWho, "extension '", name,
                       "' declares a field with no name");
@@ -196,15 +244,40 @@ void OptimizerRegistry::extend(ConfigExtension extension) {
     taken.push_back(full);
   };
   for (const auto& f : extension.common_fields) add_name(f, f.name);
-  std::vector<std::string> names;
-  for (const auto& e : entries_) names.push_back(e->name);
+  const auto names = names_locked();
   for (const auto& [optimizer, fields] : extension.option_fields) {
     TORCH_CHECK_VALUE(contains(names, optimizer), kRegistryWho, "extension '", name,
                       "' adds fields to '", optimizer,
                       "', which is not registered; registered: ", join(names));
     for (const auto& f : fields) add_name(f, optimizer + "_" + f.name);
   }
-  extensions_.push_back(std::make_shared<const ConfigExtension>(std::move(extension)));
+  return std::make_shared<const ConfigExtension>(std::move(extension));
+}
+
+void OptimizerRegistry::begin_staging() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK_VALUE(staging_thread_ == std::thread::id(), kRegistryWho,
+                    "a plugin is already being loaded (a plugin cannot load another)");
+  staging_thread_ = std::this_thread::get_id();
+}
+
+OptimizerRegistry::Staged OptimizerRegistry::end_staging(bool commit) {
+  std::vector<std::shared_ptr<const OptimizerEntry>> entries;
+  std::vector<std::shared_ptr<const ConfigExtension>> extensions;
+  Staged out;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries.swap(staged_);
+    extensions.swap(staged_extensions_);
+    out.error.swap(staged_error_);
+    staging_thread_ = std::thread::id();
+    for (const auto& e : entries) out.names.push_back(e->name);
+    if (commit && out.error.empty()) {
+      entries_.insert(entries_.end(), entries.begin(), entries.end());
+      extensions_.insert(extensions_.end(), extensions.begin(), extensions.end());
+    }
+  }
+  return out;  // what was dropped is destroyed here, before the caller unloads its code
 }
 
 bool OptimizerRegistry::has(const std::string& name) const {

@@ -45,6 +45,84 @@ TEST(Plugin, LoadingRegistersItsOptimizersOnceAndABadPathIsAnError) {
   EXPECT_THROW(c.set("sign_descent_beta", 1.5), c10::ValueError);
 }
 
+// A plugin's registrations are checked whole before any is added: one that
+// registers a new name and then `muon` (tests/plugins/duplicate_name.cpp),
+// or a copy of a loaded plugin at another path, is refused with one line
+// naming the path and the name, and the registry is as before (it used to
+// throw inside dlopen's initializers: std::terminate).
+void expect_refused(const std::string& path, const std::string& name) {
+  auto& registry = muon::OptimizerRegistry::global();
+  const auto keys = registry.keys();
+  const auto fields = registry.fields().size();
+  try {
+    muon::load_plugin(path);
+    ADD_FAILURE() << path << " loaded";
+  } catch (const c10::ValueError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("[muon::load_plugin] '" + path + "' is refused and nothing it registers is added"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("optimizer '" + name + "' is already registered"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 800u) << msg;
+  }
+  EXPECT_EQ(registry.keys(), keys);
+  EXPECT_EQ(registry.fields().size(), fields);
+}
+
+TEST(Plugin, APluginThatRegistersATakenNameIsRefusedWhole) {
+  load_sign_descent();
+  expect_refused(MUON_DUPLICATE_PLUGIN, "muon");
+  EXPECT_FALSE(muon::OptimizerRegistry::global().has("plugin_first"));
+  EXPECT_THROW(muon::OptimizerConfig().set("plugin_first_scale", 2.0), c10::ValueError);
+  expect_refused(MUON_DUPLICATE_PLUGIN, "muon");  // again: still refused, not an empty success
+  // A copy of the loaded sign_descent plugin at another path registers
+  // sign_descent a second time.
+  const auto dir = fs::temp_directory_path() / ("muon_plugin_copy_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto copy = (dir / "libsign_descent_copy.so").string();
+  fs::copy_file(MUON_SIGN_DESCENT_PLUGIN, copy, fs::copy_options::overwrite_existing);
+  expect_refused(copy, "sign_descent");
+  fs::remove_all(dir);
+  // The registry still works: the first plugin's optimizer builds and the
+  // same path loads as before (nothing new).
+  EXPECT_TRUE(muon::load_plugin(MUON_SIGN_DESCENT_PLUGIN).empty());
+  muon::OptimizerConfig c;
+  c.set("optimizer", "sign_descent");
+  auto p = at::ones({2, 2}).requires_grad_();
+  torch::OrderedDict<std::string, at::Tensor> named;
+  named.insert("w", p);
+  EXPECT_NE(muon::make_optimizer(named, c), nullptr);
+}
+
+// Outside load_plugin, registration from a static initializer of the
+// program itself (a linked-in optimizer) takes effect at once, and `add`
+// still raises for a taken name.
+muon::OptimizerEntry linked_in_entry(const std::string& name) {
+  auto e = *muon::OptimizerRegistry::global().at("sgd");  // SGD under another name
+  e.name = name;
+  e.fields.clear();
+  e.uses_fields_of = {"sgd"};
+  e.state = muon::StateSchema();  // sgd's schema describes torch::optim::SGD's state
+  return e;
+}
+const bool linked_in = [] {
+  muon::OptimizerRegistry::global().add(linked_in_entry("linked_in_sgd"));
+  return true;
+}();
+
+TEST(Plugin, StaticRegistrationOutsideLoadPluginTakesEffect) {
+  EXPECT_TRUE(linked_in);
+  EXPECT_TRUE(muon::OptimizerRegistry::global().has("linked_in_sgd"));
+  auto p = at::ones({2, 2}).requires_grad_();
+  torch::OrderedDict<std::string, at::Tensor> named;
+  named.insert("w", p);
+  EXPECT_NE(muon::make_optimizer(named, muon::OptimizerConfig().set("optimizer", "linked_in_sgd")),
+            nullptr);
+  EXPECT_THROW(muon::OptimizerRegistry::global().add(linked_in_entry("muon")), c10::ValueError);
+  EXPECT_THROW(muon::OptimizerRegistry::global().add(linked_in_entry("linked_in_sgd")), c10::ValueError);
+}
+
 // The plain formula, in fp64, over `steps` steps of the model's seeded
 // gradients: m ← β·m + (1 − β)·g; p ← p·(1 − lr·wd) − lr·sign(m).
 at::Tensor sign_descent_reference(size_t k, int64_t steps) {

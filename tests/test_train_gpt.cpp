@@ -382,6 +382,29 @@ TEST(TrainGptProgram, APluginOptimizerTrainsFromAConfigAndResumes) {
   std::filesystem::remove_all(dir);
 }
 
+// A plugin that registers a taken name (tests/plugins/duplicate_name.cpp
+// registers `muon`), or a copy of a loaded plugin at another path, ends the
+// program with one line naming the path and the name and status 1 (it used
+// to abort inside dlopen).
+TEST(TrainGptProgram, APluginThatRegistersATakenNameIsOneLine) {
+  const auto dir = scratch("plugin_taken");
+  const auto copy = (dir / "libsign_descent_copy.so").string();
+  std::filesystem::copy_file(MUON_SIGN_DESCENT_PLUGIN, copy);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {std::string(" --plugin ") + MUON_DUPLICATE_PLUGIN, "optimizer 'muon' is already registered"},
+      {std::string(" --plugin ") + MUON_SIGN_DESCENT_PLUGIN + " --plugin " + copy,
+       "optimizer 'sign_descent' is already registered"}};
+  for (const auto& [flags, reason] : cases) {
+    const auto out = run_program(std::string(kTiny) + " --runs muon --print-config" + flags);
+    EXPECT_EQ(out.status, 1) << out.text;
+    EXPECT_NE(out.text.find("is refused and nothing it registers is added"), std::string::npos)
+        << out.text;
+    EXPECT_NE(out.text.find(reason), std::string::npos) << out.text;
+    EXPECT_EQ(std::count(out.text.begin(), out.text.end(), '\n'), 1) << out.text;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // Runs `cmd` through the shell; its exit status and output (stdout and stderr).
 std::pair<int, std::string> shell(const std::string& cmd) {
   FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");

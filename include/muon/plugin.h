@@ -27,8 +27,15 @@ namespace muon {
 /// Loads the shared library at `path` (dlopen, symbols global) and returns
 /// the names its loading added to the global registry, in registration
 /// order. Loading the same library again adds nothing and returns an empty
-/// list. Raises c10::ValueError naming the path and the loader's message
-/// when it cannot be loaded (the registry is then unchanged).
+/// list. What its initializers register is checked whole before any of it
+/// is added (OptimizerRegistry::begin_staging): a name already registered
+/// (`muon`, or a copy of a loaded plugin at another path), a field that
+/// collides, any entry `add` would refuse, and none of it is added, the
+/// library is closed again, and c10::ValueError names the path and the
+/// registry's reason. Raises c10::ValueError naming the path and the
+/// loader's message when it cannot be loaded. In every refusal the registry
+/// is unchanged. One library loads at a time; a plugin's initializers must
+/// not call load_plugin.
 std::vector<std::string> load_plugin(const std::string& path);
 
 }  // namespace muon

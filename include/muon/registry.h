@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "muon/config.h"
@@ -200,12 +201,39 @@ class OptimizerRegistry {
   std::shared_ptr<const OptimizerEntry> state_entry_of(const torch::optim::Optimizer& optimizer,
                                                        const std::string& kind = "") const;
 
+  /// What a plugin's initializers registered while staging (muon::load_plugin).
+  struct Staged {
+    std::vector<std::string> names;  ///< entries staged, in order
+    std::string error;               ///< the first refused add or extend ("" when none)
+  };
+  /// Holds back what the shared library load_plugin is loading registers:
+  /// until end_staging, add and extend called on this thread are checked as
+  /// always (against the registry and what is staged) but neither change the
+  /// registry nor throw (an exception inside dlopen's initializers ends the
+  /// process): each is staged, or its error kept. Other threads' calls are
+  /// checked against both and take effect at once. Raises c10::ValueError
+  /// when staging is already under way.
+  void begin_staging();
+  /// Ends staging: with `commit` and no error, adds what was staged, in
+  /// order; otherwise drops it, so that the registry is as before
+  /// begin_staging. Returns what was staged.
+  Staged end_staging(bool commit);
+
  private:
-  std::vector<FieldSpec> fields_locked() const;
+  std::vector<FieldSpec> fields_locked(bool with_staged = false) const;
+  std::vector<std::string> names_locked() const;  // registered and staged
+  std::shared_ptr<const OptimizerEntry> checked_locked(OptimizerEntry entry) const;
+  std::shared_ptr<const ConfigExtension> checked_locked(ConfigExtension extension) const;
+  bool staging_here() const;
 
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<const OptimizerEntry>> entries_;
   std::vector<std::shared_ptr<const ConfigExtension>> extensions_;
+  // Staging (begin_staging): the thread, what it registered, its first error.
+  std::thread::id staging_thread_;
+  std::vector<std::shared_ptr<const OptimizerEntry>> staged_;
+  std::vector<std::shared_ptr<const ConfigExtension>> staged_extensions_;
+  std::string staged_error_;
 };
 
 /// The common fields every config has (before any extension's and

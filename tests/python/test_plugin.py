@@ -103,3 +103,45 @@ def test_schema_and_explain_describe_its_state():
         ("step", "counter", "zeros", "replicated"), ("momentum", "param", "zeros", "rows")]
     text = muon_cpp.explain(model().named_parameters(), CONFIG)
     assert "state of sign_descent: step [counter], momentum [param, zeros, rows]" in text, text
+
+
+DUPLICATE = os.environ.get("MUON_DUPLICATE_PLUGIN", "")
+
+
+@pytest.mark.skipif(not DUPLICATE, reason="MUON_DUPLICATE_PLUGIN is not set (ctest sets it)")
+def test_a_plugin_that_registers_a_taken_name_is_a_value_error_and_adds_nothing(tmp_path):
+    # The plugin registers plugin_first, then muon; a copy of sign_descent at
+    # another path registers sign_descent again. Both used to throw inside
+    # dlopen's initializers (std::terminate): a child process, so that an
+    # abort fails this test rather than ending the session.
+    import shutil
+    import subprocess
+    import sys
+    copy = tmp_path / "libsign_descent_copy.so"
+    shutil.copyfile(PLUGIN, copy)
+    code = (
+        "import sys, muon_cpp\n"
+        "from muon_cpp import _C\n"
+        "assert muon_cpp.load_plugin(sys.argv[1]) == ['sign_descent']\n"
+        "before = _C.optimizer_names()\n"
+        "for path in sys.argv[2:] + sys.argv[2:]:\n"
+        "    try:\n"
+        "        muon_cpp.load_plugin(path)\n"
+        "        print('loaded', path)\n"
+        "    except ValueError as e:\n"
+        "        print('ValueError', str(e))\n"
+        "    assert _C.optimizer_names() == before, _C.optimizer_names()\n"
+        "assert 'plugin_first' not in _C.optimizer_names()\n"
+        "print('names', len(before))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, PLUGIN, DUPLICATE, str(copy)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    lines = r.stdout.splitlines()
+    assert len(lines) == 5, lines
+    for line, path, name in zip(lines, [DUPLICATE, str(copy)] * 2,
+                                ["muon", "sign_descent"] * 2):
+        assert line.startswith(f"ValueError [muon::load_plugin] '{path}' is refused and nothing it "
+                               "registers is added"), line
+        assert f"optimizer '{name}' is already registered" in line, line
+        assert len(line) < 800, line
