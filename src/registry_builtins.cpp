@@ -371,12 +371,9 @@ OptimizerEntry orthogonalized_entry(OrthogonalizedKind kind, std::string doc,
   e.fields = std::move(fields);
   e.uses_fields_of = {"muon"};
   e.make_options = [kind](const OptimizerSettings& s) {
-    auto o = muon_options(s);
-    if (kind == OrthogonalizedKind::kScion) {
-      // EO's Scion fixes the Frank–Wolfe weight decay and has no Nesterov step.
-      o.weight_decay(1.0).weight_decay_mode(WeightDecayMode::kDecoupled).nesterov(false);
-    }
-    return std::make_unique<MuonOptions>(o);
+    // Scion's fixed weight decay and Nesterov: its default rule sets them,
+    // OrthogonalizedVariant refuses other values (no silent replacement).
+    return std::make_unique<MuonOptions>(muon_options(s));
   };
   const auto variant = [kind](const OptimizerSettings& s) {
     auto v = OrthogonalizedVariantOptions().kind(kind);
@@ -402,6 +399,7 @@ OptimizerEntry orthogonalized_entry(OrthogonalizedKind kind, std::string doc,
         std::move(groups), defaults, variant(settings.at(0)), std::move(strategy)));
   };
   e.default_overrides = scalar_defaults(name);
+  if (kind == OrthogonalizedKind::kScion) e.default_overrides.push_back(detail::scion_fixed_rule());
   return e;
 }
 

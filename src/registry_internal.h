@@ -42,6 +42,11 @@ void run_global_extensions(OptimizerRegistry& registry);
 /// The second-moment settings of an adaptive_muon group.
 AdaptiveMuonOptions adaptive_muon_options(const OptimizerSettings& settings);
 
+/// Scion's default rule (src/optim/orthogonalized_family.cpp): on the
+/// parameters scion steps, weight_decay 1 and muon_nesterov false, the values
+/// Scion fixes (OrthogonalizedVariant refuses others).
+OverrideRule scion_fixed_rule();
+
 /// Parameters of one optimizer with identical settings: one param group.
 struct ParamGroupPlan {
   /// The optimizer.

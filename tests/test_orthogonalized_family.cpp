@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -291,6 +292,75 @@ TEST(OrthogonalizedFamily, InvalidOptionsNameArgumentAndValue) {
   expect_value_error([&] { opt.step(); }, {"[muon::PolarGrad]", "stacked_experts"});
   EXPECT_TRUE(at::equal(p.detach(), before));
   EXPECT_TRUE(opt.state().empty());
+}
+
+// Scion fixes weight decay 1, decoupled, and no Nesterov (EO; its step is
+// Frank–Wolfe's p ← (1 − lr)·p − lr·update). From a config its matrices take
+// those values by its default rule, which explain shows; the config's
+// weight_decay stays the scalar optimizer's. A value Scion does not run
+// (a rule's weight_decay, muon_weight_decay_mode cautious, muon_nesterov
+// true) is refused by name; it used to be replaced by 1/decoupled/false
+// silently, so that explain and the groups showed a value that did not run.
+TEST(OrthogonalizedFamily, ScionRefusesWhatItFixesAndShowsWhatRuns) {
+  ckpt::Named named;
+  named.insert("w", leaf(at::randn({8, 4})));
+  named.insert("b", leaf(at::randn({8})));
+  OptimizerConfig config;
+  config.set("optimizer", "scion").set("lr", 0.01).set("weight_decay", 0.1);
+  auto opt = muon::make_optimizer(named, config);
+  auto* v = dynamic_cast<OrthogonalizedVariant*>(opt->find_part("scion"));
+  ASSERT_NE(v, nullptr);
+  const auto& o = static_cast<const MuonOptions&>(v->param_groups()[0].options());
+  EXPECT_EQ(o.weight_decay(), 1.0);
+  EXPECT_FALSE(o.nesterov());
+  const auto* adamw = opt->find_part("adamw");
+  ASSERT_NE(adamw, nullptr);
+  EXPECT_EQ(static_cast<const torch::optim::AdamWOptions&>(adamw->param_groups()[0].options())
+                .weight_decay(),
+            0.1);
+  const auto text = muon::explain(named, config);
+  std::string w_row;  // explain's line of parameter w
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("w ", line.find_first_not_of(' ')) == line.find_first_not_of(' ')) w_row = line;
+  }
+  EXPECT_NE(w_row.find("weight_decay=1 "), std::string::npos) << text;
+  EXPECT_NE(w_row.find("scion default: weight_decay 1"), std::string::npos) << text;
+  EXPECT_EQ(w_row.find("weight_decay=0.1"), std::string::npos) << text;
+
+  auto refused = [&](const OptimizerConfig& c, const std::vector<std::string>& needles) {
+    const auto before = named["w"].detach().clone();
+    expect_value_error([&] { muon::make_optimizer(named, c); }, needles);
+    EXPECT_TRUE(at::equal(named["w"].detach(), before));
+  };
+  refused(OptimizerConfig(config).set("muon_weight_decay_mode", std::string("cautious")),
+          {"[muon::Scion]", "weight_decay_mode", "cautious"});
+  refused(OptimizerConfig(config).set("muon_weight_decay_mode", std::string("l2")),
+          {"[muon::Scion]", "weight_decay_mode", "l2"});
+  OptimizerConfig half(config);
+  half.add_override(OverrideRule().match_name("w").set("weight_decay", 0.5).named("half decay"));
+  refused(half, {"[muon::Scion]", "weight_decay must be 1", "0.5"});
+  OptimizerConfig nesterov(config);
+  nesterov.add_override(OverrideRule().match_name("w").set("muon_nesterov", true).named("look ahead"));
+  refused(nesterov, {"[muon::Scion]", "nesterov must be false"});
+
+  // A later edit of the group's options is refused at the step; nothing changes.
+  named["w"].mutable_grad() = at::ones({8, 4});
+  named["b"].mutable_grad() = at::ones({8});
+  // The composite's mirrored groups are the options in force.
+  bool edited = false;
+  for (auto& group : opt->param_groups()) {
+    if (auto* mo = dynamic_cast<MuonOptions*>(&group.options())) {
+      mo->weight_decay(0.5);
+      edited = true;
+    }
+  }
+  ASSERT_TRUE(edited);
+  const auto w_before = named["w"].detach().clone();
+  const auto b_before = named["b"].detach().clone();
+  expect_value_error([&] { opt->step(); }, {"[muon::Scion]", "weight_decay must be 1", "0.5"});
+  EXPECT_TRUE(at::equal(named["w"].detach(), w_before));
+  EXPECT_TRUE(at::equal(named["b"].detach(), b_before));
 }
 
 TEST(OrthogonalizedFamily, MopNeedsWholeMatrices) {

@@ -697,13 +697,18 @@ class PolarGrad(_OneOptimizer):
 class Scion(_OneOptimizer):
     """Scion: Muon's momentum (no Nesterov), Newton–Schulz scaled by
     sqrt(rows/cols)·``spectral_radius`` (default 1), weight decay fixed at 1
-    decoupled (the Frank–Wolfe step), as Emerging-Optimizers fixes it; lr=3e-4.
-    Other options as ``Muon``'s (``scale_mode`` is not read); every layout."""
+    decoupled (the Frank–Wolfe step p ← (1 − lr)·p − lr·update), as
+    Emerging-Optimizers fixes it; lr=3e-4. ``weight_decay`` other than 1,
+    ``weight_decay_mode`` other than "decoupled" or ``nesterov=True`` (given
+    here, in a group, or set in ``param_groups`` later) raise ValueError naming
+    them. Other options as ``Muon``'s (``scale_mode`` is not read); every layout."""
 
     _kind = "scion"
+    _defaults = {"nesterov": False}
 
-    def __init__(self, params, lr=3e-4, *, layout=None, nonfinite="error", **options):
-        super().__init__(params, lr, 1.0, layout, nonfinite, options)
+    def __init__(self, params, lr=3e-4, weight_decay=1.0, *, layout=None, nonfinite="error",
+                 **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
 
 class MOP(_OneOptimizer):

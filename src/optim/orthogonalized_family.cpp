@@ -12,9 +12,11 @@
 #include <tuple>
 #include <utility>
 
+#include "muon/config.h"
 #include "muon/scaling.h"
 #include "optim/muon_fused.h"
 #include "optim/step_transaction.h"
+#include "registry_internal.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
 
@@ -175,6 +177,20 @@ void OrthogonalizedVariantStage::check_options(const MuonOptions& o, size_t grou
                       ": nesterov must be false (Scion has no Nesterov step), got true");
   }
 }
+
+namespace detail {
+
+OverrideRule scion_fixed_rule() {
+  // The config's weight_decay stays the scalar optimizer's; explain and the
+  // groups show the values that run.
+  return OverrideRule()
+      .match_optimizer("scion")
+      .set("weight_decay", 1.0)
+      .set("muon_nesterov", false)
+      .named("scion default: weight_decay 1, muon_nesterov false (fixed by Scion)");
+}
+
+}  // namespace detail
 
 void OrthogonalizedVariantStage::apply(OrthogonalizeItem& item, const Orthogonalizer& parts) const {
   const MuonOptions& o = *item.options;

@@ -155,3 +155,48 @@ def test_state_dict_round_trip_resumes_bit_identically(cls):
         c.grad = g.clone()
         second.step()
     assert torch.equal(a, c)
+
+
+def test_scion_refuses_the_settings_it_fixes_and_shows_what_runs():
+    # Scion's step is Frank–Wolfe's p ← (1 − lr)·p − lr·update: weight decay 1,
+    # decoupled, no Nesterov (EO fixes them). Other values used to be accepted,
+    # shown in param_groups and replaced silently; now they are refused by name
+    # wherever they are given, changing nothing.
+    p = leaf(torch.randn(6, 4))
+    g = muon_cpp.Scion([p]).param_groups[0]
+    assert (g["weight_decay"], g["weight_decay_mode"], g["nesterov"]) == (1.0, "decoupled", False)
+    value_error(lambda: muon_cpp.Scion([p], weight_decay=0.1), r"\[muon::Scion\]",
+                r"weight_decay must be 1", r"0\.1")
+    value_error(lambda: muon_cpp.Scion([{"params": [p], "weight_decay": 0.5}]),
+                r"weight_decay must be 1", r"0\.5")
+    value_error(lambda: muon_cpp.Scion([p], weight_decay_mode="cautious"),
+                r"weight_decay_mode must be decoupled, got cautious")
+    value_error(lambda: muon_cpp.Scion([p], nesterov=True), r"nesterov must be false")
+    # A later param_groups edit: the step refuses it and changes nothing.
+    opt = muon_cpp.Scion([p], lr=0.01)
+    p.grad = torch.ones(6, 4)
+    opt.step()
+    before, buf = p.detach().clone(), opt.state[p]["momentum_buffer"].clone()
+    for key, value, pattern in (("weight_decay", 0.5, r"weight_decay must be 1, got 0\.5|got 0\.5"),
+                                ("weight_decay_mode", "cautious", r"got cautious"),
+                                ("nesterov", True, r"nesterov must be false")):
+        old = opt.param_groups[0][key]
+        opt.param_groups[0][key] = value
+        value_error(opt.step, pattern)
+        assert torch.equal(p, before) and torch.equal(opt.state[p]["momentum_buffer"], buf)
+        assert int(opt.state[p]["step"]) == 1
+        opt.param_groups[0][key] = old
+    opt.step()
+    assert not torch.equal(p, before)
+
+
+def test_scion_from_a_config_decays_its_matrices_by_1_and_says_so():
+    model = torch.nn.Linear(4, 6)
+    config = {"optimizer": "scion", "lr": 0.01, "weight_decay": 0.1}
+    opt = muon_cpp.make_optimizer(model.named_parameters(), config)
+    by_kind = {g["optimizer"]: g for g in opt.param_groups}
+    assert by_kind["scion"]["weight_decay"] == 1.0 and by_kind["scion"]["nesterov"] is False
+    assert by_kind["adamw"]["weight_decay"] == 0.1  # the config's, for the scalar optimizer
+    value_error(lambda: muon_cpp.make_optimizer(model.named_parameters(),
+                                                dict(config, muon_weight_decay_mode="cautious")),
+                r"\[muon::Scion\]", r"weight_decay_mode must be decoupled, got cautious")
