@@ -392,6 +392,70 @@ TEST(Checkpoint, DamageIsAnErrorNamingTheFileAndTensorAndChangesNothingOnAnyRank
   fs::remove_all(dir);
 }
 
+// verify_checkpoint reads every byte without a model; the newest checkpoint
+// that verifies is found past damaged newer ones (a bit flip in a data file,
+// an edited manifest), each reported with its reason; an unfinished save is
+// not a checkpoint and is passed over without a word.
+TEST(Checkpoint, VerifyFindsTheNewestCheckpointThatIsNotDamaged) {
+  const auto dir = fresh_dir("verify");
+  muon::test::run_ranks(2, [&](Group& group) {
+    Rank r("sharded", group);
+    r.train(0, 2);
+    r.save(dir.string(), 2, 3);
+    r.train(2, 3);
+    r.save(dir.string(), 3, 3);
+    r.train(3, 4);
+    r.save(dir.string(), 4, 3);
+  });
+  const auto key = std::string("model/blocks.0.fc1.weight");
+  for (int64_t step : {2, 3, 4}) {
+    EXPECT_EQ(muon::dist::verify_checkpoint((dir / ("step-0000000" + std::to_string(step))).string()).step, step);
+  }
+  EXPECT_EQ(muon::dist::verify_checkpoint(dir.string()).step, 4);
+  fs::create_directories(dir / "step-00000005");  // an unfinished save
+  std::vector<muon::dist::SkippedCheckpoint> skipped;
+  ASSERT_EQ(muon::dist::latest_verified_checkpoint(dir.string(), &skipped)->step, 4);
+  EXPECT_TRUE(skipped.empty());
+
+  const auto four = dir / "step-00000004";
+  const auto file = rank_file(four, 1);
+  auto bytes = read_file(file);
+  bytes[static_cast<size_t>(chunk_offset(four, key, 1) + 37)] ^= 0x10;
+  write_file(file, bytes);
+  const auto three = dir / "step-00000003";
+  auto text = read_file(three / "manifest.json");
+  text[text.find("\"step\": 3") + 8] = '7';
+  write_file(three / "manifest.json", text);
+  try {
+    muon::dist::verify_checkpoint(four.string());
+    ADD_FAILURE() << "a damaged checkpoint verified";
+  } catch (const c10::ValueError& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_NE(what.find(file.filename().string()), std::string::npos) << what;
+    EXPECT_NE(what.find(key), std::string::npos) << what;
+    EXPECT_NE(what.find("checksum"), std::string::npos) << what;
+  }
+  skipped.clear();
+  const auto found = muon::dist::latest_verified_checkpoint(dir.string(), &skipped);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->step, 2);
+  EXPECT_EQ(found->path, (dir / "step-00000002").string());
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_EQ(skipped[0].path, four.string());
+  EXPECT_NE(skipped[0].reason.find("checksum"), std::string::npos) << skipped[0].reason;
+  EXPECT_EQ(skipped[1].path, three.string());
+  EXPECT_NE(skipped[1].reason.find("manifest"), std::string::npos) << skipped[1].reason;
+  for (const auto& s : skipped) EXPECT_EQ(s.reason.find('\n'), std::string::npos) << s.reason;
+
+  fs::remove(dir / "step-00000002" / "manifest.json");
+  skipped.clear();
+  EXPECT_FALSE(muon::dist::latest_verified_checkpoint(dir.string(), &skipped).has_value());
+  EXPECT_EQ(skipped.size(), 2u);
+  EXPECT_FALSE(muon::dist::latest_verified_checkpoint((dir / "nothing").string()).has_value());
+  EXPECT_THROW(muon::dist::verify_checkpoint((dir / "nothing").string()), c10::ValueError);
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, AnotherModelOrOptimizerIsAnErrorNamingTheFirstDifference) {
   const auto dir = fresh_dir("other_model");
   muon::test::run_ranks(1, [&](Group& group) {

@@ -22,8 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "data.h"
 #include "gpt.h"
+#include "muon/dist/checkpoints/checkpoint.h"
 #include "muon/optim/hybrid.h"
 #include "muon/qk_clip.h"
 #include "report.h"
@@ -730,12 +733,89 @@ TEST(TrainGptProgram, ResumeAutoRefusesRanksThatSeeDifferentCheckpoints) {
   for (int r = 0; r < 2; ++r) {
     const auto& o = out[static_cast<size_t>(r)];
     EXPECT_EQ(o.status, 1) << o.text;
-    EXPECT_NE(o.text.find("the newest checkpoint of run 'muon' in 'ckpt/muon' is none on rank 1, "
+    EXPECT_NE(o.text.find("the newest checkpoint of run 'muon' in 'ckpt/muon' that verifies is none on rank 1, "
                           "step 4 on rank 0; --save must be one directory every rank sees"),
               std::string::npos)
         << o.text;
     EXPECT_EQ(o.text.find("resumed from"), std::string::npos) << o.text;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// Flips one byte inside the first chunk of the first tensor of checkpoint
+// `step_dir`'s manifest: the checkpoint stays complete (its manifest is
+// intact) but no longer verifies.
+void damage_checkpoint(const std::filesystem::path& step_dir) {
+  const auto manifest = nlohmann::json::parse(read_text(step_dir / "manifest.json"));
+  const auto& chunk = manifest.at("tensors").begin().value().at("chunks").at(0);
+  const auto file = step_dir / manifest.at("files").at(chunk.at("file").get<size_t>()).at("name").get<std::string>();
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.good()) << file;
+  const auto at = chunk.at("offset").get<std::streamoff>() + chunk.at("bytes").get<std::streamoff>() / 2;
+  f.seekg(at);
+  char byte = 0;
+  f.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x10);
+  f.seekp(at);
+  f.write(&byte, 1);
+}
+
+// --resume auto after the newest checkpoint was damaged (a kill or a disk):
+// both ranks skip it, saying which and why, continue from the one before on
+// the uninterrupted curve, and the save of that step replaces the damaged
+// one. --resume DIR still refuses the damaged newest checkpoint, and a
+// directory where no complete checkpoint verifies is refused rather than
+// trained over from step 0.
+TEST(TrainGptProgram, ResumeAutoSkipsADamagedNewestCheckpoint) {
+  const auto dir = scratch("resume_auto_damaged");
+  const auto ckpt = dir / "ckpt";
+  const std::string common = std::string(kTiny) +
+                             " --nproc 2 --no-plot --runs muon --set all:lr_decay_steps=6 "
+                             "--set all:lr_warmup_steps=2 --save-every 2 --keep 3 ";
+  ASSERT_EQ(run_program(common + "--steps 6 --out " + (dir / "straight").string()).status, 0);
+  ASSERT_EQ(run_program(common + "--steps 4 --save " + ckpt.string() + " --out " + (dir / "resumed").string()).status,
+            0);
+  const auto newest = ckpt / "muon" / "step-00000004";
+  ASSERT_TRUE(std::filesystem::exists(newest / "manifest.json"));
+  damage_checkpoint(newest);
+
+  // --resume DIR: the damaged newest checkpoint, named, and nothing trained.
+  const auto named = run_program(common + "--steps 6 --resume " + ckpt.string() + " --out " + (dir / "x").string());
+  EXPECT_EQ(named.status, 1) << named.text;
+  EXPECT_NE(named.text.find("checksum"), std::string::npos) << named.text;
+  EXPECT_NE(named.text.find("step-00000004"), std::string::npos) << named.text;
+
+  // Every checkpoint damaged: refused, naming the newest, and none removed.
+  const auto all = dir / "all";
+  std::filesystem::copy(ckpt, all, std::filesystem::copy_options::recursive);
+  damage_checkpoint(all / "muon" / "step-00000002");
+  const auto none = run_program(common + "--steps 6 --save " + all.string() + " --resume auto --out " +
+                                (dir / "x").string());
+  EXPECT_EQ(none.status, 1) << none.text;
+  EXPECT_NE(none.text.find("no checkpoint in '" + (all / "muon").string() + "' verifies (the newest, " +
+                           (all / "muon" / "step-00000004").string()),
+            std::string::npos)
+      << none.text;
+  EXPECT_TRUE(std::filesystem::exists(all / "muon" / "step-00000004" / "manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(all / "muon" / "step-00000002" / "manifest.json"));
+
+  const auto out = run_program(common + "--steps 6 --save " + ckpt.string() + " --resume auto --out " +
+                               (dir / "resumed").string());
+  ASSERT_EQ(out.status, 0) << out.text;
+  EXPECT_NE(out.text.find("run 'muon': --resume auto: skipping the damaged checkpoint " + newest.string() + ": "),
+            std::string::npos)
+      << out.text;
+  EXPECT_NE(out.text.find("checksum"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("run 'muon': --resume auto: continuing from step 2"), std::string::npos) << out.text;
+  // Same ranks, same batches, the state of step 2: the uninterrupted curve, bit for bit.
+  const auto a = train_gpt::read_csv((dir / "straight" / "muon.csv").string());
+  const auto b = train_gpt::read_csv((dir / "resumed" / "muon.csv").string());
+  ASSERT_EQ(a.points.size(), b.points.size());
+  for (size_t i = 0; i < a.points.size(); ++i) {
+    EXPECT_EQ(a.points[i].valid_loss, b.points[i].valid_loss) << "step " << a.points[i].step;
+  }
+  // The resumed run saved step 4 again: it verifies now.
+  EXPECT_EQ(muon::dist::verify_checkpoint(newest.string()).step, 4);
   std::filesystem::remove_all(dir);
 }
 

@@ -382,19 +382,34 @@ std::string one_line(std::string text) {
   return text;
 }
 
-// --resume auto for one run: `dir` when it holds a complete checkpoint, ""
-// (start at step 0) when not. Every rank looks, and the ranks agree on the
-// step they found: a rank that sees another checkpoint (a directory not
-// shared by every node) raises c10::ValueError on every rank.
+// --resume auto for one run: the step directory of the newest checkpoint
+// in `dir` that verifies (every byte read against its checksums), "" (start
+// at step 0) when `dir` holds no complete checkpoint. A newer one that does
+// not verify (a kill or a disk that damaged it) is skipped, saying which and
+// why, so that an elastic job's restart goes on from the one before; when
+// complete checkpoints exist and none verifies, every rank refuses, naming
+// the newest and why, rather than start the run over. Every rank looks, and
+// the ranks agree on the checkpoint they found: a rank that sees another
+// (a directory not shared by every node) raises c10::ValueError on every
+// rank. The reasons are the library's messages, bounded in length.
 std::string auto_resume_directory(const muon::dist::Group& group, const std::string& dir,
                                   const std::string& run) {
-  const auto latest = muon::dist::latest_checkpoint(dir);
+  std::vector<muon::dist::SkippedCheckpoint> skipped;
+  const auto latest = muon::dist::latest_verified_checkpoint(dir, &skipped);
   const int64_t step = latest ? latest->step : -1;
+  std::string found = latest ? "step " + std::to_string(step) : "none";
+  if (!skipped.empty()) found += " (" + std::to_string(skipped.size()) + " newer damaged)";
   muon::dist::check_ranks_agree(
-      group, {{"the newest checkpoint of run '" + run + "' in '" + clip(dir) + "'",
-               latest ? "step " + std::to_string(step) : "none"}},
+      group, {{"the newest checkpoint of run '" + run + "' in '" + clip(dir) + "' that verifies", found}},
       "[muon-train-gpt] --resume auto: ", "--save must be one directory every rank sees");
+  TORCH_CHECK_VALUE(latest || skipped.empty(), "[muon-train-gpt] --resume auto: run '", run,
+                    "': no checkpoint in '", clip(dir), "' verifies (the newest, ", clip(skipped.front().path),
+                    ": ", skipped.front().reason, "); move the damaged ones away to start over");
   if (group.rank() == 0) {
+    for (const auto& s : skipped) {
+      std::printf("run '%s': --resume auto: skipping the damaged checkpoint %s: %s\n", run.c_str(),
+                  clip(s.path).c_str(), s.reason.c_str());
+    }
     if (latest) {
       std::printf("run '%s': --resume auto: continuing from step %lld (%s)\n", run.c_str(),
                   static_cast<long long>(step), latest->path.c_str());
@@ -404,7 +419,7 @@ std::string auto_resume_directory(const muon::dist::Group& group, const std::str
     }
     std::fflush(stdout);
   }
-  return latest ? dir : "";
+  return latest ? latest->path : "";
 }
 
 int run_rank(const Flags& f) {

@@ -258,4 +258,8 @@ std::string sealed(const json& manifest);
 
 CheckpointInfo info_of(const Manifest& m);
 
+// Reads every chunk of `m` once and checks its file's header and size and
+// the chunk's checksum, as a load does (checkpoint_load.cpp).
+void verify_chunks(const Manifest& m);
+
 }  // namespace muon::dist::detail

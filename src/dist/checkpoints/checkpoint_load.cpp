@@ -243,6 +243,14 @@ void commit(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
 }
 
 }  // namespace
+
+void verify_chunks(const Manifest& m) {
+  ChunkReader reader(m);
+  for (const auto& [key, l] : m.tensors) {
+    for (const auto& c : l.chunks) reader.read(key, l, c);
+  }
+}
+
 }  // namespace detail
 
 CheckpointInfo load_checkpoint(const std::string& path,

@@ -68,6 +68,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "muon/dist/layouts/layout.h"
 #include "muon/dist/layouts/make.h"
@@ -148,6 +149,30 @@ CheckpointInfo load_checkpoint(const std::string& path, Layout& layout,
 /// `step-<N>` directory, that checkpoint. Raises c10::ValueError for a
 /// damaged manifest. Not collective.
 std::optional<CheckpointInfo> latest_checkpoint(const std::string& dir);
+
+/// Reads checkpoint `path` whole without loading it: a `step-<N>` directory,
+/// or a directory of checkpoints whose newest complete one is read. Checks
+/// the manifest's checksum and entries, every data file's header, size and
+/// save, and every chunk's checksum, as load_checkpoint does. Returns what
+/// the checkpoint says about itself; raises c10::ValueError naming the file
+/// (and the tensor) that is damaged. Not collective.
+CheckpointInfo verify_checkpoint(const std::string& path);
+
+/// A complete checkpoint that latest_verified_checkpoint passed over.
+struct SkippedCheckpoint {
+  /// Its `step-<N>` directory.
+  std::string path;
+  /// verify_checkpoint's message (one line).
+  std::string reason;
+};
+
+/// The newest complete checkpoint in directory `dir` that verify_checkpoint
+/// accepts, or nullopt when none does (or there is none). Each newer
+/// complete checkpoint that does not verify is appended to `skipped`
+/// (newest first) with its reason. Reads every byte of each checkpoint it
+/// tries. Not collective.
+std::optional<CheckpointInfo> latest_verified_checkpoint(const std::string& dir,
+                                                         std::vector<SkippedCheckpoint>* skipped = nullptr);
 
 /// Raises c10::ValueError naming `dir` and the system's reason unless `dir`
 /// is (or can be created as) a directory where files can be created,
