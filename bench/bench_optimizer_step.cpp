@@ -41,7 +41,9 @@
 #include "kernels/symmetric.h"
 #include "newton_schulz_internal.h"
 #include "muon/newton_schulz.h"
+#include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/step_guard.h"
 
 namespace {
 
@@ -244,6 +246,20 @@ int main(int argc, char** argv) {
     ms["muon_" + name] = median_ms([&] { opt.step(); }, args);
     state_per_param["muon"] = static_cast<double>(opt.state_bytes()) / static_cast<double>(base.numel);
   }
+  // The cost of whole-or-nothing steps (muon::set_whole_steps): the copy of
+  // the stepped parameters and state before each step, on Newton–Schulz's
+  // step and on an element-wise one.
+  for (const bool whole : {true, false}) {
+    muon::set_whole_steps(whole);
+    const std::string suffix = whole ? "" : "_no_copy";
+    {
+      muon::Muon opt(fresh(), muon::MuonOptions(muon_options));
+      ms["muon_fp32_whole" + suffix] = median_ms([&] { opt.step(); }, args);
+    }
+    muon::Lion opt(fresh(), muon::LionOptions(3e-4).weight_decay(0.01));
+    ms["lion" + suffix] = median_ms([&] { opt.step(); }, args);
+  }
+  muon::set_whole_steps(true);
   std::map<std::string, double> py;
   if (args.run_python) py = run_python(args, threads);
 
@@ -286,6 +302,10 @@ int main(int argc, char** argv) {
   row("torch::optim::AdamW", adamw);
   row("muon::Muon, NS fp32", ms["muon_fp32"]);
   row("muon::Muon, NS bf16", ms["muon_bf16"]);
+  row("muon::Muon, NS fp32 (again)", ms["muon_fp32_whole"]);
+  row("muon::Muon, NS fp32, whole steps off", ms["muon_fp32_whole_no_copy"]);
+  row("muon::Lion", ms["lion"]);
+  row("muon::Lion, whole steps off", ms["lion_no_copy"]);
   if (py.count("fp32")) row("plain Python Muon step, NS fp32", py["fp32"]);
   if (py.count("bf16")) row("plain Python Muon step, NS bf16", py["bf16"]);
   std::printf("\n");

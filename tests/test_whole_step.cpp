@@ -18,6 +18,7 @@
 #include "muon/optim/laprop.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/soap.h"
+#include "muon/optim/step_guard.h"
 #include "muon/registry.h"
 #include "tensor_util.h"
 #include "util/fault_injection.h"
@@ -196,6 +197,54 @@ TEST(WholeStep, StandaloneOptimizersChangeNothingWhenTheirStepFails) {
     LaProp b(pb.values(), LaPropOptions(0.01));
     fail_at_every_point(a, b, pa, pb, "muon::LaProp");
   }
+}
+
+// muon::set_whole_steps(false) trades the transaction for its memory: no
+// copy is made, a failed step still raises ValueError, now saying that
+// parts of it may be applied (the momentum was updated before
+// Newton–Schulz failed); on again, a failed step changes nothing.
+TEST(WholeStep, WholeStepsOffMakesNoCopyAndSaysSo) {
+  struct On {
+    ~On() { muon::set_whole_steps(true); }
+  } on;
+  Disarm disarm;
+  ASSERT_TRUE(muon::whole_steps());
+  auto named = make_params();
+  named.erase("fc.bias");
+  Muon opt(named.values(), MuonOptions(0.02));
+  set_grads(named, 11);
+  opt.step();
+  set_grads(named, 12);
+  const auto before = values_of(opt);
+  const auto fail_once = [&]() -> std::string {
+    detail::inject_fault_at(0);
+    std::string message;
+    try {
+      opt.step();
+    } catch (const c10::ValueError& e) {
+      message = e.what_without_backtrace();
+    }
+    detail::inject_fault_at(-1);
+    return message;
+  };
+  muon::set_whole_steps(false);
+  EXPECT_FALSE(muon::whole_steps());
+  const auto off = fail_once();
+  EXPECT_NE(off.find("injected fault at"), std::string::npos) << off;
+  EXPECT_NE(off.find("parts of this step may be applied (muon::set_whole_steps is off)"), std::string::npos)
+      << off;
+  const auto after = values_of(opt);
+  ASSERT_EQ(before.tensors.size(), after.tensors.size());
+  bool changed = false;
+  for (size_t i = 0; i < before.tensors.size(); ++i) {
+    changed = changed || !at::equal(before.tensors[i], after.tensors[i]);
+  }
+  EXPECT_TRUE(changed) << "no state changed before the fault: the test no longer shows what 'off' means";
+  muon::set_whole_steps(true);
+  const auto again = values_of(opt);
+  const auto on_message = fail_once();
+  EXPECT_NE(on_message.find("nothing of this step was applied"), std::string::npos) << on_message;
+  expect_same(again, values_of(opt), "whole steps on again");
 }
 
 // The SOAP: gradients of 1e20 make Kronecker factors fp32 cannot

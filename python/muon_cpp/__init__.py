@@ -73,7 +73,9 @@ if _C is not None:
         optimizer_names,
         scale_factor,
         scale_mode_names,
+        set_whole_steps,
         state_schema,
+        whole_steps,
     )
     from .optim import (  # noqa: F401
         AdaptiveMuon,

@@ -7,6 +7,7 @@
 #include "common.h"
 #include "muon/config.h"
 #include "muon/groups.h"
+#include "muon/optim/step_guard.h"
 #include "muon/plugin.h"
 #include "muon/registry.h"
 
@@ -107,6 +108,10 @@ void bind_config(py::module_& m) {
   m.def(
       "optimizer_names", [] { return OptimizerRegistry::global().keys(); },
       "The registered optimizers.");
+  m.def("set_whole_steps", &muon::set_whole_steps, py::arg("enabled"),
+        "Whether optimizer steps are whole or nothing (default True): off, no copy of the stepped "
+        "parameters and state is made, and a step that raises may leave parts of it applied.");
+  m.def("whole_steps", &muon::whole_steps, "The setting of set_whole_steps.");
   m.def("load_plugin", &load_plugin, py::arg("path"),
         "Loads a shared library that registers optimizers (muon/plugin.h); returns the names it added.");
   m.def(

@@ -5,18 +5,25 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
+#include <atomic>
 #include <sstream>
 #include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "muon/compat.h"
+#include "muon/optim/step_guard.h"
 #include "muon/registry.h"
 #include "util/names.h"
 
-namespace muon::detail {
+namespace muon {
+namespace detail {
 
 using torch::optim::Optimizer;
+
+namespace {
+std::atomic<bool> whole_steps_enabled{true};
+}  // namespace
 
 struct StepSnapshot::Leaf {
   // A tensor field of a state: where it is, the tensor it held, its values.
@@ -117,13 +124,18 @@ void name_step_failure(const char* who, const std::function<std::string()>& wher
     std::string message = e.what_without_backtrace();
     message = clip(message.substr(0, message.find('\n')), 300);
     const std::string place = where ? where() : std::string();
-    TORCH_CHECK_VALUE(false, who, "the step failed", place.empty() ? "" : " in ", place, ": ",
-                      message, "; nothing of this step was applied");
+    TORCH_CHECK_VALUE(false, who, "the step failed", place.empty() ? "" : " in ", place, ": ", message,
+                      whole_steps() ? "; nothing of this step was applied"
+                                    : "; parts of this step may be applied (muon::set_whole_steps is off)");
   }
 }
 
 void run_whole_step(Optimizer& optimizer, const char* who, const std::function<void()>& step,
                     const std::function<std::string()>& where) {
+  if (!whole_steps()) {
+    name_step_failure(who, where, step);
+    return;
+  }
   StepSnapshot snapshot(optimizer);
   try {
     name_step_failure(who, where, step);
@@ -133,4 +145,10 @@ void run_whole_step(Optimizer& optimizer, const char* who, const std::function<v
   }
 }
 
-}  // namespace muon::detail
+}  // namespace detail
+
+void set_whole_steps(bool enabled) { detail::whole_steps_enabled.store(enabled); }
+
+bool whole_steps() { return detail::whole_steps_enabled.load(); }
+
+}  // namespace muon

@@ -37,7 +37,9 @@ class StepSnapshot {
 /// error propagates; a c10::Error that is not a ValueError or an
 /// out-of-memory error (e.g. linalg.eigh failing to converge) becomes
 /// c10::ValueError "<who>the step failed in <where()>: <first line of the
-/// error>; nothing of this step was applied". `where` may be empty.
+/// error>; nothing of this step was applied". `where` may be empty. With
+/// muon::set_whole_steps(false), no snapshot: `step` runs under
+/// name_step_failure alone.
 void run_whole_step(torch::optim::Optimizer& optimizer, const char* who,
                     const std::function<void()>& step,
                     const std::function<std::string()>& where = nullptr);

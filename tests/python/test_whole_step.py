@@ -60,16 +60,34 @@ def test_soap_eigh_failure_on_huge_gradients_changes_nothing():
     assert all(torch.isfinite(p).all() for _, p in named)
 
 
-def test_mop_svd_failure_on_a_nan_gradient_changes_nothing():
+def mop_before_a_nan_gradient():
+    """MOP under nonfinite=propagate after one step, with a NaN in the next gradient."""
     named = named_params()
     opt = muon_cpp.make_optimizer(named, {"optimizer": "mop", "lr": 0.01, "nonfinite": "propagate"})
     set_grads(named, 5)
     opt.step()
     set_grads(named, 6)
     named[0][1].grad[0, 0] = float("nan")
+    return named, opt
+
+
+def test_mop_svd_failure_on_a_nan_gradient_changes_nothing():
+    named, opt = mop_before_a_nan_gradient()
     before = snapshot(named, opt)
     value_error(opt.step, r"\[muon::MOP\]", r"SVD", r"nothing of this step was applied")
     assert_same(before, snapshot(named, opt))
+
+
+def test_whole_steps_off_still_names_the_failure_and_says_parts_may_be_applied():
+    assert muon_cpp.whole_steps()
+    _, opt = mop_before_a_nan_gradient()
+    muon_cpp.set_whole_steps(False)
+    try:
+        assert not muon_cpp.whole_steps()
+        value_error(opt.step, r"\[muon::MOP\]", r"SVD", r"parts of this step may be applied")
+    finally:
+        muon_cpp.set_whole_steps(True)
+    assert muon_cpp.whole_steps()
 
 
 def test_laprop_follows_the_fp64_update_on_gradients_of_1e20():

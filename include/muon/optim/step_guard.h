@@ -56,6 +56,18 @@ NonFinitePolicy parse_nonfinite_policy(const std::string& name);
 /// The policies' names, in declaration order.
 std::vector<std::string> nonfinite_policy_names();
 
+/// Whether the optimizers' steps in this process are whole or nothing
+/// (docs/optimizer.md, "A step happens whole or changes nothing"): on by
+/// default, each step copies the parameters it steps and their state first
+/// and puts them back if it raises. Off, no copy is made (the memory of one
+/// copy of the stepped parameters and state is saved), a failed matrix
+/// function still raises c10::ValueError naming the parameter, but a step
+/// that raises midway may leave parts of it applied. Process-wide; takes
+/// effect at the next step.
+void set_whole_steps(bool enabled);
+/// The setting of set_whole_steps.
+bool whole_steps();
+
 /// The checks before a step (see the top of this header): the non-finite
 /// policy, the count of skipped steps, and the hooks an optimizer made of
 /// others uses to run its parts' checks once, for all of them, before any
