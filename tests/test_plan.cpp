@@ -20,10 +20,13 @@
 #include <string>
 
 #include "muon/plan.h"
+#include "plan_test_util.h"
 #include "train_gpt_util.h"
 
 namespace {
 
+using plan_test::predict;
+using plan_test::round_machine;
 using muon::plan::LayoutKind;
 using muon::plan::Machine;
 using muon::plan::Model;
@@ -48,25 +51,6 @@ Model tiny() {
   m.name = "tiny";
   m.tensors = {tensor("w", {4, 4}, Route::kMuon), tensor("b", {4}, Route::kAdamW)};
   return m;
-}
-
-// Round figures: every GEMM class at 1 GFLOP/s, links of 1 ms and 1 MB/s,
-// no per-element or per-tensor cost, one rank per accelerator.
-Machine round_machine() {
-  Machine m;
-  m.name = "round";
-  for (int c = 0; c < muon::plan::kShapeClasses; ++c) m.gemm_fp32[c] = m.gemm_bf16[c] = 1e9;
-  m.ranks_per_node = 8;
-  m.intra = {1e-3, 1e6};
-  m.inter = {1e-2, 1e5};
-  return m;
-}
-
-Prediction predict(const Model& model, LayoutKind layout, int64_t world, int64_t tp = 0) {
-  Options o;
-  o.world = world;
-  o.tp = tp;
-  return muon::plan::predict(model, round_machine(), layout, o);
 }
 
 const muon::plan::Collective* find(const Prediction& p, const std::string& what) {

@@ -19,10 +19,13 @@
 #include <string>
 
 #include "muon/plan.h"
+#include "plan_test_util.h"
 #include "train_gpt_util.h"
 
 namespace {
 
+using plan_test::predict;
+using plan_test::round_machine;
 using muon::plan::LayoutKind;
 using muon::plan::Machine;
 using muon::plan::Model;
@@ -51,16 +54,6 @@ std::string error_of(const std::function<void()>& fn) {
     }                                                                               \
   } while (0)
 
-Machine round_machine() {
-  Machine m;
-  m.name = "round";
-  for (int c = 0; c < muon::plan::kShapeClasses; ++c) m.gemm_fp32[c] = m.gemm_bf16[c] = 1e9;
-  m.ranks_per_node = 8;
-  m.intra = {1e-3, 1e6};
-  m.inter = {1e-2, 1e5};
-  return m;
-}
-
 Model one(std::vector<int64_t> shape) {
   Model m;
   m.name = "one";
@@ -69,13 +62,6 @@ Model one(std::vector<int64_t> shape) {
   t.shape = std::move(shape);
   m.tensors = {t};
   return m;
-}
-
-Prediction predict(const Model& model, LayoutKind layout, int64_t world, int64_t tp = 0) {
-  Options o;
-  o.world = world;
-  o.tp = tp;
-  return muon::plan::predict(model, round_machine(), layout, o);
 }
 
 const char* kMachine = R"("gemm_fp32": [1e9, 1e9, 1e9, 1e9], "gemm_bf16": [1e9, 1e9, 1e9, 1e9])";

@@ -1,0 +1,33 @@
+// What the tests of muon::plan share: a machine of round figures and a
+// prediction on it.
+#pragma once
+
+#include <cstdint>
+
+#include "muon/plan.h"
+
+namespace plan_test {
+
+// Round figures: every GEMM class at 1 GFLOP/s, links of 1 ms and 1 MB/s,
+// no per-element or per-tensor cost, one rank per accelerator.
+inline muon::plan::Machine round_machine() {
+  muon::plan::Machine m;
+  m.name = "round";
+  for (int c = 0; c < muon::plan::kShapeClasses; ++c) m.gemm_fp32[c] = m.gemm_bf16[c] = 1e9;
+  m.ranks_per_node = 8;
+  m.intra = {1e-3, 1e6};
+  m.inter = {1e-2, 1e5};
+  return m;
+}
+
+// `model` in `layout` at `world` ranks (`tp`: the tensor-parallel size, 0
+// for the layout's default) on round_machine().
+inline muon::plan::Prediction predict(const muon::plan::Model& model, muon::plan::LayoutKind layout,
+                                      int64_t world, int64_t tp = 0) {
+  muon::plan::Options o;
+  o.world = world;
+  o.tp = tp;
+  return muon::plan::predict(model, round_machine(), layout, o);
+}
+
+}  // namespace plan_test
