@@ -27,6 +27,50 @@ py::dict field_dict(const FieldSpec& f) {
   return d;
 }
 
+// The registry's face: its optimizers, plugins, state schemas, config
+// fields, and whether steps are whole.
+void bind_registry(py::module_& m) {
+  m.def(
+      "optimizer_names", [] { return OptimizerRegistry::global().keys(); },
+      "The registered optimizers.");
+  m.def("set_whole_steps", &muon::set_whole_steps, py::arg("enabled"),
+        "Whether optimizer steps are whole or nothing (default True): off, no copy of the stepped "
+        "parameters and state is made, and a step that raises may leave parts of it applied.");
+  m.def("whole_steps", &muon::whole_steps, "The setting of set_whole_steps.");
+  m.def("load_plugin", &load_plugin, py::arg("path"),
+        "Loads a shared library that registers optimizers (muon/plugin.h); returns the names it added.");
+  m.def(
+      "state_schema",
+      [](const std::string& optimizer) {
+        const auto entry = OptimizerRegistry::global().at(optimizer);
+        py::list out;
+        for (const auto& f : entry->state.fields) {
+          py::dict d;
+          d["name"] = f.name;
+          d["shape"] = f.shape == StateShape::kCounter ? "counter"
+                       : f.shape == StateShape::kParam ? "param"
+                       : f.shape == StateShape::kWhole ? "whole"
+                                                       : "rows";
+          d["init"] = f.init == StateInit::kZeros ? "zeros" : "on_first_use";
+          d["split"] = f.split == StateSplit::kWithRows ? "rows"
+                       : f.split == StateSplit::kOwner ? "owner"
+                                                       : "replicated";
+          d["optional"] = static_cast<bool>(f.present);
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("optimizer"), "The fields of `optimizer`'s per-parameter state (its registry entry's schema).");
+  m.def(
+      "config_fields",
+      [] {
+        py::list out;
+        for (const auto& f : OptimizerRegistry::global().fields()) out.append(field_dict(f));
+        return out;
+      },
+      "Every config field (the JSON keys).");
+}
+
 }  // namespace
 
 void bind_config(py::module_& m) {
@@ -105,45 +149,7 @@ void bind_config(py::module_& m) {
       },
       py::arg("optimizer"), py::arg("settings"), py::arg("config"),
       "A group's settings completed from the config and checked (ValueError naming the key).");
-  m.def(
-      "optimizer_names", [] { return OptimizerRegistry::global().keys(); },
-      "The registered optimizers.");
-  m.def("set_whole_steps", &muon::set_whole_steps, py::arg("enabled"),
-        "Whether optimizer steps are whole or nothing (default True): off, no copy of the stepped "
-        "parameters and state is made, and a step that raises may leave parts of it applied.");
-  m.def("whole_steps", &muon::whole_steps, "The setting of set_whole_steps.");
-  m.def("load_plugin", &load_plugin, py::arg("path"),
-        "Loads a shared library that registers optimizers (muon/plugin.h); returns the names it added.");
-  m.def(
-      "state_schema",
-      [](const std::string& optimizer) {
-        const auto entry = OptimizerRegistry::global().at(optimizer);
-        py::list out;
-        for (const auto& f : entry->state.fields) {
-          py::dict d;
-          d["name"] = f.name;
-          d["shape"] = f.shape == StateShape::kCounter ? "counter"
-                       : f.shape == StateShape::kParam ? "param"
-                       : f.shape == StateShape::kWhole ? "whole"
-                                                       : "rows";
-          d["init"] = f.init == StateInit::kZeros ? "zeros" : "on_first_use";
-          d["split"] = f.split == StateSplit::kWithRows ? "rows"
-                       : f.split == StateSplit::kOwner ? "owner"
-                                                       : "replicated";
-          d["optional"] = static_cast<bool>(f.present);
-          out.append(d);
-        }
-        return out;
-      },
-      py::arg("optimizer"), "The fields of `optimizer`'s per-parameter state (its registry entry's schema).");
-  m.def(
-      "config_fields",
-      [] {
-        py::list out;
-        for (const auto& f : OptimizerRegistry::global().fields()) out.append(field_dict(f));
-        return out;
-      },
-      "Every config field (the JSON keys).");
+  bind_registry(m);
 }
 
 }  // namespace muon::python

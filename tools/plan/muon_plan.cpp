@@ -362,6 +362,97 @@ std::vector<int64_t> parse_worlds(const std::string& text) {
   return out;
 }
 
+// The flags of a prediction (calibrate's are its own).
+struct Flags {
+  std::string model_name = "gpt", machine_name, worlds = "1,2,4", layout, ns_dtype = "fp32";
+  int64_t layers = 4, width = 128, heads = 4, vocab = 46, context = 64, batch = 32, experts = 0, tp = 0;
+  bool optimizer_step = false, as_json = false, adamw = false;
+  int64_t ranks_per_node_job = 0;
+  double row_fraction = 1.0;
+};
+
+void add_flags(CLI::App& app, Flags& f) {
+  app.add_option("--model", f.model_name, "gpt (muon-train-gpt's model, from the flags below), a preset (" +
+                                              [] {
+                                                std::string s;
+                                                for (const auto& n : muon::plan::Model::preset_names()) {
+                                                  s += (s.empty() ? "" : ", ") + n;
+                                                }
+                                                return s;
+                                              }() + ") or FILE.json");
+  app.add_option("--layers", f.layers, "gpt: transformer blocks");
+  app.add_option("--width", f.width, "gpt: model width");
+  app.add_option("--heads", f.heads, "gpt: attention heads");
+  app.add_option("--vocab", f.vocab, "gpt: vocabulary (the main job's generated corpus: 46)");
+  app.add_option("--context", f.context, "gpt: context length");
+  app.add_option("--batch", f.batch, "gpt: sequences per step over all ranks");
+  app.add_option("--experts", f.experts, "gpt: experts per block (0: dense)");
+  app.add_option("--machine", f.machine_name, "h100, gb300 or FILE.json (muon-plan calibrate's); required");
+  app.add_option("--world", f.worlds, "comma-separated world sizes");
+  app.add_option("--tp", f.tp, "tensor-parallel size of the tp layouts (default: world for tp, 2 for tp,sharded)");
+  app.add_option("--layout", f.layout, "only this layout");
+  app.add_option("--ns-dtype", f.ns_dtype, "Newton-Schulz compute dtype")->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_flag("--optimizer-step", f.optimizer_step,
+               "the optimizer step only (gradient reduction, optimizer, gather), without the activations' "
+               "tensor-parallel all-reduces of a training step");
+  app.add_option("--ranks-per-node", f.ranks_per_node_job,
+                 "ranks of the job on each node (default: the machine's ranks_per_node)");
+  app.add_option("--row-fraction", f.row_fraction,
+                 "orthogonalize this fraction of each matrix's rows (Dion2's selection, approximately)")
+      ->check(CLI::Range(1e-6, 1.0));
+  app.add_flag("--adamw", f.adamw, "predict AdamW on every tensor (the baseline) instead of Muon");
+  app.add_flag("--json", f.as_json, "print the predictions as JSON");
+}
+
+// Prints the predictions the flags ask for; raises c10::ValueError for bad input.
+void predict_and_print(const Flags& f) {
+  TORCH_CHECK_VALUE(!f.machine_name.empty(), "[muon-plan] --machine is required (h100, gb300, or a file of "
+                                             "muon-plan calibrate)");
+  // A name that is no preset but a path (or ends in .json) is a file.
+  const auto is_file = [](const std::string& name, const std::vector<std::string>& presets) {
+    std::error_code ec;
+    return std::find(presets.begin(), presets.end(), name) == presets.end() &&
+           (ends_with(name, ".json") || fs::exists(name, ec));
+  };
+  const auto machine = is_file(f.machine_name, muon::plan::Machine::preset_names())
+                           ? from_file<muon::plan::Machine>(f.machine_name, "--machine")
+                           : muon::plan::Machine::preset(f.machine_name);
+  const auto model =
+      f.model_name == "gpt"
+          ? muon::plan::Model::gpt(f.layers, f.width, f.heads, f.vocab, f.context, f.batch, 4, f.experts)
+      : is_file(f.model_name, muon::plan::Model::preset_names())
+          ? from_file<muon::plan::Model>(f.model_name, "--model")
+          : muon::plan::Model::preset(f.model_name);
+  std::vector<muon::plan::Prediction> all;
+  for (const auto w : parse_worlds(f.worlds)) {
+    muon::plan::Options o;
+    o.world = w;
+    o.tp = f.tp;
+    o.ns_bf16 = f.ns_dtype == "bf16";
+    o.training_step = !f.optimizer_step;
+    o.adamw_only = f.adamw;
+    o.ranks_per_node = f.ranks_per_node_job;
+    o.row_fraction = f.row_fraction;
+    std::vector<muon::plan::Prediction> some;
+    if (!f.layout.empty()) {
+      auto p = muon::plan::predict(model, machine, muon::plan::parse_layout(f.layout), o);
+      TORCH_CHECK_VALUE(p.why_not.empty(), "[muon-plan] --layout ", f.layout, " at world ", w, ": ", p.why_not);
+      some.push_back(p);
+    } else {
+      some = muon::plan::plan(model, machine, o);
+    }
+    if (!f.as_json) {
+      std::printf("%s on %s, world %lld (%lld parameters, %lld in Muon):\n%s", model.name.c_str(),
+                  machine.name.c_str(), static_cast<long long>(w), static_cast<long long>(model.parameters()),
+                  static_cast<long long>(model.muon_parameters()), muon::plan::format_table(some).c_str());
+      if (f.layout.empty() && !some.empty()) {
+        std::printf("recommended: %s\n\n", muon::plan::to_string(some.front().layout).c_str());
+      }
+    }
+    all.insert(all.end(), some.begin(), some.end());
+  }
+  if (f.as_json) std::printf("%s\n", muon::plan::to_json(all).c_str());
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -377,39 +468,8 @@ int main(int argc, char** argv) {
     }
   }
   CLI::App app("Predict every layout's optimizer step for a model on a machine (muon::plan).");
-  std::string model_name = "gpt", machine_name, worlds = "1,2,4", layout, ns_dtype = "fp32";
-  int64_t layers = 4, width = 128, heads = 4, vocab = 46, context = 64, batch = 32, experts = 0, tp = 0;
-  bool optimizer_step = false, as_json = false, adamw = false;
-  int64_t ranks_per_node_job = 0;
-  double row_fraction = 1.0;
-  app.add_option("--model", model_name, "gpt (muon-train-gpt's model, from the flags below), a preset (" +
-                                            [] {
-                                              std::string s;
-                                              for (const auto& n : muon::plan::Model::preset_names()) s += (s.empty() ? "" : ", ") + n;
-                                              return s;
-                                            }() + ") or FILE.json");
-  app.add_option("--layers", layers, "gpt: transformer blocks");
-  app.add_option("--width", width, "gpt: model width");
-  app.add_option("--heads", heads, "gpt: attention heads");
-  app.add_option("--vocab", vocab, "gpt: vocabulary (the main job's generated corpus: 46)");
-  app.add_option("--context", context, "gpt: context length");
-  app.add_option("--batch", batch, "gpt: sequences per step over all ranks");
-  app.add_option("--experts", experts, "gpt: experts per block (0: dense)");
-  app.add_option("--machine", machine_name, "h100, gb300 or FILE.json (muon-plan calibrate's); required");
-  app.add_option("--world", worlds, "comma-separated world sizes");
-  app.add_option("--tp", tp, "tensor-parallel size of the tp layouts (default: world for tp, 2 for tp,sharded)");
-  app.add_option("--layout", layout, "only this layout");
-  app.add_option("--ns-dtype", ns_dtype, "Newton-Schulz compute dtype")->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_flag("--optimizer-step", optimizer_step,
-               "the optimizer step only (gradient reduction, optimizer, gather), without the activations' "
-               "tensor-parallel all-reduces of a training step");
-  app.add_option("--ranks-per-node", ranks_per_node_job,
-                 "ranks of the job on each node (default: the machine's ranks_per_node)");
-  app.add_option("--row-fraction", row_fraction,
-                 "orthogonalize this fraction of each matrix's rows (Dion2's selection, approximately)")
-      ->check(CLI::Range(1e-6, 1.0));
-  app.add_flag("--adamw", adamw, "predict AdamW on every tensor (the baseline) instead of Muon");
-  app.add_flag("--json", as_json, "print the predictions as JSON");
+  Flags flags;
+  add_flags(app, flags);
   auto* cal = app.add_subcommand("calibrate", "measure this machine (GEMM rates, element-wise, link) as a machine file");
   std::string out;
   int64_t ranks_per_node = 0;
@@ -425,50 +485,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (cal->parsed()) return calibrate(out, ranks_per_node);
-    TORCH_CHECK_VALUE(!machine_name.empty(), "[muon-plan] --machine is required (h100, gb300, or a file of "
-                                             "muon-plan calibrate)");
-    // A name that is no preset but a path (or ends in .json) is a file.
-    const auto is_file = [](const std::string& name, const std::vector<std::string>& presets) {
-      std::error_code ec;
-      return std::find(presets.begin(), presets.end(), name) == presets.end() &&
-             (ends_with(name, ".json") || fs::exists(name, ec));
-    };
-    const auto machine = is_file(machine_name, muon::plan::Machine::preset_names())
-                             ? from_file<muon::plan::Machine>(machine_name, "--machine")
-                             : muon::plan::Machine::preset(machine_name);
-    const auto model = model_name == "gpt" ? muon::plan::Model::gpt(layers, width, heads, vocab, context, batch, 4, experts)
-                       : is_file(model_name, muon::plan::Model::preset_names())
-                           ? from_file<muon::plan::Model>(model_name, "--model")
-                           : muon::plan::Model::preset(model_name);
-    std::vector<muon::plan::Prediction> all;
-    for (const auto w : parse_worlds(worlds)) {
-      muon::plan::Options o;
-      o.world = w;
-      o.tp = tp;
-      o.ns_bf16 = ns_dtype == "bf16";
-      o.training_step = !optimizer_step;
-      o.adamw_only = adamw;
-      o.ranks_per_node = ranks_per_node_job;
-      o.row_fraction = row_fraction;
-      std::vector<muon::plan::Prediction> some;
-      if (!layout.empty()) {
-        auto p = muon::plan::predict(model, machine, muon::plan::parse_layout(layout), o);
-        TORCH_CHECK_VALUE(p.why_not.empty(), "[muon-plan] --layout ", layout, " at world ", w, ": ", p.why_not);
-        some.push_back(p);
-      } else {
-        some = muon::plan::plan(model, machine, o);
-      }
-      if (!as_json) {
-        std::printf("%s on %s, world %lld (%lld parameters, %lld in Muon):\n%s", model.name.c_str(),
-                    machine.name.c_str(), static_cast<long long>(w), static_cast<long long>(model.parameters()),
-                    static_cast<long long>(model.muon_parameters()), muon::plan::format_table(some).c_str());
-        if (layout.empty() && !some.empty()) {
-          std::printf("recommended: %s\n\n", muon::plan::to_string(some.front().layout).c_str());
-        }
-      }
-      all.insert(all.end(), some.begin(), some.end());
-    }
-    if (as_json) std::printf("%s\n", muon::plan::to_json(all).c_str());
+    predict_and_print(flags);
   } catch (const std::exception& e) {
     const auto* c10 = dynamic_cast<const c10::Error*>(&e);
     std::fprintf(stderr, "muon-plan: %s\n", one_line(c10 ? c10->what_without_backtrace() : e.what()).c_str());

@@ -396,6 +396,50 @@ class Planner {
                true);
   }
 
+  // The sharded layout's owner-compute: each rank's rows of a matrix to its
+  // owner and back (one all-to-all each way per shape), Newton–Schulz on the
+  // owner (with its TP peers for a split matrix).
+  void owner_exchange(int64_t tp_rank, const std::vector<Tensor>& tensors,
+                      const std::vector<std::vector<int64_t>>& rows, const std::vector<size_t>& owned,
+                      const std::vector<double>& costs, const std::vector<int64_t>& members) {
+    const auto owners = muon::dist::assign_owners(costs, dp_);
+    std::vector<int64_t> bytes(static_cast<size_t>(dp_), 0);
+    for (size_t k = 0; k < owned.size(); ++k) {
+      const auto i = owned[k];
+      const auto& t = tensors[i];
+      const int64_t owner = owners[k];
+      const int64_t row_bytes = row_numel(t) * t.dtype_bytes;
+      for (int64_t d = 0; d < dp_; ++d) {
+        if (d != owner) bytes[static_cast<size_t>(d)] = detail::add(bytes[static_cast<size_t>(d)], rows[i][static_cast<size_t>(d)] * row_bytes, "the owner exchange's bytes");
+      }
+      bytes[static_cast<size_t>(owner)] = detail::add(bytes[static_cast<size_t>(owner)], (rows_of(t) - rows[i][static_cast<size_t>(owner)]) * row_bytes, "the owner exchange's bytes");
+      const auto& whole = model_.tensors[i];
+      const bool split = tp_ > 1 && whole.split != Split::kNone;
+      const int64_t r = world_rank(owner, tp_rank);
+      if (!split) {
+        orthogonalize(r, 1, rows_of(t), row_numel(t));
+        continue;
+      }
+      // The 2-D layout's TP mode is distributed (LayoutGroups::tp_mode):
+      // the owners of a split matrix, one per TP rank, run Newton–Schulz
+      // together on their blocks: one all-reduce of ‖G‖² (a double), then
+      // per iteration one of the Gram matrix that the blocks' own Grams
+      // sum to (cols² for a row split, rows² for a column split; fp32).
+      orthogonalize(r, 1, whole.shape[0], whole.shape[1], 1.0 / static_cast<double>(tp_));
+      if (tp_rank == 0) {
+        const int64_t side = whole.split == Split::kRows ? whole.shape[1] : whole.shape[0];
+        const int64_t gram = ring_all_reduce_bytes(mul(mul(side, side, "a Gram matrix"), 4, "a Gram matrix"), tp_);
+        const int64_t bytes = detail::add(ring_all_reduce_bytes(8, tp_), mul(o_.ns_steps, gram, "the Gram all-reduces"), "the Gram all-reduces");
+        same_bytes("distributed Newton-Schulz all-reduces (TP)", tp_members(owner), bytes,
+                   (1 + o_.ns_steps) * 2 * (tp_ - 1));
+      }
+    }
+    // One all-to-all out and one back per batch (matrices of one shape).
+    std::set<std::pair<int64_t, int64_t>> shapes;
+    for (const auto i : owned) shapes.insert({rows_of(tensors[i]), row_numel(tensors[i])});
+    add("owner exchange (all-to-all)", members, bytes, static_cast<int64_t>(shapes.size()) * 2 * (dp_ - 1), true);
+  }
+
   // Row shards over dp: reduce-scatter (all-to-all per bucket), the Muon
   // matrices through their owners (or gathered everywhere), the AdamW part
   // on the shards, the updated rows all-gathered per bucket.
@@ -468,42 +512,7 @@ class Planner {
       }
       add("matrices all-gather (every rank)", members, bytes, static_cast<int64_t>(owned.size()) * 2 * (dp_ - 1));
     } else {
-      const auto owners = muon::dist::assign_owners(costs, dp_);
-      std::vector<int64_t> bytes(static_cast<size_t>(dp_), 0);
-      for (size_t k = 0; k < owned.size(); ++k) {
-        const auto i = owned[k];
-        const auto& t = tensors[i];
-        const int64_t owner = owners[k];
-        const int64_t row_bytes = row_numel(t) * t.dtype_bytes;
-        for (int64_t d = 0; d < dp_; ++d) {
-          if (d != owner) bytes[static_cast<size_t>(d)] = detail::add(bytes[static_cast<size_t>(d)], rows[i][static_cast<size_t>(d)] * row_bytes, "the owner exchange's bytes");
-        }
-        bytes[static_cast<size_t>(owner)] = detail::add(bytes[static_cast<size_t>(owner)], (rows_of(t) - rows[i][static_cast<size_t>(owner)]) * row_bytes, "the owner exchange's bytes");
-        const auto& whole = model_.tensors[i];
-        const bool split = tp_ > 1 && whole.split != Split::kNone;
-        const int64_t r = world_rank(owner, tp_rank);
-        if (!split) {
-          orthogonalize(r, 1, rows_of(t), row_numel(t));
-          continue;
-        }
-        // The 2-D layout's TP mode is distributed (LayoutGroups::tp_mode):
-        // the owners of a split matrix, one per TP rank, run Newton–Schulz
-        // together on their blocks: one all-reduce of ‖G‖² (a double), then
-        // per iteration one of the Gram matrix that the blocks' own Grams
-        // sum to (cols² for a row split, rows² for a column split; fp32).
-        orthogonalize(r, 1, whole.shape[0], whole.shape[1], 1.0 / static_cast<double>(tp_));
-        if (tp_rank == 0) {
-          const int64_t side = whole.split == Split::kRows ? whole.shape[1] : whole.shape[0];
-          const int64_t gram = ring_all_reduce_bytes(mul(mul(side, side, "a Gram matrix"), 4, "a Gram matrix"), tp_);
-          const int64_t bytes = detail::add(ring_all_reduce_bytes(8, tp_), mul(o_.ns_steps, gram, "the Gram all-reduces"), "the Gram all-reduces");
-          same_bytes("distributed Newton-Schulz all-reduces (TP)", tp_members(owner), bytes,
-                     (1 + o_.ns_steps) * 2 * (tp_ - 1));
-        }
-      }
-      // One all-to-all out and one back per batch (matrices of one shape).
-      std::set<std::pair<int64_t, int64_t>> shapes;
-      for (const auto i : owned) shapes.insert({rows_of(tensors[i]), row_numel(tensors[i])});
-      add("owner exchange (all-to-all)", members, bytes, static_cast<int64_t>(shapes.size()) * 2 * (dp_ - 1), true);
+      owner_exchange(tp_rank, tensors, rows, owned, costs, members);
     }
     add("updated rows all-gather", members, gather, hops, true);
   }
