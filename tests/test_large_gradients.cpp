@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,79 +50,74 @@ void expect_follows(const at::Tensor& p, const std::vector<double>& ref, double 
   }
 }
 
-TEST(LargeGradients, LaPropFollowsTheFp64UpdateOnGradientsOf1e20) {
-  const LaPropOptions o = LaPropOptions(0.01).weight_decay(0);
-  at::manual_seed(1);
+// The fp64 moments and parameter of a reference run.
+struct Fp64Run {
+  std::vector<double> p, m, v;
+};
+
+// Three steps of `Opt` with options `o` on a 64-element parameter and
+// gradients of 1e20, each against `reference` (which steps the fp64 run
+// from step t's gradient) within expect_follows's bound.
+template <typename Opt, typename Options>
+void expect_follows_fp64(const Options& o, uint64_t seed, double u_max, const std::string& name,
+                         const std::function<void(int, const std::vector<double>&, Fp64Run&)>& reference) {
+  at::manual_seed(seed);
   auto p = leaf(at::randn({64}));
-  auto ref = doubles_of(p);
-  std::vector<double> m(ref.size(), 0), v(ref.size(), 0);
-  LaProp opt({p}, o);
+  Fp64Run run{doubles_of(p), std::vector<double>(64, 0), std::vector<double>(64, 0)};
+  Opt opt({p}, o);
   const auto grads = huge_gradients(64);
   for (int t = 1; t <= 3; ++t) {
     p.mutable_grad() = grads[t - 1].clone();
     opt.step();
-    const auto g = doubles_of(grads[t - 1]);
+    reference(t, doubles_of(grads[t - 1]), run);
+    expect_follows(p, run.p, o.lr(), u_max, name + " step " + std::to_string(t));
+  }
+}
+
+TEST(LargeGradients, LaPropFollowsTheFp64UpdateOnGradientsOf1e20) {
+  const LaPropOptions o = LaPropOptions(0.01).weight_decay(0);
+  expect_follows_fp64<LaProp>(o, 1, 1.0, "laprop", [&](int t, const std::vector<double>& g, Fp64Run& r) {
     const double c1 = 1 - std::pow(o.beta1(), t);
     const double c2 = 1 - std::pow(o.beta2(), t);
-    for (size_t i = 0; i < ref.size(); ++i) {
-      v[i] = o.beta2() * v[i] + (1 - o.beta2()) * g[i] * g[i];
-      m[i] = o.beta1() * m[i] + (1 - o.beta1()) * g[i] / (std::sqrt(v[i] / c2) + o.eps());
-      ref[i] -= o.lr() * m[i] / c1;
+    for (size_t i = 0; i < g.size(); ++i) {
+      r.v[i] = o.beta2() * r.v[i] + (1 - o.beta2()) * g[i] * g[i];
+      r.m[i] = o.beta1() * r.m[i] + (1 - o.beta1()) * g[i] / (std::sqrt(r.v[i] / c2) + o.eps());
+      r.p[i] -= o.lr() * r.m[i] / c1;
     }
-    expect_follows(p, ref, o.lr(), 1.0, "laprop step " + std::to_string(t));
-  }
+  });
 }
 
 TEST(LargeGradients, SimAdEMAMixFollowsTheFp64UpdateOnGradientsOf1e20) {
   const SimAdEMAMixOptions o = SimAdEMAMixOptions(0.01).weight_decay(0);
-  at::manual_seed(2);
-  auto p = leaf(at::randn({64}));
-  auto ref = doubles_of(p);
-  std::vector<double> m(ref.size(), 0), v(ref.size(), 0);
-  SimAdEMAMix opt({p}, o);
-  const auto grads = huge_gradients(64);
-  for (int t = 1; t <= 3; ++t) {
-    p.mutable_grad() = grads[t - 1].clone();
-    opt.step();
-    const auto g = doubles_of(grads[t - 1]);
+  // |u| ≤ (alpha + t)·|g| / √v̂, at most (alpha + 3)·√(1/(1 − β2)) here.
+  const double u_max = (o.alpha() + 3) * std::sqrt(1 / (1 - o.beta2()));
+  expect_follows_fp64<SimAdEMAMix>(o, 2, u_max, "sim_ademamix", [&](int t, const std::vector<double>& g, Fp64Run& r) {
     const double b = o.beta1();
     const double c1 = (1 - std::pow(b, t)) / (1 - b);
     const double c2 = 1 - std::pow(o.beta2(), t);
-    for (size_t i = 0; i < ref.size(); ++i) {
-      m[i] = b * m[i] + g[i];
-      v[i] = o.beta2() * v[i] + (1 - o.beta2()) * g[i] * g[i];
-      ref[i] -= o.lr() * (o.alpha() * g[i] + m[i] / c1) / (std::sqrt(v[i] / c2) + o.eps());
+    for (size_t i = 0; i < g.size(); ++i) {
+      r.m[i] = b * r.m[i] + g[i];
+      r.v[i] = o.beta2() * r.v[i] + (1 - o.beta2()) * g[i] * g[i];
+      r.p[i] -= o.lr() * (o.alpha() * g[i] + r.m[i] / c1) / (std::sqrt(r.v[i] / c2) + o.eps());
     }
-    // |u| ≤ (alpha + t)·|g| / √v̂, at most (alpha + 3)·√(1/(1 − β2)) here.
-    expect_follows(p, ref, o.lr(), (o.alpha() + 3) * std::sqrt(1 / (1 - o.beta2())),
-                   "sim_ademamix step " + std::to_string(t));
-  }
+  });
 }
 
 // SOAP on a 1-D parameter is its Adam (precondition_1d off). β2 0.999 keeps
 // v = (1 − β2)·g² ≈ 1e37 within fp32 (0.95's 5e38 is not: no fp32 state holds it).
 TEST(LargeGradients, SoapAdamFollowsTheFp64UpdateOnGradientsOf1e20) {
   const SoapOptions o = SoapOptions(0.01).beta2(0.999).weight_decay(0);
-  at::manual_seed(3);
-  auto p = leaf(at::randn({64}));
-  auto ref = doubles_of(p);
-  std::vector<double> m(ref.size(), 0), v(ref.size(), 0);
-  Soap opt({p}, o);
-  const auto grads = huge_gradients(64);
-  for (int t = 1; t <= 3; ++t) {
-    p.mutable_grad() = grads[t - 1].clone();
-    opt.step();
-    const auto g = doubles_of(grads[t - 1]);
+  // |m̂| / √v̂ ≤ √(1 − β2)/(1 − β1)·... bounded by 1/√(1 − β2) for these moments.
+  const double u_max = std::sqrt(1 / (1 - o.beta2()));
+  expect_follows_fp64<Soap>(o, 3, u_max, "soap", [&](int t, const std::vector<double>& g, Fp64Run& r) {
     const double c1 = 1 - std::pow(o.beta1(), t);
     const double c2 = 1 - std::pow(o.beta2(), t);
-    for (size_t i = 0; i < ref.size(); ++i) {
-      m[i] = o.beta1() * m[i] + (1 - o.beta1()) * g[i];
-      v[i] = o.beta2() * v[i] + (1 - o.beta2()) * g[i] * g[i];
-      ref[i] -= o.lr() * (m[i] / c1) / (std::sqrt(v[i] / c2) + o.eps());
+    for (size_t i = 0; i < g.size(); ++i) {
+      r.m[i] = o.beta1() * r.m[i] + (1 - o.beta1()) * g[i];
+      r.v[i] = o.beta2() * r.v[i] + (1 - o.beta2()) * g[i] * g[i];
+      r.p[i] -= o.lr() * (r.m[i] / c1) / (std::sqrt(r.v[i] / c2) + o.eps());
     }
-    // |m̂| / √v̂ ≤ √(1 − β2)/(1 − β1)·... bounded by 1/√(1 − β2) for these moments.
-    expect_follows(p, ref, o.lr(), std::sqrt(1 / (1 - o.beta2())), "soap step " + std::to_string(t));
-  }
+  });
 }
 
 // ---- ranges -------------------------------------------------------------------

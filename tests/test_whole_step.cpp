@@ -163,40 +163,27 @@ TEST(WholeStep, EveryRegisteredOptimizerChangesNothingWhenItsStepFails) {
   }
 }
 
-TEST(WholeStep, StandaloneOptimizersChangeNothingWhenTheirStepFails) {
-  const auto matrices = [] {
+// fail_at_every_point on two `Opt`s built alike with `options` over the
+// matrices (and, with `bias`, the bias) of make_params().
+template <typename Opt, typename Options>
+void fail_standalone(const Options& options, bool bias, const std::string& name) {
+  const auto params = [bias] {
     auto named = make_params();
-    named.erase("fc.bias");
+    if (!bias) named.erase("fc.bias");
     return named;
   };
-  {
-    const auto pa = matrices();
-    const auto pb = matrices();
-    Muon a(pa.values(), MuonOptions(0.02));
-    Muon b(pb.values(), MuonOptions(0.02));
-    fail_at_every_point(a, b, pa, pb, "muon::Muon");
-  }
-  {
-    const auto pa = make_params();
-    const auto pb = make_params();
-    Soap a(pa.values(), SoapOptions(0.01));
-    Soap b(pb.values(), SoapOptions(0.01));
-    fail_at_every_point(a, b, pa, pb, "muon::Soap");
-  }
-  {
-    const auto pa = matrices();
-    const auto pb = matrices();
-    Dion2 a(pa.values(), NorDion2Options(0.01));
-    Dion2 b(pb.values(), NorDion2Options(0.01));
-    fail_at_every_point(a, b, pa, pb, "muon::Dion2");
-  }
-  {
-    const auto pa = make_params();
-    const auto pb = make_params();
-    LaProp a(pa.values(), LaPropOptions(0.01));
-    LaProp b(pb.values(), LaPropOptions(0.01));
-    fail_at_every_point(a, b, pa, pb, "muon::LaProp");
-  }
+  const auto pa = params();
+  const auto pb = params();
+  Opt a(pa.values(), options);
+  Opt b(pb.values(), options);
+  fail_at_every_point(a, b, pa, pb, name);
+}
+
+TEST(WholeStep, StandaloneOptimizersChangeNothingWhenTheirStepFails) {
+  fail_standalone<Muon>(MuonOptions(0.02), false, "muon::Muon");
+  fail_standalone<Soap>(SoapOptions(0.01), true, "muon::Soap");
+  fail_standalone<Dion2>(NorDion2Options(0.01), false, "muon::Dion2");
+  fail_standalone<LaProp>(LaPropOptions(0.01), true, "muon::LaProp");
 }
 
 // muon::set_whole_steps(false) trades the transaction for its memory: no
