@@ -195,13 +195,17 @@ at::Tensor soap_matrix_update(const at::Tensor& grad, const at::Tensor& adam_gra
   const bool first = s == o.adam_warmup_steps();
   if (left && preconditioned && (first || s % o.precondition_frequency() == 0)) {
     auto m = from_eigenbasis(st.exp_avg(), st.Q_L(), st.Q_R());
+    // The bases are kept row-major, as a checkpoint loads them: eigh and
+    // QR return column-major matrices, and a product takes another BLAS
+    // path (rounded otherwise on some CPUs) for another layout, so a resumed
+    // run would leave the uninterrupted one.
     if (first || o.use_eigh()) {
-      st.Q_L(refresh_by_eigh(st.L(), st.Q_L(), o));
-      if (right) st.Q_R(refresh_by_eigh(st.R(), st.Q_R(), o));
+      st.Q_L(refresh_by_eigh(st.L(), st.Q_L(), o).contiguous());
+      if (right) st.Q_R(refresh_by_eigh(st.R(), st.Q_R(), o).contiguous());
     } else {
       at::Tensor v = st.exp_avg_sq();
-      st.Q_L(refresh_by_qr(st.L(), st.Q_L(), v, 0, o));
-      if (right) st.Q_R(refresh_by_qr(st.R(), st.Q_R(), v, 1, o));
+      st.Q_L(refresh_by_qr(st.L(), st.Q_L(), v, 0, o).contiguous());
+      if (right) st.Q_R(refresh_by_qr(st.R(), st.Q_R(), v, 1, o).contiguous());
       st.exp_avg_sq(v);
     }
     st.exp_avg(to_eigenbasis(m, st.Q_L(), st.Q_R()).to(st.exp_avg().scalar_type()).contiguous());
