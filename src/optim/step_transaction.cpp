@@ -38,7 +38,7 @@ struct StepSnapshot::Leaf {
   };
   Optimizer* optimizer = nullptr;
   std::vector<std::pair<at::Tensor, at::Tensor>> params;  // parameter, its values
-  std::unordered_set<std::string> keys;                   // states present before
+  std::unordered_set<compat::StateKey> keys;              // states present before
   std::vector<Tensor> tensors;
   std::vector<Counter> counters;
   std::string archive;  // an optimizer no schema describes: its save()
