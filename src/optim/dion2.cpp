@@ -17,6 +17,7 @@
 #include "util/fault_injection.h"
 #include "util/dtype_names.h"
 #include "util/names.h"
+#include "util/scale.h"
 
 namespace muon {
 namespace {
@@ -344,7 +345,7 @@ void Dion2::step_parameters() {
       if (!slot) slot = std::make_unique<Dion2ParamState>();
       auto& st = static_cast<Dion2ParamState&>(*slot);
       const auto u = detail::dion2_update(p.grad(), st, o);
-      p.mul_(1 - o.lr() * o.weight_decay());
+      muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
       p.add_(u, -detail::dion2_adjusted_lr(p.sizes(), o));
     }
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "optim/elementwise_optimizer.h"
+#include "util/scale.h"
 
 namespace muon {
 namespace {
@@ -37,7 +38,7 @@ void LaProp::update(at::Tensor& p, const at::Tensor& grad, LaPropParamState& st,
   const auto t = static_cast<double>(st.step());
   const double bias1 = o.correct_bias() ? 1 - std::pow(o.beta1(), t) : 1.0;
   const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
-  if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+  if (o.weight_decay() != 0) muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
   auto& m = st.exp_avg();
   auto& v = st.exp_avg_sq();
   detail::accumulate_second_moment(v, grad, o.beta2());

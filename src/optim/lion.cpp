@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "optim/elementwise_optimizer.h"
+#include "util/scale.h"
 
 namespace muon {
 namespace {
@@ -35,7 +36,7 @@ void Lion::update(at::Tensor& p, const at::Tensor& grad, LionParamState& st, con
   auto& m = st.exp_avg();
   // u = sign(β1·m + (1 − β1)·g) = sign(m.lerp(g, 1 − β1)); m is read before it is updated.
   const auto u = m.lerp(grad, 1 - o.beta1()).sign_();
-  if (o.weight_decay() != 0) p.mul_(1 - o.lr() * o.weight_decay());
+  if (o.weight_decay() != 0) muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
   p.add_(u, -o.lr());
   m.lerp_(grad, 1 - o.beta2());
 }

@@ -24,6 +24,7 @@
 #include "optim/muon_internal.h"
 #include "util/fault_injection.h"
 #include "util/worker_pool.h"
+#include "util/scale.h"
 
 namespace muon::detail {
 namespace {
@@ -126,7 +127,7 @@ at::Tensor decay_and_momentum(const MuonStepItem& item) {
     } else if (o.weight_decay_mode() == WeightDecayMode::kSpectralClipped) {
       spectral_clipped_decay(p, o);
     } else if (o.weight_decay_mode() != WeightDecayMode::kCautious) {  // cautious: step 6
-      p.mul_(decay_factor(o));
+      scale_(p, decay_factor(o));
     }
   }
   // 2–3. momentum in place on the buffer and the Nesterov update (a new
@@ -142,7 +143,8 @@ at::Tensor decay_and_momentum(const MuonStepItem& item) {
   if (ema) {
     buf.lerp_(grad, 1 - mu);
   } else {
-    buf.mul_(mu).add_(grad);
+    scale_(buf, mu);
+    buf.add_(grad);
   }
   if (!o.nesterov()) return buf;
   return ema ? grad.lerp(buf, mu) : grad.add(buf, mu);

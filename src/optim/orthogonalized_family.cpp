@@ -19,6 +19,7 @@
 #include "registry_internal.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
+#include "util/scale.h"
 
 namespace muon {
 namespace {
@@ -317,7 +318,9 @@ void OrthogonalizedVariant::rescale_to_radius() {
       const double norm = summed(square_sum(p), item, orthogonalizer()).sqrt_().item<double>();
       TORCH_CHECK_VALUE(norm > 0, who(v.kind()), "parameter ", j, " of group ", gi,
                         " has zero norm; MuonHyperball keeps each weight on a sphere of its norm");
-      if (v.hyperball_radius() > 0) p.mul_(v.hyperball_radius() / std::max(norm, v.hyperball_eps()));
+      if (v.hyperball_radius() > 0) {
+        muon::detail::scale_(p, v.hyperball_radius() / std::max(norm, v.hyperball_eps()));
+      }
     }
   }
 }

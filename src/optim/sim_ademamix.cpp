@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "optim/elementwise_optimizer.h"
+#include "util/scale.h"
 
 namespace muon {
 namespace {
@@ -61,7 +62,8 @@ void SimAdEMAMix::update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParam
                                             o.weight_decay());
   auto& m = st.exp_avg();
   auto& v = st.exp_avg_sq();
-  m.mul_(beta).add_(g);
+  muon::detail::scale_(m, beta);
+  m.add_(g);
   detail::accumulate_second_moment(v, g, o.beta2());
   const double bias1 = o.correct_bias() ? (1 - std::pow(beta, t)) / (1 - beta) : 1.0;
   const double bias2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;

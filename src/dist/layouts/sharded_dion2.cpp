@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "muon/compat.h"
+#include "util/scale.h"
 
 namespace muon::dist {
 namespace {
@@ -256,7 +257,7 @@ void ShardedDion2::step_parameters() {
       // matrices, each rank steps its own as one process; else the exchange.
       const auto u = !o.flatten() && shape.size() >= 3 ? muon::detail::dion2_update(p.grad(), st, o)
                                                        : step_split_matrix(p, st, o, i);
-      p.mul_(1 - o.lr() * o.weight_decay());
+      muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
       p.add_(u, -muon::detail::dion2_adjusted_lr(shape, o));
     }
   }
