@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <mutex>
 #include <numeric>
 
 #include "dist/runtime/backend.h"
@@ -39,12 +40,29 @@ using detail::GroupImpl;
 
 constexpr const char* kWho = "[muon::dist::Group] ";
 
+// Starts a collective (the backend call that queues it and returns its
+// Work) under one lock per process, never its wait. c10d's flight recorder
+// (torch >= 2.8, on by default) adds each process group to a map of its own
+// before taking its lock when the group queues its first collective; groups
+// starting collectives on several threads at once (ranks as threads, or one
+// thread per group) corrupt that map and crash. Queuing takes microseconds.
+std::mutex& start_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+template <typename Start>
+auto started(Start&& start) {
+  std::lock_guard<std::mutex> guard(start_mutex());
+  return start();
+}
+
 // Runs one collective and waits for it; any failure (a peer that never
 // arrives, a closed connection) becomes a c10::Error naming group and op.
 template <typename Start>
 void run(const GroupImpl& g, const char* op, Start&& start) {
   try {
-    auto work = start();
+    auto work = started(start);
     work->wait(g.options.timeout());
   } catch (const std::exception& e) {
     TORCH_CHECK(false, kWho, op, " on group '", g.name, "' (rank ", g.rank, " of ", g.size,
@@ -242,7 +260,7 @@ PendingCollective Group::all_gather_async(const at::Tensor& tensor) const {
   auto inputs = std::make_shared<std::vector<at::Tensor>>(std::vector<at::Tensor>{input});
   decltype(g.backend->allgather(*outputs, *inputs)) work;
   try {
-    work = g.backend->allgather(*outputs, *inputs);
+    work = started([&] { return g.backend->allgather(*outputs, *inputs); });
   } catch (const std::exception& e) {
     TORCH_CHECK(false, kWho, "all_gather_async on group '", g.name, "' (rank ", g.rank, " of ",
                 g.size, ") failed to start: ", e.what());
@@ -299,7 +317,7 @@ PendingCollective Group::all_to_all_async(const at::Tensor& input,
   std::vector<int64_t> recv(recv_counts);
   decltype(g.backend->alltoall_base(*out, *in, recv, send)) work;
   try {
-    work = g.backend->alltoall_base(*out, *in, recv, send);
+    work = started([&] { return g.backend->alltoall_base(*out, *in, recv, send); });
   } catch (const std::exception& e) {
     TORCH_CHECK(false, kWho, "all_to_all_async on group '", g.name, "' (rank ", g.rank, " of ",
                 g.size, ") failed to start: ", e.what());
