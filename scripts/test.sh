@@ -5,6 +5,7 @@
 #
 #   scripts/test.sh            # build dir: ./build
 #   BUILD_DIR=/tmp/b scripts/test.sh -R NewtonSchulz   # extra args go to ctest
+#   scripts/test-torch-pip.sh                          # the same against torch 2.11
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +20,11 @@ export CCACHE_NOHASHDIR=true
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 
 start=$(date +%s)
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUON_WARNINGS_AS_ERRORS=ON
+# MUON_CMAKE_ARGS: more configure arguments (scripts/test-torch-pip.sh names
+# the Python, and so the torch, to build against).
+read -r -a extra_cmake_args <<<"${MUON_CMAKE_ARGS:-}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMUON_WARNINGS_AS_ERRORS=ON \
+  "${extra_cmake_args[@]}"
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 echo "test.sh: build finished in $(( $(date +%s) - start )) s"
 

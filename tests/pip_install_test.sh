@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The Python user's install path, as a user runs it: from a copy of the
 # source tree, `pip install --no-build-isolation .` into a virtual
-# environment that sees the system's site packages (torch, setuptools), then
+# environment that sees the system's site packages (torch, setuptools), or,
+# when PYTHON is itself a virtual environment's (torch from the package
+# index), into a new one with that torch installed from the index, then
 #   - `import muon_cpp` from elsewhere gives the package's version, and the
 #     optimizer steps;
 #   - `python -m muon_cpp.doctor` says OK;
@@ -33,9 +35,22 @@ fi
 # first reuses the compiler's work wherever the tree is.
 export CCACHE_BASEDIR=$copy CCACHE_NOHASHDIR=true
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 
-"$python" -m venv --system-site-packages "$work/venv"
+if "$python" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+  # PYTHON is a virtual environment's (torch from the package index): the
+  # README's path, a new venv and the same torch from the index (pip's cache
+  # serves it after the first time), then the package.
+  torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
+  "$("$python" -c 'import sys; print(sys._base_executable)')" -m venv "$work/venv"
+  "$work/venv/bin/pip" install "torch==$torch_version" setuptools wheel >"$work/torch.txt" 2>&1 ||
+    { tail -n 20 "$work/torch.txt"; fail "pip install torch==$torch_version"; }
+else
+  # Debian's Python: a venv over the system's packages (python3-torch).
+  "$python" -m venv --system-site-packages "$work/venv"
+fi
+# The package itself never reaches the index.
+export PIP_NO_INDEX=1
 py=$work/venv/bin/python
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$copy/python/muon_cpp/__init__.py")

@@ -59,7 +59,7 @@ FieldValue to_field_value(const py::handle& value, const std::string& what) {
   }
   TORCH_CHECK_VALUE(false, what,
                     " must be a bool, int, float, str, or a list of ints or of strs, got ",
-                    echo(value), " of type ", std::string(py::str(value.get_type().attr("__name__"))));
+                    echo(value), " of type ", std::string(py::str(py::type::handle_of(value).attr("__name__"))));
 }
 
 py::object from_field_value(const FieldValue& value) {
