@@ -92,10 +92,12 @@ def torch_adjust(lr, fn, shape):
 
 def torch_muon_ref(p0, grads, ns_dtype, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                    ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5,
-                   adjust_lr_fn=None, dtype=torch.float64):
-    """torch.optim.Muon's _single_tensor_muon, params and buffers in `dtype`."""
+                   adjust_lr_fn=None, dtype=torch.float64, bufs0=None):
+    """torch.optim.Muon's _single_tensor_muon, params and buffers in `dtype`
+    (the buffers start from bufs0, or zero)."""
     ps = [p.to(dtype).clone() for p in p0]
-    bufs = [torch.zeros_like(p) for p in ps]
+    bufs = ([torch.zeros_like(p) for p in ps] if bufs0 is None
+            else [b.to(dtype).clone() for b in bufs0])
     for step_grads in grads:
         for p, buf, g in zip(ps, bufs, step_grads):
             g = g.to(dtype)
