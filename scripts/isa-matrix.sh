@@ -29,7 +29,8 @@ numerical=(test_newton_schulz test_ns_bf16 test_ns_parity test_symmetric_kernels
   python_test_newton_schulz python_test_optimizers python_test_laprop python_test_signum
   python_test_sim_ademamix python_test_soap python_test_orthogonalized_family
   python_test_muon_spectral python_test_dion2 python_test_qk_clip python_test_muon_cautious
-  python_test_muon_heads python_test_compat)
+  python_test_muon_heads python_test_compat python_test_torch_optim_muon
+  python_test_reduced_precision_factors)
 regex="^($(IFS='|'; echo "${numerical[*]}"))\$"
 
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
