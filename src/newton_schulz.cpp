@@ -12,6 +12,7 @@
 #include <optional>
 #include <utility>
 
+#include "kernels/cuda.h"
 #include "kernels/fused_update.h"
 #include "kernels/symmetric.h"
 #include "newton_schulz_internal.h"
@@ -47,6 +48,28 @@ NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulz
   }
   return NewtonSchulzMethod::kStandard;
 }
+
+NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulzOptions& options,
+                                  c10::Device device) {
+  if (options.method() != NewtonSchulzMethod::kAuto || !device.is_cuda()) {
+    return resolve_method(rows, cols, options);
+  }
+  const double s = static_cast<double>(std::min(rows, cols));
+  const double l = static_cast<double>(std::max(rows, cols));
+  const bool wide = s >= 1 && l / s >= kGramMinAspectCuda;
+  return is_16bit_dtype(options.compute_dtype()) && wide && options.steps() >= kGramMinSteps
+             ? NewtonSchulzMethod::kGram
+             : NewtonSchulzMethod::kStandard;
+}
+
+double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options,
+                           c10::Device device) {
+  auto resolved = options;
+  resolved.method(resolve_method(rows, cols, options, device));
+  return newton_schulz_flops(rows, cols, resolved);
+}
+
+bool cuda_kernels_available() { return detail::cuda_kernels_built(); }
 
 std::string newton_schulz_cpu_kernels(at::ScalarType compute_dtype) {
   if (compute_dtype == at::kDouble) {
@@ -126,11 +149,13 @@ at::Tensor newton_schulz_normalized(at::Tensor x0, const NewtonSchulzOptions& op
   const int64_t rows = x0.size(1);
   const int64_t cols = x0.size(2);
   const bool tall = rows > cols;
-  ns_flops_counter += static_cast<double>(x0.size(0)) * newton_schulz_flops(rows, cols, options);
+  const auto device = x0.device();
+  ns_flops_counter +=
+      static_cast<double>(x0.size(0)) * newton_schulz_flops(rows, cols, options, device);
   std::optional<SixteenBitCompute> sixteen_bit;
   if (is_16bit_dtype(options.compute_dtype())) sixteen_bit.emplace();
   const auto schedule = options.schedule();
-  return resolve_method(rows, cols, options) == NewtonSchulzMethod::kGram
+  return resolve_method(rows, cols, options, device) == NewtonSchulzMethod::kGram
              ? gram_iteration(std::move(x0), schedule, tall, options.symmetric())
              : standard_iteration(std::move(x0), schedule, tall, options.symmetric(), nullptr);
 }

@@ -111,7 +111,8 @@ void apply_step(at::Tensor& next, const at::Tensor& x, const at::Tensor& p,
 }
 
 // One standard step in bf16 where products sum exact bf16 products in fp32
-// (every CPU: oneDNN's bf16 matmul, or widened operands). A = X·Xᵀ is
+// (every CPU: oneDNN's bf16 matmul, or widened operands; CUDA: cuBLAS's
+// bf16 products with fp32 results, where α stays a: see run). A = X·Xᵀ is
 // summed in fp32 from exact bf16 products and rounded once to bf16;
 // B = b·A + c·A² is formed in fp32 from that one rounded A in both terms,
 // so that B is a polynomial of one symmetric matrix (an fp32 A in the
@@ -168,7 +169,13 @@ struct Bf16Step {
     } else {
       a32.mul_(k.b);
     }
-    shift_to_alpha(a32, k.a, alpha);
+    if (a32.is_cuda()) {
+      // The GEMM's β must be known on the host: α = a, no shift, rather
+      // than a synchronization per step.
+      alpha.assign(static_cast<size_t>(a32.size(0)), k.a);
+    } else {
+      shift_to_alpha(a32, k.a, alpha);
+    }
     const at::Tensor* p = &a32;
     if (widened) {
       if (!whole) mirror_upper_to_lower(a32);

@@ -153,6 +153,11 @@ NewtonSchulzMethod parse_newton_schulz_method(const std::string& name);
 /// steps. Measured break-even: docs/benchmarks.md.
 constexpr double kGramMinAspect = 3.0;
 constexpr int64_t kGramMinSteps = 3;
+/// On CUDA, `auto` chooses Gram from this aspect instead: its s×s state
+/// (fp32 for 16-bit compute) runs on fp32 products, ~15× slower per FLOP
+/// than the bf16 tensor-core products of the standard method, which its
+/// FLOPs saved outweigh from l/s ≈ 24 (docs/benchmarks.md).
+constexpr double kGramMinAspectCuda = 24.0;
 /// Default normalization epsilon.
 constexpr double kDefaultNsEps = 1e-7;
 /// Valid step counts: [kMinNsSteps, kMaxNsSteps).
@@ -242,8 +247,18 @@ class NewtonSchulzOptions {
 /// dtypes and non-finite options with c10::ValueError.
 at::Tensor newton_schulz(const at::Tensor& x, const NewtonSchulzOptions& options = {});
 
-/// The method `auto` resolves to for a (batch of) m×n matrices.
+/// The method `auto` resolves to for a (batch of) m×n matrices on the CPU.
 NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
+/// The method `auto` resolves to for matrices on `device` (kGramMinAspectCuda
+/// on CUDA, the CPU's rule elsewhere): what `newton_schulz` runs.
+NewtonSchulzMethod resolve_method(int64_t rows, int64_t cols, const NewtonSchulzOptions& options,
+                                  c10::Device device);
+
+/// Whether this build has the library's CUDA kernels (CMake's MUON_CUDA):
+/// cuBLAS products, symmetric products as upper tiles and Muon's fused
+/// element-wise passes for CUDA tensors. Without them, CUDA tensors run on
+/// LibTorch's own operations.
+bool cuda_kernels_available();
 
 /// One line naming what `newton_schulz` runs its CPU matrix products on for
 /// `compute_dtype` on this machine and why: oneDNN or the BLAS for fp32;
@@ -257,6 +272,9 @@ std::string newton_schulz_cpu_kernels(at::ScalarType compute_dtype);
 /// `options` (method resolved), counting a SYRK as half a GEMM. Used by the
 /// distributed layouts to balance work and by the benchmarks for GFLOP/s.
 double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options);
+/// As newton_schulz_flops with the method resolved for matrices on `device`.
+double newton_schulz_flops(int64_t rows, int64_t cols, const NewtonSchulzOptions& options,
+                           c10::Device device);
 
 /// Floating-point operations the CPU kernels perform for one such call: as
 /// newton_schulz_flops, but each symmetric product at its kernel's real

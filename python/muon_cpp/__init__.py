@@ -70,6 +70,7 @@ if _C is not None:
         load_plugin,
         newton_schulz_cpu_kernels,
         newton_schulz_flops,
+        newton_schulz_method,
         optimizer_names,
         scale_factor,
         scale_mode_names,

@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "muon/dist/runtime/group.h"
+#include "muon/newton_schulz.h"
 #include "muon/version.h"
 
 #ifndef MUON_BUILD_CBLAS
@@ -53,11 +54,12 @@ void bind_build_info(py::module_& m) {
         backends.append("gloo");
         if (muon::dist::nccl_available()) backends.append("nccl");
         info["c10d_backends"] = backends;
+        info["cuda_kernels"] = muon::cuda_kernels_available();
         return info;
       },
       "How this extension was built: muon_cpp's version, the LibTorch version it was compiled "
       "against, compiler, C++11 ABI, pybind11, Python, the CBLAS and oneDNN libraries it links "
-      "(empty: built without) and its c10d backends.");
+      "(empty: built without), its c10d backends and whether it has the CUDA kernels.");
 }
 
 }  // namespace muon::python

@@ -104,13 +104,29 @@ The GIL is released while it runs. Bad values raise ValueError.)doc");
   m.def(
       "newton_schulz_flops",
       [](int64_t rows, int64_t cols, const py::object& coefficients, const py::object& steps,
-         const py::object& compute_dtype, const std::string& method) {
+         const py::object& compute_dtype, const std::string& method, const std::string& device) {
         return newton_schulz_flops(
-            rows, cols, ns_options(coefficients, steps, kDefaultNsEps, "add", compute_dtype, method, "cycle", 1.0));
+            rows, cols, ns_options(coefficients, steps, kDefaultNsEps, "add", compute_dtype, method, "cycle", 1.0),
+            c10::Device(device));
       },
       py::arg("rows"), py::arg("cols"), py::arg("coefficients") = "quintic",
       py::arg("steps") = py::none(), py::arg("compute_dtype") = "float32", py::arg("method") = "auto",
-      "Floating-point operations of one newton_schulz call on a rows×cols matrix.");
+      py::arg("device") = "cpu",
+      "Floating-point operations of one newton_schulz call on a rows×cols matrix, with `auto` "
+      "resolved as newton_schulz resolves it on `device` ('cpu', 'cuda', 'cuda:1').");
+  m.def(
+      "newton_schulz_method",
+      [](int64_t rows, int64_t cols, const py::object& coefficients, const py::object& steps,
+         const py::object& compute_dtype, const std::string& method, const std::string& device) {
+        return to_string(resolve_method(
+            rows, cols,
+            ns_options(coefficients, steps, kDefaultNsEps, "add", compute_dtype, method, "cycle", 1.0),
+            c10::Device(device)));
+      },
+      py::arg("rows"), py::arg("cols"), py::arg("coefficients") = "quintic",
+      py::arg("steps") = py::none(), py::arg("compute_dtype") = "float32", py::arg("method") = "auto",
+      py::arg("device") = "cpu",
+      "The method ('standard' or 'gram') newton_schulz runs for rows×cols matrices on `device`.");
   m.def(
       "scale_factor",
       [](int64_t rows, int64_t cols, const std::string& mode, double extra_scale_factor) {

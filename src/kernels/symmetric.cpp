@@ -3,6 +3,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "kernels/cuda.h"
+
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
@@ -115,6 +117,7 @@ void product_2d(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doubl
 // out = beta·out + alpha·a·b for batches of matrices; out may be a view.
 void batched_product(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, double alpha,
                      double beta) {
+  if (out.is_cuda() && cuda_matmul(out, a, b, alpha, beta)) return;  // cuBLAS, fp32 sums
   if (out.device().is_cpu() && out.size(0) > 1 && on_dnnl(a.scalar_type()) &&
       dnnl_matmul(out, a, b, alpha, beta, product_threads(a.scalar_type()), !sixteen_bit_compute)) {
     return;  // one oneDNN primitive for the whole batch: no per-matrix call costs
@@ -220,8 +223,9 @@ void round_to_bf16_values(at::Tensor& t) {
 
 void mirror_upper_to_lower(at::Tensor& out) {
   TORCH_INTERNAL_ASSERT(out.dim() == 3 && out.size(1) == out.size(2) && out.is_contiguous());
+  if (cuda_mirror(out)) return;
   if (!out.device().is_cpu()) {
-    // Device tensors: triu + transposed strict triu, as tensor ops.
+    // Other devices: triu + transposed strict triu, as tensor ops.
     auto upper = out.triu();
     out.copy_(upper + upper.triu(1).transpose(1, 2));
     return;
@@ -251,7 +255,8 @@ bool fp32_products_on_dnnl() {
 }
 
 bool accumulates_in_fp32(const at::Tensor& x) {
-  return x.device().is_cpu() && x.scalar_type() == at::kBFloat16;
+  if (x.scalar_type() != at::kBFloat16) return false;
+  return x.device().is_cpu() || (x.is_cuda() && cuda_kernels_built());  // cuBLAS: bf16 in, fp32 out
 }
 
 Bf16Products bf16_products() {
@@ -302,6 +307,12 @@ void batched_mm_out(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
 void batched_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor& a,
                        const at::Tensor& b, double beta, double alpha) {
   if (!out.device().is_cpu()) {
+    if (out.is_cuda() && cuda_kernels_built()) {
+      if (beta != 0.0 && !c.is_same(out)) out.copy_(c);
+      if (cuda_matmul(out, a, b, alpha, beta)) return;
+      at::baddbmm_out(out, out, a, b, beta, alpha);
+      return;
+    }
     at::baddbmm_out(out, c, a, b, beta, alpha);
     return;
   }
@@ -323,6 +334,7 @@ bool upper_product(at::Tensor& out, const at::Tensor& x, bool trans, double alph
     return into_fp32(out, beta,
                      [&](at::Tensor& acc) { return upper_product(acc, x32, trans, alpha, beta); });
   }
+  if (out.is_cuda() && cuda_syrk_upper(out, x, trans, alpha, beta)) return true;  // upper tiles
   const int64_t s = out.size(1);
   const bool cpu = out.device().is_cpu();
   const bool cpu_dnnl = cpu && on_dnnl(x.scalar_type());
@@ -358,6 +370,10 @@ void commuting_addmm_out(at::Tensor& out, const at::Tensor& c, const at::Tensor&
                          const at::Tensor& b, double beta, double alpha) {
   TORCH_INTERNAL_ASSERT(out.dim() == 3 && out.size(1) == out.size(2) && out.is_contiguous());
   if (beta != 0.0 && !c.is_same(out)) out.copy_(c);
+  if (out.is_cuda() && cuda_commuting_upper(out, a, b, alpha, beta)) {
+    mirror_upper_to_lower(out);
+    return;
+  }
   const int64_t s = out.size(1);
   const bool cpu = out.device().is_cpu();
   const bool cpu_16bit =
@@ -389,6 +405,7 @@ bool syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double alpha, 
 void symmetric_from_upper(at::Tensor& out, at::Tensor& upper, double shift) {
   // Mirror in fp32 (a tiled copy), then one vectorized conversion by ATen:
   // faster than converting element by element while mirroring.
+  if (cuda_symmetrize(out, upper, shift)) return;  // one tiled pass on the GPU
   mirror_upper_to_lower(upper);
   if (shift != 0.0) upper.diagonal(0, 1, 2).add_(shift);
   out.copy_(upper);

@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kernels/cuda.h"
 #include "kernels/fused_update.h"
 #include "kernels/symmetric.h"
 #include "muon/scaling.h"
@@ -174,6 +175,38 @@ void fused_momentum(const MuonStepItem& item, at::Tensor x0) {
   normalized_update(x0, buf, grad, rule, n, scale.data());
 }
 
+// Steps 2–4's element-wise part of a fused batch on the GPU: every item's
+// momentum and normalized input in two kernels, no synchronization.
+std::vector<CudaFusedItem> gpu_momentum(c10::ArrayRef<MuonStepItem> batch, at::Tensor& x0) {
+  std::vector<CudaFusedItem> items;
+  for (const auto& item : batch) {
+    const MuonOptions& o = *item.options;
+    CudaFusedItem g;
+    g.grad = item.param.grad();
+    g.buf = item.state->momentum_buffer();
+    g.param = item.param;
+    g.matrices = item.view.batch;
+    g.mu = o.momentum();
+    g.ema = o.momentum_style() == MomentumStyle::kEma;
+    g.nesterov = o.nesterov();
+    items.push_back(std::move(g));
+  }
+  const auto& ns = batch.front().options->ns();
+  cuda_fused_momentum(items, x0, ns.coefficients().safety_factor, ns.eps(),
+                      ns.eps_mode() == NsEpsMode::kClamp);
+  return items;
+}
+
+// Steps 5–6 of a fused batch on the GPU: one kernel for every item.
+void gpu_apply(std::vector<CudaFusedItem>& items, const std::vector<OrthogonalizeItem>& work) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i].orth = work[i].orth;
+    items[i].decay = decay_factor(*work[i].options);
+    items[i].step = -work[i].options->lr() * work[i].alpha;
+  }
+  cuda_fused_apply(items);
+}
+
 // Step 4 of a fused batch: one Newton–Schulz call on the normalized inputs
 // of all its items; each item's part and scale.
 void orthogonalize_fused(at::Tensor x0, c10::ArrayRef<MuonStepItem> batch,
@@ -244,6 +277,7 @@ int side_by_side_threads(const std::vector<MuonStepItem>& items) {
   double total = 0;
   std::unordered_set<const MuonParamState*> states;
   for (const auto& item : items) {
+    if (!item.param.device().is_cpu()) return 1;  // GPU batches: one stream, in order
     if (!products_follow_thread_scope(item.options->ns().compute_dtype())) return 1;
     if (!states.insert(item.state).second) return 1;
     total += cost_of(item.view.batch, item.view.rows, item.view.cols);
@@ -262,8 +296,12 @@ bool fusable(const MuonStepItem& item) {
   const MuonOptions& o = *item.options;
   const auto compute = o.ns().compute_dtype();
   const at::Tensor& grad = p.grad();
-  return fused_eligible(p) && fused_eligible(grad) &&
-         fused_eligible(item.state->momentum_buffer()) && grad.sizes() == p.sizes() &&
+  const at::Tensor& buf = item.state->momentum_buffer();
+  const bool cpu = fused_eligible(p) && fused_eligible(grad) && fused_eligible(buf);
+  const bool gpu = cuda_fused_eligible(p) && cuda_fused_eligible(grad) &&
+                   cuda_fused_eligible(buf) && grad.device() == p.device() &&
+                   buf.device() == p.device();
+  return (cpu || gpu) && grad.sizes() == p.sizes() && buf.sizes() == p.sizes() &&
          p.numel() > 0 && o.split_sizes().empty() && head_blocks(o) == 1 &&
          (compute == at::kFloat || compute == at::kBFloat16) &&
          (o.weight_decay() == 0 || (o.weight_decay_mode() != WeightDecayMode::kL2 &&
@@ -287,6 +325,7 @@ void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) 
   }
   // 1–3. weight decay, momentum, Nesterov (fused: and step 4's normalization).
   std::vector<OrthogonalizeItem> work(batch.size());
+  const bool gpu = fused && !batch.empty() && batch.front().param.is_cuda();
   int64_t offset = 0;
   for (const auto i : c10::irange(batch.size())) {
     const auto& item = batch[i];
@@ -297,13 +336,17 @@ void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) 
     w.options = item.options;
     w.group = item.group;
     w.state = item.state;
-    if (fused) {
+    if (gpu) {
+      continue;  // the whole batch below
+    } else if (fused) {
       fused_momentum(item, x0.narrow(0, offset, item.view.batch));
       offset += item.view.batch;
     } else {
       w.update = decay_and_momentum(item);
     }
   }
+  std::vector<CudaFusedItem> gpu_items;
+  if (gpu) gpu_items = gpu_momentum(batch, x0);
   // 4. orthogonalize: one Newton–Schulz call (fused) or the strategy, each
   // giving the scale of step 5.
   if (!batch.empty()) fault_point("Muon's orthogonalization");
@@ -314,9 +357,13 @@ void muon_step(c10::ArrayRef<MuonStepItem> batch, const MuonStepPasses& passes) 
   }
   // The stage, then 5–6. scale and apply (fused: with step 1's weight decay,
   // in one pass).
-  for (auto& w : work) {
-    if (passes.stage != nullptr) passes.stage->apply(w, *passes.strategy);
-    apply_update(w, fused ? decay_factor(*w.options) : 1.0);
+  if (gpu) {
+    gpu_apply(gpu_items, work);
+  } else {
+    for (auto& w : work) {
+      if (passes.stage != nullptr) passes.stage->apply(w, *passes.strategy);
+      apply_update(w, fused ? decay_factor(*w.options) : 1.0);
+    }
   }
   // Changes to the weights after the update (collective: called even with no item).
   if (passes.stage != nullptr) passes.stage->after_update(work, *passes.strategy);
