@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <torch/cuda.h>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint_run.h"
 #include "data.h"
 #include "gpt.h"
 #include "muon/dist/checkpoints/checkpoint.h"
@@ -648,7 +650,7 @@ TEST(TrainGptProgram, BadFlagValuesAreOneLineAndExitOne) {
       {"--experts 999", "--experts"},             {"--optimizer-layout x", "--optimizer-layout"},
       {"--nproc 0", "--nproc"},                   {"--no-such-flag", "--no-such-flag"},
       {"--steps " + std::string(300, '9'), "--steps"}, {"--batch 2.5", "--batch"},
-      {"--save-every -1", "--save-every"}};
+      {"--save-every -1", "--save-every"},         {"--device tpu", "--device"}};
   for (const auto& [flags, name] : cases) {
     const auto out = run_program(flags);  // status: the exit status
     EXPECT_EQ(out.status, 1) << flags << ": " << out.text;
@@ -1116,6 +1118,177 @@ TEST(TrainGptProgram, TimeoutFlagBoundsTheWaitForMissingRanks) {
   EXPECT_EQ(out.status, 1) << out.text;
   EXPECT_NE(out.text.find("waited 2 s"), std::string::npos) << out.text;
   EXPECT_EQ(line_count(out.text), 1u) << out.text;
+  std::filesystem::remove_all(dir);
+}
+
+// ---- --device: cpu, or one CUDA device per rank ----
+
+// The message of a refused --device: one line, exit status 1, naming the
+// flag and its value, before any process starts or any rank waits.
+void expect_device_refused(const Output& out, const std::string& value, const std::string& why) {
+  EXPECT_EQ(out.status, 1) << out.text;
+  EXPECT_EQ(line_count(out.text), 1u) << out.text;
+  EXPECT_NE(out.text.find("--device " + value + ": " + why), std::string::npos) << out.text;
+  EXPECT_EQ(out.text.find("rank(s)"), std::string::npos) << "it trained: " << out.text;
+  EXPECT_EQ(out.text.find("muon-launch"), std::string::npos) << "it started ranks: " << out.text;
+}
+
+// Without a GPU (a LibTorch without CUDA, or one that sees no device),
+// --device cuda is refused at the command line: the launcher is never
+// started, and a rank under a launcher stops before its rendezvous (rank 0
+// of 2 would otherwise host the store and wait --timeout for rank 1).
+TEST(TrainGptProgram, DeviceCudaWithoutAGpuIsRefusedInOneLine) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA device is available here";
+  const auto dir = scratch("device_cuda");
+  const std::string flags = std::string(kTiny) + " --steps 2 --no-plot --device cuda --out " +
+                            (dir / "out").string();
+  const std::string why = "no CUDA device is available (this LibTorch has CUDA: ";
+  expect_device_refused(run_program(flags + " --nproc 2"), "cuda", why);
+  expect_device_refused(run_program(flags + " --nproc 1"), "cuda", why);
+  expect_device_refused(run_program("--print-config --device cuda"), "cuda", why);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto launched = run_program_command(
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+      " WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 " + MUON_TRAIN_GPT_BIN + " " + flags + " --timeout 120");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  expect_device_refused(launched, "cuda", why);
+  EXPECT_LT(seconds, 60) << "rank 0 waited for rank 1: " << launched.text;
+  std::filesystem::remove_all(dir);
+}
+
+// A value that is no device is refused the same way, GPU or not.
+TEST(TrainGptProgram, DeviceValueNotOfferedIsRefusedInOneLine) {
+  const std::string why = "not a device of this program; give cpu or cuda";
+  expect_device_refused(run_program(std::string(kTiny) + " --steps 2 --device tpu"), "tpu", why);
+  expect_device_refused(run_program("--device CUDA --nproc 1"), "CUDA", why);
+  expect_device_refused(run_program("--device cuda:1 --nproc 1"), "cuda:1", why);
+}
+
+// --device cpu (the default) is recorded where a run reports: the first
+// line, the table and the --summary JSON.
+TEST(TrainGptProgram, DeviceIsRecordedInTheLogTableAndSummary) {
+  const auto dir = scratch("device_cpu");
+  const auto summary = dir / "summary.json";
+  const auto out = run_program(std::string(kTiny) + " --nproc 1 --steps 2 --no-plot --runs adamw " +
+                               "--device cpu --out " + (dir / "out").string() + " --summary " +
+                               summary.string());
+  ASSERT_EQ(out.status, 0) << out.text;
+  EXPECT_NE(out.text.find("muon-train-gpt: 1 rank(s) on cpu, "), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("\ndevice: cpu\n"), std::string::npos) << out.text;
+  std::ifstream in(summary);
+  EXPECT_EQ(nlohmann::json::parse(in).at("device"), "cpu");
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint's manifest says where its run computed; one written before
+// --device (no "device" field) still reads, with device "".
+TEST(TrainGptCheckpointRun, DeviceRoundTripsAndMayBeAbsent) {
+  train_gpt::CheckpointRun run;
+  run.layout = "single process";
+  run.world = 1;
+  run.device = "cuda:0";
+  run.points.push_back({0, 0, std::numeric_limits<double>::quiet_NaN(), 3.5, 0, 0});
+  const auto text = train_gpt::run_to_json(run);
+  EXPECT_EQ(train_gpt::run_from_json(text, "p").device, "cuda:0");
+  auto j = nlohmann::json::parse(text);
+  j.erase("device");
+  const auto old = train_gpt::run_from_json(j.dump(), "p");
+  EXPECT_EQ(old.device, "");
+  EXPECT_EQ(old.points.size(), 1u);
+}
+
+// The first loss in `text` that follows `marker`.
+double number_after(const std::string& text, const std::string& marker) {
+  const auto at = text.find(marker);
+  EXPECT_NE(at, std::string::npos) << marker << " not in: " << text;
+  return at == std::string::npos ? NAN : std::stod(text.substr(at + marker.size()));
+}
+
+// On a GPU: the same runs on CUDA and on the CPU give the same losses up to
+// float rounding, and checkpoints move between the devices both ways.
+//
+// Tolerance: a relative 1e-3. Both devices start from the same weights (the
+// model is initialized on the CPU and moved) and train on the same batches
+// in fp32 (TF32 is off in LibTorch's matmuls by default, and muon's kernels
+// never use it; Newton–Schulz computes in fp32). They differ only in the
+// order of fp32 sums: a dot product of k ≤ 128 terms (width 32, MLP 128,
+// vocab 46) differs by at most γ_k ≈ k·2⁻²⁴ ≈ 8e-6 relative, typically
+// √k·2⁻²⁴ ≈ 7e-7. Ten steps (or five on each device across a checkpoint)
+// through forward, backward, Adam's division by √v and Newton–Schulz's five
+// iterations (each amplifying a perturbation at most ~3.4×, its
+// polynomial's slope at 0) leave the loss within ~1e-5 of the CPU's; 1e-3
+// is 100× that margin. A device bug (batches, state or
+// weights not moved, another initialization) shows as ≥ 1e-2: one step at
+// these learning rates moves the loss (≈ 3.7 nats) by 0.05–0.1 nats.
+TEST(TrainGptProgram, DeviceCudaMatchesTheCpuAndCheckpointsMoveBothWays) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here";
+  constexpr double kTolerance = 1e-3;
+  const auto dir = scratch("device_both");
+  // The schedule fixed in the config, so that a run continued to 10 steps
+  // follows the one that ran 10 steps straight.
+  // kTiny's model and batch, a log point at every step.
+  const std::string common =
+      "--layers 1 --width 32 --heads 2 --context 32 --batch 8 --chars 60000 --eval-every 1 "
+      "--eval-windows 16 --no-progress --threads 1 --no-plot --runs muon,adamw "
+      "--set all:lr_decay_steps=10 --set all:lr_warmup_steps=1 ";
+  auto run = [&](const std::string& name, const std::string& flags) {
+    const auto out = run_program(common + flags + " --out " + (dir / name).string());
+    EXPECT_EQ(out.status, 0) << name << ": " << out.text;
+    return out.text;
+  };
+  auto expect_near_logs = [&](const std::string& a, const std::string& b, const char* what) {
+    for (const std::string r : {"muon", "adamw"}) {
+      const auto x = train_gpt::read_csv((dir / a / (r + ".csv")).string());
+      const auto y = train_gpt::read_csv((dir / b / (r + ".csv")).string());
+      ASSERT_EQ(x.points.size(), y.points.size()) << what << " " << r;
+      for (size_t i = 0; i < x.points.size(); ++i) {
+        const auto& p = x.points[i];
+        EXPECT_NEAR(p.valid_loss, y.points[i].valid_loss, kTolerance * p.valid_loss)
+            << what << " " << r << " step " << p.step;
+        if (i > 0) {
+          EXPECT_NEAR(p.train_loss, y.points[i].train_loss, kTolerance * p.train_loss)
+              << what << " " << r << " step " << p.step;
+        }
+      }
+    }
+  };
+  const auto cpu = run("cpu", "--nproc 1 --steps 10 --device cpu");
+  const auto cuda = run("cuda", "--nproc 1 --steps 10 --device cuda");
+  EXPECT_NE(cuda.find("1 rank(s) on cuda:0"), std::string::npos) << cuda;
+  EXPECT_NE(cuda.find("\ndevice: cuda:0"), std::string::npos) << cuda;
+  expect_near_logs("cpu", "cuda", "cpu against cuda");
+
+  // 5 steps on CUDA, continued on the CPU: the checkpoint's CPU tensors load
+  // onto the CPU, and the model evaluates as it did on the GPU.
+  run("cuda5", "--nproc 1 --steps 5 --device cuda --save " + (dir / "ckpt_cuda").string());
+  const auto on_cpu =
+      run("cuda5_cpu", "--nproc 1 --steps 10 --device cpu --resume " + (dir / "ckpt_cuda").string());
+  EXPECT_NE(on_cpu.find("(written by 1 rank, single process, on cuda:0; this run: 1 rank, single "
+                        "process, on cpu)"),
+            std::string::npos)
+      << on_cpu;
+  const double logged = number_after(on_cpu, "run 'muon': val loss at step 5: ");
+  const double again = number_after(on_cpu, " in the checkpoint's log, ");
+  EXPECT_NEAR(logged, again, kTolerance * logged) << on_cpu;
+  expect_near_logs("cpu", "cuda5_cpu", "cuda then cpu");
+
+  // And back: 5 steps on the CPU, continued on CUDA.
+  run("cpu5", "--nproc 1 --steps 5 --device cpu --save " + (dir / "ckpt_cpu").string());
+  const auto on_cuda =
+      run("cpu5_cuda", "--nproc 1 --steps 10 --device cuda --resume " + (dir / "ckpt_cpu").string());
+  EXPECT_NE(on_cuda.find("on cpu; this run: 1 rank, single process, on cuda:0)"), std::string::npos)
+      << on_cuda;
+  expect_near_logs("cpu", "cpu5_cuda", "cpu then cuda");
+
+  if (torch::cuda::device_count() >= 2) {
+    // Two ranks, one GPU each, over NCCL, against two ranks on the CPU.
+    run("cpu2", "--steps 10 --device cpu --nproc 2");
+    const auto two = run("cuda2", "--steps 10 --device cuda --nproc 2");
+    EXPECT_NE(two.find("2 rank(s) on cuda:<LOCAL_RANK>, rank 0's cuda:0"), std::string::npos)
+        << two;
+    expect_near_logs("cpu2", "cuda2", "two ranks, cpu against cuda");
+  }
   std::filesystem::remove_all(dir);
 }
 

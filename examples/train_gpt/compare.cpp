@@ -50,7 +50,7 @@ std::string tail(const std::string& path, size_t n) {
 }  // namespace
 
 void write_summary(const std::string& path, const std::string& parallel, int ranks,
-                   const std::vector<RunLog>& logs) {
+                   const std::vector<RunLog>& logs, const std::string& device) {
   json runs = json::array();
   for (const auto& l : logs) {
     runs.push_back({{"name", l.name},
@@ -62,7 +62,8 @@ void write_summary(const std::string& path, const std::string& parallel, int ran
                     {"bytes_sent_per_step", l.cost.bytes_sent_per_step}});
   }
   std::ofstream out(path);
-  out << json{{"parallel", parallel}, {"ranks", ranks}, {"runs", runs}}.dump() << "\n";
+  out << json{{"parallel", parallel}, {"ranks", ranks}, {"device", device}, {"runs", runs}}.dump()
+      << "\n";
   TORCH_CHECK_VALUE(out.good(), "[muon-train-gpt] --summary '", path.substr(0, 200),
                     "': cannot write it");
 }
@@ -95,6 +96,7 @@ int compare_layouts(const std::string& program, const std::vector<std::string>& 
     json run;
   };
   std::vector<Row> rows;
+  std::string device;  // the jobs' (as the first says; each job runs with the same --device)
   for (const auto& job : jobs) {
     const auto dir = (fs::path(out_dir) / job.label()).string();
     const auto summary = dir + ".json";
@@ -119,6 +121,7 @@ int compare_layouts(const std::string& program, const std::vector<std::string>& 
     std::fflush(stdout);
     std::ifstream in(summary);
     const auto j = json::parse(in);
+    if (device.empty()) device = j.value("device", std::string());
     for (const auto& run : j.at("runs")) rows.push_back({job, run});
   }
 
@@ -153,6 +156,7 @@ int compare_layouts(const std::string& program, const std::vector<std::string>& 
   }
   out << "(opt state, params: the most loaded rank's; sent/step: bytes a rank sends per training "
          "step, ring model)\n";
+  if (!device.empty()) out << "device: " << device << "\n";
   std::printf("%s", out.str().c_str());
   std::ofstream table((fs::path(out_dir) / "layouts.txt").string());
   table << out.str();

@@ -15,11 +15,13 @@ namespace train_gpt {
 
 /// Writes the runs' final validation losses and costs as JSON to `path`
 /// (--summary; what compare_layouts reads back): {"parallel", "ranks",
-/// "runs": [{"name", "valid_loss", "ms_per_step", "optimizer_state_bytes",
-/// "parameter_bytes", "bytes_sent_per_step"}]}. Raises c10::ValueError when
-/// it cannot be written.
+/// "device", "runs": [{"name", "valid_loss", "ms_per_step",
+/// "optimizer_state_bytes", "parameter_bytes", "bytes_sent_per_step"}]};
+/// `device` is where the ranks computed (train_gpt::describe_devices:
+/// "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)", ...). Raises c10::ValueError
+/// when it cannot be written.
 void write_summary(const std::string& path, const std::string& parallel, int ranks,
-                   const std::vector<RunLog>& logs);
+                   const std::vector<RunLog>& logs, const std::string& device = "cpu");
 
 /// One job of the comparison.
 struct LayoutJob {
@@ -40,7 +42,8 @@ std::vector<LayoutJob> layout_jobs(const std::vector<int>& ranks, int64_t heads)
 
 /// Runs each job as `program args --nproc N --parallel P [--tp T]` with its
 /// own output directory and summary under `out_dir`, its output in
-/// `<out_dir>/<label>.log`; prints a line per job as it ends, then the table.
+/// `<out_dir>/<label>.log`; prints a line per job as it ends, then the table
+/// and the device of the jobs.
 /// Returns 0, or 1 when a job failed (its log's last lines printed).
 int compare_layouts(const std::string& program, const std::vector<std::string>& args,
                     const std::string& out_dir, const std::vector<LayoutJob>& jobs);

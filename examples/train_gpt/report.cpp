@@ -92,7 +92,8 @@ std::string format_bytes(int64_t n) {
   return text;
 }
 
-std::string comparison_table(const std::vector<RunLog>& runs, size_t baseline) {
+std::string comparison_table(const std::vector<RunLog>& runs, size_t baseline,
+                             const std::string& device) {
   TORCH_CHECK_VALUE(baseline < runs.size(), "[train_gpt] baseline ", baseline, " of ",
                     runs.size(), " runs");
   const double target = runs[baseline].final_point().valid_loss;
@@ -119,6 +120,7 @@ std::string comparison_table(const std::vector<RunLog>& runs, size_t baseline) {
                   100 * run.optimizer_share(), state.c_str(), reach);
     out << line;
   }
+  if (!device.empty()) out << "device: " << device << "\n";
   return out.str();
 }
 

@@ -71,7 +71,10 @@ std::string format_bytes(int64_t n);
 /// optimizer share of step time, optimizer state bytes per rank (the
 /// largest over the ranks; "-" for a run read back from its CSV, which does
 /// not hold it), and steps to reach the final validation loss of
-/// `runs[baseline]` (with the ratio to the baseline's steps).
-std::string comparison_table(const std::vector<RunLog>& runs, size_t baseline);
+/// `runs[baseline]` (with the ratio to the baseline's steps); then, when
+/// `device` is not empty, a line saying where the runs computed ("device:
+/// cuda:0 (NVIDIA H100 80GB HBM3)").
+std::string comparison_table(const std::vector<RunLog>& runs, size_t baseline,
+                             const std::string& device = "");
 
 }  // namespace train_gpt

@@ -9,12 +9,13 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "checkpoint_run.h"
+#include "device.h"
 #include "muon/dist/checkpoints/checkpoint.h"
 #include "muon/dist/layouts/qk_clip.h"
 #include "muon/optim/state_bytes.h"
@@ -23,148 +24,38 @@ namespace train_gpt {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using json = nlohmann::json;
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// `values` as a float64 tensor on `device`: what the run sums over the
+// ranks (NCCL takes CUDA tensors only).
+at::Tensor doubles(const std::vector<double>& values, const at::Device& device) {
+  return at::tensor(values, at::kDouble).to(device);
+}
+
+// The element-wise MAX of `values` over the ranks of `world`, on the CPU, in
+// float64. As muon::dist::all_reduce_max, whose gather takes CPU tensors
+// (Gloo's): here the tensors go through `device`, NCCL's on CUDA.
+at::Tensor max_over(const at::Tensor& values, const muon::dist::Group& world,
+                    const at::Device& device) {
+  auto local = values.detach().to(device, at::kDouble).contiguous();
+  if (world.size() > 1) {
+    // at::maximum propagates NaN: a NaN on any rank is seen by every rank.
+    for (const auto& other : world.all_gather(local)) local = at::maximum(local, other);
+  }
+  return local.to(at::kCPU);
+}
+
 std::string ranks(int64_t n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
-
-// What a checkpoint's manifest says about the run that wrote it (the
-// `extra` text given to muon::dist::save_checkpoint, as JSON): checked
-// before anything is loaded from it, and the log to continue.
-struct CheckpointRun {
-  GptConfig model;
-  // Informative: how the run that wrote it was laid out.
-  std::string layout;
-  int64_t world = 0;
-  // The log up to the checkpoint's step.
-  std::vector<EvalPoint> points;
-  // Tokens trained on, training and optimizer seconds at the checkpoint's step.
-  int64_t tokens = 0;
-  double seconds = 0;
-  double optimizer_seconds = 0;
-  // The steps since the last log point: the sum of their training losses
-  // (each the mean over the ranks) and their count.
-  double train_loss_sum = 0;
-  int64_t train_steps = 0;
-};
-
-constexpr const char* kRunFormat = "muon-train-gpt";
-// Version 2: the fused QKV weight's rows per head; experts.
-constexpr int64_t kRunVersion = 2;
-
-// JSON has no NaN: the training loss of step 0 is stored as null.
-json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
-double number_of(const json& j) {
-  return j.is_null() ? std::numeric_limits<double>::quiet_NaN() : j.get<double>();
-}
-
-std::string run_to_json(const CheckpointRun& run) {
-  const auto& m = run.model;
-  json log = json::array();
-  for (const auto& p : run.points) {
-    log.push_back({{"step", p.step},
-                   {"tokens", p.tokens},
-                   {"train_loss", number(p.train_loss)},
-                   {"valid_loss", number(p.valid_loss)},
-                   {"seconds", p.seconds},
-                   {"optimizer_seconds", p.optimizer_seconds}});
-  }
-  const json j{
-      {"format", kRunFormat},
-      {"version", kRunVersion},
-      {"model",
-       {{"vocab_size", m.vocab_size},
-        {"context", m.context},
-        {"layers", m.layers},
-        {"heads", m.heads},
-        {"width", m.width},
-        {"mlp_ratio", m.mlp_ratio},
-        {"experts", m.experts},
-        {"norm", m.norm}}},
-      {"layout", run.layout},
-      {"world_size", run.world},
-      {"log", log},
-      {"tokens", run.tokens},
-      {"seconds", run.seconds},
-      {"optimizer_seconds", run.optimizer_seconds},
-      {"since_last_point", {{"train_loss_sum", run.train_loss_sum}, {"steps", run.train_steps}}}};
-  return j.dump();
-}
-
-CheckpointRun run_from_json(const std::string& text, const std::string& path) {
-  CheckpointRun run;
-  try {
-    const auto j = json::parse(text);
-    TORCH_CHECK_VALUE(j.is_object() && j.value("format", "") == kRunFormat,
-                      "[train_gpt] checkpoint ", path,
-                      " was not written by muon-train-gpt (its manifest does not describe a run); "
-                      "start a new run");
-    TORCH_CHECK_VALUE(j.at("version").get<int64_t>() == kRunVersion, "[train_gpt] checkpoint ",
-                      path, " describes its run in version ", j.at("version").dump(),
-                      "; this program reads ", kRunVersion);
-    const auto& m = j.at("model");
-    run.model.vocab_size = m.at("vocab_size").get<int64_t>();
-    run.model.context = m.at("context").get<int64_t>();
-    run.model.layers = m.at("layers").get<int64_t>();
-    run.model.heads = m.at("heads").get<int64_t>();
-    run.model.width = m.at("width").get<int64_t>();
-    run.model.mlp_ratio = m.at("mlp_ratio").get<int64_t>();
-    run.model.norm = m.at("norm").get<std::string>();
-    run.model.experts = m.at("experts").get<int64_t>();
-    run.layout = j.at("layout").get<std::string>();
-    run.world = j.at("world_size").get<int64_t>();
-    for (const auto& p : j.at("log")) {
-      run.points.push_back({p.at("step").get<int64_t>(), p.at("tokens").get<int64_t>(),
-                            number_of(p.at("train_loss")), number_of(p.at("valid_loss")),
-                            p.at("seconds").get<double>(),
-                            p.at("optimizer_seconds").get<double>()});
-    }
-    run.tokens = j.at("tokens").get<int64_t>();
-    run.seconds = j.at("seconds").get<double>();
-    run.optimizer_seconds = j.at("optimizer_seconds").get<double>();
-    run.train_loss_sum = j.at("since_last_point").at("train_loss_sum").get<double>();
-    run.train_steps = j.at("since_last_point").at("steps").get<int64_t>();
-  } catch (const json::exception& e) {
-    TORCH_CHECK_VALUE(false, "[train_gpt] checkpoint ", path,
-                      ": its manifest's description of the run is damaged (", e.what(),
-                      "); start a new run");
-  }
-  TORCH_CHECK_VALUE(!run.points.empty(), "[train_gpt] checkpoint ", path,
-                    " has no log point; start a new run");
-  return run;
-}
-
-// The checkpoint's model against this run's, naming the first difference
-// in the flags that set it.
-void check_model(const GptConfig& saved, const std::string& path, const GptConfig& model) {
-  const std::pair<const char*, std::pair<int64_t, int64_t>> shape[] = {
-      {"--layers", {saved.layers, model.layers}},
-      {"--width", {saved.width, model.width}},
-      {"--heads", {saved.heads, model.heads}},
-      {"--context", {saved.context, model.context}},
-      {"mlp_ratio", {saved.mlp_ratio, model.mlp_ratio}},
-      {"--experts", {saved.experts, model.experts}}};
-  for (const auto& [flag, values] : shape) {
-    TORCH_CHECK_VALUE(values.first == values.second, "[train_gpt] checkpoint ", path,
-                      " was written with ", flag, " ", values.first, ", this run has ", flag, " ",
-                      values.second);
-  }
-  TORCH_CHECK_VALUE(saved.norm == model.norm, "[train_gpt] checkpoint ", path,
-                    " was written with --norm ", saved.norm, ", this run has --norm ", model.norm);
-  TORCH_CHECK_VALUE(saved.vocab_size == model.vocab_size, "[train_gpt] checkpoint ", path,
-                    " was written with a vocabulary of ", saved.vocab_size,
-                    " tokens, this run has ", model.vocab_size,
-                    " (the data: --data, --chars, --byte-level)");
-}
 
 // Raises `error` on this rank, or a message naming what failed on another
 // rank, on every rank when any rank failed: a rank that could not go on
 // would otherwise leave the others waiting in the next collective.
-void agree(const DataParallel& dp, const std::string& error, const std::string& elsewhere) {
-  std::vector<at::Tensor> failed{at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble)};
+void agree(const DataParallel& dp, const at::Device& device, const std::string& error,
+           const std::string& elsewhere) {
+  std::vector<at::Tensor> failed{doubles({error.empty() ? 0.0 : 1.0}, device)};
   dp.all_reduce_sum(failed);
   TORCH_CHECK_VALUE(error.empty(), error);
   TORCH_CHECK_VALUE(failed[0].item<double>() == 0.0, elsewhere);
@@ -199,7 +90,7 @@ class MaxLogits {
     const auto local = model->max_logits();
     // One MAX over every rank for all blocks (data-parallel ranks saw other
     // rows; tensor-parallel ranks hold other heads, −∞ in theirs).
-    step_ = muon::dist::all_reduce_max(at::stack(local), world_);
+    step_ = max_over(at::stack(local), world_, o_.device);
     interval_ = interval_.defined() ? at::maximum(interval_, step_) : step_.clone();
     if (o_.qk_clip <= 0) return;
     const auto options =
@@ -249,23 +140,29 @@ class MaxLogits {
 // summed back.
 class Validation {
  public:
-  Validation(const at::Tensor& valid, int64_t count, int64_t context, const DataParallel& dp)
+  Validation(const at::Tensor& valid, int64_t count, int64_t context, const DataParallel& dp,
+             const at::Device& device)
       : dp_(dp),
+        device_(device),
         windows_(valid_windows(valid, count, context)),
-        local_windows_(windows_.index_select(0, at::arange(dp.rank, windows_.size(0), dp.world))) {}
+        local_windows_(windows_.index_select(0, at::arange(dp.rank, windows_.size(0), dp.world))
+                           .to(device)) {}
 
   double loss(Gpt& model) const {
     at::NoGradGuard no_grad;
-    std::vector<at::Tensor> sum{at::zeros({1}, at::kDouble)};
+    double local = 0;
     if (local_windows_.size(0) > 0) {
-      sum[0] += model->loss(local_windows_).item<double>() * static_cast<double>(local_windows_.size(0));
+      const auto n = static_cast<double>(local_windows_.size(0));
+      local = model->loss(local_windows_).item<double>() * n;
     }
+    std::vector<at::Tensor> sum{doubles({local}, device_)};
     dp_.all_reduce_sum(sum);
     return sum[0].item<double>() / static_cast<double>(windows_.size(0));
   }
 
  private:
   const DataParallel& dp_;
+  at::Device device_;
   at::Tensor windows_;
   at::Tensor local_windows_;
 };
@@ -314,7 +211,7 @@ Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist:
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
   }
-  agree(dp, error,
+  agree(dp, o.device, error,
         "[train_gpt] run '" + o.name + "': another rank could not resume from " + o.resume +
             " (its message says why)");
   const auto info = muon::dist::load_checkpoint(path, layout, checkpoint_options);
@@ -326,10 +223,17 @@ Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist:
   const bool at_log_point = !log.points.empty() && log.points.back().step == p.start;
   const double again = at_log_point ? validation.loss(model) : 0.0;
   if (world.rank() == 0) {
-    std::printf("run '%s': resumed from step %lld of %s (written by %s, %s; this run: %s, %s)\n",
+    // The devices where their kinds differ (CUDA to CPU or back: the
+    // checkpoint's tensors are CPU tensors, loaded onto this run's device).
+    const auto kind = run.device.substr(0, run.device.find(':'));
+    const bool moved = !kind.empty() && kind != c10::DeviceTypeName(o.device.type(), true);
+    const std::string theirs = moved ? ", on " + run.device : "";
+    const std::string ours = moved ? ", on " + o.device.str() : "";
+    std::printf(
+        "run '%s': resumed from step %lld of %s (written by %s, %s%s; this run: %s, %s%s)\n",
                 o.name.c_str(), static_cast<long long>(p.start), info.path.c_str(),
-                ranks(run.world).c_str(), run.layout.c_str(), ranks(world.size()).c_str(),
-                o.layout.c_str());
+                ranks(run.world).c_str(), run.layout.c_str(), theirs.c_str(),
+                ranks(world.size()).c_str(), o.layout.c_str(), ours.c_str());
     if (at_log_point) {
       std::printf("run '%s': val loss at step %lld: %.6f in the checkpoint's log, %.6f evaluated after loading\n",
                   o.name.c_str(), static_cast<long long>(p.start), log.points.back().valid_loss, again);
@@ -337,6 +241,50 @@ Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist:
     std::fflush(stdout);
   }
   return p;
+}
+
+// The run's world (TrainOptions::world), checked against the ranks of `dp`
+// and `tp` where the run uses it.
+muon::dist::Group run_world(const TrainOptions& o, const DataParallel& dp, const muon::dist::Group& tp) {
+  const auto world = o.world.valid()               ? o.world
+                     : o.distributed.group.valid() ? o.distributed.group
+                                                   : muon::dist::Group::single();
+  const bool checkpoints = !o.save_dir.empty() || !o.resume.empty();
+  TORCH_CHECK_VALUE(!checkpoints || world.size() == dp.world * tp.size(),
+                    "[train_gpt] checkpoints are saved and loaded over TrainOptions::world (",
+                    world.size(), " ranks), but this run has ", dp.world,
+                    " data-parallel × ", tp.size(), " tensor-parallel ranks; give the world group");
+  TORCH_CHECK_VALUE(!(o.qk_clip > 0 || o.log_max_logits) || world.size() == dp.world * tp.size(),
+                    "[train_gpt] qk_clip takes the maxima over TrainOptions::world (", world.size(),
+                    " ranks), but this run has ", dp.world, " data-parallel × ", tp.size(),
+                    " tensor-parallel ranks; give the world group");
+  return world;
+}
+
+// The mean training loss of the steps since the last log point over the
+// ranks (each rank's steps count).
+double interval_train_loss(const Progress& p, const DataParallel& dp, const at::Device& device) {
+  std::vector<at::Tensor> mean{doubles({p.train_sum, static_cast<double>(p.train_count)}, device)};
+  dp.all_reduce_sum(mean);
+  const auto sums = mean[0].cpu();
+  return sums[0].item<double>() / sums[1].item<double>();
+}
+
+// Saves checkpoint `step` of the run with its log and what is needed to
+// continue it in the manifest. Collective.
+void save_run(const TrainOptions& o, const DataParallel& dp, const muon::dist::Group& world,
+              const GptConfig& config, const muon::dist::CheckpointOptions& checkpoint_options,
+              muon::dist::Layout& layout, const RunLog& log, const Progress& p, int64_t step) {
+  CheckpointRun run{config,   o.layout,  world.size(),  o.device.str(), log.points,
+                    p.tokens, p.seconds, p.opt_seconds, 0,              p.train_count};
+  if (p.train_count > 0) {
+    // Each step's loss as the mean over the ranks, so that a run resumed
+    // at any world size completes the interval's mean.
+    std::vector<at::Tensor> sum{doubles({p.train_sum}, o.device)};
+    dp.all_reduce_sum(sum);
+    run.train_loss_sum = sum[0].item<double>() / static_cast<double>(dp.world);
+  }
+  muon::dist::save_checkpoint(o.save_dir, layout, step, run_to_json(run), checkpoint_options);
 }
 
 // The layout's cost on the most loaded rank.
@@ -368,29 +316,18 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
 RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& make_layout,
              const DataParallel& dp, const ScheduleFactory& make_schedule) {
   check_options(o, dp);
-  const auto world = o.world.valid()               ? o.world
-                     : o.distributed.group.valid() ? o.distributed.group
-                                                   : muon::dist::Group::single();
   const auto tp = o.tensor_parallel.valid() ? o.tensor_parallel : muon::dist::Group::single();
-  const bool checkpoints = !o.save_dir.empty() || !o.resume.empty();
-  TORCH_CHECK_VALUE(!checkpoints || world.size() == dp.world * tp.size(),
-                    "[train_gpt] checkpoints are saved and loaded over TrainOptions::world (",
-                    world.size(), " ranks), but this run has ", dp.world,
-                    " data-parallel × ", tp.size(), " tensor-parallel ranks; give the world group");
-  TORCH_CHECK_VALUE(!(o.qk_clip > 0 || o.log_max_logits) || world.size() == dp.world * tp.size(),
-                    "[train_gpt] qk_clip takes the maxima over TrainOptions::world (", world.size(),
-                    " ranks), but this run has ", dp.world, " data-parallel × ", tp.size(),
-                    " tensor-parallel ranks; give the world group");
+  const auto world = run_world(o, dp, tp);
   const auto checkpoint_options = muon::dist::CheckpointOptions().group(world).keep(o.keep);
   at::manual_seed(o.seed);
   GptConfig config = o.model;
   config.vocab_size = data.vocab.size();
   Gpt model(config, tp);
+  model->to(o.device);  // initialized on the CPU: the same values on every device
   const auto layout = make_layout(model);
-  auto* opt = &layout->optimizer();
-  const LrSetter before_step = make_schedule ? make_schedule(*opt) : nullptr;
+  const LrSetter before_step = make_schedule ? make_schedule(layout->optimizer()) : nullptr;
   RunLog log{o.name, {}, {}};
-  const Validation validation(data.valid, o.eval_windows, config.context, dp);
+  const Validation validation(data.valid, o.eval_windows, config.context, dp, o.device);
 
   Progress p;
   if (!o.resume.empty()) {
@@ -399,21 +336,9 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
     log.points.push_back({0, 0, std::numeric_limits<double>::quiet_NaN(), validation.loss(model), 0, 0});
   }
 
-  // Saves checkpoint `step` with the run's log and what is needed to
-  // continue it in the manifest.
   auto save = [&](int64_t step) {
-    CheckpointRun run{config,    o.layout,      world.size(), log.points, p.tokens,
-                      p.seconds, p.opt_seconds, 0,            p.train_count};
-    if (p.train_count > 0) {
-      // Each step's loss as the mean over the ranks, so that a run resumed
-      // at any world size completes the interval's mean.
-      std::vector<at::Tensor> sum{at::full({1}, p.train_sum, at::kDouble)};
-      dp.all_reduce_sum(sum);
-      run.train_loss_sum = sum[0].item<double>() / static_cast<double>(dp.world);
-    }
-    muon::dist::save_checkpoint(o.save_dir, *layout, step, run_to_json(run), checkpoint_options);
+    save_run(o, dp, world, config, checkpoint_options, *layout, log, p, step);
   };
-
   const int64_t tokens_per_step = o.global_batch * config.context;
   const double start_seconds = p.seconds;
   const bool show = o.progress && world.rank() == 0;
@@ -426,11 +351,14 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
   int64_t step_bytes = 0;
   MaxLogits max_logits(o, config, world);
   for (int64_t step = p.start; step < o.steps; ++step) {
+    // CUDA queues its work: the clocks are read when the device is done.
+    synchronize(o.device);
     const auto t0 = Clock::now();
     const int64_t bytes0 = bytes_sent();
     if (before_step) before_step(step);
     const auto batch =
-        train_batch(data.train, step, o.global_batch, config.context, dp.rank, dp.world, o.seed);
+        train_batch(data.train, step, o.global_batch, config.context, dp.rank, dp.world, o.seed)
+            .to(o.device);
     layout->zero_grad();
     auto loss = model->loss(batch);
     loss.backward();
@@ -439,9 +367,11 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
     // FSDP overlap them with backward); so is the ranks' skew, which the
     // first collective absorbs.
     layout->reduce_gradients();
+    synchronize(o.device);
     const auto t_opt = Clock::now();
     layout->step();
     max_logits.after_step(model, *layout);
+    synchronize(o.device);
     p.opt_seconds += since(t_opt);
     p.seconds += since(t0);
     step_bytes += bytes_sent() - bytes0;
@@ -453,9 +383,7 @@ RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& ma
     ++p.train_count;
     const int64_t done = step + 1;
     if (done % o.eval_every == 0 || done == o.steps) {
-      std::vector<at::Tensor> mean{at::tensor({p.train_sum, static_cast<double>(p.train_count)}, at::kDouble)};
-      dp.all_reduce_sum(mean);
-      const double train_loss = mean[0][0].item<double>() / mean[0][1].item<double>();
+      const double train_loss = interval_train_loss(p, dp, o.device);
       add_point(log, p, done, train_loss, validation.loss(model));
       max_logits.print(done);
     }

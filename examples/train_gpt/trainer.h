@@ -102,6 +102,14 @@ struct TrainOptions {
   bool log_max_logits = false;
   /// Show a progress bar (rank 0).
   bool progress = true;
+  /// Where the model, its parameters, the batches and the optimizer state
+  /// live (--device): the CPU, or this rank's CUDA device. The model is
+  /// initialized on the CPU (the same values on every device) and moved
+  /// there; the tensors the run sums through DataParallel::all_reduce_sum
+  /// and its groups are there too (NCCL takes CUDA tensors only). Clocks
+  /// are read after the device's queued work is done. Checkpoints hold CPU
+  /// tensors: a run on either device resumes one written on the other.
+  at::Device device = at::kCPU;
 };
 
 /// Builds the optimizer of a run from the model's named parameters.

@@ -17,9 +17,9 @@ at::Tensor all_reduce_max(const at::Tensor& values, const Group& group) {
   TORCH_CHECK_VALUE(values.defined(), "[muon::dist::all_reduce_max] values is undefined");
   auto local = values.detach().to(at::kCPU, at::kDouble).contiguous().clone();
   if (!group.valid() || group.size() == 1) return local;
-  const auto all = group.all_gather(local);
+  const auto all = group.all_gather(local.to(group.device()));  // NCCL: on the GPU
   // at::maximum propagates NaN: a NaN on any rank is seen by every rank.
-  for (const auto& other : all) local = at::maximum(local, other);
+  for (const auto& other : all) local = at::maximum(local, other.to(at::kCPU));
   return local;
 }
 

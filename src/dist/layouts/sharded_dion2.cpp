@@ -129,7 +129,8 @@ at::Tensor ShardedDion2::step_split_matrix(const at::Tensor& p, Dion2ParamState&
   // The matrix's largest |M| (a max: the same in any order), then the norms.
   const double local_max = mine > 0 ? mv.abs().max().item<double>() : 0.0;
   double max = 0;
-  for (const auto& t : group.all_gather(at::tensor({local_max}, at::kDouble)))
+  for (const auto& t :
+       group.all_gather(at::tensor({local_max}, at::kDouble).to(group.device())))
     max = std::max(max, t.item<double>());
   const auto max_t = at::tensor({max}, at::kDouble);
   const bool by_rows = o.nordion2() || rows <= cols;

@@ -188,6 +188,8 @@ const std::string& Group::name() const { return impl("name").name; }
 const GroupOptions& Group::options() const { return impl("options").options; }
 std::string Group::backend_name() const { return impl("backend_name").backend_name; }
 
+at::Device Group::device() const { return impl("device").device; }
+
 void Group::all_reduce_(at::Tensor& tensor) const {
   const auto& g = impl("all_reduce");
   TORCH_CHECK_VALUE(tensor.defined(), kWho, "all_reduce: tensor is undefined");

@@ -153,6 +153,9 @@ class Group {
   const GroupOptions& options() const;
   /// The backend actually used ("gloo", "nccl", or "none" for size 1).
   std::string backend_name() const;
+  /// Where tensors handed to this group's collectives must live: the CPU
+  /// for Gloo and for one rank, CUDA (the current device) for NCCL.
+  at::Device device() const;
 
   /// Sums `tensor` over the ranks, in place. Floating or integer dtypes.
   void all_reduce_(at::Tensor& tensor) const;
