@@ -38,6 +38,10 @@ bool cuda_syrk_upper(at::Tensor& out, const at::Tensor& x, bool trans, double al
 bool cuda_commuting_upper(at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                           double alpha, double beta);
 
+/// The current CUDA stream of `device` (a cudaStream_t): where every kernel
+/// and product of these entries runs, as LibTorch's own operations do.
+void* cuda_current_stream(const at::Device& device);
+
 /// Tiles per side of a symmetric s×s product on CUDA (1: one full product).
 int64_t cuda_tiles(int64_t s);
 

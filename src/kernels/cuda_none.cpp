@@ -17,6 +17,10 @@ bool cuda_commuting_upper(at::Tensor&, const at::Tensor&, const at::Tensor&, dou
   return false;
 }
 
+void* cuda_current_stream(const at::Device&) {
+  TORCH_INTERNAL_ASSERT(false, "cuda_current_stream in a build without the CUDA kernels");
+}
+
 int64_t cuda_tiles(int64_t) { return 1; }
 
 bool cuda_symmetrize(at::Tensor&, at::Tensor&, double) { return false; }

@@ -1,6 +1,5 @@
 // Muon's element-wise passes on the GPU (kernels/cuda.h): one table of the
 // batch's matrices uploaded once per pass, then one kernel per pass.
-#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,9 +58,7 @@ int64_t total_matrices(const std::vector<CudaFusedItem>& items) {
   return n;
 }
 
-cudaStream_t stream_of(const at::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
+void* stream_of(const at::Tensor& t) { return cuda_current_stream(t.device()); }
 
 cuda::Dtype dtype_of(const at::Tensor& t) {
   TORCH_INTERNAL_ASSERT(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);

@@ -1,6 +1,6 @@
 // cuBLAS products and symmetric products for CUDA tensors (kernels/cuda.h).
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAStream.h>
+#include <c10/core/DeviceGuard.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -88,7 +88,8 @@ bool on_one_cuda_device(const at::Tensor& out, const at::Tensor& a, const at::Te
 // reduced-precision split-K reductions, no TF32) until it goes.
 class Handle {
  public:
-  Handle() : handle_(at::cuda::getCurrentCUDABlasHandle()) {
+  explicit Handle(const at::Device& device)
+      : on_(device), handle_(at::cuda::getCurrentCUDABlasHandle()) {
     check_cublas(cublasGetMathMode(handle_, &previous_), "cublasGetMathMode");
     check_cublas(cublasSetMathMode(handle_, static_cast<cublasMath_t>(
                                                 CUBLAS_DEFAULT_MATH |
@@ -101,6 +102,7 @@ class Handle {
   cublasHandle_t get() const { return handle_; }
 
  private:
+  c10::DeviceGuard on_;  // the device's handle and current stream
   cublasHandle_t handle_;
   cublasMath_t previous_{};
 };
@@ -124,7 +126,7 @@ void tile_gemms(const TileProduct& p, const std::vector<const void*>& a_ptrs,
   std::copy(c_ptrs.begin(), c_ptrs.end(), h + 2 * count);
   const auto dev = host.to(like.device(), /*non_blocking=*/true);
   auto** d = reinterpret_cast<void**>(dev.data_ptr<int64_t>());
-  Handle handle;
+  Handle handle(like.device());
   // Column-major: Cᵀ = Bᵀ·Aᵀ.
   check_cublas(cublasGemmBatchedEx(handle.get(), p.b.op, p.a.op, static_cast<int>(p.n),
                                    static_cast<int>(p.m), static_cast<int>(p.k), t.alpha(),
@@ -177,6 +179,17 @@ bool upper_tiles(at::Tensor& out, const at::Tensor& lhs, const at::Tensor& rhs, 
 
 bool cuda_kernels_built() { return true; }
 
+void* cuda_current_stream(const at::Device& device) {
+  // Read through ATen's cuBLAS handle (libtorch_cuda, which sets it to the
+  // device's current stream), not c10's CUDA stream API: libmuon then needs
+  // no libc10_cuda of its own, which a program linking an installed libmuon
+  // could not find before LibTorch's own libraries load it.
+  const c10::DeviceGuard on(device);
+  cudaStream_t stream = nullptr;
+  check_cublas(cublasGetStream(at::cuda::getCurrentCUDABlasHandle(), &stream), "cublasGetStream");
+  return stream;
+}
+
 int64_t cuda_tiles(int64_t s) {
   // Tiles of 512 (256 where 512 does not divide s): each tile's product
   // still fills the GPU, and k tiles per side compute (k + 1)/(2k) of the
@@ -212,7 +225,7 @@ bool cuda_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
   }
   const int64_t batch = out.size(0);
   const auto stride_or_zero = [&](const at::Tensor& x) { return x.size(0) == 1 ? 0 : x.stride(0); };
-  Handle handle;
+  Handle handle(out.device());
   check_cublas(cublasGemmStridedBatchedEx(
                    handle.get(), ob.op, oa.op, static_cast<int>(n), static_cast<int>(m),
                    static_cast<int>(k), t.alpha(), b.data_ptr(), t.in, static_cast<int>(ob.ld),
@@ -246,14 +259,14 @@ bool cuda_symmetrize(at::Tensor& out, at::Tensor& upper, double shift) {
       out.scalar_type() == at::kBFloat16 ? cuda::Dtype::kBFloat16 : cuda::Dtype::kFloat32;
   check_launch(cuda::symmetrize(out.data_ptr(), dtype, upper.data_ptr<float>(), upper.size(0),
                                 upper.size(1), static_cast<float>(shift), /*complete_upper=*/true,
-                                c10::cuda::getCurrentCUDAStream(upper.device().index()).stream()),
+                                cuda_current_stream(upper.device())),
                "symmetrize");
   return true;
 }
 
 bool cuda_mirror(at::Tensor& t) {
   if (!t.is_cuda() || !t.is_contiguous() || t.dim() != 3) return false;
-  const auto stream = c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+  void* stream = cuda_current_stream(t.device());
   if (t.scalar_type() == at::kFloat) {
     check_launch(cuda::symmetrize(t.data_ptr(), cuda::Dtype::kFloat32, t.data_ptr<float>(),
                                   t.size(0), t.size(1), 0.0f, true, stream),
