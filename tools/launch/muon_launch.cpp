@@ -62,6 +62,11 @@ volatile sig_atomic_t g_signal = 0;
 
 void on_signal(int sig) { g_signal = sig; }
 
+// A rank's exit interrupts the wait at once (SIGCHLD is blocked except inside
+// ppoll), so the launcher reaps the rank that failed first before a peer
+// that lost its connection to it ends too.
+void on_child(int) {}
+
 [[noreturn]] void usage(const std::string& error) {
   std::fprintf(stderr,
                "muon-launch: %s\n"
@@ -149,6 +154,7 @@ struct Rank {
   pid_t pid = -1;
   bool running = false;
   int status = 0;  // exit code, or 128 + signal
+  bool signaled = false;  // ended by a signal rather than with a status
 };
 
 bool is_set(const char* name) {
@@ -260,6 +266,17 @@ int main(int argc, char** argv) {
   sa.sa_flags = 0;  // no SA_RESTART: poll returns EINTR
   for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  struct sigaction child {};
+  child.sa_handler = on_child;
+  sigemptyset(&child.sa_mask);
+  child.sa_flags = SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &child, nullptr);
+  sigset_t with_child;
+  sigset_t wait_mask;
+  sigemptyset(&with_child);
+  sigaddset(&with_child, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &with_child, &wait_mask);
+  sigdelset(&wait_mask, SIGCHLD);
 
   const bool user_omp = is_set("OMP_NUM_THREADS");
   const std::string threads = set_thread_variables(n);
@@ -296,7 +313,8 @@ int main(int argc, char** argv) {
       dup2(err[1], STDERR_FILENO);
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
-      for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaction(sig, &dfl, nullptr);
+      for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) sigaction(sig, &dfl, nullptr);
+      sigprocmask(SIG_SETMASK, &wait_mask, nullptr);
       const auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
       set("RANK", std::to_string(first_rank + r));
       set("LOCAL_RANK", std::to_string(r));
@@ -345,8 +363,11 @@ int main(int argc, char** argv) {
       if (first_failure < 0) exit_code = 128 + sig;
       begin_stop(sig);
     }
-    // Reap exited ranks.
+    // Reap exited ranks. Of the ranks found failed in one pass, the first
+    // failure is one that exited with a status of its own rather than by a
+    // signal (a peer that lost its connection aborts); ties go to the lowest.
     int running = 0;
+    std::vector<size_t> failed_now;
     for (size_t r = 0; r < ranks.size(); ++r) {
       auto& rank = ranks[r];
       if (!rank.running) continue;
@@ -355,16 +376,22 @@ int main(int argc, char** argv) {
       if (got == rank.pid) {
         rank.running = false;
         rank.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (rank.status != 0 && first_failure < 0 && !stopping) {
-          first_failure = static_cast<int>(r);
-          exit_code = rank.status;
-          std::fprintf(stderr, "muon-launch: rank %zu exited with status %d; stopping the others\n",
-                       static_cast<size_t>(first_rank) + r, rank.status);
-          begin_stop(SIGTERM);
-        }
+        rank.signaled = WIFSIGNALED(st);
+        if (rank.status != 0) failed_now.push_back(r);
       } else {
         ++running;
       }
+    }
+    std::stable_sort(failed_now.begin(), failed_now.end(), [&](size_t a, size_t b) {
+      return !ranks[a].signaled && ranks[b].signaled;
+    });
+    for (const size_t r : failed_now) {
+      if (first_failure >= 0 || stopping) break;
+      first_failure = static_cast<int>(r);
+      exit_code = ranks[r].status;
+      std::fprintf(stderr, "muon-launch: rank %zu exited with status %d; stopping the others\n",
+                   static_cast<size_t>(first_rank) + r, ranks[r].status);
+      begin_stop(SIGTERM);
     }
     // After a forwarded signal or a failing rank, what a rank started goes
     // with it: groups whose members outlive their rank get SIGKILL at the
@@ -389,11 +416,8 @@ int main(int argc, char** argv) {
       if (drain_until == Clock::time_point::max()) drain_until = Clock::now() + std::chrono::seconds(1);
       if (Clock::now() >= drain_until) break;
     }
-    if (fds.empty()) {
-      poll(nullptr, 0, kPollMs);
-      continue;
-    }
-    if (poll(fds.data(), fds.size(), kPollMs) <= 0) continue;
+    const timespec tick{0, kPollMs * 1000000L};
+    if (ppoll(fds.empty() ? nullptr : fds.data(), fds.size(), &tick, &wait_mask) <= 0) continue;
     for (const auto& p : fds) {
       if ((p.revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
       for (auto& s : streams) {
