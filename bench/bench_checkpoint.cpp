@@ -1,4 +1,4 @@
-// Checkpoint save and load time and bytes per rank, muon::dist checkpoints
+// Checkpoint save and load time and bytes per rank, muon::distributed checkpoints
 // against torch::serialize archives of the same state, on the 25M-parameter
 // set of REFERENCE.md (d = 512, 8 layers; per layer 1536×512, 512×512,
 // 2048×512, 512×2048), sharded Muon (balanced row shards) at the launcher's
@@ -31,16 +31,16 @@
 #include <vector>
 
 #include "dist_bench_util.h"
-#include "muon/dist/checkpoints/checkpoint.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/runtime/group.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using muon::dist::Group;
+using muon::distributed::Group;
 
 constexpr int kLayers = 8;
 const int64_t kShapes[4][2] = {{1536, 512}, {512, 512}, {2048, 512}, {512, 2048}};
@@ -76,7 +76,7 @@ int64_t max_over(const Group& group, int64_t v) {
 int main(int argc, char** argv) {
   const auto a = muon::bench::parse_args(argc, argv);
   const bool launched = std::getenv("RANK") != nullptr;
-  auto group = launched ? muon::dist::init_from_env() : Group::single();
+  auto group = launched ? muon::distributed::init_from_env() : Group::single();
   at::set_num_threads(1);
   const int rank = group.rank();
   const int world = group.size();
@@ -86,40 +86,40 @@ int main(int argc, char** argv) {
   group.barrier();
 
   torch::OrderedDict<std::string, at::Tensor> named;
-  muon::dist::DistributedLayout layout;
+  muon::distributed::DistributedLayout layout;
   layout.group = group;
   int64_t parameters = 0;
   for (int l = 0; l < kLayers; ++l) {
     for (int s = 0; s < 4; ++s) {
       const std::vector<int64_t> shape{kShapes[s][0], kShapes[s][1]};
       const auto name = "layers." + std::to_string(l) + ".w" + std::to_string(s);
-      const auto rows = muon::dist::balanced_split_sizes(shape[0], world);
+      const auto rows = muon::distributed::balanced_split_sizes(shape[0], world);
       at::manual_seed(l * 4 + s);
-      auto p = muon::dist::local_rows(at::randn(shape), rows, rank).requires_grad_(true);
+      auto p = muon::distributed::local_rows(at::randn(shape), rows, rank).requires_grad_(true);
       p.mutable_grad() = at::randn_like(p);
       parameters += shape[0] * shape[1];
       named.insert(name, p);
-      layout.row_shards.emplace(name, muon::dist::RowShard(shape, group));
+      layout.row_shards.emplace(name, muon::distributed::RowShard(shape, group));
     }
   }
   muon::OptimizerConfig config;
   config.set("optimizer", "muon").set("layout", world > 1 ? "sharded" : "none");
-  auto opt = muon::dist::make_optimizer(named, config, layout);
+  auto opt = muon::distributed::make_optimizer(named, config, layout);
   opt->step();  // momentum buffers exist, so torch::serialize stores them too
 
-  muon::dist::CheckpointOptions options;
+  muon::distributed::CheckpointOptions options;
   options.group(group).keep(1);
   const auto muon_dir = (root / "muon").string();
   auto save = [&](bool sync) {
     auto o = options;
     o.fsync(sync);
-    return [&, o](int i) { muon::dist::save_checkpoint(muon_dir, named, *opt, 100 + i, layout, "", o); };
+    return [&, o](int i) { muon::distributed::save_checkpoint(muon_dir, named, *opt, 100 + i, layout, "", o); };
   };
   const double muon_save = time_it(group, a, save(true));
   const double muon_save_nosync = time_it(group, a, save(false));
-  const auto info = muon::dist::latest_checkpoint(muon_dir);
+  const auto info = muon::distributed::latest_checkpoint(muon_dir);
   const double muon_load = time_it(group, a, [&](int) {
-    muon::dist::load_checkpoint(muon_dir, named, *opt, layout, options);
+    muon::distributed::load_checkpoint(muon_dir, named, *opt, layout, options);
   });
   int64_t muon_bytes = 0;
   for (const auto& e : fs::directory_iterator(info->path)) {

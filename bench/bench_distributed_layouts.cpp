@@ -16,7 +16,7 @@
 //   layer-wise (overlapped all-gather, and not overlapped).
 // Sharded layouts hold balanced row shards; layer-wise holds the whole
 // (replicated) matrices. Each timed step starts at a barrier; the time is
-// the slower rank's median. Bytes are muon::dist::Group's per-rank counter
+// the slower rank's median. Bytes are muon::distributed::Group's per-rank counter
 // (ring model), per step, with the minimum each layout must send.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -30,15 +30,15 @@
 #include <vector>
 
 #include "dist_bench_util.h"
-#include "muon/dist/layouts/layerwise.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/layouts/layerwise.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/runtime/group.h"
 #include "muon/optim/muon.h"
 
 namespace {
 
-using muon::dist::Group;
+using muon::distributed::Group;
 
 constexpr int kLayers = 8;
 const int64_t kShapes[4][2] = {{1536, 512}, {512, 512}, {2048, 512}, {512, 2048}};
@@ -81,7 +81,7 @@ double time_steps(const Group& group, const Args& a, const std::function<void()>
 
 int main(int argc, char** argv) {
   const auto a = parse_args(argc, argv);
-  auto group = muon::dist::init_from_env();
+  auto group = muon::distributed::init_from_env();
   const int rank = group.rank();
   const int world = group.size();
   const auto all_shapes = shapes();
@@ -132,22 +132,22 @@ int main(int argc, char** argv) {
 
   // Sharded: balanced row shards.
   for (const auto& [name, mode, in_flight] :
-       std::vector<std::tuple<const char*, muon::dist::ShardedMode, int64_t>>{
-           {"sharded owner-compute", muon::dist::ShardedMode::kOwnerCompute, 2},
-           {"sharded owner, no overlap", muon::dist::ShardedMode::kOwnerCompute, 0},
-           {"sharded replicated", muon::dist::ShardedMode::kReplicated, 2}}) {
+       std::vector<std::tuple<const char*, muon::distributed::ShardedMode, int64_t>>{
+           {"sharded owner-compute", muon::distributed::ShardedMode::kOwnerCompute, 2},
+           {"sharded owner, no overlap", muon::distributed::ShardedMode::kOwnerCompute, 0},
+           {"sharded replicated", muon::distributed::ShardedMode::kReplicated, 2}}) {
     std::vector<at::Tensor> params;
-    std::vector<muon::dist::RowShard> shards;
+    std::vector<muon::distributed::RowShard> shards;
     std::vector<std::vector<int64_t>> rows;
     for (size_t k = 0; k < all_shapes.size(); ++k) {
-      rows.push_back(muon::dist::balanced_split_sizes(all_shapes[k][0], world));
-      params.push_back(muon::dist::local_rows(fixed(all_shapes[k], static_cast<int64_t>(k)), rows.back(), rank)
+      rows.push_back(muon::distributed::balanced_split_sizes(all_shapes[k][0], world));
+      params.push_back(muon::distributed::local_rows(fixed(all_shapes[k], static_cast<int64_t>(k)), rows.back(), rank)
                            .requires_grad_(true));
       params.back().mutable_grad() =
-          muon::dist::local_rows(fixed(all_shapes[k], 1000 + static_cast<int64_t>(k)), rows.back(), rank);
+          muon::distributed::local_rows(fixed(all_shapes[k], 1000 + static_cast<int64_t>(k)), rows.back(), rank);
       shards.emplace_back(all_shapes[k], group);
     }
-    muon::dist::ShardedMuon opt(params, shards, {}, muon::dist::ShardedOptions().mode(mode).max_in_flight(in_flight));
+    muon::distributed::ShardedMuon opt(params, shards, {}, muon::distributed::ShardedOptions().mode(mode).max_in_flight(in_flight));
     const double seconds = time_steps(group, a, [&] { opt.step(); });
     group.reset_bytes_sent();
     opt.step();
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
       const double cols = static_cast<double>(all_shapes[k][1]);
       const double mine = static_cast<double>(rows[k][static_cast<size_t>(rank)]);
       const double all = static_cast<double>(all_shapes[k][0]);
-      if (mode == muon::dist::ShardedMode::kReplicated) {
+      if (mode == muon::distributed::ShardedMode::kReplicated) {
         minimum += (world - 1) * mine * cols * 4;
       } else {
         minimum += (opt.owners()[k] == rank ? all - mine : mine) * cols * 4;
@@ -178,12 +178,12 @@ int main(int argc, char** argv) {
       p.mutable_grad() = fixed(all_shapes[k], 1000 + static_cast<int64_t>(k));
       named.insert("m" + std::to_string(k), p);
     }
-    muon::dist::LayerwiseOptimizer opt(
+    muon::distributed::LayerwiseOptimizer opt(
         named, group,
         [](const torch::OrderedDict<std::string, at::Tensor>& owned) {
           return std::make_unique<muon::Muon>(owned.values());
         },
-        muon::dist::LayerwiseOptions().max_in_flight(in_flight));
+        muon::distributed::LayerwiseOptions().max_in_flight(in_flight));
     const double seconds = time_steps(group, a, [&] { opt.step(); });
     group.reset_bytes_sent();
     opt.step();

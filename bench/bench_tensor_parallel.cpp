@@ -13,7 +13,7 @@
 // thread; then both ranks time each TP mode with one thread each (the two
 // processes together use the same two cores). Each timed step starts at a
 // barrier; the reported time is the slower rank's median. Bytes are the
-// per-rank counter of muon::dist::Group (ring model), per step.
+// per-rank counter of muon::distributed::Group (ring model), per step.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "dist_bench_util.h"
-#include "muon/dist/layouts/tensor_parallel.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/runtime/group.h"
 #include "muon/optim/muon.h"
 
 namespace {
@@ -49,7 +49,7 @@ using muon::bench::parse_args;
 
 // Parameters with fixed synthetic gradients: whole matrices (tp == nullptr)
 // or this rank's blocks.
-std::vector<at::Tensor> make_params(const muon::dist::Group* tp) {
+std::vector<at::Tensor> make_params(const muon::distributed::Group* tp) {
   std::vector<at::Tensor> params;
   for (int layer = 0; layer < kLayers; ++layer) {
     for (const auto& m : kLayer) {
@@ -57,8 +57,8 @@ std::vector<at::Tensor> make_params(const muon::dist::Group* tp) {
       auto g = at::randn({m.rows, m.cols});
       if (tp != nullptr) {
         const int64_t total = m.dim == 0 ? m.rows : m.cols;
-        const auto sizes = muon::dist::balanced_split_sizes(total, tp->size());
-        const auto off = muon::dist::split_offset(sizes, tp->rank());
+        const auto sizes = muon::distributed::balanced_split_sizes(total, tp->size());
+        const auto off = muon::distributed::split_offset(sizes, tp->rank());
         p = p.narrow(m.dim, off, sizes[static_cast<size_t>(tp->rank())]).contiguous();
         g = g.narrow(m.dim, off, sizes[static_cast<size_t>(tp->rank())]).contiguous();
       }
@@ -91,8 +91,8 @@ double time_steps(Opt& opt, const Args& a, Sync&& sync) {
 
 int main(int argc, char** argv) {
   const Args args = parse_args(argc, argv);
-  auto world = muon::dist::init_from_env(
-      muon::dist::GroupOptions().timeout(std::chrono::minutes(10)));
+  auto world = muon::distributed::init_from_env(
+      muon::distributed::GroupOptions().timeout(std::chrono::minutes(10)));
   const bool lead = world.rank() == 0;
   const auto options = muon::MuonOptions(0.02);  // quintic ×5, fp32, shape scaling
 
@@ -120,19 +120,19 @@ int main(int argc, char** argv) {
     std::printf("%-34s %10.1f %12.2f %14s\n", "single process, 1 thread", single_one * 1e3,
                 single_one / single_all, "0");
   }
-  for (const auto mode : {muon::dist::TensorParallelMode::kDuplicated,
-                          muon::dist::TensorParallelMode::kDistributed,
-                          muon::dist::TensorParallelMode::kBlockwise}) {
+  for (const auto mode : {muon::distributed::TensorParallelMode::kDuplicated,
+                          muon::distributed::TensorParallelMode::kDistributed,
+                          muon::distributed::TensorParallelMode::kBlockwise}) {
     auto params = make_params(&world);
-    muon::dist::TensorParallelOptions tpo;
+    muon::distributed::TensorParallelOptions tpo;
     tpo.mode(mode);
     size_t k = 0;
     for (int layer = 0; layer < kLayers; ++layer) {
       for (const auto& m : kLayer) {
-        tpo.shard(params[k++], muon::dist::TensorParallelShard({m.rows, m.cols}, m.dim, world));
+        tpo.shard(params[k++], muon::distributed::TensorParallelShard({m.rows, m.cols}, m.dim, world));
       }
     }
-    muon::dist::TensorParallelMuon opt(params, options, tpo);
+    muon::distributed::TensorParallelMuon opt(params, options, tpo);
     world.barrier();
     world.reset_bytes_sent();
     const double t = time_steps(opt, args, [&] { world.barrier(); });
@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
     const double slow = both.max().item<double>();
     if (lead) {
       std::printf("%-34s %10.1f %12.2f %14.1f\n",
-                  ("TP " + muon::dist::to_string(mode) + ", 1 thread/rank").c_str(), slow * 1e3,
+                  ("TP " + muon::distributed::to_string(mode) + ", 1 thread/rank").c_str(), slow * 1e3,
                   slow / single_all, mb);
     }
   }

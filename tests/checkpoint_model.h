@@ -1,8 +1,8 @@
 #pragma once
-// The small model of the checkpoint tests and of tests/dist/checkpoint_writer:
+// The small model of the checkpoint tests and of tests/distributed/checkpoint_writer:
 // one rank's parameters and optimizer in a layout, trained on seeded
 // gradients of the whole model (each rank takes its part), saved and loaded
-// with muon::dist checkpoints.
+// with muon::distributed checkpoints.
 #include <functional>
 #include <tuple>
 #include <memory>
@@ -11,17 +11,17 @@
 #include <vector>
 
 #include "dist_util.h"
-#include "muon/dist/checkpoints/checkpoint.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 
 namespace muon::test::checkpoint {
 
 using muon::OptimizerConfig;
-using muon::dist::CheckpointOptions;
-using muon::dist::DistributedLayout;
-using muon::dist::Group;
+using muon::distributed::CheckpointOptions;
+using muon::distributed::DistributedLayout;
+using muon::distributed::Group;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
 // Matrices go to Muon, vectors and embeddings to AdamW (the hybrid).
@@ -74,38 +74,38 @@ struct Rank {
       if (kind == "sharded" || kind == "padded") {
         // padded: flat-buffer style, equal chunks with padding rows at the
         // tail (at 5 ranks the 16-row tensors leave rank 4 only padding).
-        const auto rows = kind == "sharded" ? muon::dist::balanced_split_sizes(shape[0], world)
+        const auto rows = kind == "sharded" ? muon::distributed::balanced_split_sizes(shape[0], world)
                                             : std::vector<int64_t>(static_cast<size_t>(world),
                                                                    (shape[0] + world - 1) / world);
-        part = [rows, rank](const at::Tensor& t) { return muon::dist::local_rows(t, rows, rank); };
-        layout.row_shards.emplace(name, muon::dist::RowShard(shape, group));
+        part = [rows, rank](const at::Tensor& t) { return muon::distributed::local_rows(t, rows, rank); };
+        layout.row_shards.emplace(name, muon::distributed::RowShard(shape, group));
       } else if (kind == "tp" && block) {
         const int64_t dim = name.find("fc2") != std::string::npos ? 1 : 0;
-        const auto sizes = muon::dist::balanced_split_sizes(shape[static_cast<size_t>(dim)], world);
-        const auto offset = muon::dist::split_offset(sizes, rank);
+        const auto sizes = muon::distributed::balanced_split_sizes(shape[static_cast<size_t>(dim)], world);
+        const auto offset = muon::distributed::split_offset(sizes, rank);
         part = [dim, offset, sizes, rank](const at::Tensor& t) {
           return t.narrow(dim, offset, sizes[static_cast<size_t>(rank)]).contiguous();
         };
-        layout.tensor_parallel.emplace(name, muon::dist::TensorParallelShard(shape, dim, group));
+        layout.tensor_parallel.emplace(name, muon::distributed::TensorParallelShard(shape, dim, group));
       } else if (kind == "2d") {
         // Block matrices: the TP block (as "tp", over tp), then its rows over
         // dp; the rest: rows over dp (the same on both TP ranks).
         const int64_t dim = !block ? 0 : name.find("fc2") != std::string::npos ? 1 : 0;
-        const auto tp_sizes = muon::dist::balanced_split_sizes(shape[static_cast<size_t>(dim)], block ? 2 : 1);
+        const auto tp_sizes = muon::distributed::balanced_split_sizes(shape[static_cast<size_t>(dim)], block ? 2 : 1);
         const auto tp_rank = block ? tp.rank() : 0;
-        const auto offset = muon::dist::split_offset(tp_sizes, tp_rank);
+        const auto offset = muon::distributed::split_offset(tp_sizes, tp_rank);
         auto block_shape = shape;
         block_shape[static_cast<size_t>(dim)] = tp_sizes[static_cast<size_t>(tp_rank)];
-        const auto rows = muon::dist::balanced_split_sizes(block_shape[0], dp.size());
+        const auto rows = muon::distributed::balanced_split_sizes(block_shape[0], dp.size());
         const auto dp_rank = dp.rank();
         part = [dim, offset, block_shape, rows, dp_rank](const at::Tensor& t) {
           const auto b = t.narrow(dim, offset, block_shape[static_cast<size_t>(dim)]);
-          return muon::dist::local_rows(b.contiguous(), rows, dp_rank);
+          return muon::distributed::local_rows(b.contiguous(), rows, dp_rank);
         };
-        auto shard = muon::dist::RowShard(block_shape, dp);
+        auto shard = muon::distributed::RowShard(block_shape, dp);
         if (block) {
-          shard.tensor_parallel(muon::dist::TensorParallelShard(shape, dim, tp),
-                                muon::dist::TensorParallelMode::kDistributed);
+          shard.tensor_parallel(muon::distributed::TensorParallelShard(shape, dim, tp),
+                                muon::distributed::TensorParallelMode::kDistributed);
         }
         layout.row_shards.emplace(name, shard);
       }
@@ -115,7 +115,7 @@ struct Rank {
     layout.group = group;
     options.group(group);
     const auto layout_field = kind == "tp" ? "tensor_parallel" : kind == "2d" || kind == "padded" ? "sharded" : kind;
-    opt = muon::dist::make_optimizer(named, config(layout_field, optimizer), layout);
+    opt = muon::distributed::make_optimizer(named, config(layout_field, optimizer), layout);
   }
 
   // Steps [from, to) with the whole model's gradients, each rank its part.
@@ -128,11 +128,11 @@ struct Rank {
 
   std::string save(const std::string& dir, int64_t step, int64_t keep = 2) {
     auto o = options;
-    return muon::dist::save_checkpoint(dir, named, *opt, step, layout, "extra " + std::to_string(step),
+    return muon::distributed::save_checkpoint(dir, named, *opt, step, layout, "extra " + std::to_string(step),
                                        o.keep(keep));
   }
-  muon::dist::CheckpointInfo load(const std::string& dir) {
-    return muon::dist::load_checkpoint(dir, named, *opt, layout, options);
+  muon::distributed::CheckpointInfo load(const std::string& dir) {
+    return muon::distributed::load_checkpoint(dir, named, *opt, layout, options);
   }
 };
 

@@ -1,8 +1,8 @@
 # The core includes nothing from the distributed layer: no
-# `#include` of a path with a "dist/" or "distributed/" folder in it
-# (muon/dist/..., src/dist/... reached from src/ by the including file's own
-# folder, torch/csrc/distributed/...) in src/ outside src/dist/, nor in the
-# public headers outside include/muon/dist/ but the umbrella muon.h.
+# `#include` of a path with a "distributed/" or "distributed/" folder in it
+# (muon/distributed/..., src/distributed/... reached from src/ by the including file's own
+# folder, torch/csrc/distributed/...) in src/ outside src/distributed/, nor in the
+# public headers outside include/muon/distributed/ but the umbrella muon.h.
 # The core target's include path (CMakeLists.txt, muon_core) already stops
 # every form but the relative one at compile time; this names them all.
 #
@@ -16,7 +16,7 @@ file(GLOB_RECURSE files RELATIVE "${MUON_SOURCE_DIR}"
 set(checked 0)
 set(found "")
 foreach(f IN LISTS files)
-  if(f MATCHES "^src/dist/" OR f MATCHES "^include/muon/dist/" OR f STREQUAL "include/muon/muon.h")
+  if(f MATCHES "^src/distributed/" OR f MATCHES "^include/muon/distributed/" OR f STREQUAL "include/muon/muon.h")
     continue()
   endif()
   math(EXPR checked "${checked} + 1")

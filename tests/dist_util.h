@@ -1,6 +1,6 @@
 #pragma once
 // Multi-rank tests with ranks as threads: N threads share one c10d::HashStore,
-// each builds its own muon::dist::Group (real Gloo process groups over TCP
+// each builds its own muon::distributed::Group (real Gloo process groups over TCP
 // loopback) and runs the test body. Exceptions thrown on a rank are
 // collected and reported with the rank that threw them.
 #include <ATen/ATen.h>
@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "muon/dist/layouts/row_shard.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/layouts/row_shard.h"
+#include "muon/distributed/runtime/group.h"
 
 namespace muon::test {
 
@@ -46,11 +46,11 @@ inline torch::OrderedDict<std::string, at::Tensor> seeded_params(const std::vect
   return named;
 }
 
-/// This rank's rows `rows_per_rank[rank]` of `whole` (muon::dist::local_rows),
+/// This rank's rows `rows_per_rank[rank]` of `whole` (muon::distributed::local_rows),
 /// or `whole` itself when `rows_per_rank` is empty (a tensor not split).
 inline at::Tensor rows_or_whole(const at::Tensor& whole, const std::vector<int64_t>& rows_per_rank,
                                 int rank) {
-  return rows_per_rank.empty() ? whole : dist::local_rows(whole, rows_per_rank, rank);
+  return rows_per_rank.empty() ? whole : distributed::local_rows(whole, rows_per_rank, rank);
 }
 
 /// Timeout of thread-rank groups: short, so a hang fails the test quickly.
@@ -62,8 +62,8 @@ using RankErrors = std::vector<std::string>;
 /// Runs `body(group)` on `world` thread ranks over a shared HashStore and
 /// returns each rank's exception message (empty when it returned). Every
 /// thread is joined before returning; the store outlives all of them.
-inline RankErrors run_ranks_collect(int world, const std::function<void(dist::Group&)>& body,
-                                    dist::GroupOptions options = dist::GroupOptions().timeout(
+inline RankErrors run_ranks_collect(int world, const std::function<void(distributed::Group&)>& body,
+                                    distributed::GroupOptions options = distributed::GroupOptions().timeout(
                                         kThreadRankTimeout)) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   RankErrors errors(static_cast<size_t>(world));
@@ -72,7 +72,7 @@ inline RankErrors run_ranks_collect(int world, const std::function<void(dist::Gr
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto group = dist::Group::create(store, r, world, options);
+        auto group = distributed::Group::create(store, r, world, options);
         body(group);
       } catch (const c10::Error& e) {
         errors[static_cast<size_t>(r)] = e.what_without_backtrace();
@@ -88,8 +88,8 @@ inline RankErrors run_ranks_collect(int world, const std::function<void(dist::Gr
 }
 
 /// As run_ranks_collect, failing the current test for every rank that threw.
-inline void run_ranks(int world, const std::function<void(dist::Group&)>& body,
-                      dist::GroupOptions options = dist::GroupOptions().timeout(
+inline void run_ranks(int world, const std::function<void(distributed::Group&)>& body,
+                      distributed::GroupOptions options = distributed::GroupOptions().timeout(
                           kThreadRankTimeout)) {
   const auto errors = run_ranks_collect(world, body, options);
   for (size_t r = 0; r < errors.size(); ++r) {

@@ -32,7 +32,7 @@
 
 #include "archive_util.h"
 #include "checkpoint_model.h"
-#include "dist/checkpoints/checkpoint_state.h"
+#include "distributed/checkpoints/checkpoint_state.h"
 #include "expect_util.h"
 #include "muon/compat.h"
 #include "muon/registry.h"
@@ -233,13 +233,13 @@ template <typename C>
 void every_layout_equals_one_process_and_checkpoints_reshard_bit_identically() {
   namespace fs = std::filesystem;
   std::vector<ckpt::Named> after(9);  // after[s]: one process after s steps
-  run_ranks(1, [&](dist::Group& g) {
+  run_ranks(1, [&](distributed::Group& g) {
     ckpt::Rank r("none", g, C::kName);
     for (int64_t s = 1; s <= 8; ++s) {
       r.train(s - 1, s);
       after[static_cast<size_t>(s)] = values_of(r);
     }
-    const auto slots = dist::detail::state_slots(*r.opt);
+    const auto slots = distributed::detail::state_slots(*r.opt);
     ASSERT_EQ(slots.size(), ckpt::kModel.size());
     EXPECT_EQ(slots.at(0).kind, C::kName);
   });
@@ -252,7 +252,7 @@ void every_layout_equals_one_process_and_checkpoints_reshard_bit_identically() {
     const auto& reference = after[static_cast<size_t>(to)];
     ckpt::reshard_leg(
         kind, world, in, out, from, to, C::kName, what,
-        [&](ckpt::Rank& r, const dist::Group& group) {
+        [&](ckpt::Rank& r, const distributed::Group& group) {
           for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
             const auto& name = ckpt::kModel[k].first;
             EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))

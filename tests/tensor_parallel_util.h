@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 
 namespace muon::test {
 
@@ -33,7 +33,7 @@ inline std::vector<int64_t> uneven_sizes(int64_t total, int world) {
 /// Rank `rank`'s block (sizes along `dim`) of `whole`, contiguous.
 inline at::Tensor block_of(const at::Tensor& whole, int64_t dim,
                            const std::vector<int64_t>& sizes, int rank) {
-  return whole.narrow(dim, muon::dist::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
+  return whole.narrow(dim, muon::distributed::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
       .contiguous();
 }
 

@@ -208,7 +208,7 @@ namespace ckpt = muon::test::checkpoint;
 void namo_leg(const std::string& kind, int world, const std::string& in, const std::string& out,
               int64_t from, int64_t to, const ckpt::Named& reference, const std::string& what) {
   ckpt::reshard_leg(kind, world, in, out, from, to, "adaptive_muon/namo", what,
-                    [&](ckpt::Rank& r, const dist::Group& group) {
+                    [&](ckpt::Rank& r, const distributed::Group& group) {
                       for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
                         const auto& name = ckpt::kModel[k].first;
                         const auto expected = r.local[k](reference[name]);
@@ -223,7 +223,7 @@ void namo_leg(const std::string& kind, int world, const std::string& in, const s
 TEST(AdaptiveMuon, NamoCheckpointsReshard) {
   ckpt::Named after3;
   ckpt::Named after4;
-  run_ranks(1, [&](dist::Group& g) {
+  run_ranks(1, [&](distributed::Group& g) {
     ckpt::Rank r("none", g, "adaptive_muon/namo");
     r.train(0, 3);
     for (const auto& item : r.named) after3.insert(item.key(), item.value().detach().clone());

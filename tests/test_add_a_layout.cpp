@@ -1,5 +1,5 @@
 // Adding a layout, the worked example of docs/architecture.md: a new
-// orthogonalization strategy in one file, run through muon::dist::Layout,
+// orthogonalization strategy in one file, run through muon::distributed::Layout,
 // equal to one process and checkpointed like every built-in layout.
 //
 // The strategy: parameters are row shards (an FSDP's, gradients already
@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "dist_util.h"
-#include "muon/dist/checkpoints/checkpoint.h"
-#include "muon/dist/layouts/layout.h"
-#include "muon/dist/layouts/row_shard.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
+#include "muon/distributed/layouts/layout.h"
+#include "muon/distributed/layouts/row_shard.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/orthogonalizer.h"
@@ -26,7 +26,7 @@
 
 namespace {
 
-using muon::dist::Group;
+using muon::distributed::Group;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
 // ---- the new layout: one strategy ------------------------------------------
@@ -90,45 +90,45 @@ TEST(AddALayout, GatherWholeStrategyEqualsOneProcessAndCheckpoints) {
   muon::test::run_ranks(kWorld, [&](Group& group) {
     // This rank's rows of every matrix, laid out as row shards.
     Named shards;
-    muon::dist::DistributedLayout view;
+    muon::distributed::DistributedLayout view;
     view.group = group;
     for (const auto k : c10::irange(kModel.size())) {
-      const auto rows = muon::dist::balanced_split_sizes(kModel[k].second[0], kWorld);
-      shards.insert(kModel[k].first, muon::dist::local_rows(full_param(k), rows, group.rank()));
-      view.row_shards.emplace(kModel[k].first, muon::dist::RowShard(kModel[k].second, group));
+      const auto rows = muon::distributed::balanced_split_sizes(kModel[k].second[0], kWorld);
+      shards.insert(kModel[k].first, muon::distributed::local_rows(full_param(k), rows, group.rank()));
+      view.row_shards.emplace(kModel[k].first, muon::distributed::RowShard(kModel[k].second, group));
     }
     auto muon_opt = std::make_unique<muon::Muon>(
         std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(shards.values())},
         options(), std::make_shared<GatherWholeOrthogonalizer>(group));
     // The new layout: the gradients come reduce-scattered (as from an FSDP).
-    muon::dist::Layout layout(shards, std::move(muon_opt),
-                              muon::dist::LayoutGroups().world(group).gradients_reduced(true), view);
+    muon::distributed::Layout layout(shards, std::move(muon_opt),
+                              muon::distributed::LayoutGroups().world(group).gradients_reduced(true), view);
     for (const auto step : c10::irange(kSteps)) {
       layout.zero_grad();
       for (const auto k : c10::irange(kModel.size())) {
-        const auto rows = muon::dist::balanced_split_sizes(kModel[k].second[0], kWorld);
+        const auto rows = muon::distributed::balanced_split_sizes(kModel[k].second[0], kWorld);
         shards[k].value().mutable_grad() =
-            muon::dist::reduce_scatter_rows(rank_grad(k, step, group.rank()), rows, group);
+            muon::distributed::reduce_scatter_rows(rank_grad(k, step, group.rank()), rows, group);
       }
       layout.step();
     }
     // Equal to one process: the same Newton–Schulz on the same whole
     // matrices, so the rows are the reference's to the bit.
     for (const auto k : c10::irange(kModel.size())) {
-      const auto rows = muon::dist::balanced_split_sizes(kModel[k].second[0], kWorld);
-      EXPECT_TRUE(at::equal(shards[k].value(), muon::dist::local_rows(whole[k].value(), rows, group.rank())))
+      const auto rows = muon::distributed::balanced_split_sizes(kModel[k].second[0], kWorld);
+      EXPECT_TRUE(at::equal(shards[k].value(), muon::distributed::local_rows(whole[k].value(), rows, group.rank())))
           << kModel[k].first;
     }
     // Checkpointed like every layout (and loaded below by a single-process
     // Layout of the built-in strategy).
-    muon::dist::save_checkpoint(dir, layout, kSteps);
+    muon::distributed::save_checkpoint(dir, layout, kSteps);
   });
   Named loaded;
   for (const auto k : c10::irange(kModel.size())) loaded.insert(kModel[k].first, at::zeros(kModel[k].second));
-  muon::dist::Layout single(loaded, std::make_unique<muon::Muon>(loaded.values(), options()));
-  const auto latest = muon::dist::latest_checkpoint(dir);
+  muon::distributed::Layout single(loaded, std::make_unique<muon::Muon>(loaded.values(), options()));
+  const auto latest = muon::distributed::latest_checkpoint(dir);
   ASSERT_TRUE(latest.has_value());
-  const auto info = muon::dist::load_checkpoint(latest->path, single);
+  const auto info = muon::distributed::load_checkpoint(latest->path, single);
   EXPECT_EQ(info.step, kSteps);
   EXPECT_EQ(info.world_size, kWorld);
   for (const auto k : c10::irange(kModel.size())) {

@@ -1,4 +1,4 @@
-// Checkpoints (muon/dist/checkpoints/checkpoint.h): resuming in the same layout is
+// Checkpoints (muon/distributed/checkpoints/checkpoint.h): resuming in the same layout is
 // bit-identical to never stopping; resharding across world sizes and
 // layouts (single process, layer-wise, sharded, tensor parallel) equals
 // single-process training up to float rounding; damaged, truncated, missing
@@ -26,7 +26,7 @@
 #include <torch/optim/adamw.h>
 
 #include "checkpoint_model.h"
-#include "dist/checkpoints/checkpoint_state.h"
+#include "distributed/checkpoints/checkpoint_state.h"
 #include "process_util.h"
 
 namespace {
@@ -66,13 +66,13 @@ fs::path fresh_dir(const std::string& name) {
 std::vector<at::Tensor> snapshot(Rank& r) {
   std::vector<at::Tensor> out;
   for (const auto& item : r.named) out.push_back(item.value().detach().clone());
-  for (const auto& slot : muon::dist::detail::state_slots(*r.opt)) {
-    auto* state = muon::dist::detail::find_state(slot);
+  for (const auto& slot : muon::distributed::detail::state_slots(*r.opt)) {
+    auto* state = muon::distributed::detail::find_state(slot);
     if (state == nullptr) {
       out.push_back(at::full({1}, -1.0));
       continue;
     }
-    for (const auto& f : muon::dist::detail::state_fields(slot, *state)) {
+    for (const auto& f : muon::distributed::detail::state_fields(slot, *state)) {
       if (f.integer != nullptr) {
         out.push_back(at::full({}, *f.integer, at::kLong));
       } else {
@@ -409,12 +409,12 @@ TEST(Checkpoint, VerifyFindsTheNewestCheckpointThatIsNotDamaged) {
   });
   const auto key = std::string("model/blocks.0.fc1.weight");
   for (int64_t step : {2, 3, 4}) {
-    EXPECT_EQ(muon::dist::verify_checkpoint((dir / ("step-0000000" + std::to_string(step))).string()).step, step);
+    EXPECT_EQ(muon::distributed::verify_checkpoint((dir / ("step-0000000" + std::to_string(step))).string()).step, step);
   }
-  EXPECT_EQ(muon::dist::verify_checkpoint(dir.string()).step, 4);
+  EXPECT_EQ(muon::distributed::verify_checkpoint(dir.string()).step, 4);
   fs::create_directories(dir / "step-00000005");  // an unfinished save
-  std::vector<muon::dist::SkippedCheckpoint> skipped;
-  ASSERT_EQ(muon::dist::latest_verified_checkpoint(dir.string(), &skipped)->step, 4);
+  std::vector<muon::distributed::SkippedCheckpoint> skipped;
+  ASSERT_EQ(muon::distributed::latest_verified_checkpoint(dir.string(), &skipped)->step, 4);
   EXPECT_TRUE(skipped.empty());
 
   const auto four = dir / "step-00000004";
@@ -427,7 +427,7 @@ TEST(Checkpoint, VerifyFindsTheNewestCheckpointThatIsNotDamaged) {
   text[text.find("\"step\": 3") + 8] = '7';
   write_file(three / "manifest.json", text);
   try {
-    muon::dist::verify_checkpoint(four.string());
+    muon::distributed::verify_checkpoint(four.string());
     ADD_FAILURE() << "a damaged checkpoint verified";
   } catch (const c10::ValueError& e) {
     const std::string what = e.what_without_backtrace();
@@ -436,7 +436,7 @@ TEST(Checkpoint, VerifyFindsTheNewestCheckpointThatIsNotDamaged) {
     EXPECT_NE(what.find("checksum"), std::string::npos) << what;
   }
   skipped.clear();
-  const auto found = muon::dist::latest_verified_checkpoint(dir.string(), &skipped);
+  const auto found = muon::distributed::latest_verified_checkpoint(dir.string(), &skipped);
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->step, 2);
   EXPECT_EQ(found->path, (dir / "step-00000002").string());
@@ -449,10 +449,10 @@ TEST(Checkpoint, VerifyFindsTheNewestCheckpointThatIsNotDamaged) {
 
   fs::remove(dir / "step-00000002" / "manifest.json");
   skipped.clear();
-  EXPECT_FALSE(muon::dist::latest_verified_checkpoint(dir.string(), &skipped).has_value());
+  EXPECT_FALSE(muon::distributed::latest_verified_checkpoint(dir.string(), &skipped).has_value());
   EXPECT_EQ(skipped.size(), 2u);
-  EXPECT_FALSE(muon::dist::latest_verified_checkpoint((dir / "nothing").string()).has_value());
-  EXPECT_THROW(muon::dist::verify_checkpoint((dir / "nothing").string()), c10::ValueError);
+  EXPECT_FALSE(muon::distributed::latest_verified_checkpoint((dir / "nothing").string()).has_value());
+  EXPECT_THROW(muon::distributed::verify_checkpoint((dir / "nothing").string()), c10::ValueError);
   fs::remove_all(dir);
 }
 
@@ -467,7 +467,7 @@ TEST(Checkpoint, AnotherModelOrOptimizerIsAnErrorNamingTheFirstDifference) {
     auto opt = muon::make_optimizer(named, config("none", optimizer));
     const auto before = named[kModel[0].first].detach().clone();
     try {
-      muon::dist::load_checkpoint(dir.string(), named, *opt);
+      muon::distributed::load_checkpoint(dir.string(), named, *opt);
     } catch (const c10::Error& e) {
       EXPECT_TRUE(at::equal(before, named[kModel[0].first])) << "the model changed";
       EXPECT_TRUE(opt->state().empty()) << "the optimizer changed";
@@ -508,11 +508,11 @@ TEST(Checkpoint, LibTorchAdamWAloneAndAmsgradTurnedOn) {
   torch::optim::AdamW plain({named["w"]}, torch::optim::AdamWOptions(1e-2));
   named["w"].mutable_grad() = full_grad(1, 0);
   plain.step();
-  muon::dist::save_checkpoint(dir.string(), named, plain, 1);
+  muon::distributed::save_checkpoint(dir.string(), named, plain, 1);
   Named other;
   other.insert("w", at::zeros_like(full_param(1)).requires_grad_(true));
   torch::optim::AdamW ams({other["w"]}, torch::optim::AdamWOptions(1e-2).amsgrad(true));
-  EXPECT_EQ(muon::dist::load_checkpoint(dir.string(), other, ams).step, 1);
+  EXPECT_EQ(muon::distributed::load_checkpoint(dir.string(), other, ams).step, 1);
   EXPECT_TRUE(at::equal(other["w"], named["w"]));
   const auto& st = static_cast<torch::optim::AdamWParamState&>(*ams.state().begin()->second);
   EXPECT_EQ(st.step(), 1);
@@ -604,7 +604,7 @@ TEST(Checkpoint, KeepsTheNewestKAndIgnoresUnfinishedSaves) {
   fs::create_directories(dir / "step-00000009");
   fs::copy_file(rank_file(dir / "step-00000005", 0), dir / "step-00000009" / "rank-00000-0000000000000000.bin");
   fs::create_directories(dir / "step-00000003");
-  const auto latest = muon::dist::latest_checkpoint(dir.string());
+  const auto latest = muon::distributed::latest_checkpoint(dir.string());
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, 5);
   muon::test::run_ranks(1, [&](Group& group) {
@@ -631,12 +631,12 @@ TEST(Checkpoint, AnUnwritableDirectoryIsAnErrorOnEveryRankBeforeAnythingIsWritte
   write_file(dir / "file", "x");
   const auto bad = (dir / "file" / "ckpt").string();
   try {
-    muon::dist::check_checkpoint_dir(bad);
+    muon::distributed::check_checkpoint_dir(bad);
     ADD_FAILURE() << "check_checkpoint_dir accepted a path under a file";
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find(bad), std::string::npos) << e.what_without_backtrace();
   }
-  EXPECT_NO_THROW(muon::dist::check_checkpoint_dir((dir / "ok").string()));
+  EXPECT_NO_THROW(muon::distributed::check_checkpoint_dir((dir / "ok").string()));
   EXPECT_TRUE(fs::is_empty(dir / "ok"));
   const auto errors = muon::test::run_ranks_collect(2, [&](Group& group) {
     Rank r("sharded", group);
@@ -653,13 +653,13 @@ TEST(Checkpoint, RanksThatDisagreeAreAnErrorOnEveryRankNotAHang) {
     r.save(dir.string(), 1 + group.rank());
   });
   for (const auto& e : errors) EXPECT_NE(e.find("rank 1 saves step 2"), std::string::npos) << e;
-  EXPECT_FALSE(muon::dist::latest_checkpoint(dir.string()).has_value());
+  EXPECT_FALSE(muon::distributed::latest_checkpoint(dir.string()).has_value());
   // 2-D with only the data-parallel group: the TP peers would write a
   // second manifest into the same directory.
   errors = muon::test::run_ranks_collect(4, [&](Group& group) {
     Rank r("2d", group);
     const auto dp = r.layout.row_shards.begin()->second.group();
-    muon::dist::save_checkpoint(dir.string(), r.named, *r.opt, 1, r.layout, "",
+    muon::distributed::save_checkpoint(dir.string(), r.named, *r.opt, 1, r.layout, "",
                                 CheckpointOptions().group(dp));
   });
   for (const auto& e : errors) EXPECT_NE(e.find("pass the world as CheckpointOptions::group"), std::string::npos) << e;
@@ -763,7 +763,7 @@ TEST(CheckpointKill, ThePreviousCheckpointSurvivesKillsAtRandomMoments) {
     EXPECT_EQ(child.wait(30), 128 + SIGKILL) << child.err();
     ASSERT_TRUE(writers_gone(writer, 10)) << "kill " << i << ": a writer process survived";
     if (save_interrupted(dir / "run")) ++interrupted;
-    const auto latest = muon::dist::latest_checkpoint((dir / "run").string());
+    const auto latest = muon::distributed::latest_checkpoint((dir / "run").string());
     if (!latest.has_value()) {
       EXPECT_EQ(newest, 0) << "kill " << i << ": the checkpoints are gone";
       continue;

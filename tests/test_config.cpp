@@ -358,10 +358,10 @@ TEST(Config, HelpListsEveryField) {
 
 TEST(GlobalRegistry, LayersAddTheirFieldsThemselves) {
   // The distributed layer of libmuon added its fields when the global
-  // registry was created (src/dist/layouts/make.cpp); the registry names no layer.
+  // registry was created (src/distributed/layouts/make.cpp); the registry names no layer.
   std::vector<std::string> extensions;
   for (const auto& x : muon::OptimizerRegistry::global().extensions()) extensions.push_back(x->name);
-  EXPECT_EQ(extensions, std::vector<std::string>{"muon::dist"});
+  EXPECT_EQ(extensions, std::vector<std::string>{"muon::distributed"});
   EXPECT_TRUE(OptimizerConfig().has("layout"));
   EXPECT_TRUE(OptimizerConfig().has("muon_tp_mode"));
 

@@ -16,7 +16,7 @@
 
 #include "kernels/cuda.h"
 #include "kernels/symmetric.h"
-#include "muon/dist/checkpoints/checkpoint.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
 #include "muon/muon.h"
 #include "optim/muon_internal.h"
 #include "reference.h"
@@ -326,19 +326,19 @@ TEST(CudaCheckpoints, CudaStateLoadsOnTheCpuAndBack) {
   auto gpu_opt = muon::make_optimizer(gpu, config);
   set_grads(gpu, 0);
   gpu_opt->step();
-  muon::dist::save_checkpoint((dir / "a").string(), gpu, *gpu_opt, 1);
+  muon::distributed::save_checkpoint((dir / "a").string(), gpu, *gpu_opt, 1);
   auto cpu = make_params(at::kFloat, at::Device(at::kCPU));
   auto cpu_opt = muon::make_optimizer(cpu, config);
-  muon::dist::load_checkpoint((dir / "a").string(), cpu, *cpu_opt);
+  muon::distributed::load_checkpoint((dir / "a").string(), cpu, *cpu_opt);
   for (const auto& item : gpu) EXPECT_TRUE(at::equal(item.value().cpu(), cpu[item.key()]));
   set_grads(gpu, 1);
   set_grads(cpu, 1);
   gpu_opt->step();
   cpu_opt->step();
-  muon::dist::save_checkpoint((dir / "b").string(), cpu, *cpu_opt, 2);
+  muon::distributed::save_checkpoint((dir / "b").string(), cpu, *cpu_opt, 2);
   auto back = make_params(at::kFloat, at::Device(at::kCUDA));
   auto back_opt = muon::make_optimizer(back, config);
-  EXPECT_EQ(muon::dist::load_checkpoint((dir / "b").string(), back, *back_opt).step, 2);
+  EXPECT_EQ(muon::distributed::load_checkpoint((dir / "b").string(), back, *back_opt).step, 2);
   for (const auto& item : back) {
     EXPECT_TRUE(item.value().is_cuda());
     EXPECT_TRUE(at::equal(item.value().cpu(), cpu[item.key()]));
@@ -357,12 +357,12 @@ TEST(CudaNccl, ShardedLayoutOverNcclEqualsOneProcessMuon) {
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, 0, 1);
   pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
   pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-  auto group = muon::dist::Group::wrap(pg);
+  auto group = muon::distributed::Group::wrap(pg);
   EXPECT_EQ(group.backend_name(), "nccl");
   auto named = make_params(at::kFloat, at::Device(at::kCUDA));
   auto plain = make_params(at::kFloat, at::Device(at::kCUDA));
   muon::OptimizerConfig config;
-  muon::dist::ShardedDataParallel dp(named, config, group);
+  muon::distributed::ShardedDataParallel dp(named, config, group);
   auto plain_opt = muon::make_optimizer(plain, config);
   for (int k = 0; k < 3; ++k) {
     set_grads(named, k);

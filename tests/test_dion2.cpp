@@ -2,7 +2,7 @@
 // fp64 reference of microsoft/dion's arithmetic, options and their errors,
 // save/load, the registry entries (config fields, make_optimizer, explain),
 // checkpoints resharded across layouts, the distributed layouts (layer-wise
-// and sharded owner-compute (muon::dist::ShardedDion2) equal to one process
+// and sharded owner-compute (muon::distributed::ShardedDion2) equal to one process
 // bit for bit, tensor_parallel, 2-D and the replicated mode refused), and the
 // bytes each step sends beside Muon's.
 #include <gtest/gtest.h>
@@ -24,8 +24,8 @@
 
 #include "checkpoint_model.h"
 #include "muon/compat.h"
-#include "muon/dist/layouts/layout.h"
-#include "muon/dist/layouts/sharded_dion2.h"
+#include "muon/distributed/layouts/layout.h"
+#include "muon/distributed/layouts/sharded_dion2.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/dion2.h"
 #include "muon/optim/laprop.h"
@@ -427,7 +427,7 @@ void leg(const std::string& optimizer, const std::string& kind, int world, const
          const std::string& out, int64_t from, int64_t to, const ckpt::Named& reference,
          const std::string& what) {
   ckpt::reshard_leg(kind, world, in, out, from, to, optimizer, what,
-                    [&](ckpt::Rank& r, const dist::Group& group) {
+                    [&](ckpt::Rank& r, const distributed::Group& group) {
                       for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
                         const auto& name = ckpt::kModel[k].first;
                         EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
@@ -441,7 +441,7 @@ void leg(const std::string& optimizer, const std::string& kind, int world, const
 TEST(Dion2, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
   for (const std::string optimizer : {"dion2", "nordion2"}) {
     ckpt::Named single;
-    run_ranks(1, [&](dist::Group& g) {
+    run_ranks(1, [&](distributed::Group& g) {
       ckpt::Rank r("none", g, optimizer);
       r.train(0, 4);
       single = values_of(r);
@@ -450,12 +450,12 @@ TEST(Dion2, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
          {std::make_pair(std::string("layerwise"), 2), std::make_pair(std::string("layerwise"), 3),
           std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 3),
           std::make_pair(std::string("sharded"), 4), std::make_pair(std::string("padded"), 3)}) {
-      run_ranks(world, [&, kind = kind, world = world](dist::Group& g) {
+      run_ranks(world, [&, kind = kind, world = world](distributed::Group& g) {
         ckpt::Rank r(kind, g, optimizer);
         if (kind != "layerwise") {
           auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
           ASSERT_NE(composite, nullptr);
-          EXPECT_NE(dynamic_cast<dist::ShardedDion2*>(composite->find_part(optimizer)), nullptr)
+          EXPECT_NE(dynamic_cast<distributed::ShardedDion2*>(composite->find_part(optimizer)), nullptr)
               << kind;
         }
         r.train(0, 4);
@@ -500,19 +500,19 @@ TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
       single.step();
     }
     for (const int world : {1, 2, 3, 4}) {
-      run_ranks(world, [&](dist::Group& g) {
+      run_ranks(world, [&](distributed::Group& g) {
         std::vector<at::Tensor> params;
-        std::vector<dist::RowShard> shards;
+        std::vector<distributed::RowShard> shards;
         std::vector<std::vector<int64_t>> rows;
         for (size_t k = 0; k < kShardedShapes.size(); ++k) {
-          rows.push_back(dist::balanced_split_sizes(kShardedShapes[k][0], world));
-          params.push_back(leaf(dist::local_rows(sharded_init(k), rows[k], g.rank())));
+          rows.push_back(distributed::balanced_split_sizes(kShardedShapes[k][0], world));
+          params.push_back(leaf(distributed::local_rows(sharded_init(k), rows[k], g.rank())));
           shards.emplace_back(kShardedShapes[k], g);
         }
-        dist::ShardedDion2 opt(params, shards, sets[hs]);
+        distributed::ShardedDion2 opt(params, shards, sets[hs]);
         for (int64_t s = 0; s < 5; ++s) {
           for (size_t k = 0; k < params.size(); ++k) {
-            params[k].mutable_grad() = dist::local_rows(sharded_grad(k, s), rows[k], g.rank());
+            params[k].mutable_grad() = distributed::local_rows(sharded_grad(k, s), rows[k], g.rank());
           }
           opt.step();
         }
@@ -520,7 +520,7 @@ TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
                           std::to_string(g.rank());
         for (size_t k = 0; k < params.size(); ++k) {
           EXPECT_TRUE(
-              at::equal(params[k].detach(), dist::local_rows(whole[k].detach(), rows[k], g.rank())))
+              at::equal(params[k].detach(), distributed::local_rows(whole[k].detach(), rows[k], g.rank())))
               << what << " param " << k;
           const auto& st = state_of(opt, params[k]);
           EXPECT_EQ(st.step(), 5) << what;
@@ -528,11 +528,11 @@ TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
           // Each rank holds its rows of one process's state, bit for bit.
           const auto& want = state_of(single, whole[k]);
           EXPECT_TRUE(
-              at::equal(st.momentum(), dist::local_rows(want.momentum(), rows[k], g.rank())))
+              at::equal(st.momentum(), distributed::local_rows(want.momentum(), rows[k], g.rank())))
               << what << " momentum of param " << k;
           if (sets[hs].nordion2()) {
             EXPECT_TRUE(
-                at::equal(st.variance(), dist::local_rows(want.variance(), rows[k], g.rank())))
+                at::equal(st.variance(), distributed::local_rows(want.variance(), rows[k], g.rank())))
                 << what << " variance of param " << k;
           }
         }
@@ -547,7 +547,7 @@ TEST(ShardedDion2, CheckpointsReshardBitIdentically) {
   // new owner, and training on equals never stopping, bit for bit.
   for (const std::string optimizer : {"dion2", "nordion2"}) {
     ckpt::Named after2, after3, after5, after6;
-    run_ranks(1, [&](dist::Group& g) {
+    run_ranks(1, [&](distributed::Group& g) {
       ckpt::Rank r("none", g, optimizer);
       r.train(0, 2);
       after2 = values_of(r);
@@ -573,7 +573,7 @@ TEST(ShardedDion2, CheckpointsReshardBitIdentically) {
 }
 
 TEST(ShardedDion2, SplittingLayoutsAreRefusedNamingTheOptimizer) {
-  run_ranks(2, [&](dist::Group& g) {
+  run_ranks(2, [&](distributed::Group& g) {
     for (const std::string name : {"dion2", "nordion2"}) {
       expect_value_error([&] { ckpt::Rank r("tp", g, name); },
                          {"'" + name + "'", "'tensor_parallel'"});
@@ -581,12 +581,12 @@ TEST(ShardedDion2, SplittingLayoutsAreRefusedNamingTheOptimizer) {
     auto p = leaf(at::randn({3, 4}));
     expect_value_error(
         [&] {
-          dist::ShardedDion2 opt({p}, {dist::RowShard({6, 4}, g)}, NorDion2Options(),
-                                 dist::ShardedOptions().mode("replicated"));
+          distributed::ShardedDion2 opt({p}, {distributed::RowShard({6, 4}, g)}, NorDion2Options(),
+                                 distributed::ShardedOptions().mode("replicated"));
         },
-        {"[muon::dist::ShardedDion2]", "'nordion2'", "owner_compute", "'replicated'"});
+        {"[muon::distributed::ShardedDion2]", "'nordion2'", "owner_compute", "'replicated'"});
   });
-  run_ranks(4, [&](dist::Group& g) {
+  run_ranks(4, [&](distributed::Group& g) {
     for (const std::string name : {"dion2", "nordion2"}) {
       expect_value_error([&] { ckpt::Rank r("2d", g, name); }, {"'" + name + "'", "2-D"});
     }
@@ -599,7 +599,7 @@ TEST(ShardedDion2, SplittingLayoutsAreRefusedNamingTheOptimizer) {
 // checkpoint model in `kind` at `world` ranks.
 int64_t bytes_of_step(const std::string& optimizer, const std::string& kind, int world) {
   int64_t bytes = 0;
-  run_ranks(world, [&](dist::Group& g) {
+  run_ranks(world, [&](distributed::Group& g) {
     ckpt::Rank r(kind, g, optimizer);
     r.train(0, 3);
     g.reset_bytes_sent();

@@ -12,16 +12,16 @@
 #include <vector>
 
 #include "dist_util.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/optim/adaptive_muon.h"
 
 namespace muon::test {
 namespace {
 
-using muon::dist::Group;
-using muon::dist::RowShard;
+using muon::distributed::Group;
+using muon::distributed::RowShard;
 using torch::optim::OptimizerParamGroup;
 
 constexpr int64_t kSteps = 3;
@@ -74,8 +74,8 @@ void expect_equal(const at::Tensor& got, const at::Tensor& expected, const at::T
 
 // This rank's block of `full` along `dim` when blocks are balanced over `size` ranks.
 at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
-  const auto sizes = muon::dist::balanced_split_sizes(full.size(dim), size);
-  return full.narrow(dim, muon::dist::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
+  const auto sizes = muon::distributed::balanced_split_sizes(full.size(dim), size);
+  return full.narrow(dim, muon::distributed::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
       .contiguous();
 }
 
@@ -104,14 +104,14 @@ TEST_P(AdaptiveLayouts, TensorParallelEqualsOneProcess) {
     for (int world = 1; world <= 4; ++world) {
       muon::test::run_ranks(world, [&](Group& group) {
         std::vector<at::Tensor> params;
-        muon::dist::TensorParallelOptions tp;
+        muon::distributed::TensorParallelOptions tp;
         tp.mode(tp_mode);
         for (size_t k = 0; k < kModel.size(); ++k) {
           params.push_back(block_of(full_param(k), kModel[k].dim, group.rank(), world).requires_grad_(true));
-          tp.shard(params.back(), muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+          tp.shard(params.back(), muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
         }
         AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
-                         muon::dist::make_orthogonalizer(tp));
+                         muon::distributed::make_orthogonalizer(tp));
         expect_steps_equal(
             opt, params,
             [&](size_t k, const at::Tensor& full) {
@@ -136,21 +136,21 @@ TEST_P(AdaptiveLayouts, RowShardsEqualOneProcess) {
         std::vector<std::vector<int64_t>> rows;
         for (size_t k = 0; k < kModel.size(); ++k) {
           // Matrix 1 is padded: the last rank holds rows past the end.
-          auto split = muon::dist::balanced_split_sizes(kModel[k].shape[0], world);
+          auto split = muon::distributed::balanced_split_sizes(kModel[k].shape[0], world);
           if (k == 1 && world > 1) split.back() += 2;
           rows.push_back(split);
-          params.push_back(muon::dist::local_rows(full_param(k), split, group.rank()).requires_grad_(true));
+          params.push_back(muon::distributed::local_rows(full_param(k), split, group.rank()).requires_grad_(true));
           shards.emplace_back(kModel[k].shape, group);
         }
-        muon::dist::ShardedOptions so;
+        muon::distributed::ShardedOptions so;
         so.mode(sharded_mode);
         for (size_t k = 0; k < kModel.size(); ++k) so.shard(params[k], shards[k]);
         AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
-                         muon::dist::make_orthogonalizer(so));
+                         muon::distributed::make_orthogonalizer(so));
         expect_steps_equal(
             opt, params,
             [&](size_t k, const at::Tensor& full) {
-              return muon::dist::local_rows(full, rows[k], group.rank());
+              return muon::distributed::local_rows(full, rows[k], group.rank());
             },
             reference,
             mode + " " + sharded_mode + " world " + std::to_string(world) + " rank " +
@@ -164,31 +164,31 @@ TEST_P(AdaptiveLayouts, TwoDimensionalEqualsOneProcess) {
   const auto mode = GetParam();
   const auto reference = single_process(mode);
   for (const auto tp_mode :
-       {muon::dist::TensorParallelMode::kDuplicated, muon::dist::TensorParallelMode::kDistributed}) {
+       {muon::distributed::TensorParallelMode::kDuplicated, muon::distributed::TensorParallelMode::kDistributed}) {
     muon::test::run_ranks(4, [&](Group& world) {
       const auto [dp, tp] = world.mesh(2, 2);
       std::vector<at::Tensor> params;
       std::vector<std::vector<int64_t>> rows;
-      muon::dist::ShardedOptions so;
+      muon::distributed::ShardedOptions so;
       for (size_t k = 0; k < kModel.size(); ++k) {
         const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
-        rows.push_back(muon::dist::balanced_split_sizes(block.size(0), dp.size()));
-        params.push_back(muon::dist::local_rows(block, rows[k], dp.rank()).requires_grad_(true));
+        rows.push_back(muon::distributed::balanced_split_sizes(block.size(0), dp.size()));
+        params.push_back(muon::distributed::local_rows(block, rows[k], dp.rank()).requires_grad_(true));
         so.shard(params[k], RowShard(block.sizes().vec(), dp)
-                                .tensor_parallel(muon::dist::TensorParallelShard(
+                                .tensor_parallel(muon::distributed::TensorParallelShard(
                                                      kModel[k].shape, kModel[k].dim, tp),
                                                  tp_mode));
       }
       AdaptiveMuon opt({OptimizerParamGroup(params)}, options(), adaptive(mode),
-                       muon::dist::make_orthogonalizer(so));
+                       muon::distributed::make_orthogonalizer(so));
       expect_steps_equal(
           opt, params,
           [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& full) {
-            return muon::dist::local_rows(block_of(full, kModel[k].dim, tp.rank(), tp.size()),
+            return muon::distributed::local_rows(block_of(full, kModel[k].dim, tp.rank(), tp.size()),
                                           rows[k], dp.rank());
           },
           reference,
-          mode + " 2-D " + muon::dist::to_string(tp_mode) + " rank " + std::to_string(world.rank()));
+          mode + " 2-D " + muon::distributed::to_string(tp_mode) + " rank " + std::to_string(world.rank()));
     });
   }
 }

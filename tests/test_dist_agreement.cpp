@@ -11,18 +11,18 @@
 
 #include "dist_util.h"
 #include "muon/config.h"
-#include "muon/dist/layouts/layerwise.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel.h"
-#include "muon/dist/runtime/agreement.h"
+#include "muon/distributed/layouts/layerwise.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/runtime/agreement.h"
 #include "muon/optim/hybrid.h"
 
 namespace muon::test {
 namespace {
 
-using dist::AgreementItem;
-using dist::Group;
+using distributed::AgreementItem;
+using distributed::Group;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
 // Every rank threw, and every message holds each of `parts`.
@@ -46,7 +46,7 @@ Named model(int64_t width = 16) {
   return named;
 }
 
-dist::InnerOptimizerFactory hybrid(double muon_lr) {
+distributed::InnerOptimizerFactory hybrid(double muon_lr) {
   return [muon_lr](const Named& owned) -> std::unique_ptr<torch::optim::Optimizer> {
     MuonWithAdamWOptions o;
     o.muon(MuonOptions(muon_lr));
@@ -57,13 +57,13 @@ dist::InnerOptimizerFactory hybrid(double muon_lr) {
 
 TEST(RanksAgree, EqualItemsPassAndTheFirstDifferenceIsNamedTheSameEverywhere) {
   run_ranks(3, [](Group& group) {
-    dist::check_ranks_agree(group, {{"lr of param group 0", "0.02"}, {"momentum", "0.95"}},
+    distributed::check_ranks_agree(group, {{"lr of param group 0", "0.02"}, {"momentum", "0.95"}},
                             "[test] ", "hint");
   });
   // Rank 2 differs in two items: the first (in order) is named, against rank 0.
   const auto errors = run_ranks_collect(3, [](Group& group) {
     const bool odd = group.rank() == 2;
-    dist::check_ranks_agree(group,
+    distributed::check_ranks_agree(group,
                             {{"steps", "5"},
                              {"lr of param group 0", odd ? "0.01" : "0.02"},
                              {"momentum", odd ? "0.9" : "0.95"}},
@@ -76,13 +76,13 @@ TEST(RanksAgree, EqualItemsPassAndTheFirstDifferenceIsNamedTheSameEverywhere) {
   const auto missing = run_ranks_collect(2, [](Group& group) {
     std::vector<AgreementItem> items{{"parameter 'a'", "shape [2]"}};
     if (group.rank() == 0) items.push_back({"parameter 'b'", "shape [3]"});
-    dist::check_ranks_agree(group, items, "[test] ", "same model");
+    distributed::check_ranks_agree(group, items, "[test] ", "same model");
   });
   expect_everywhere(missing, {"rank 1 lists 1, rank 0 lists 2",
                               "the first missing on rank 1 is parameter 'b' (shape [3])"});
   // Values are clipped in the message.
   const auto long_value = run_ranks_collect(2, [](Group& group) {
-    dist::check_ranks_agree(group, {{"x", std::string(100000, group.rank() == 0 ? 'a' : 'b')}},
+    distributed::check_ranks_agree(group, {{"x", std::string(100000, group.rank() == 0 ? 'a' : 'b')}},
                             "[test] ", "h");
   });
   for (const auto& e : long_value) EXPECT_LT(e.size(), 1000u) << e.size();
@@ -92,9 +92,9 @@ TEST(RanksAgree, LayerwiseNamesAnotherLearningRate) {
   // The case that trained apart silently: rank 1 built with lr 0.01.
   const auto errors = run_ranks_collect(2, [](Group& group) {
     auto named = model();
-    dist::LayerwiseOptimizer opt(named, group, hybrid(group.rank() == 1 ? 0.01 : 0.02));
+    distributed::LayerwiseOptimizer opt(named, group, hybrid(group.rank() == 1 ? 0.01 : 0.02));
   });
-  expect_everywhere(errors, {"[muon::dist::LayerwiseOptimizer]", "lr of param group ",
+  expect_everywhere(errors, {"[muon::distributed::LayerwiseOptimizer]", "lr of param group ",
                              " is 0.01 on rank 1, 0.02 on rank 0", "same settings"});
 }
 
@@ -102,7 +102,7 @@ TEST(RanksAgree, LayerwiseNamesAParameterOfAnotherShape) {
   const auto errors = run_ranks_collect(2, [](Group& group) {
     auto named = model();
     if (group.rank() == 1) named["blocks.0.attn.w"] = seeded_randn({16, 8}, 2).set_requires_grad(true);
-    dist::LayerwiseOptimizer opt(named, group, hybrid(0.02));
+    distributed::LayerwiseOptimizer opt(named, group, hybrid(0.02));
   });
   expect_everywhere(errors, {"parameter 'blocks.0.attn.w' is shape [16, 8], Float on rank 1, "
                              "shape [16, 16], Float on rank 0"});
@@ -111,8 +111,8 @@ TEST(RanksAgree, LayerwiseNamesAParameterOfAnotherShape) {
 TEST(RanksAgree, LayerwiseNamesTheLayoutOptions) {
   const auto errors = run_ranks_collect(2, [](Group& group) {
     auto named = model();
-    dist::LayerwiseOptimizer opt(named, group, hybrid(0.02),
-                                 dist::LayerwiseOptions().max_in_flight(group.rank() == 1 ? 0 : 2));
+    distributed::LayerwiseOptimizer opt(named, group, hybrid(0.02),
+                                 distributed::LayerwiseOptions().max_in_flight(group.rank() == 1 ? 0 : 2));
   });
   expect_everywhere(errors, {"max_in_flight of the layer-wise layout is 0 on rank 1, 2 on rank 0"});
 }
@@ -122,7 +122,7 @@ TEST(RanksAgree, ReplicatedParametersMustStartEqual) {
   const auto errors = run_ranks_collect(2, [](Group& group) {
     auto named = model();
     if (group.rank() == 1) named["blocks.0.mlp.w"].detach().add_(1e-6);
-    dist::LayerwiseOptimizer opt(named, group, hybrid(0.02));
+    distributed::LayerwiseOptimizer opt(named, group, hybrid(0.02));
   });
   expect_everywhere(errors, {"the checksum of the values of parameter 'blocks.0.mlp.w' is ",
                              "broadcast_parameters"});
@@ -132,19 +132,19 @@ TEST(RanksAgree, ReplicatedParametersMustStartEqual) {
     if (group.rank() == 1) {
       for (auto& item : named) item.value().detach().normal_();
     }
-    dist::broadcast_parameters(named, group);
+    distributed::broadcast_parameters(named, group);
     const auto reference = model();
     for (const auto& item : named) EXPECT_TRUE(at::equal(item.value(), reference[item.key()])) << item.key();
-    dist::LayerwiseOptimizer opt(named, group, hybrid(0.02));
+    distributed::LayerwiseOptimizer opt(named, group, hybrid(0.02));
   });
 }
 
 TEST(RanksAgree, BroadcastNamesAModelOfAnotherShape) {
   const auto errors = run_ranks_collect(2, [](Group& group) {
     auto named = model(group.rank() == 1 ? 8 : 16);
-    dist::broadcast_parameters(named, group);
+    distributed::broadcast_parameters(named, group);
   });
-  expect_everywhere(errors, {"[muon::dist::broadcast_parameters]",
+  expect_everywhere(errors, {"[muon::distributed::broadcast_parameters]",
                              "parameter 'wte.weight' is shape [24, 8], Float on rank 1, "
                              "shape [24, 16], Float on rank 0"});
 }
@@ -155,11 +155,11 @@ TEST(RanksAgree, MakeOptimizerNamesTheConfigField) {
     OptimizerConfig config;
     config.set("optimizer", "muon").set("layout", "layerwise");
     config.set("lr", group.rank() == 1 ? 0.01 : 0.02);
-    dist::DistributedLayout layout;
+    distributed::DistributedLayout layout;
     layout.group = group;
-    dist::make_optimizer(named, config, layout);
+    distributed::make_optimizer(named, config, layout);
   });
-  expect_everywhere(errors, {"[muon::dist::make_optimizer]", "config field 'lr' is 0.01 on rank 1, "
+  expect_everywhere(errors, {"[muon::distributed::make_optimizer]", "config field 'lr' is 0.01 on rank 1, "
                              "0.02 on rank 0"});
 }
 
@@ -167,23 +167,23 @@ TEST(RanksAgree, ShardedNamesTheMomentum) {
   const auto errors = run_ranks_collect(2, [](Group& group) {
     // Rows 4r..4r+3 of one 8 × 4 matrix on each rank.
     auto p = seeded_randn({8, 4}, 5).narrow(0, 4 * group.rank(), 4).clone().requires_grad_(true);
-    dist::ShardedMuon opt(std::vector<at::Tensor>{p}, {dist::RowShard({8, 4}, group)},
+    distributed::ShardedMuon opt(std::vector<at::Tensor>{p}, {distributed::RowShard({8, 4}, group)},
                           MuonOptions(0.02).momentum(group.rank() == 1 ? 0.9 : 0.95));
   });
-  expect_everywhere(errors, {"[muon::dist::ShardedMuon]", "momentum of param group 0 is 0.9 on "
+  expect_everywhere(errors, {"[muon::distributed::ShardedMuon]", "momentum of param group 0 is 0.9 on "
                              "rank 1, 0.95 on rank 0"});
 }
 
 TEST(RanksAgree, TensorParallelNamesTheNewtonSchulzSteps) {
   const auto errors = run_ranks_collect(2, [](Group& group) {
     auto p = seeded_randn({8, 4}, 6).narrow(0, 4 * group.rank(), 4).clone().requires_grad_(true);
-    dist::TensorParallelOptions tp;
-    tp.shard(p, dist::TensorParallelShard({8, 4}, 0, group));
+    distributed::TensorParallelOptions tp;
+    tp.shard(p, distributed::TensorParallelShard({8, 4}, 0, group));
     MuonOptions o(0.02);
     o.ns().steps(group.rank() == 1 ? 4 : 5);
-    dist::TensorParallelMuon opt(std::vector<at::Tensor>{p}, o, tp);
+    distributed::TensorParallelMuon opt(std::vector<at::Tensor>{p}, o, tp);
   });
-  expect_everywhere(errors, {"[muon::dist::TensorParallelMuon]",
+  expect_everywhere(errors, {"[muon::distributed::TensorParallelMuon]",
                              "ns_steps of the param group of sharded parameter 0 is 4 on rank 1, "
                              "5 on rank 0"});
 }
@@ -196,14 +196,14 @@ TEST(RanksAgree, TwoDimensionalLayoutRaisesOnEveryRank) {
     // An 8 × 8 matrix: rows split over TP (4 each), then over DP (2 each).
     auto block = seeded_randn({8, 8}, 7).narrow(0, 4 * tp.rank(), 4);
     auto p = block.narrow(0, 2 * dp.rank(), 2).clone().requires_grad_(true);
-    dist::ShardedMuon opt(
+    distributed::ShardedMuon opt(
         std::vector<at::Tensor>{p},
-        {dist::RowShard({4, 8}, dp).tensor_parallel(dist::TensorParallelShard({8, 8}, 0, tp),
-                                                    dist::TensorParallelMode::kDuplicated)},
+        {distributed::RowShard({4, 8}, dp).tensor_parallel(distributed::TensorParallelShard({8, 8}, 0, tp),
+                                                    distributed::TensorParallelMode::kDuplicated)},
         MuonOptions(world.rank() == 3 ? 0.01 : 0.02));
   });
   for (size_t r = 0; r < errors.size(); ++r) {
-    EXPECT_NE(errors[r].find("[muon::dist::ShardedMuon]"), std::string::npos) << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("[muon::distributed::ShardedMuon]"), std::string::npos) << r << ": " << errors[r];
   }
   // World ranks 1 and 3 (ranks 0 and 1 of one data-parallel group) name the
   // difference; ranks 0 and 2 name the peer that found it.

@@ -5,16 +5,16 @@
 #include <numeric>
 #include <vector>
 
-#include "muon/dist/layouts/assignment.h"
+#include "muon/distributed/layouts/assignment.h"
 
 namespace {
 
-using muon::dist::assign_owners;
-using muon::dist::owner_loads;
+using muon::distributed::assign_owners;
+using muon::distributed::owner_loads;
 
 TEST(Assignment, CostIsMaxTimesMinSquared) {
-  EXPECT_DOUBLE_EQ(muon::dist::newton_schulz_cost(512, 2048), 2048.0 * 512 * 512);
-  EXPECT_DOUBLE_EQ(muon::dist::newton_schulz_cost(2048, 512), 2048.0 * 512 * 512);
+  EXPECT_DOUBLE_EQ(muon::distributed::newton_schulz_cost(512, 2048), 2048.0 * 512 * 512);
+  EXPECT_DOUBLE_EQ(muon::distributed::newton_schulz_cost(2048, 512), 2048.0 * 512 * 512);
 }
 
 TEST(Assignment, LongestFirstToLeastLoaded) {
@@ -41,7 +41,7 @@ TEST(Assignment, BalancedOnTheReferenceModel) {
   for (int layer = 0; layer < 8; ++layer) {
     for (const auto& [m, n] : std::vector<std::pair<int64_t, int64_t>>{
              {1536, 512}, {512, 512}, {2048, 512}, {512, 2048}}) {
-      costs.push_back(muon::dist::newton_schulz_cost(m, n));
+      costs.push_back(muon::distributed::newton_schulz_cost(m, n));
     }
   }
   const double total = std::accumulate(costs.begin(), costs.end(), 0.0);

@@ -5,7 +5,7 @@
 // uneven, empty), blockwise (each block a matrix of its own), row shards
 // (owner-compute and replicated, uneven, empty), the 2-D layout and
 // layerwise give the parameters of one process. Built from configs through
-// muon::dist::make_optimizer; ranks are threads over real Gloo groups.
+// muon::distributed::make_optimizer; ranks are threads over real Gloo groups.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -14,17 +14,17 @@
 
 #include "dist_util.h"
 #include "muon/config.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/registry.h"
 
 namespace muon::test {
 namespace {
 
-using muon::dist::Group;
-using muon::dist::RowShard;
+using muon::distributed::Group;
+using muon::distributed::RowShard;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 using Part = std::function<at::Tensor(size_t, const at::Tensor&)>;
 
@@ -52,8 +52,8 @@ OptimizerConfig config_of(const std::string& name, const std::string& layout) {
 }
 
 at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
-  const auto sizes = muon::dist::balanced_split_sizes(full.size(dim), size);
-  return full.narrow(dim, muon::dist::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
+  const auto sizes = muon::distributed::balanced_split_sizes(full.size(dim), size);
+  return full.narrow(dim, muon::distributed::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
       .contiguous();
 }
 
@@ -115,14 +115,14 @@ TEST_P(CautiousLayouts, TensorParallelEqualsOneProcess) {
           return block_of(t, kModel[k].dim, group.rank(), world);
         };
         auto named = named_model(part);
-        muon::dist::DistributedLayout layout;
+        muon::distributed::DistributedLayout layout;
         for (size_t k = 0; k < kModel.size(); ++k) {
           layout.tensor_parallel.emplace(
-              name_of(k), muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+              name_of(k), muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
         }
         auto config = config_of(name, "tensor_parallel");
         config.set("muon_tp_mode", tp_mode);
-        auto opt = muon::dist::make_optimizer(named, config, layout);
+        auto opt = muon::distributed::make_optimizer(named, config, layout);
         run_steps(*opt, named, part);
         expect_parts_equal(named, part, reference,
                            name + " tp " + tp_mode + " world " + std::to_string(world) + " rank " +
@@ -161,14 +161,14 @@ TEST_P(CautiousLayouts, BlockwiseEqualsOneProcessOnTheBlocks) {
       return block_of(t, kModel[k].dim, group.rank(), world);
     };
     auto named = named_model(part);
-    muon::dist::DistributedLayout layout;
+    muon::distributed::DistributedLayout layout;
     for (size_t k = 0; k < kModel.size(); ++k) {
       layout.tensor_parallel.emplace(
-          name_of(k), muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+          name_of(k), muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
     }
     auto config = config_of(name, "tensor_parallel");
     config.set("muon_tp_mode", "blockwise");
-    auto opt = muon::dist::make_optimizer(named, config, layout);
+    auto opt = muon::distributed::make_optimizer(named, config, layout);
     run_steps(*opt, named, part);
     for (size_t k = 0; k < kModel.size(); ++k) {
       const auto key = name_of(k) + "." + std::to_string(group.rank());
@@ -189,16 +189,16 @@ TEST_P(CautiousLayouts, RowShardsEqualOneProcess) {
     for (int world = 2; world <= 4; ++world) {
       run_ranks(world, [&](Group& group) {
         const Part part = [&](size_t k, const at::Tensor& t) {
-          return muon::dist::local_rows(
-              t, muon::dist::balanced_split_sizes(kModel[k].shape[0], world), group.rank());
+          return muon::distributed::local_rows(
+              t, muon::distributed::balanced_split_sizes(kModel[k].shape[0], world), group.rank());
         };
         auto named = named_model(part);
-        muon::dist::DistributedLayout layout;
+        muon::distributed::DistributedLayout layout;
         for (size_t k = 0; k < kModel.size(); ++k)
           layout.row_shards.emplace(name_of(k), RowShard(kModel[k].shape, group));
         auto config = config_of(name, "sharded");
         config.set("layout_sharded_mode", sharded_mode);
-        auto opt = muon::dist::make_optimizer(named, config, layout);
+        auto opt = muon::distributed::make_optimizer(named, config, layout);
         run_steps(*opt, named, part);
         expect_parts_equal(named, part, reference,
                            name + " " + sharded_mode + " world " + std::to_string(world) +
@@ -215,20 +215,20 @@ TEST_P(CautiousLayouts, TwoDimensionalEqualsOneProcess) {
     const auto [dp, tp] = world.mesh(2, 2);
     const Part part = [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& t) {
       const auto block = block_of(t, kModel[k].dim, tp.rank(), tp.size());
-      return muon::dist::local_rows(
-          block, muon::dist::balanced_split_sizes(block.size(0), dp.size()), dp.rank());
+      return muon::distributed::local_rows(
+          block, muon::distributed::balanced_split_sizes(block.size(0), dp.size()), dp.rank());
     };
     auto named = named_model(part);
-    muon::dist::DistributedLayout layout;
+    muon::distributed::DistributedLayout layout;
     for (size_t k = 0; k < kModel.size(); ++k) {
       const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
       layout.row_shards.emplace(
           name_of(k),
           RowShard(block.sizes().vec(), dp)
-              .tensor_parallel(muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, tp),
-                               muon::dist::TensorParallelMode::kDistributed));
+              .tensor_parallel(muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, tp),
+                               muon::distributed::TensorParallelMode::kDistributed));
     }
-    auto opt = muon::dist::make_optimizer(named, config_of(name, "sharded"), layout);
+    auto opt = muon::distributed::make_optimizer(named, config_of(name, "sharded"), layout);
     run_steps(*opt, named, part);
     expect_parts_equal(named, part, reference, name + " 2-D rank " + std::to_string(world.rank()));
   });
@@ -241,9 +241,9 @@ TEST_P(CautiousLayouts, LayerwiseEqualsOneProcess) {
     run_ranks(world, [&](Group& group) {
       const Part whole = [](size_t, const at::Tensor& t) { return t; };
       auto named = named_model(whole);
-      muon::dist::DistributedLayout layout;
+      muon::distributed::DistributedLayout layout;
       layout.group = group;
-      auto opt = muon::dist::make_optimizer(named, config_of(name, "layerwise"), layout);
+      auto opt = muon::distributed::make_optimizer(named, config_of(name, "layerwise"), layout);
       run_steps(*opt, named, whole);
       // The owner runs one process's arithmetic on the same whole matrix.
       for (size_t k = 0; k < kModel.size(); ++k) {

@@ -19,17 +19,17 @@
 
 #include "dist_util.h"
 #include "expect_util.h"
-#include "muon/dist/checkpoints/checkpoint.h"
-#include "muon/dist/layouts/sharded_data_parallel.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
+#include "muon/distributed/layouts/sharded_data_parallel.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
 
 namespace {
 
 using muon::OptimizerConfig;
-using muon::dist::Group;
-using muon::dist::ShardedDataParallel;
-using muon::dist::ShardedDataParallelOptions;
+using muon::distributed::Group;
+using muon::distributed::ShardedDataParallel;
+using muon::distributed::ShardedDataParallelOptions;
 using muon::test::ParamSpec;
 using muon::test::seeded_randn;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
@@ -215,12 +215,12 @@ TEST_P(DataParallelEquality, EqualsOneProcessWithTheAveragedGradient) {
 
 INSTANTIATE_TEST_SUITE_P(
     ConfigsWorldsBuckets, DataParallelEquality,
-    ::testing::Values(EqualityCase{"muon", 2, muon::dist::kDefaultDataParallelBucketBytes},
-                      EqualityCase{"muon", 3, muon::dist::kDefaultDataParallelBucketBytes},
+    ::testing::Values(EqualityCase{"muon", 2, muon::distributed::kDefaultDataParallelBucketBytes},
+                      EqualityCase{"muon", 3, muon::distributed::kDefaultDataParallelBucketBytes},
                       EqualityCase{"muon", 3, 64},  // a bucket per parameter: overlap path
-                      EqualityCase{"adamw", 2, muon::dist::kDefaultDataParallelBucketBytes},
+                      EqualityCase{"adamw", 2, muon::distributed::kDefaultDataParallelBucketBytes},
                       EqualityCase{"adamw", 3, 100},
-                      EqualityCase{"sgd", 2, muon::dist::kDefaultDataParallelBucketBytes},
+                      EqualityCase{"sgd", 2, muon::distributed::kDefaultDataParallelBucketBytes},
                       EqualityCase{"sgd", 3, 100}),
     [](const auto& info) {
       return info.param.config + "_" + std::to_string(info.param.world) + "ranks_" +
@@ -316,20 +316,20 @@ TEST(DataParallel, TwoDimensionalEqualsOneProcessOnWholeMatrices) {
   auto block = [&](const at::Tensor& t, const std::string& name, int tp_rank) {
     const auto it = partition.find(name);
     if (it == partition.end()) return t;
-    const auto sizes = muon::dist::balanced_split_sizes(t.size(it->second), kTp);
-    return t.narrow(it->second, muon::dist::split_offset(sizes, tp_rank), sizes[static_cast<size_t>(tp_rank)]);
+    const auto sizes = muon::distributed::balanced_split_sizes(t.size(it->second), kTp);
+    return t.narrow(it->second, muon::distributed::split_offset(sizes, tp_rank), sizes[static_cast<size_t>(tp_rank)]);
   };
   muon::test::run_ranks(kDp * kTp, [&](Group& world) {
     auto [dp_group, tp_group] = world.mesh(kDp, kTp);
     const int d = dp_group.rank();
     const int t = tp_group.rank();
     Named named;
-    std::map<std::string, muon::dist::TensorParallelShard> tp;
+    std::map<std::string, muon::distributed::TensorParallelShard> tp;
     auto initial = make_params(whole_model);
     for (const auto& spec : whole_model) {
       named.insert(spec.name, block(initial[spec.name].detach(), spec.name, t).clone().requires_grad_(true));
       const auto it = partition.find(spec.name);
-      if (it != partition.end()) tp.emplace(spec.name, muon::dist::TensorParallelShard(spec.shape, it->second, tp_group));
+      if (it != partition.end()) tp.emplace(spec.name, muon::distributed::TensorParallelShard(spec.shape, it->second, tp_group));
     }
     ShardedDataParallel dp(named, muon_config(), dp_group, tp);
     EXPECT_EQ(dp.layout().row_shards.at("blocks.0.fc1.weight").global_shape(), (std::vector<int64_t>{5, 6}));
@@ -371,7 +371,7 @@ TEST(DataParallel, CheckpointSavedAtTwoRanksLoadsAtThree) {
     for (const auto& item : expected) expected_at_save[item.key()].detach().copy_(item.value().detach());
     reference_steps(expected, *opt, kModel, kSaved, kSaved + kLater, 3);
   }
-  const auto options = muon::dist::CheckpointOptions().fsync(false);
+  const auto options = muon::distributed::CheckpointOptions().fsync(false);
   Named saved;  // the full parameters of the 2-rank run when it saved
   muon::test::run_ranks(2, [&](Group& group) {
     auto named = make_params(kModel);
@@ -380,12 +380,12 @@ TEST(DataParallel, CheckpointSavedAtTwoRanksLoadsAtThree) {
     if (group.rank() == 0) {
       for (const auto& item : named) saved.insert(item.key(), item.value().detach().clone());
     }
-    muon::dist::save_checkpoint(dir.string(), dp.shards(), dp.optimizer(), kSaved, dp.layout(), "", options);
+    muon::distributed::save_checkpoint(dir.string(), dp.shards(), dp.optimizer(), kSaved, dp.layout(), "", options);
   });
   muon::test::run_ranks(3, [&](Group& group) {
     auto named = make_params(kModel, /*seed=*/777);  // other values: all must come from the checkpoint
     ShardedDataParallel dp(named, config, group);
-    const auto info = muon::dist::load_checkpoint(dir.string(), dp.shards(), dp.optimizer(), dp.layout(), options);
+    const auto info = muon::distributed::load_checkpoint(dir.string(), dp.shards(), dp.optimizer(), dp.layout(), options);
     EXPECT_EQ(info.step, kSaved);
     EXPECT_EQ(info.world_size, 2);
     dp.gather_parameters();
@@ -441,7 +441,7 @@ void expect_same_error_everywhere(const Caught& caught, const std::vector<std::s
   for (size_t r = 0; r < caught.messages.size(); ++r) {
     EXPECT_EQ(caught.messages[r], caught.messages[0]) << "rank " << r;
   }
-  EXPECT_EQ(caught.messages[0].rfind("[muon::dist::ShardedDataParallel] ", 0), 0U) << caught.messages[0];
+  EXPECT_EQ(caught.messages[0].rfind("[muon::distributed::ShardedDataParallel] ", 0), 0U) << caught.messages[0];
   EXPECT_LT(caught.messages[0].size(), 400U) << caught.messages[0];
   for (const auto& p : parts) EXPECT_NE(caught.messages[0].find(p), std::string::npos) << caught.messages[0];
 }
@@ -530,7 +530,7 @@ TEST(DataParallel, BadArgumentsRaiseNamingThem) {
   });
   EXPECT_NE(message.find("bucket_bytes"), std::string::npos) << message;
   EXPECT_NE(message.find("got 0"), std::string::npos) << message;
-  EXPECT_EQ(message.rfind("[muon::dist::ShardedDataParallel] ", 0), 0U) << message;
+  EXPECT_EQ(message.rfind("[muon::distributed::ShardedDataParallel] ", 0), 0U) << message;
 
   Named scalar;
   scalar.insert("temperature", at::ones({}).requires_grad_(true));
@@ -546,8 +546,8 @@ TEST(DataParallel, BadArgumentsRaiseNamingThem) {
   });
   EXPECT_NE(message.find("'layerwise'"), std::string::npos) << message;
 
-  std::map<std::string, muon::dist::TensorParallelShard> tp{
-      {"no.such.weight", muon::dist::TensorParallelShard({4, 4}, 0, single)}};
+  std::map<std::string, muon::distributed::TensorParallelShard> tp{
+      {"no.such.weight", muon::distributed::TensorParallelShard({4, 4}, 0, single)}};
   message = muon::test::error_of([&] { ShardedDataParallel dp(named, muon_config(), single, tp); });
   EXPECT_NE(message.find("'no.such.weight'"), std::string::npos) << message;
 

@@ -1,4 +1,4 @@
-// muon::dist::Group: collectives, byte counts, sub-groups, timeouts and
+// muon::distributed::Group: collectives, byte counts, sub-groups, timeouts and
 // init_from_env, with ranks as threads over real Gloo process groups.
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -11,12 +11,12 @@
 
 #include "dist_util.h"
 #include "env_util.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/runtime/group.h"
 
 namespace {
 
-using muon::dist::Group;
-using muon::dist::GroupOptions;
+using muon::distributed::Group;
+using muon::distributed::GroupOptions;
 using muon::test::run_ranks;
 using muon::test::run_ranks_collect;
 
@@ -201,7 +201,7 @@ TEST(DistGroup, DeadRankMakesOthersTimeOut) {
 std::string init_error(std::vector<std::pair<std::string, std::string>> vars) {
   muon::test::ScopedRendezvousEnv guard(std::move(vars));
   try {
-    muon::dist::init_from_env();
+    muon::distributed::init_from_env();
   } catch (const c10::ValueError& e) {
     return e.what_without_backtrace();
   }
@@ -230,7 +230,7 @@ TEST(DistInitFromEnv, MissingOrInconsistentVariablesRaiseNamingThem) {
 
 TEST(DistInitFromEnv, WorldSizeOneIsTheSingleRankGroup) {
   muon::test::ScopedRendezvousEnv guard({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"LOCAL_RANK", "0"}});
-  auto g = muon::dist::init_from_env();
+  auto g = muon::distributed::init_from_env();
   EXPECT_EQ(g.size(), 1);
   EXPECT_EQ(g.backend_name(), "none");
 }

@@ -22,18 +22,18 @@
 #include "dist_util.h"
 #include "expect_util.h"
 #include "muon/config.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel.h"
-#include "muon/dist/layouts/tensor_parallel_layers.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/layouts/tensor_parallel_layers.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/registry.h"
 
 namespace muon::test {
 namespace {
 
-using muon::dist::Group;
-using muon::dist::RowShard;
+using muon::distributed::Group;
+using muon::distributed::RowShard;
 using torch::optim::OptimizerParamGroup;
 using Part = std::function<at::Tensor(size_t, const at::Tensor&)>;
 
@@ -57,8 +57,8 @@ at::Tensor full_grad(size_t k, int64_t step) {
 MuonOptions options() { return MuonOptions(0.02).weight_decay(0.1).num_heads(kHeads); }
 
 at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
-  const auto sizes = muon::dist::balanced_split_sizes(full.size(dim), size);
-  return full.narrow(dim, muon::dist::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
+  const auto sizes = muon::distributed::balanced_split_sizes(full.size(dim), size);
+  return full.narrow(dim, muon::distributed::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
       .contiguous();
 }
 
@@ -105,14 +105,14 @@ TEST(HeadsLayouts, TensorParallelEqualsOneProcess) {
           return block_of(t, kModel[k].dim, group.rank(), world);
         };
         std::vector<at::Tensor> params;
-        muon::dist::TensorParallelOptions tp;
+        muon::distributed::TensorParallelOptions tp;
         tp.mode(mode);
         for (size_t k = 0; k < kModel.size(); ++k) {
           params.push_back(part(k, full_param(k)).requires_grad_(true));
           tp.shard(params.back(),
-                   muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+                   muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
         }
-        Muon opt({OptimizerParamGroup(params)}, options(), muon::dist::make_orthogonalizer(tp));
+        Muon opt({OptimizerParamGroup(params)}, options(), muon::distributed::make_orthogonalizer(tp));
         run_steps(opt, params, part);
         const auto what =
             mode + " world " + std::to_string(world) + " rank " + std::to_string(group.rank());
@@ -132,17 +132,17 @@ TEST(HeadsLayouts, TensorParallelEqualsOneProcess) {
 // heads, one process's bits in every mode.
 TEST(HeadsLayouts, MainJobQkvSplitByHeadsEqualsOneProcess) {
   const auto reference = single_process();
-  const auto rows = muon::dist::rows_per_rank_by_heads(kHeads, 9, 3);
+  const auto rows = muon::distributed::rows_per_rank_by_heads(kHeads, 9, 3);
   ASSERT_EQ(rows, (std::vector<int64_t>{18, 9, 9}));
   for (const std::string mode : {"duplicated", "distributed", "blockwise"}) {
     run_ranks(3, [&](Group& group) {
       const Part part = [&](size_t, const at::Tensor& t) {
-        return muon::dist::local_rows(t, rows, group.rank());
+        return muon::distributed::local_rows(t, rows, group.rank());
       };
       std::vector<at::Tensor> params{part(0, full_param(0)).requires_grad_(true)};
-      muon::dist::TensorParallelOptions tp;
-      tp.mode(mode).shard(params[0], muon::dist::TensorParallelShard(kModel[0].shape, 0, group));
-      Muon opt({OptimizerParamGroup(params)}, options(), muon::dist::make_orthogonalizer(tp));
+      muon::distributed::TensorParallelOptions tp;
+      tp.mode(mode).shard(params[0], muon::distributed::TensorParallelShard(kModel[0].shape, 0, group));
+      Muon opt({OptimizerParamGroup(params)}, options(), muon::distributed::make_orthogonalizer(tp));
       run_steps(opt, params, part);
       expect_part(params[0], part(0, reference[0].detach()), reference[0], true,
                   "main job QKV " + mode + " rank " + std::to_string(group.rank()));
@@ -170,14 +170,14 @@ TEST(HeadsLayouts, BlockwiseEqualsOneProcess) {
         return block_of(t, kModel[k].dim, group.rank(), world);
       };
       std::vector<at::Tensor> params;
-      muon::dist::TensorParallelOptions tp;
+      muon::distributed::TensorParallelOptions tp;
       tp.mode("blockwise");
       for (size_t k = 0; k < kModel.size(); ++k) {
         params.push_back(part(k, full_param(k)).requires_grad_(true));
         tp.shard(params.back(),
-                 muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+                 muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
       }
-      Muon opt({OptimizerParamGroup(params)}, options(), muon::dist::make_orthogonalizer(tp));
+      Muon opt({OptimizerParamGroup(params)}, options(), muon::distributed::make_orthogonalizer(tp));
       run_steps(opt, params, part);
       const auto what =
           "blockwise world " + std::to_string(world) + " rank " + std::to_string(group.rank());
@@ -195,10 +195,10 @@ TEST(HeadsLayouts, StraddlingHeadsAreRefused) {
     run_ranks(3, [&](Group& group) {
       // 36 rows over 3 ranks: 12 each; 4 heads of 9 rows straddle.
       auto p = block_of(full_param(0), 0, group.rank(), 3).requires_grad_(true);
-      muon::dist::TensorParallelOptions tp;
-      tp.mode(mode).shard(p, muon::dist::TensorParallelShard({36, 12}, 0, group));
+      muon::distributed::TensorParallelOptions tp;
+      tp.mode(mode).shard(p, muon::distributed::TensorParallelShard({36, 12}, 0, group));
       expect_value_error(
-          [&] { Muon({OptimizerParamGroup({p})}, options(), muon::dist::make_orthogonalizer(tp)); },
+          [&] { Muon({OptimizerParamGroup({p})}, options(), muon::distributed::make_orthogonalizer(tp)); },
           {"num_heads 4", "9 rows", "straddles", "[12, 12, 12]"});
     });
   }
@@ -212,19 +212,19 @@ TEST(HeadsLayouts, RowShardsEqualOneProcess) {
         // Row shards that split heads (one row moved from the last rank to
         // the first): the whole matrix is gathered first.
         const Part part = [&](size_t k, const at::Tensor& t) {
-          auto rows = muon::dist::balanced_split_sizes(kModel[k].shape[0], world);
+          auto rows = muon::distributed::balanced_split_sizes(kModel[k].shape[0], world);
           rows.front() += 1;
           rows.back() -= 1;
-          return muon::dist::local_rows(t, rows, group.rank());
+          return muon::distributed::local_rows(t, rows, group.rank());
         };
         std::vector<at::Tensor> params;
-        muon::dist::ShardedOptions so;
+        muon::distributed::ShardedOptions so;
         so.mode(mode);
         for (size_t k = 0; k < kModel.size(); ++k) {
           params.push_back(part(k, full_param(k)).requires_grad_(true));
           so.shard(params.back(), RowShard(kModel[k].shape, group));
         }
-        Muon opt({OptimizerParamGroup(params)}, options(), muon::dist::make_orthogonalizer(so));
+        Muon opt({OptimizerParamGroup(params)}, options(), muon::distributed::make_orthogonalizer(so));
         run_steps(opt, params, part);
         for (size_t k = 0; k < kModel.size(); ++k) {
           // The owner (every rank, replicated) runs one process's per-head
@@ -240,32 +240,32 @@ TEST(HeadsLayouts, RowShardsEqualOneProcess) {
 
 TEST(HeadsLayouts, TwoDimensionalEqualsOneProcess) {
   const auto reference = single_process();
-  for (const auto tp_mode : {muon::dist::TensorParallelMode::kDuplicated,
-                             muon::dist::TensorParallelMode::kDistributed}) {
+  for (const auto tp_mode : {muon::distributed::TensorParallelMode::kDuplicated,
+                             muon::distributed::TensorParallelMode::kDistributed}) {
     run_ranks(4, [&](Group& world) {
       const auto [dp, tp] = world.mesh(2, 2);
       const Part part = [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& t) {
         const auto block = block_of(t, kModel[k].dim, tp.rank(), tp.size());
-        return muon::dist::local_rows(
-            block, muon::dist::balanced_split_sizes(block.size(0), dp.size()), dp.rank());
+        return muon::distributed::local_rows(
+            block, muon::distributed::balanced_split_sizes(block.size(0), dp.size()), dp.rank());
       };
       std::vector<at::Tensor> params;
-      muon::dist::ShardedOptions so;
+      muon::distributed::ShardedOptions so;
       for (size_t k = 0; k < kModel.size(); ++k) {
         const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
         params.push_back(part(k, full_param(k)).requires_grad_(true));
         so.shard(params.back(), RowShard(block.sizes().vec(), dp)
-                                    .tensor_parallel(muon::dist::TensorParallelShard(
+                                    .tensor_parallel(muon::distributed::TensorParallelShard(
                                                          kModel[k].shape, kModel[k].dim, tp),
                                                      tp_mode));
       }
-      Muon opt({OptimizerParamGroup(params)}, options(), muon::dist::make_orthogonalizer(so));
+      Muon opt({OptimizerParamGroup(params)}, options(), muon::distributed::make_orthogonalizer(so));
       run_steps(opt, params, part);
       const auto what =
-          "2-D " + muon::dist::to_string(tp_mode) + " rank " + std::to_string(world.rank());
+          "2-D " + muon::distributed::to_string(tp_mode) + " rank " + std::to_string(world.rank());
       expect_part(params[0], part(0, reference[0].detach()), reference[0], true, what + " QKV");
       expect_part(params[1], part(1, reference[1].detach()), reference[1],
-                  tp_mode == muon::dist::TensorParallelMode::kDuplicated, what + " row parallel");
+                  tp_mode == muon::distributed::TensorParallelMode::kDuplicated, what + " row parallel");
     });
   }
 }
@@ -284,9 +284,9 @@ TEST(HeadsLayouts, LayerwiseEqualsOneProcessFromAConfig) {
         params.push_back(full_param(k).requires_grad_(true));
         named.insert("blocks." + std::to_string(k) + ".weight", params.back());
       }
-      muon::dist::DistributedLayout layout;
+      muon::distributed::DistributedLayout layout;
       layout.group = group;
-      auto opt = muon::dist::make_optimizer(named, config, layout);
+      auto opt = muon::distributed::make_optimizer(named, config, layout);
       run_steps(*opt, params, [](size_t, const at::Tensor& t) { return t; });
       for (size_t k = 0; k < kModel.size(); ++k) {
         expect_part(params[k], reference[k].detach(), reference[k], true,

@@ -1,5 +1,5 @@
 // muon-launch and torchrun --no-python running a 2-rank program as real
-// processes (tests/dist/allreduce_check.cpp) over Gloo.
+// processes (tests/distributed/allreduce_check.cpp) over Gloo.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>

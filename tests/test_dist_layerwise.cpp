@@ -15,16 +15,16 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/dist/layouts/layerwise.h"
+#include "muon/distributed/layouts/layerwise.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/state_bytes.h"
 
 namespace {
 
-using muon::dist::Group;
-using muon::dist::LayerwiseOptimizer;
-using muon::dist::LayerwiseOptions;
+using muon::distributed::Group;
+using muon::distributed::LayerwiseOptimizer;
+using muon::distributed::LayerwiseOptions;
 using muon::test::ParamSpec;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
@@ -408,11 +408,11 @@ TEST(AllReduceGradients, AveragesOverRanks) {
     auto b = at::zeros({7}, at::kDouble).set_requires_grad(true);
     a.mutable_grad() = at::full({5, 3}, static_cast<double>(group.rank()));
     b.mutable_grad() = at::full({7}, 2.0 * group.rank(), at::kDouble);
-    muon::dist::all_reduce_gradients({a, b}, group, /*bucket_bytes=*/16);
+    muon::distributed::all_reduce_gradients({a, b}, group, /*bucket_bytes=*/16);
     EXPECT_TRUE(at::allclose(a.grad(), at::full({5, 3}, 1.0)));  // (0 + 1 + 2) / 3
     EXPECT_TRUE(at::allclose(b.grad(), at::full({7}, 2.0, at::kDouble)));
     auto c = at::zeros({2}).set_requires_grad(true);
-    EXPECT_THROW(muon::dist::all_reduce_gradients({c}, group), c10::ValueError);
+    EXPECT_THROW(muon::distributed::all_reduce_gradients({c}, group), c10::ValueError);
   });
 }
 

@@ -1,4 +1,4 @@
-// muon::dist::Layout: one face for every layout, and one agreement per step.
+// muon::distributed::Layout: one face for every layout, and one agreement per step.
 // Ranks are threads over real Gloo groups.
 #include <gtest/gtest.h>
 
@@ -8,16 +8,16 @@
 #include <vector>
 
 #include "dist_util.h"
-#include "muon/dist/layouts/layout.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/layout.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/optim/step_guard.h"
 
 namespace {
 
 using muon::OptimizerConfig;
-using muon::dist::Group;
-using muon::dist::Layout;
-using muon::dist::LayoutGroups;
+using muon::distributed::Group;
+using muon::distributed::Layout;
+using muon::distributed::LayoutGroups;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 using muon::test::seeded_randn;
 
@@ -49,10 +49,10 @@ OptimizerConfig config(const std::string& layout) {
 }
 
 // The tensor-parallel blocks of a 2-rank TP group: every matrix split by rows.
-muon::dist::TensorParallelShards tp_blocks(const Group& group) {
-  muon::dist::TensorParallelShards out;
+muon::distributed::TensorParallelShards tp_blocks(const Group& group) {
+  muon::distributed::TensorParallelShards out;
   for (size_t k = 0; k < 2; ++k) {
-    out.emplace(kModel[k].first, muon::dist::TensorParallelShard(kModel[k].second, 0, group));
+    out.emplace(kModel[k].first, muon::distributed::TensorParallelShard(kModel[k].second, 0, group));
   }
   return out;
 }
@@ -203,7 +203,7 @@ TEST(Layout, MissingInformationRaisesNamingIt) {
   auto named = make_params();
   try {
     Layout l(named, config("none"), LayoutGroups().row_shards({{"blocks.0.fc.weight",
-                                                               muon::dist::RowShard({8, 6}, Group::single())}}));
+                                                               muon::distributed::RowShard({8, 6}, Group::single())}}));
     ADD_FAILURE() << "no error";
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what_without_backtrace()).find("row_shards"), std::string::npos);

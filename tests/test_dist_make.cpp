@@ -18,16 +18,16 @@
 #include "archive_util.h"
 #include "dist_util.h"
 #include "expect_util.h"
-#include "muon/dist/layouts/layerwise.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/layerwise.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/groups.h"
 
 namespace {
 
 using muon::OptimizerConfig;
-using muon::dist::DistributedLayout;
-using muon::dist::Group;
+using muon::distributed::DistributedLayout;
+using muon::distributed::Group;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
 const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{
@@ -81,18 +81,18 @@ void expect_layout_equals(const Named& reference, const OptimizerConfig& c,
     const bool block_matrix = matrix && kModel[k].first.find("blocks.0.") == 0;
     auto p = full_param(k);
     if (layout_kind == "sharded" || (block_matrix && layout_kind != "layerwise")) {
-      rows[k] = muon::dist::balanced_split_sizes(kModel[k].second[0], 2);
-      p = muon::dist::local_rows(p, rows[k], group.rank());
+      rows[k] = muon::distributed::balanced_split_sizes(kModel[k].second[0], 2);
+      p = muon::distributed::local_rows(p, rows[k], group.rank());
     }
     if (layout_kind == "sharded" && matrix) {
-      layout.row_shards.emplace(kModel[k].first, muon::dist::RowShard(kModel[k].second, group));
+      layout.row_shards.emplace(kModel[k].first, muon::distributed::RowShard(kModel[k].second, group));
     } else if (layout_kind == "tensor_parallel" && block_matrix) {
-      layout.tensor_parallel.emplace(kModel[k].first, muon::dist::TensorParallelShard(kModel[k].second, 0, group));
+      layout.tensor_parallel.emplace(kModel[k].first, muon::distributed::TensorParallelShard(kModel[k].second, 0, group));
     }
     named.insert(kModel[k].first, p.requires_grad_(true));
   }
   if (layout_kind == "layerwise") layout.group = group;  // whole tensors, one owner each
-  auto opt = muon::dist::make_optimizer(named, c, layout);
+  auto opt = muon::distributed::make_optimizer(named, c, layout);
   for (int64_t s = 0; s < 3; ++s) {
     for (size_t k = 0; k < kModel.size(); ++k) {
       named[kModel[k].first].mutable_grad() =
@@ -117,8 +117,8 @@ TEST(DistMake, LayerwiseFromTheConfigEqualsSingleProcess) {
       DistributedLayout layout;
       layout.group = group;
       // The qkv rule matches nothing on ranks that do not own qkv: allowed here.
-      auto opt = muon::dist::make_optimizer(named, config("layerwise"), layout);
-      EXPECT_NE(dynamic_cast<muon::dist::LayerwiseOptimizer*>(opt.get()), nullptr);
+      auto opt = muon::distributed::make_optimizer(named, config("layerwise"), layout);
+      EXPECT_NE(dynamic_cast<muon::distributed::LayerwiseOptimizer*>(opt.get()), nullptr);
       for (int64_t s = 0; s < 3; ++s) {
         for (size_t k = 0; k < kModel.size(); ++k) named[kModel[k].first].mutable_grad() = full_grad(k, s);
         opt->step();
@@ -161,9 +161,9 @@ TEST(DistMake, LayerwiseSaveLoadThroughTheConfig) {
       return named;
     };
     auto straight = make_named();
-    auto a = muon::dist::make_optimizer(straight, config("layerwise"), layout);
+    auto a = muon::distributed::make_optimizer(straight, config("layerwise"), layout);
     auto resumed = make_named();
-    auto b = muon::dist::make_optimizer(resumed, config("layerwise"), layout);
+    auto b = muon::distributed::make_optimizer(resumed, config("layerwise"), layout);
     for (int64_t s = 0; s < 4; ++s) {
       for (size_t k = 0; k < kModel.size(); ++k) straight[kModel[k].first].mutable_grad() = full_grad(k, s);
       a->step();
@@ -173,7 +173,7 @@ TEST(DistMake, LayerwiseSaveLoadThroughTheConfig) {
       b->step();
     }
     const auto archive = muon::test::save_to_string(*b);
-    auto c = muon::dist::make_optimizer(resumed, config("layerwise"), layout);
+    auto c = muon::distributed::make_optimizer(resumed, config("layerwise"), layout);
     muon::test::load_from_string(*c, archive);
     for (int64_t s = 2; s < 4; ++s) {
       for (size_t k = 0; k < kModel.size(); ++k) resumed[kModel[k].first].mutable_grad() = full_grad(k, s);
@@ -216,15 +216,15 @@ TEST(DistMake, MissingLayoutInformationIsAnError) {
     }
   };
   // layerwise without a group; sharded without row shards; a shard of no parameter.
-  expect_error([&] { muon::dist::make_optimizer(named, config("layerwise"), {}); }, "group");
-  expect_error([&] { muon::dist::make_optimizer(named, config("sharded"), {}); }, "blocks.0.qkv.weight");
+  expect_error([&] { muon::distributed::make_optimizer(named, config("layerwise"), {}); }, "group");
+  expect_error([&] { muon::distributed::make_optimizer(named, config("sharded"), {}); }, "blocks.0.qkv.weight");
   DistributedLayout stray;
-  stray.tensor_parallel.emplace("nope.weight", muon::dist::TensorParallelShard({4, 4}, 0, Group::single()));
-  expect_error([&] { muon::dist::make_optimizer(named, config("tensor_parallel"), stray); }, "nope.weight");
+  stray.tensor_parallel.emplace("nope.weight", muon::distributed::TensorParallelShard({4, 4}, 0, Group::single()));
+  expect_error([&] { muon::distributed::make_optimizer(named, config("tensor_parallel"), stray); }, "nope.weight");
   // A TP mode without the tensor_parallel layout.
   auto tp = config("none");
   tp.set("muon_tp_mode", "distributed");
-  expect_error([&] { muon::dist::make_optimizer(named, tp, {}); }, "muon_tp_mode");
+  expect_error([&] { muon::distributed::make_optimizer(named, tp, {}); }, "muon_tp_mode");
   // Unknown layout values are rejected by the config itself.
   EXPECT_THROW(config("zero3"), c10::ValueError);
 }
@@ -252,7 +252,7 @@ TEST(DistMakeGrouped, ThePlanBuiltAsGroupsEqualsMakeOptimizer) {
   ASSERT_EQ(plan.size(), 3u);  // muon (qkv at lr 0.01), muon, adamw
   EXPECT_EQ(plan[0].optimizer, "muon");
   EXPECT_EQ(plan.back().optimizer, "adamw");
-  auto built = muon::dist::make_grouped_optimizer(plan, config("none"), DistributedLayout());
+  auto built = muon::distributed::make_grouped_optimizer(plan, config("none"), DistributedLayout());
   EXPECT_EQ(built.group_index, (std::vector<int64_t>{0, 1, 2}));
   three_steps(named, *built.optimizer);
   // The same optimizers on the same groups: bit-identical.
@@ -263,7 +263,7 @@ TEST(DistMakeGrouped, EqualGroupsStayApartAndKeepTheirOwnOptions) {
   auto named = whole_model();
   muon::GroupSpec a{"muon", {"blocks.0.fc1.weight"}, {named["blocks.0.fc1.weight"]}, {{"lr", 0.02}}};
   muon::GroupSpec b{"muon", {"blocks.0.fc2.weight"}, {named["blocks.0.fc2.weight"]}, {{"lr", 0.02}}};
-  auto built = muon::dist::make_grouped_optimizer({a, b}, config("none"), DistributedLayout());
+  auto built = muon::distributed::make_grouped_optimizer({a, b}, config("none"), DistributedLayout());
   ASSERT_EQ(built.optimizer->param_groups().size(), 2u);  // not merged although equal
   built.optimizer->param_groups()[1].options().set_lr(0.0);
   const auto fc1 = named["blocks.0.fc1.weight"].detach().clone();
@@ -282,18 +282,18 @@ TEST(DistMakeGrouped, BadSettingsNameTheGroupAndTheKey) {
   typo.params = {named["blocks.0.fc2.weight"]};
   typo.settings = {{"momentun", 0.9}};
   const auto make_good_and_typo = [&] {
-    muon::dist::make_grouped_optimizer({good, typo}, config("none"), DistributedLayout());
+    muon::distributed::make_grouped_optimizer({good, typo}, config("none"), DistributedLayout());
   };
   muon::test::expect_value_error(make_good_and_typo, {"param group 1", "did you mean 'momentum'"});
   typo.settings = {{"momentum", 1.5}};
   muon::test::expect_value_error(make_good_and_typo, {"momentum", "1.5"});
   auto twice = good;  // the same tensor in two groups
   twice.names = {"again"};
-  EXPECT_THROW(muon::dist::make_grouped_optimizer({good, twice}, config("none"), DistributedLayout()),
+  EXPECT_THROW(muon::distributed::make_grouped_optimizer({good, twice}, config("none"), DistributedLayout()),
                c10::ValueError);
 }
 
-// A c10d process group made outside muon::dist, as a program (or
+// A c10d process group made outside muon::distributed, as a program (or
 // torch.distributed) makes one: Gloo over a shared store.
 template <typename Gloo = c10d::ProcessGroupGloo>
 c10::intrusive_ptr<c10d::ProcessGroup> outside_process_group(const c10::intrusive_ptr<c10d::Store>& store,
@@ -323,7 +323,7 @@ TEST(DistMakeGrouped, LayerwiseOverAWrappedProcessGroupEqualsSingleProcess) {
     threads.emplace_back([&, r] {
       try {
         auto pg = outside_process_group(c10::make_intrusive<c10d::PrefixStore>("outside", store), r, kWorld);
-        auto group = Group::wrap(pg, muon::dist::GroupOptions().timeout(muon::test::kThreadRankTimeout));
+        auto group = Group::wrap(pg, muon::distributed::GroupOptions().timeout(muon::test::kThreadRankTimeout));
         EXPECT_EQ(group.rank(), r);
         EXPECT_EQ(group.size(), kWorld);
         EXPECT_EQ(group.backend_name(), "gloo");
@@ -335,8 +335,8 @@ TEST(DistMakeGrouped, LayerwiseOverAWrappedProcessGroupEqualsSingleProcess) {
         DistributedLayout layout;
         layout.group = group;
         const auto plan = muon::plan_groups(named, config("layerwise"));
-        auto built = muon::dist::make_grouped_optimizer(plan, config("layerwise"), layout);
-        ASSERT_NE(dynamic_cast<muon::dist::LayerwiseOptimizer*>(built.optimizer.get()), nullptr);
+        auto built = muon::distributed::make_grouped_optimizer(plan, config("layerwise"), layout);
+        ASSERT_NE(dynamic_cast<muon::distributed::LayerwiseOptimizer*>(built.optimizer.get()), nullptr);
         three_steps(named, *built.optimizer);
         // One owner per parameter runs the same code on the same data; 1e-5
         // covers BLAS summation order only (as the layer-wise tests).

@@ -1,4 +1,4 @@
-// muon::dist::distributed_newton_schulz against muon::newton_schulz on the
+// muon::distributed::distributed_newton_schulz against muon::newton_schulz on the
 // whole matrix, with ranks as threads over real Gloo process groups: every
 // coefficient set, fp32, fp64 and bf16 compute, row and column blocks.
 #include <c10/util/Exception.h>
@@ -8,14 +8,14 @@
 #include <string>
 
 #include "dist_util.h"
-#include "muon/dist/layouts/newton_schulz.h"
+#include "muon/distributed/layouts/newton_schulz.h"
 #include "muon/newton_schulz.h"
 #include "tensor_parallel_util.h"
 
 namespace muon::test {
 namespace {
 
-using muon::dist::Group;
+using muon::distributed::Group;
 
 TEST(DistributedNewtonSchulz, MatchesNewtonSchulzForEveryCoefficientSetAndBf16) {
   const auto whole = gradient(0, 99, {20, 36});
@@ -26,7 +26,7 @@ TEST(DistributedNewtonSchulz, MatchesNewtonSchulzForEveryCoefficientSetAndBf16) 
       // Default schedule (quintic): within 1e-5 of one process (orthogonalized
       // entries are O(1/sqrt(20)); reordered fp32 sums stay far below that).
       const auto ref = block_of(muon::newton_schulz(whole), dim, sizes, g.rank());
-      const auto got = muon::dist::distributed_newton_schulz(block, dim, g);
+      const auto got = muon::distributed::distributed_newton_schulz(block, dim, g);
       EXPECT_LE((got - ref).abs().max().item<double>() / ref.abs().max().item<double>(),
                 kFp32Tolerance)
           << "dim " << dim;
@@ -41,19 +41,19 @@ TEST(DistributedNewtonSchulz, MatchesNewtonSchulzForEveryCoefficientSetAndBf16) 
         const auto exact = block_of(muon::newton_schulz(whole.to(at::kDouble), ns64), dim, sizes,
                                     g.rank());
         const auto single = block_of(muon::newton_schulz(whole, ns), dim, sizes, g.rank());
-        const auto dist = muon::dist::distributed_newton_schulz(block, dim, g, ns);
+        const auto dist = muon::distributed::distributed_newton_schulz(block, dim, g, ns);
         const double scale = exact.abs().max().item<double>();
         const double single_err = (single.to(at::kDouble) - exact).abs().max().item<double>() / scale;
         const double dist_err = (dist.to(at::kDouble) - exact).abs().max().item<double>() / scale;
         EXPECT_LE(dist_err, 3 * single_err + 1e-6) << name << " dim " << dim;
         // fp64 compute runs the same way: tight agreement.
-        const auto dist64 = muon::dist::distributed_newton_schulz(block.to(at::kDouble), dim, g, ns64);
+        const auto dist64 = muon::distributed::distributed_newton_schulz(block.to(at::kDouble), dim, g, ns64);
         EXPECT_LE((dist64 - exact).abs().max().item<double>() / scale, 1e-10) << name;
       }
       // bf16 compute: within bf16 rounding (2⁻⁸ relative, a few steps) of fp32.
       auto ns16 = muon::NewtonSchulzOptions().compute_dtype(at::kBFloat16);
       const auto ref32 = block_of(muon::newton_schulz(whole), dim, sizes, g.rank());
-      const auto got16 = muon::dist::distributed_newton_schulz(block, dim, g, ns16);
+      const auto got16 = muon::distributed::distributed_newton_schulz(block, dim, g, ns16);
       EXPECT_EQ(got16.scalar_type(), at::kFloat);
       EXPECT_LE((got16 - ref32).abs().max().item<double>() / ref32.abs().max().item<double>(), 0.05);
       // ... and at least as accurate as one process in bf16, by the RMS
@@ -81,9 +81,9 @@ TEST(DistributedNewtonSchulz, MatchesNewtonSchulzForEveryCoefficientSetAndBf16) 
 
 TEST(DistributedNewtonSchulz, RejectsBadArguments) {
   auto single = Group::single();
-  EXPECT_THROW(muon::dist::distributed_newton_schulz(at::ones({3}), 0, single), c10::ValueError);
-  EXPECT_THROW(muon::dist::distributed_newton_schulz(at::ones({3, 4}), 2, single), c10::ValueError);
-  EXPECT_THROW(muon::dist::distributed_newton_schulz(at::ones({3, 4}, at::kLong), 0, single),
+  EXPECT_THROW(muon::distributed::distributed_newton_schulz(at::ones({3}), 0, single), c10::ValueError);
+  EXPECT_THROW(muon::distributed::distributed_newton_schulz(at::ones({3, 4}), 2, single), c10::ValueError);
+  EXPECT_THROW(muon::distributed::distributed_newton_schulz(at::ones({3, 4}, at::kLong), 0, single),
                c10::ValueError);
 }
 

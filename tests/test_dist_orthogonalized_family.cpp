@@ -17,18 +17,18 @@
 
 #include "dist_util.h"
 #include "expect_util.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/optim/orthogonalized_family.h"
 #include "muon/registry.h"
 
 namespace muon::test {
 namespace {
 
-using muon::dist::Group;
-using muon::dist::RowShard;
+using muon::distributed::Group;
+using muon::distributed::RowShard;
 using torch::optim::OptimizerParamGroup;
 
 constexpr int64_t kSteps = 3;
@@ -84,8 +84,8 @@ void expect_equal(const at::Tensor& got, const at::Tensor& expected, const at::T
 }
 
 at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
-  const auto sizes = muon::dist::balanced_split_sizes(full.size(dim), size);
-  return full.narrow(dim, muon::dist::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
+  const auto sizes = muon::distributed::balanced_split_sizes(full.size(dim), size);
+  return full.narrow(dim, muon::distributed::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
       .contiguous();
 }
 
@@ -111,14 +111,14 @@ TEST_P(SplitLayouts, TensorParallelEqualsOneProcess) {
     for (int world = 1; world <= 4; ++world) {
       run_ranks(world, [&](Group& group) {
         std::vector<at::Tensor> params;
-        muon::dist::TensorParallelOptions tp;
+        muon::distributed::TensorParallelOptions tp;
         tp.mode(tp_mode);
         for (size_t k = 0; k < kModel.size(); ++k) {
           params.push_back(block_of(full_param(k), kModel[k].dim, group.rank(), world).requires_grad_(true));
-          tp.shard(params.back(), muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+          tp.shard(params.back(), muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
         }
         OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
-                                  muon::dist::make_orthogonalizer(tp));
+                                  muon::distributed::make_orthogonalizer(tp));
         expect_steps_equal(
             opt, params,
             [&](size_t k, const at::Tensor& full) { return block_of(full, kModel[k].dim, group.rank(), world); },
@@ -138,21 +138,21 @@ TEST_P(SplitLayouts, RowShardsEqualOneProcess) {
       run_ranks(world, [&](Group& group) {
         std::vector<at::Tensor> params;
         std::vector<std::vector<int64_t>> rows;
-        muon::dist::ShardedOptions so;
+        muon::distributed::ShardedOptions so;
         so.mode(sharded_mode);
         for (size_t k = 0; k < kModel.size(); ++k) {
           // Matrix 1 is padded: the last rank holds rows past the end.
-          auto split = muon::dist::balanced_split_sizes(kModel[k].shape[0], world);
+          auto split = muon::distributed::balanced_split_sizes(kModel[k].shape[0], world);
           if (k == 1 && world > 1) split.back() += 2;
           rows.push_back(split);
-          params.push_back(muon::dist::local_rows(full_param(k), split, group.rank()).requires_grad_(true));
+          params.push_back(muon::distributed::local_rows(full_param(k), split, group.rank()).requires_grad_(true));
           so.shard(params.back(), RowShard(kModel[k].shape, group));
         }
         OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
-                                  muon::dist::make_orthogonalizer(so));
+                                  muon::distributed::make_orthogonalizer(so));
         expect_steps_equal(
             opt, params,
-            [&](size_t k, const at::Tensor& full) { return muon::dist::local_rows(full, rows[k], group.rank()); },
+            [&](size_t k, const at::Tensor& full) { return muon::distributed::local_rows(full, rows[k], group.rank()); },
             reference,
             to_string(kind) + " " + sharded_mode + " world " + std::to_string(world) + " rank " +
                 std::to_string(group.rank()));
@@ -168,21 +168,21 @@ TEST_P(SplitLayouts, TwoDimensionalEqualsOneProcess) {
     const auto [dp, tp] = world.mesh(2, 2);
     std::vector<at::Tensor> params;
     std::vector<std::vector<int64_t>> rows;
-    muon::dist::ShardedOptions so;
+    muon::distributed::ShardedOptions so;
     for (size_t k = 0; k < kModel.size(); ++k) {
       const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
-      rows.push_back(muon::dist::balanced_split_sizes(block.size(0), dp.size()));
-      params.push_back(muon::dist::local_rows(block, rows[k], dp.rank()).requires_grad_(true));
+      rows.push_back(muon::distributed::balanced_split_sizes(block.size(0), dp.size()));
+      params.push_back(muon::distributed::local_rows(block, rows[k], dp.rank()).requires_grad_(true));
       so.shard(params[k], RowShard(block.sizes().vec(), dp)
-                              .tensor_parallel(muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, tp),
-                                               muon::dist::TensorParallelMode::kDistributed));
+                              .tensor_parallel(muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, tp),
+                                               muon::distributed::TensorParallelMode::kDistributed));
     }
     OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
-                              muon::dist::make_orthogonalizer(so));
+                              muon::distributed::make_orthogonalizer(so));
     expect_steps_equal(
         opt, params,
         [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& full) {
-          return muon::dist::local_rows(block_of(full, kModel[k].dim, tp.rank(), tp.size()), rows[k], dp.rank());
+          return muon::distributed::local_rows(block_of(full, kModel[k].dim, tp.rank(), tp.size()), rows[k], dp.rank());
         },
         reference, to_string(kind) + " 2-D rank " + std::to_string(world.rank()));
   });
@@ -231,9 +231,9 @@ TEST_P(Layerwise, EqualsOneProcess) {
   for (int world = 2; world <= 3; ++world) {
     run_ranks(world, [&](Group& group) {
       auto named = named_model();
-      muon::dist::DistributedLayout layout;
+      muon::distributed::DistributedLayout layout;
       layout.group = group;
-      auto opt = muon::dist::make_optimizer(named, config_of(name, "layerwise"), layout);
+      auto opt = muon::distributed::make_optimizer(named, config_of(name, "layerwise"), layout);
       for (size_t k = 0; k < kModel.size(); ++k) {
         // Every rank starts from the weights one process starts from.
         EXPECT_TRUE(at::equal(named[k].value().detach(), built[k]))
@@ -261,20 +261,20 @@ TEST(MopLayouts, SplitLayoutsRaiseNamingTheLayout) {
   run_ranks(2, [&](Group& group) {
     auto named = named_model(
         [&](size_t k, const at::Tensor& t) { return block_of(t, kModel[k].dim, group.rank(), 2); });
-    muon::dist::DistributedLayout tp;
+    muon::distributed::DistributedLayout tp;
     tp.group = group;
     for (size_t k = 0; k < kModel.size(); ++k) {
-      tp.tensor_parallel.emplace(named[k].key(), muon::dist::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+      tp.tensor_parallel.emplace(named[k].key(), muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
     }
-    expect_value_error([&] { muon::dist::make_optimizer(named, config_of("mop", "tensor_parallel"), tp); },
+    expect_value_error([&] { muon::distributed::make_optimizer(named, config_of("mop", "tensor_parallel"), tp); },
                        {"[muon::MOP]", "'tensor_parallel'", "whole matrices"});
     named = named_model([&](size_t k, const at::Tensor& t) {
-      return muon::dist::local_rows(t, muon::dist::balanced_split_sizes(kModel[k].shape[0], 2), group.rank());
+      return muon::distributed::local_rows(t, muon::distributed::balanced_split_sizes(kModel[k].shape[0], 2), group.rank());
     });
-    muon::dist::DistributedLayout rows;
+    muon::distributed::DistributedLayout rows;
     rows.group = group;
     for (size_t k = 0; k < kModel.size(); ++k) rows.row_shards.emplace(named[k].key(), RowShard(kModel[k].shape, group));
-    expect_value_error([&] { muon::dist::make_optimizer(named, config_of("mop", "sharded"), rows); },
+    expect_value_error([&] { muon::distributed::make_optimizer(named, config_of("mop", "sharded"), rows); },
                        {"[muon::MOP]", "'sharded'", "whole matrices"});
   });
 }

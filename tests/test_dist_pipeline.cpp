@@ -1,4 +1,4 @@
-// The layouts' overlap pipeline (src/dist/layouts/pipeline.h): stages start
+// The layouts' overlap pipeline (src/distributed/layouts/pipeline.h): stages start
 // `depth` ahead of the one finished, finish in order, and an exception
 // leaves no stage finished in part.
 #include <gtest/gtest.h>
@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "dist/layouts/pipeline.h"
-#include "muon/dist/runtime/group.h"
+#include "distributed/layouts/pipeline.h"
+#include "muon/distributed/runtime/group.h"
 
-namespace muon::dist::test {
+namespace muon::distributed::test {
 namespace {
 
 // A one-rank group: its collectives complete at once, so the order of
@@ -86,4 +86,4 @@ TEST(Pipeline, AnErrorLeavesTheStagesInFlightUnfinished) {
 }
 
 }  // namespace
-}  // namespace muon::dist::test
+}  // namespace muon::distributed::test

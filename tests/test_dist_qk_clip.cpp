@@ -1,4 +1,4 @@
-// QK-clip over a Layout (muon/dist/layouts/qk_clip.h) in every layout at 2
+// QK-clip over a Layout (muon/distributed/layouts/qk_clip.h) in every layout at 2
 // and 4 ranks, ranks as threads over real Gloo groups: the maxima are
 // all-reduced with MAX (every rank passes different ones and all end with
 // the γ of their maximum), and every rank's parameter rows and master rows
@@ -17,18 +17,18 @@
 
 #include "dist_util.h"
 #include "muon/config.h"
-#include "muon/dist/layouts/layout.h"
-#include "muon/dist/layouts/qk_clip.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/layout.h"
+#include "muon/distributed/layouts/qk_clip.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/qk_clip.h"
 
 namespace muon::test {
 namespace {
 
-using muon::dist::Group;
-using muon::dist::Layout;
-using muon::dist::LayoutGroups;
-using muon::dist::QkClipParam;
+using muon::distributed::Group;
+using muon::distributed::Layout;
+using muon::distributed::LayoutGroups;
+using muon::distributed::QkClipParam;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
 constexpr int64_t kWidth = 10;
@@ -83,9 +83,9 @@ OptimizerConfig config(const std::string& layout) {
 
 // The clip of one step on every rank; returns γ of both layers.
 std::vector<at::Tensor> clip(Layout& layout, const Group& world, int64_t qkv_row_begin) {
-  return {dist::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped, qkv_row_begin}},
+  return {distributed::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped, qkv_row_begin}},
                          rank_max(0, world.rank(), world.size()), layer0(), world),
-          dist::qk_clip_(layout, {{"attn1.q", QkvRows::kQuery, 0}, {"attn1.k", QkvRows::kKey, 0}},
+          distributed::qk_clip_(layout, {{"attn1.q", QkvRows::kQuery, 0}, {"attn1.k", QkvRows::kKey, 0}},
                          rank_max(1, world.rank(), world.size()), layer1(), world)};
 }
 
@@ -130,8 +130,8 @@ TEST_P(DistQkClip, TensorParallelByGroups) {
                                          : item.value().detach().clone();
       named.insert(item.key(), p.requires_grad_(true));
     }
-    dist::TensorParallelShards tp;
-    tp.emplace("attn0.qkv", dist::TensorParallelShard({48, kWidth}, 0, group));
+    distributed::TensorParallelShards tp;
+    tp.emplace("attn0.qkv", distributed::TensorParallelShard({48, kWidth}, 0, group));
     Layout layout(named, config("tensor_parallel"),
                   LayoutGroups().world(group).dp(Group::single()).tensor_parallel(tp));
     // Layer 0's maxima: this rank's heads only (its groups' query heads).
@@ -140,9 +140,9 @@ TEST_P(DistQkClip, TensorParallelByGroups) {
     mine.narrow(0, heads * group.rank(), heads)
         .copy_(global_max(0).narrow(0, heads * group.rank(), heads));
     const auto g0 =
-        dist::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped, begin}}, mine, layer0(), group);
+        distributed::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped, begin}}, mine, layer0(), group);
     const auto g1 =
-        dist::qk_clip_(layout, {{"attn1.q", QkvRows::kQuery}, {"attn1.k", QkvRows::kKey}},
+        distributed::qk_clip_(layout, {{"attn1.q", QkvRows::kQuery}, {"attn1.k", QkvRows::kKey}},
                        rank_max(1, group.rank(), world), layer1(), group);
     expect_gamma({g0, g1});
     EXPECT_TRUE(at::equal(named["attn0.qkv"], expected["attn0.qkv"].narrow(0, begin, rows)));
@@ -171,8 +171,8 @@ TEST_P(DistQkClip, ShardedMasterRowsAreClippedToo) {
   auto single = whole_params();
   {
     Layout layout(single, config("sharded"), LayoutGroups().world(Group::single()));
-    dist::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped}}, global_max(0), layer0());
-    dist::qk_clip_(layout, {{"attn1.q", QkvRows::kQuery}, {"attn1.k", QkvRows::kKey}},
+    distributed::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped}}, global_max(0), layer0());
+    distributed::qk_clip_(layout, {{"attn1.q", QkvRows::kQuery}, {"attn1.k", QkvRows::kKey}},
                    global_max(1), layer1());
     for (const auto& item : single) item.value().mutable_grad() = grads[item.key()].detach();
     layout.step();
@@ -187,7 +187,7 @@ TEST_P(DistQkClip, ShardedMasterRowsAreClippedToo) {
       // This rank's master rows: the same rows of the clipped weight.
       const auto& shard = shards[item.key()];
       const int64_t offset =
-          dist::split_offset(dist::balanced_split_sizes(item.value().size(0), world), group.rank());
+          distributed::split_offset(distributed::balanced_split_sizes(item.value().size(0), world), group.rank());
       EXPECT_TRUE(at::equal(shard, item.value().narrow(0, offset, shard.size(0)))) << item.key();
     }
     for (const auto& item : named) item.value().mutable_grad() = grads[item.key()].detach();
@@ -218,18 +218,18 @@ TEST_P(DistQkClip, TwoDimensionalBlocksAndMasterRows) {
                                          : item.value().detach().clone();
       named.insert(item.key(), p.requires_grad_(true));
     }
-    dist::TensorParallelShards blocks;
-    blocks.emplace("attn0.qkv", dist::TensorParallelShard({48, kWidth}, 0, tp));
+    distributed::TensorParallelShards blocks;
+    blocks.emplace("attn0.qkv", distributed::TensorParallelShard({48, kWidth}, 0, tp));
     Layout layout(named, config("sharded"),
                   LayoutGroups().world(group).dp(dp).tensor_parallel(blocks));
     EXPECT_EQ(layout.describe(), "2-D 2 x 2");
     expect_gamma(clip(layout, group, begin));
     EXPECT_TRUE(at::equal(named["attn0.qkv"], expected["attn0.qkv"].narrow(0, begin, rows)));
     const auto& shard = layout.checkpoint_parameters()["attn0.qkv"];
-    const auto sizes = dist::balanced_split_sizes(rows, dp.size());
+    const auto sizes = distributed::balanced_split_sizes(rows, dp.size());
     EXPECT_TRUE(
         at::equal(shard, expected["attn0.qkv"].narrow(
-                             0, begin + dist::split_offset(sizes, dp.rank()), shard.size(0))));
+                             0, begin + distributed::split_offset(sizes, dp.rank()), shard.size(0))));
   });
 }
 
@@ -246,7 +246,7 @@ TEST_P(DistQkClip, TensorsOutsideALayout) {
     const int64_t begin = cuts[static_cast<size_t>(group.rank())];
     const int64_t rows = cuts[static_cast<size_t>(group.rank()) + 1] - begin;
     auto mine = whole_params()["attn0.qkv"].detach().narrow(0, begin, rows).clone();
-    const auto gamma = dist::qk_clip_({QkClipWeight(mine, QkvRows::kGrouped, begin)},
+    const auto gamma = distributed::qk_clip_({QkClipWeight(mine, QkvRows::kGrouped, begin)},
                                       rank_max(0, group.rank(), world), layer0(), group);
     EXPECT_TRUE(at::equal(gamma, qk_clip_gamma(global_max(0), layer0())));
     EXPECT_TRUE(at::equal(mine, expected["attn0.qkv"].narrow(0, begin, rows)));
@@ -277,25 +277,25 @@ TEST_P(DistQkClip, ErrorsAreNamedOnEveryRankAndChangeNothing) {
     if (group.rank() == world - 1) nan_on_one[3] = NAN;
     expect_error(
         [&] {
-          dist::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped}}, nan_on_one, layer0(), group);
+          distributed::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped}}, nan_on_one, layer0(), group);
         },
         "max_logits[3] must be finite, got nan");
     expect_error(
         [&] {
-          dist::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped}, {"attn9", QkvRows::kKey}},
+          distributed::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped}, {"attn9", QkvRows::kKey}},
                          global_max(0), layer0(), group);
         },
         "params[1]: the layout has no parameter named 'attn9'");
     expect_error(
         [&] {
-          dist::qk_clip_(layout,
+          distributed::qk_clip_(layout,
                          {{"attn0.qkv", QkvRows::kGrouped}, {"attn1.q", QkvRows::kQuery, 7}},
                          global_max(0), layer0(), group);
         },
         "params[1] 'attn1.q' holds rows [7, 25) of a query weight of 24 rows");
     expect_error(
         [&] {
-          dist::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped}}, global_max(0),
+          distributed::qk_clip_(layout, {{"attn0.qkv", QkvRows::kGrouped}}, global_max(0),
                          QkClipOptions(layer0()).alpha(2), group);
         },
         "alpha must be in [0, 1], got 2");

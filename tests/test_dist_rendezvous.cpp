@@ -15,7 +15,7 @@
 
 #include "env_util.h"
 #include "expect_util.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/runtime/group.h"
 
 namespace muon::test {
 namespace {
@@ -30,12 +30,12 @@ struct Failure {
 };
 
 Failure join_and_fail(const std::vector<std::pair<std::string, std::string>>& vars,
-                      const dist::GroupOptions& options) {
+                      const distributed::GroupOptions& options) {
   ScopedRendezvousEnv env(vars);
   Failure f;
   const auto start = std::chrono::steady_clock::now();
   try {
-    dist::init_from_env(options);
+    distributed::init_from_env(options);
     ADD_FAILURE() << "init_from_env returned";
   } catch (const c10::Error& e) {
     f.what = e.what();
@@ -81,7 +81,7 @@ std::vector<std::pair<std::string, std::string>> local_rank_of_two(const std::st
 // local port: its failure, checked as a 2 s timeout, and the port.
 std::pair<Failure, std::string> lone_rank(const std::string& rank) {
   const auto port = std::to_string(free_port());
-  auto f = join_and_fail(local_rank_of_two(rank, port), dist::GroupOptions().timeout(kTwoSeconds));
+  auto f = join_and_fail(local_rank_of_two(rank, port), distributed::GroupOptions().timeout(kTwoSeconds));
   expect_two_second_timeout(f);
   return {f, port};
 }
@@ -89,7 +89,7 @@ std::pair<Failure, std::string> lone_rank(const std::string& rank) {
 TEST(DistRendezvous, LoneClientRankFailsAfterTheTimeoutInOneLine) {
   // WORLD_SIZE=2, only rank 1 started: no store to connect to.
   const auto [f, port] = lone_rank("1");
-  expect_contains(f.what, "[muon::dist::init_from_env] rank 1 of 2 waited 2 s for the store at "
+  expect_contains(f.what, "[muon::distributed::init_from_env] rank 1 of 2 waited 2 s for the store at "
                           "MASTER_ADDR:MASTER_PORT = 127.0.0.1:" + port);
   expect_contains(f.what, "check that every rank started and MASTER_ADDR is reachable");
 }
@@ -97,7 +97,7 @@ TEST(DistRendezvous, LoneClientRankFailsAfterTheTimeoutInOneLine) {
 TEST(DistRendezvous, LoneServerRankFailsAfterTheTimeoutInOneLine) {
   // Only rank 0 started: it hosts the store and waits for rank 1 to join the group.
   const auto [f, port] = lone_rank("0");
-  expect_contains(f.what, "[muon::dist::init_from_env] rank 0 of 2 waited 2 s for the other "
+  expect_contains(f.what, "[muon::distributed::init_from_env] rank 0 of 2 waited 2 s for the other "
                           "ranks at MASTER_ADDR:MASTER_PORT = 127.0.0.1:" + port);
   expect_contains(f.what, "check that every rank started");
   EXPECT_GE(f.seconds, 1.5);  // it did wait for the others
@@ -109,7 +109,7 @@ TEST(DistRendezvous, UnreachableMasterAddrFailsAfterTheTimeoutInOneLine) {
                                 {"RANK", "1"},
                                 {"MASTER_ADDR", "192.0.2.1"},
                                 {"MASTER_PORT", "29500"}},
-                               dist::GroupOptions().timeout(kTwoSeconds));
+                               distributed::GroupOptions().timeout(kTwoSeconds));
   expect_two_second_timeout(f);
   expect_contains(f.what, "rank 1 of 2 waited 2 s for the store at MASTER_ADDR:MASTER_PORT = "
                           "192.0.2.1:29500");
@@ -119,7 +119,7 @@ TEST(DistRendezvous, MuonTimeoutSetsTheWaitWhenTheProgramSetsNone) {
   const auto port = std::to_string(free_port());
   auto vars = local_rank_of_two("0", port);
   vars.emplace_back("MUON_TIMEOUT", "2");
-  const auto f = join_and_fail(vars, dist::GroupOptions());
+  const auto f = join_and_fail(vars, distributed::GroupOptions());
   expect_two_second_timeout(f);
   expect_contains(f.what, "rank 0 of 2 waited 2 s");
 }
@@ -129,15 +129,15 @@ TEST(DistRendezvous, BadMuonTimeoutRaisesNamingIt) {
     expect_value_error(
         [&] {
           ScopedRendezvousEnv env({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"MUON_TIMEOUT", text}});
-          dist::init_from_env();
+          distributed::init_from_env();
         },
-        {"[muon::dist::init_from_env] MUON_TIMEOUT must be a number of seconds", "'" + text + "'"});
+        {"[muon::distributed::init_from_env] MUON_TIMEOUT must be a number of seconds", "'" + text + "'"});
   }
   // A long value is clipped in the message.
   const std::string huge(100000, '7');
   try {
     ScopedRendezvousEnv env({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"MUON_TIMEOUT", huge}});
-    dist::init_from_env();
+    distributed::init_from_env();
     ADD_FAILURE() << "no exception";
   } catch (const c10::ValueError& e) {
     EXPECT_LT(std::string(e.what_without_backtrace()).size(), 500u);
@@ -156,9 +156,9 @@ TEST(DistRendezvous, UseLibuvMustBeZeroOrOne) {
                                    {"MASTER_ADDR", "127.0.0.1"},
                                    {"MASTER_PORT", port},
                                    {"USE_LIBUV", text}});
-          dist::init_from_env(dist::GroupOptions().timeout(kTwoSeconds));
+          distributed::init_from_env(distributed::GroupOptions().timeout(kTwoSeconds));
         },
-        {"[muon::dist::init_from_env] USE_LIBUV must be 0 or 1", "'" + text + "'"});
+        {"[muon::distributed::init_from_env] USE_LIBUV must be 0 or 1", "'" + text + "'"});
   }
 }
 
@@ -171,7 +171,7 @@ TEST(DistRendezvous, ClassicStoreWithUseLibuvZero) {
                                 {"MASTER_ADDR", "127.0.0.1"},
                                 {"MASTER_PORT", port},
                                 {"USE_LIBUV", "0"}},
-                               dist::GroupOptions().timeout(kTwoSeconds));
+                               distributed::GroupOptions().timeout(kTwoSeconds));
   expect_contains(f.what, "rank 0 of 2 waited 2 s for the other ranks");
 }
 

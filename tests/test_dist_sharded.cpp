@@ -18,10 +18,10 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/dist/checkpoints/checkpoint.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/sharded_muon.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/hybrid.h"
@@ -31,7 +31,7 @@
 namespace muon::test {
 namespace {
 
-using namespace muon::dist;  // NOLINT(google-build-using-namespace): the module under test
+using namespace muon::distributed;  // NOLINT(google-build-using-namespace): the module under test
 
 enum class Split { kBalanced, kPadded, kFirstRankOnly };
 
@@ -39,7 +39,7 @@ enum class Split { kBalanced, kPadded, kFirstRankOnly };
 std::vector<int64_t> split_rows(int64_t m, int world, Split split) {
   switch (split) {
     case Split::kBalanced:
-      return muon::dist::balanced_split_sizes(m, world);
+      return muon::distributed::balanced_split_sizes(m, world);
     case Split::kPadded:  // flat-buffer style: equal chunks, the tail is padding
       return std::vector<int64_t>(static_cast<size_t>(world), (m + world - 1) / world);
     case Split::kFirstRankOnly: {  // every other rank holds an empty shard
@@ -95,7 +95,7 @@ Local shard_model(const std::vector<Matrix>& model, const Group& group) {
   for (size_t k = 0; k < model.size(); ++k) {
     local.rows.push_back(split_rows(model[k].shape[0], group.size(), model[k].split));
     local.params.push_back(
-        muon::dist::local_rows(full_param(k, model[k]), local.rows.back(), group.rank()).requires_grad_(true));
+        muon::distributed::local_rows(full_param(k, model[k]), local.rows.back(), group.rank()).requires_grad_(true));
     local.shards.emplace_back(model[k].shape, group);
   }
   return local;
@@ -104,7 +104,7 @@ Local shard_model(const std::vector<Matrix>& model, const Group& group) {
 void set_local_grads(Local& local, const std::vector<Matrix>& model, const Group& group, int64_t step) {
   for (size_t k = 0; k < model.size(); ++k) {
     local.params[k].mutable_grad() =
-        muon::dist::local_rows(full_grad(k, model[k], step), local.rows[k], group.rank());
+        muon::distributed::local_rows(full_grad(k, model[k], step), local.rows[k], group.rank());
   }
 }
 
@@ -123,7 +123,7 @@ double max_relative_difference(const Local& local, const std::vector<at::Tensor>
   double diff = 0;
   double scale = 0;
   for (size_t k = 0; k < ref.size(); ++k) {
-    const auto expected = muon::dist::local_rows(ref[k].detach(), local.rows[k], rank);
+    const auto expected = muon::distributed::local_rows(ref[k].detach(), local.rows[k], rank);
     if (expected.numel() > 0) {  // an empty shard has nothing to compare
       diff = std::max(diff, (local.params[k].detach() - expected).abs().max().item<double>());
     }
@@ -283,20 +283,20 @@ TEST(Sharded, ExpertsShardOverTheirOwnGroup) {
     for (const auto k : ids) {
       const auto& g = k < dense.size() ? world : expert_group;
       local.rows.push_back(split_rows(all[k].shape[0], g.size(), all[k].split));
-      local.params.push_back(muon::dist::local_rows(full_param(k, all[k]), local.rows.back(), g.rank()).requires_grad_(true));
+      local.params.push_back(muon::distributed::local_rows(full_param(k, all[k]), local.rows.back(), g.rank()).requires_grad_(true));
       local.shards.emplace_back(all[k].shape, g);
     }
     ShardedMuon opt(local.params, local.shards, options());
     for (int64_t s = 0; s < 3; ++s) {
       for (size_t j = 0; j < ids.size(); ++j) {
         const auto& g = ids[j] < dense.size() ? world : expert_group;
-        local.params[j].mutable_grad() = muon::dist::local_rows(full_grad(ids[j], all[ids[j]], s), local.rows[j], g.rank());
+        local.params[j].mutable_grad() = muon::distributed::local_rows(full_grad(ids[j], all[ids[j]], s), local.rows[j], g.rank());
       }
       opt.step();
     }
     for (size_t j = 0; j < ids.size(); ++j) {
       const auto& g = ids[j] < dense.size() ? world : expert_group;
-      const auto expected = muon::dist::local_rows(ref[ids[j]].detach(), local.rows[j], g.rank());
+      const auto expected = muon::distributed::local_rows(ref[ids[j]].detach(), local.rows[j], g.rank());
       if (expected.numel() == 0) continue;  // an empty shard
       EXPECT_LE((local.params[j].detach() - expected).abs().max().item<double>() /
                     ref[ids[j]].abs().max().item<double>(),
@@ -320,7 +320,7 @@ std::vector<TpMatrix> tp_model() {
           {{24, 16}, 0, Split::kPadded}};
 }
 
-class TwoDimensional : public ::testing::TestWithParam<muon::dist::TensorParallelMode> {};
+class TwoDimensional : public ::testing::TestWithParam<muon::distributed::TensorParallelMode> {};
 
 TEST_P(TwoDimensional, TensorParallelInsideShardedOutside) {
   const auto mode = GetParam();
@@ -339,27 +339,27 @@ TEST_P(TwoDimensional, TensorParallelInsideShardedOutside) {
       return full.narrow(model[k].dim, block[k].first, block[k].second);
     };
     for (size_t k = 0; k < model.size(); ++k) {
-      const auto sizes = muon::dist::balanced_split_sizes(model[k].shape[static_cast<size_t>(model[k].dim)], 2);
-      block.emplace_back(muon::dist::split_offset(sizes, tp.rank()), sizes[static_cast<size_t>(tp.rank())]);
+      const auto sizes = muon::distributed::balanced_split_sizes(model[k].shape[static_cast<size_t>(model[k].dim)], 2);
+      block.emplace_back(muon::distributed::split_offset(sizes, tp.rank()), sizes[static_cast<size_t>(tp.rank())]);
       auto block_shape = model[k].shape;
       block_shape[static_cast<size_t>(model[k].dim)] = block[k].second;
       rows.push_back(split_rows(block_shape[0], dp.size(), model[k].split));
-      params.push_back(muon::dist::local_rows(tp_block(full_param(k, whole[k]), k), rows.back(), dp.rank())
+      params.push_back(muon::distributed::local_rows(tp_block(full_param(k, whole[k]), k), rows.back(), dp.rank())
                            .requires_grad_(true));
       shards.push_back(RowShard(block_shape, dp)
-                           .tensor_parallel(muon::dist::TensorParallelShard(model[k].shape, model[k].dim, tp), mode));
+                           .tensor_parallel(muon::distributed::TensorParallelShard(model[k].shape, model[k].dim, tp), mode));
     }
     ShardedMuon opt(params, shards, options());
     for (int64_t s = 0; s < kSteps; ++s) {
       for (size_t k = 0; k < model.size(); ++k) {
         params[k].mutable_grad() =
-            muon::dist::local_rows(tp_block(full_grad(k, whole[k], s), k), rows[k], dp.rank());
+            muon::distributed::local_rows(tp_block(full_grad(k, whole[k], s), k), rows[k], dp.rank());
       }
       opt.step();
     }
     for (size_t k = 0; k < model.size(); ++k) {
       at::Tensor expected;
-      if (mode == muon::dist::TensorParallelMode::kBlockwise) {
+      if (mode == muon::distributed::TensorParallelMode::kBlockwise) {
         // Blockwise: single-process Muon on this TP block alone.
         auto p = tp_block(full_param(k, whole[k]), k).clone().requires_grad_(true);
         muon::Muon single({p}, options());
@@ -367,9 +367,9 @@ TEST_P(TwoDimensional, TensorParallelInsideShardedOutside) {
           p.mutable_grad() = tp_block(full_grad(k, whole[k], s), k).contiguous();
           single.step();
         }
-        expected = muon::dist::local_rows(p.detach(), rows[k], dp.rank());
+        expected = muon::distributed::local_rows(p.detach(), rows[k], dp.rank());
       } else {
-        expected = muon::dist::local_rows(tp_block(ref[k].detach(), k), rows[k], dp.rank());
+        expected = muon::distributed::local_rows(tp_block(ref[k].detach(), k), rows[k], dp.rank());
       }
       if (expected.numel() == 0) continue;
       // As in the 1-D test: the same whole-matrix computation, up to summation order.
@@ -382,9 +382,9 @@ TEST_P(TwoDimensional, TensorParallelInsideShardedOutside) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, TwoDimensional,
-                         ::testing::Values(muon::dist::TensorParallelMode::kDuplicated,
-                                           muon::dist::TensorParallelMode::kDistributed,
-                                           muon::dist::TensorParallelMode::kBlockwise));
+                         ::testing::Values(muon::distributed::TensorParallelMode::kDuplicated,
+                                           muon::distributed::TensorParallelMode::kDistributed,
+                                           muon::distributed::TensorParallelMode::kBlockwise));
 
 TEST(Sharded, HybridWithAdamWOnShardsAndTwoMuonGroups) {
   // Every parameter row-sharded (ZeRO-3): matrices to sharded Muon (two
@@ -422,26 +422,26 @@ TEST(Sharded, HybridWithAdamWOnShardsAndTwoMuonGroups) {
       ShardedOptions so;
       for (size_t k = 0; k < specs.size(); ++k) {
         rows.push_back(split_rows(specs[k].second[0], world, k % 2 ? Split::kPadded : Split::kBalanced));
-        auto p = muon::dist::local_rows(seeded_randn(specs[k].second, 300 + k), rows.back(), group.rank()).requires_grad_(true);
+        auto p = muon::distributed::local_rows(seeded_randn(specs[k].second, 300 + k), rows.back(), group.rank()).requires_grad_(true);
         if (specs[k].second.size() >= 2) so.shard(p, RowShard(specs[k].second, group));
         local.insert(specs[k].first, p);
       }
       auto o = hybrid_options();
-      o.muon_factory(muon::dist::sharded_muon_factory(so));
+      o.muon_factory(muon::distributed::sharded_muon_factory(so));
       muon::MuonWithAdamW opt(local, o);
       ASSERT_NE(dynamic_cast<ShardedMuon*>(opt.muon()), nullptr);
       for (int64_t s = 0; s < kSteps; ++s) {
         size_t k = 0;
         for (auto& item : local) {
           item.value().mutable_grad() =
-              muon::dist::local_rows(seeded_randn(specs[k].second, 900 + 31 * s + k), rows[k], group.rank());
+              muon::distributed::local_rows(seeded_randn(specs[k].second, 900 + 31 * s + k), rows[k], group.rank());
           ++k;
         }
         opt.step();
       }
       size_t k = 0;
       for (const auto& item : local) {
-        const auto expected = muon::dist::local_rows(whole[item.key()].detach(), rows[k++], group.rank());
+        const auto expected = muon::distributed::local_rows(whole[item.key()].detach(), rows[k++], group.rank());
         if (expected.numel() == 0) continue;
         EXPECT_LE((item.value().detach() - expected).abs().max().item<double>() /
                       whole[item.key()].abs().max().item<double>(),
@@ -523,16 +523,16 @@ TEST(Sharded, BadShardsAreRejected) {
     EXPECT_THROW(ShardedMuon({p}, {RowShard({6, 5}, group)}, options(), ShardedOptions().max_in_flight(-1)),
                  c10::ValueError);
   });
-  EXPECT_EQ(muon::dist::parse_sharded_mode("replicated"), ShardedMode::kReplicated);
-  EXPECT_THROW(muon::dist::parse_sharded_mode("zero"), c10::ValueError);
+  EXPECT_EQ(muon::distributed::parse_sharded_mode("replicated"), ShardedMode::kReplicated);
+  EXPECT_THROW(muon::distributed::parse_sharded_mode("zero"), c10::ValueError);
 }
 
 TEST(Sharded, ReduceScatterRowsAveragesAndKeepsOwnRows) {
   muon::test::run_ranks(3, [&](Group& group) {
     const auto full = at::arange(14, at::kFloat).view({7, 2}) * (group.rank() + 1);  // mean: ×2
     const std::vector<int64_t> rows{3, 3, 3};  // padded: 9 ≥ 7 rows
-    const auto mine = muon::dist::reduce_scatter_rows(full, rows, group);
-    const auto expected = muon::dist::local_rows(at::arange(14, at::kFloat).view({7, 2}) * 2, rows, group.rank());
+    const auto mine = muon::distributed::reduce_scatter_rows(full, rows, group);
+    const auto expected = muon::distributed::local_rows(at::arange(14, at::kFloat).view({7, 2}) * 2, rows, group.rank());
     EXPECT_TRUE(at::allclose(mine, expected));
     if (group.rank() == 2) {
       EXPECT_TRUE(at::equal(mine.narrow(0, 1, 2), at::zeros({2, 2})));  // padding rows
@@ -714,7 +714,7 @@ TEST(StackedExperts, ExpertsSendNothingAndAreOrthogonalizedOnce) {
 }
 
 TEST(StackedExperts, FromTheConfigWithAnOverrideRule) {
-  // muon::dist::make_optimizer, layout "sharded": the rule turns
+  // muon::distributed::make_optimizer, layout "sharded": the rule turns
   // muon_stacked_experts on for the expert stacks only (the conv weight
   // stays one matrix); equal to muon::make_optimizer of the same config.
   const std::vector<std::pair<std::string, std::vector<int64_t>>> specs{
@@ -746,13 +746,13 @@ TEST(StackedExperts, FromTheConfigWithAnOverrideRule) {
       for (size_t k = 0; k < specs.size(); ++k) {
         auto p = seeded_randn(specs[k].second, 60 + k);
         if (specs[k].second.size() >= 2) {  // the gain stays whole: AdamW is element-wise
-          rows[k] = muon::dist::balanced_split_sizes(specs[k].second[0], world);
-          p = muon::dist::local_rows(p, rows[k], group.rank());
+          rows[k] = muon::distributed::balanced_split_sizes(specs[k].second[0], world);
+          p = muon::distributed::local_rows(p, rows[k], group.rank());
           layout.row_shards.emplace(specs[k].first, RowShard(specs[k].second, group));
         }
         named.insert(specs[k].first, p.requires_grad_(true));
       }
-      auto opt = muon::dist::make_optimizer(named, config("sharded"), layout);
+      auto opt = muon::distributed::make_optimizer(named, config("sharded"), layout);
       for (int64_t s = 0; s < kSteps; ++s) {
         for (size_t k = 0; k < specs.size(); ++k) {
           named[specs[k].first].mutable_grad() = muon::test::rows_or_whole(grad(k, s), rows[k], group.rank());
@@ -775,11 +775,11 @@ TEST(StackedExperts, FromTheConfigWithAnOverrideRule) {
 TEST(StackedExperts, UnsupportedCombinationsFailOnEveryRank) {
   // AdaptiveMuon's second moment takes plain matrices only.
   auto errors = muon::test::run_ranks_collect(2, [&](Group& group) {
-    auto p = muon::dist::local_rows(seeded_randn({4, 12, 8}, 1), {2, 2}, group.rank()).requires_grad_(true);
+    auto p = muon::distributed::local_rows(seeded_randn({4, 12, 8}, 1), {2, 2}, group.rank()).requires_grad_(true);
     ShardedOptions so;
     so.shard(p, RowShard({4, 12, 8}, group));
     muon::AdaptiveMuon opt({torch::optim::OptimizerParamGroup({p})}, expert_options(), muon::AdaptiveMuonOptions(),
-                           muon::dist::make_orthogonalizer(so));
+                           muon::distributed::make_orthogonalizer(so));
   });
   for (size_t r = 0; r < errors.size(); ++r) {
     EXPECT_NE(errors[r].find("stacked_experts"), std::string::npos) << r << ": " << errors[r];
@@ -789,8 +789,8 @@ TEST(StackedExperts, UnsupportedCombinationsFailOnEveryRank) {
     const auto [dp, tp] = world.mesh(2, 2);
     auto p = at::zeros({2, 6, 8}).requires_grad_(true);
     ShardedMuon opt({p},
-                    {RowShard({4, 6, 8}, dp).tensor_parallel(muon::dist::TensorParallelShard({4, 12, 8}, 1, tp),
-                                                             muon::dist::TensorParallelMode::kDuplicated)},
+                    {RowShard({4, 6, 8}, dp).tensor_parallel(muon::distributed::TensorParallelShard({4, 12, 8}, 1, tp),
+                                                             muon::distributed::TensorParallelMode::kDuplicated)},
                     expert_options());
   });
   for (size_t r = 0; r < errors.size(); ++r) {
@@ -845,14 +845,14 @@ TEST(StackedExperts, CheckpointSavedAtTwoRanksLoadsAtThree) {
       named.insert(name(k), local.params[k]);
       layout.row_shards.emplace(name(k), local.shards[k]);
     }
-    const auto ckpt = muon::dist::CheckpointOptions().group(group).fsync(false);
+    const auto ckpt = muon::distributed::CheckpointOptions().group(group).fsync(false);
     int64_t from = 0;
     if (save) {
       local_steps(opt, local, model.all, group, 0, 2);
       from = 2;
-      muon::dist::save_checkpoint(dir.string(), named, opt, from, layout, "", ckpt);
+      muon::distributed::save_checkpoint(dir.string(), named, opt, from, layout, "", ckpt);
     } else {
-      from = muon::dist::load_checkpoint(dir.string(), named, opt, layout, ckpt).step;
+      from = muon::distributed::load_checkpoint(dir.string(), named, opt, layout, ckpt).step;
       EXPECT_EQ(from, 2);
     }
     local_steps(opt, local, model.all, group, from, 4);

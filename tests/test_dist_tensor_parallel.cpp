@@ -28,7 +28,7 @@
 
 #include "archive_util.h"
 #include "dist_util.h"
-#include "muon/dist/layouts/tensor_parallel.h"
+#include "muon/distributed/layouts/tensor_parallel.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 #include "tensor_parallel_util.h"
@@ -36,7 +36,7 @@
 namespace muon::test {
 namespace {
 
-using namespace muon::dist;  // NOLINT(google-build-using-namespace): the module under test
+using namespace muon::distributed;  // NOLINT(google-build-using-namespace): the module under test
 
 constexpr int kSteps = 4;
 
@@ -150,7 +150,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) {
       return "world" + std::to_string(std::get<0>(info.param)) + "_dim" +
              std::to_string(std::get<1>(info.param)) + "_" +
-             muon::dist::to_string(std::get<2>(info.param));
+             muon::distributed::to_string(std::get<2>(info.param));
     });
 
 // ---- blockwise = per-block single process ------------------------------------------
@@ -335,7 +335,7 @@ TEST(TensorParallelTimeout, RankThatNeverStepsMakesTheOtherRaiseWithinTheTimeout
           throw;
         }
       },
-      muon::dist::GroupOptions().timeout(kTimeout));
+      muon::distributed::GroupOptions().timeout(kTimeout));
   EXPECT_TRUE(errors[1].empty()) << errors[1];
   // The first collective of a step is the agreement on its checks (muon/optim/step_guard.h).
   EXPECT_NE(errors[0].find("all_gather on group 'world' (rank 0 of 2, timeout 2000 ms) failed"),
@@ -372,7 +372,7 @@ TEST(TensorParallelEmptyBlocks, RankWithoutRowsStillMatchesSingleProcess) {
       TensorParallelOptions tpo;
       tpo.mode(mode);
       for (size_t i = 0; i < shapes.size(); ++i) {
-        sizes.push_back(muon::dist::balanced_split_sizes(3, 4));
+        sizes.push_back(muon::distributed::balanced_split_sizes(3, 4));
         blocks.push_back(block_of(initial(static_cast<int>(i), shapes[i]), dims[i], sizes[i],
                                   g.rank())
                              .set_requires_grad(true));
@@ -393,7 +393,7 @@ TEST(TensorParallelEmptyBlocks, RankWithoutRowsStillMatchesSingleProcess) {
         const auto p0 = block_of(initial(static_cast<int>(i), shapes[i]), dims[i], sizes[i], g.rank());
         const double change = (whole[i].detach() - initial(static_cast<int>(i), shapes[i])).abs().max().item<double>();
         EXPECT_LE((blocks[i].detach() - r).abs().max().item<double>() / change, kFp32Tolerance)
-            << muon::dist::to_string(mode) << " matrix " << i << " rank " << g.rank();
+            << muon::distributed::to_string(mode) << " matrix " << i << " rank " << g.rank();
         EXPECT_GT((blocks[i].detach() - p0).abs().max().item<double>(), 1e-3);
       }
     });
@@ -487,7 +487,7 @@ TEST(TensorParallelHybrid, MatchesSingleProcessHybridOnTheWholeModel) {
                    c10::ValueError);
     }
     auto o = options;
-    if (g) o.muon_factory(muon::dist::tensor_parallel_muon_factory(tpo));
+    if (g) o.muon_factory(muon::distributed::tensor_parallel_muon_factory(tpo));
     muon::MuonWithAdamW opt(named, o);
     if (g) {
       EXPECT_NE(dynamic_cast<TensorParallelMuon*>(opt.muon()), nullptr);
@@ -542,7 +542,7 @@ TEST(TensorParallelHybrid, SaveLoadRoundTripPerRank) {
       TensorParallelOptions tpo;
       tpo.mode("distributed").shard(named["fc1.weight"], TensorParallelShard({24, 16}, 0, g));
       auto o = options;
-      o.muon_factory(muon::dist::tensor_parallel_muon_factory(tpo));
+      o.muon_factory(muon::distributed::tensor_parallel_muon_factory(tpo));
       return std::make_unique<muon::MuonWithAdamW>(named, o);
     };
     auto set_grads = [&](torch::OrderedDict<std::string, at::Tensor>& named, int s) {

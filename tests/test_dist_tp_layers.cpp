@@ -1,4 +1,4 @@
-// Tensor-parallel layers (muon/dist/layouts/tensor_parallel_layers.h) against
+// Tensor-parallel layers (muon/distributed/layouts/tensor_parallel_layers.h) against
 // the single-process computation on the whole weights, with ranks as threads
 // over real Gloo process groups.
 //
@@ -38,20 +38,20 @@
 
 #include "dist_util.h"
 #include "expect_util.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/layouts/tensor_parallel_layers.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/layouts/tensor_parallel_layers.h"
 #include "muon/registry.h"
 #include "tensor_parallel_util.h"
 
 namespace muon::test {
 namespace {
 
-using muon::dist::ColumnParallelLinear;
-using muon::dist::ColumnParallelLinearImpl;
-using muon::dist::Group;
-using muon::dist::RowParallelLinear;
-using muon::dist::RowParallelLinearImpl;
-using muon::dist::TensorParallelShard;
+using muon::distributed::ColumnParallelLinear;
+using muon::distributed::ColumnParallelLinearImpl;
+using muon::distributed::Group;
+using muon::distributed::RowParallelLinear;
+using muon::distributed::RowParallelLinearImpl;
+using muon::distributed::TensorParallelShard;
 
 constexpr double kUnit = 5.9604644775390625e-08;  // 2^-24
 // Relative bound of the chained computations (header).
@@ -160,7 +160,7 @@ void run_uneven_layer(const LinearReference& ref, int64_t split_dim, const Body&
     run_ranks(world, [&](Group& tp) {
       RankBlock block;
       block.sizes = uneven_sizes(ref.w.size(split_dim), world);
-      block.offset = muon::dist::split_offset(block.sizes, tp.rank());
+      block.offset = muon::distributed::split_offset(block.sizes, tp.rank());
       block.size = block.sizes[static_cast<size_t>(tp.rank())];
       block.where = " at " + std::to_string(world) + " ranks, rank " + std::to_string(tp.rank());
       Layer layer(in, out, tp, /*bias=*/true, block.sizes);
@@ -263,7 +263,7 @@ TEST(TensorParallelLayers, MlpEqualsSingleProcess) {
     run_ranks(world, [&](Group& tp) {
       ColumnParallelLinear fc1(kD, 4 * kD, tp);  // balanced: 16, 16 and 11, 11, 10 rows
       RowParallelLinear fc2(4 * kD, kD, tp);
-      EXPECT_EQ(fc1->rows_per_rank(), muon::dist::balanced_split_sizes(4 * kD, world));
+      EXPECT_EQ(fc1->rows_per_rank(), muon::distributed::balanced_split_sizes(4 * kD, world));
       EXPECT_EQ(fc2->cols_per_rank(), fc1->rows_per_rank());
       fc1->load_full(w1, b1);
       fc2->load_full(w2, b2);
@@ -307,8 +307,8 @@ TEST(TensorParallelLayers, FusedQkvAttentionSplitPerHeadEqualsSingleProcess) {
     const auto y_ref = at::linear(attention(at::linear(xr, wqkvr, bqkvr), heads, kHeadDim), wor, bor);
     y_ref.backward(g);
     run_ranks(world, [&](Group& tp) {
-      const auto qkv_rows = muon::dist::rows_per_rank_by_heads(heads, 3 * kHeadDim, world);
-      const auto proj_cols = muon::dist::rows_per_rank_by_heads(heads, kHeadDim, world);
+      const auto qkv_rows = muon::distributed::rows_per_rank_by_heads(heads, 3 * kHeadDim, world);
+      const auto proj_cols = muon::distributed::rows_per_rank_by_heads(heads, kHeadDim, world);
       ColumnParallelLinear qkv(d, 3 * d, tp, true, qkv_rows);
       RowParallelLinear proj(d, d, tp, true, proj_cols);
       qkv->load_full(wqkv, bqkv);
@@ -342,10 +342,10 @@ TEST(TensorParallelLayers, FusedQkvAttentionSplitPerHeadEqualsSingleProcess) {
 // is fc1's bias.
 struct AttentionImpl : torch::nn::Module {
   AttentionImpl(int64_t d, int64_t heads, const Group& tp) : head_dim(d / heads) {
-    const auto rows = muon::dist::rows_per_rank_by_heads(heads, 3 * head_dim, tp.size());
+    const auto rows = muon::distributed::rows_per_rank_by_heads(heads, 3 * head_dim, tp.size());
     qkv = register_module("qkv", ColumnParallelLinear(d, 3 * d, tp, /*bias=*/false, rows));
     proj = register_module(
-        "proj", RowParallelLinear(d, d, tp, true, muon::dist::rows_per_rank_by_heads(heads, head_dim, tp.size())));
+        "proj", RowParallelLinear(d, d, tp, true, muon::distributed::rows_per_rank_by_heads(heads, head_dim, tp.size())));
     local_heads = rows[static_cast<size_t>(tp.rank())] / (3 * head_dim);
   }
   at::Tensor forward(const at::Tensor& x) { return proj(attention(qkv(x), local_heads, head_dim)); }
@@ -439,7 +439,7 @@ muon::OptimizerConfig muon_config(const std::string& layout, const std::string& 
 TEST(TensorParallelLayers, ShardsByFullNameOfANestedModel) {
   run_ranks(3, [](Group& tp) {
     Model model(tp);
-    const auto shards = muon::dist::tensor_parallel_shards(*model);
+    const auto shards = muon::distributed::tensor_parallel_shards(*model);
     constexpr int64_t d = ModelImpl::kD;
     const std::map<std::string, std::pair<std::vector<int64_t>, int64_t>> expected{
         {"attn.qkv.weight", {{3 * d, d}, 0}}, {"attn.proj.weight", {{d, d}, 1}},
@@ -495,9 +495,9 @@ TEST(TensorParallelLayers, OptimizerFromTheShardsEqualsSingleProcessMuon) {
         Model model(tp);
         load_whole(model);
         forward_backward(model);
-        muon::dist::DistributedLayout layout;
-        layout.tensor_parallel = muon::dist::tensor_parallel_shards(*model);
-        auto opt = muon::dist::make_optimizer(model->named_parameters(),
+        muon::distributed::DistributedLayout layout;
+        layout.tensor_parallel = muon::distributed::tensor_parallel_shards(*model);
+        auto opt = muon::distributed::make_optimizer(model->named_parameters(),
                                               muon_config("tensor_parallel", mode), layout);
         opt->step();
         // Every parameter against the same part of the single-process
@@ -511,7 +511,7 @@ TEST(TensorParallelLayers, OptimizerFromTheShardsEqualsSingleProcessMuon) {
             const int64_t dim = it->second.partition_dim();
             std::vector<int64_t> sizes;
             for (const auto& s : tp.all_gather_ints({item.value().size(dim)})) sizes.push_back(s.at(0));
-            const int64_t off = muon::dist::split_offset(sizes, tp.rank());
+            const int64_t off = muon::distributed::split_offset(sizes, tp.rank());
             expected = expected.narrow(dim, off, item.value().size(dim));
             start = start.narrow(dim, off, item.value().size(dim));
           }
@@ -595,20 +595,20 @@ TEST(TensorParallelLayers, InitializationTilesTorchLinearWithTheSameSeed) {
 
 TEST(TensorParallelLayers, ShardsOfARootLayerAndOfOneNotHeldByASharedPtr) {
   ColumnParallelLinearImpl col(4, 6, Group::single());
-  const auto shards = muon::dist::tensor_parallel_shards(col);
+  const auto shards = muon::distributed::tensor_parallel_shards(col);
   ASSERT_EQ(shards.size(), 2U);
   EXPECT_EQ(shards.at("weight").global_shape(), (std::vector<int64_t>{6, 4}));
   EXPECT_EQ(shards.at("bias").global_shape(), (std::vector<int64_t>{6}));
   RowParallelLinear row(4, 6, Group::single());
-  const auto row_shards = muon::dist::tensor_parallel_shards(*row);
+  const auto row_shards = muon::distributed::tensor_parallel_shards(*row);
   ASSERT_EQ(row_shards.size(), 1U);
   EXPECT_EQ(row_shards.at("weight").partition_dim(), 1);
   // Plain modules have none.
-  EXPECT_TRUE(muon::dist::tensor_parallel_shards(*torch::nn::Linear(3, 3)).empty());
+  EXPECT_TRUE(muon::distributed::tensor_parallel_shards(*torch::nn::Linear(3, 3)).empty());
 }
 
 // A TP module that declares a parameter it does not have.
-struct MisnamedImpl : torch::nn::Module, muon::dist::TensorParallelModule {
+struct MisnamedImpl : torch::nn::Module, muon::distributed::TensorParallelModule {
   MisnamedImpl() { register_parameter("weight", at::zeros({2, 2})); }
   std::vector<std::pair<std::string, TensorParallelShard>> tensor_parallel_shards() const override {
     return {{"weigth", TensorParallelShard({4, 2}, 0, Group::single())}};
@@ -617,8 +617,8 @@ struct MisnamedImpl : torch::nn::Module, muon::dist::TensorParallelModule {
 TORCH_MODULE(Misnamed);
 
 TEST(TensorParallelLayers, BadArgumentsRaiseNamingThem) {
-  const std::string col = "[muon::dist::ColumnParallelLinear]";
-  const std::string row = "[muon::dist::RowParallelLinear]";
+  const std::string col = "[muon::distributed::ColumnParallelLinear]";
+  const std::string row = "[muon::distributed::RowParallelLinear]";
   expect_value_error([] { ColumnParallelLinear(4, 6, Group::single(), true, std::vector<int64_t>{2, 4}); },
                      {col, "rows_per_rank", "[2, 4]", "out_features (6)"});
   expect_value_error([] { RowParallelLinear(4, 6, Group::single(), true, std::vector<int64_t>{3}); },
@@ -645,12 +645,12 @@ TEST(TensorParallelLayers, BadArgumentsRaiseNamingThem) {
   RowParallelLinear no_bias(4, 6, Group::single(), /*bias=*/false);
   expect_value_error([&] { no_bias->load_full(at::zeros({6, 4}), at::zeros({6})); },
                      {row, "load_full", "bias = false"});
-  expect_value_error([] { muon::dist::rows_per_rank_by_heads(0, 12, 2); },
-                     {"[muon::dist::rows_per_rank_by_heads]", "heads", "0"});
-  expect_value_error([] { muon::dist::tensor_parallel_shards(*Misnamed()); },
-                     {"[muon::dist::tensor_parallel_shards]", "weigth"});
-  EXPECT_EQ(muon::dist::rows_per_rank_by_heads(5, 12, 3), (std::vector<int64_t>{24, 24, 12}));
-  EXPECT_EQ(muon::dist::rows_per_rank_by_heads(2, 6, 3), (std::vector<int64_t>{6, 6, 0}));
+  expect_value_error([] { muon::distributed::rows_per_rank_by_heads(0, 12, 2); },
+                     {"[muon::distributed::rows_per_rank_by_heads]", "heads", "0"});
+  expect_value_error([] { muon::distributed::tensor_parallel_shards(*Misnamed()); },
+                     {"[muon::distributed::tensor_parallel_shards]", "weigth"});
+  EXPECT_EQ(muon::distributed::rows_per_rank_by_heads(5, 12, 3), (std::vector<int64_t>{24, 24, 12}));
+  EXPECT_EQ(muon::distributed::rows_per_rank_by_heads(2, 6, 3), (std::vector<int64_t>{6, 6, 0}));
 }
 
 }  // namespace

@@ -41,8 +41,8 @@
 #include <vector>
 
 #include "muon/config.h"
-#include "muon/dist/layouts/layerwise.h"
-#include "muon/dist/layouts/make.h"
+#include "muon/distributed/layouts/layerwise.h"
+#include "muon/distributed/layouts/make.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/muon.h"
@@ -590,14 +590,14 @@ TEST(MuonSpectral, LayerwiseEqualsOneProcess) {
   }
   auto untouched = seeded_params(kModel, 60);
   for (const int world : {2, 3}) {
-    run_ranks(world, [&](dist::Group& group) {
+    run_ranks(world, [&](distributed::Group& group) {
       auto named = seeded_params(kModel, 60);
-      dist::DistributedLayout layout;
+      distributed::DistributedLayout layout;
       layout.group = group;
       auto layered = config;
       layered.set("layout", "layerwise");
-      auto opt = dist::make_optimizer(named, layered, layout);
-      EXPECT_NE(dynamic_cast<dist::LayerwiseOptimizer*>(opt.get()), nullptr);
+      auto opt = distributed::make_optimizer(named, layered, layout);
+      EXPECT_NE(dynamic_cast<distributed::LayerwiseOptimizer*>(opt.get()), nullptr);
       for (int64_t s = 0; s < 3; ++s) {
         set_grads(named, s);
         opt->step();
@@ -625,21 +625,21 @@ void expect_layout_refuses(const std::string& layout_kind) {
        {"muon_weight_decay_mode", "'spectral_clipped'", "'" + layout_kind + "'"}},
   };
   for (const auto& [json, parts] : cases) {
-    run_ranks(2, [&](dist::Group& group) {
+    run_ranks(2, [&](distributed::Group& group) {
       Named named;
-      dist::DistributedLayout layout;
+      distributed::DistributedLayout layout;
       const std::vector<int64_t> shape{8, 6};
-      const auto rows = dist::balanced_split_sizes(shape[0], 2);
-      named.insert("w", dist::local_rows(seeded_randn(shape, 9), rows, group.rank()).requires_grad_(true));
+      const auto rows = distributed::balanced_split_sizes(shape[0], 2);
+      named.insert("w", distributed::local_rows(seeded_randn(shape, 9), rows, group.rank()).requires_grad_(true));
       if (layout_kind == "sharded") {
-        layout.row_shards.emplace("w", dist::RowShard(shape, group));
+        layout.row_shards.emplace("w", distributed::RowShard(shape, group));
       } else {
-        layout.tensor_parallel.emplace("w", dist::TensorParallelShard(shape, 0, group));
+        layout.tensor_parallel.emplace("w", distributed::TensorParallelShard(shape, 0, group));
       }
       OptimizerConfig config;
       apply_config_json(config, json);
       config.set("layout", layout_kind);
-      expect_value_error([&] { dist::make_optimizer(named, config, layout); }, parts);
+      expect_value_error([&] { distributed::make_optimizer(named, config, layout); }, parts);
     });
   }
 }

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "checkpoint_model.h"
-#include "dist/checkpoints/checkpoint_state.h"
+#include "distributed/checkpoints/checkpoint_state.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/orthogonalized_family.h"
 #include "muon/registry.h"
@@ -435,7 +435,7 @@ ckpt::Named values_of(ckpt::Rank& r) {
 void leg(const std::string& optimizer, const std::string& kind, int world, const std::string& in,
          const std::string& out, int64_t from, int64_t to, const ckpt::Named& reference, bool exact,
          const std::string& what) {
-  ckpt::reshard_leg(kind, world, in, out, from, to, optimizer, what, [&](ckpt::Rank& r, const dist::Group& group) {
+  ckpt::reshard_leg(kind, world, in, out, from, to, optimizer, what, [&](ckpt::Rank& r, const distributed::Group& group) {
     for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
       const auto& name = ckpt::kModel[k].first;
       const auto got = r.named[name].detach();
@@ -456,10 +456,10 @@ TEST_P(Checkpoints, ResumeAndReshardBitIdentically) {
   const auto name = GetParam();
   ckpt::Named after3;
   ckpt::Named after4;
-  run_ranks(1, [&](dist::Group& g) {
+  run_ranks(1, [&](distributed::Group& g) {
     ckpt::Rank r("none", g, name);
     r.train(0, 3);
-    const auto slots = dist::detail::state_slots(*r.opt);
+    const auto slots = distributed::detail::state_slots(*r.opt);
     EXPECT_TRUE(std::any_of(slots.begin(), slots.end(), [&](const auto& s) { return s.kind == name; }));
     after3 = values_of(r);
     r.train(3, 4);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "checkpoint_model.h"
-#include "dist/checkpoints/checkpoint_state.h"
+#include "distributed/checkpoints/checkpoint_state.h"
 #include "muon/plugin.h"
 #include "muon/registry.h"
 
@@ -154,7 +154,7 @@ TEST(Plugin, StepsAsItsFormulaAndDescribesItsState) {
     int64_t numel = 0;
     for (const auto& item : r.named) numel += item.value().numel();
     EXPECT_EQ(muon::optimizer_state_bytes(*r.opt), numel * 4);
-    const auto slots = muon::dist::detail::state_slots(*r.opt);
+    const auto slots = muon::distributed::detail::state_slots(*r.opt);
     ASSERT_EQ(slots.size(), kModel.size());
     EXPECT_EQ(slots[0].kind, "sign_descent");
   });

@@ -21,7 +21,7 @@
 
 #include "kernels/symmetric.h"
 #include "muon/compat.h"
-#include "muon/dist/layouts/make.h"
+#include "muon/distributed/layouts/make.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/lion.h"
@@ -136,7 +136,7 @@ TEST(Registry, ExtensionsAddFieldsAndChecks) {
   EXPECT_FALSE(OptimizerConfig(r).has("muon_tp_mode"));
   // The built-ins' last Muon field: tp_mode goes right after it.
   const auto last_muon = "muon_" + r.option_fields("muon").back().name;
-  muon::dist::register_config_fields(r);
+  muon::distributed::register_config_fields(r);
   EXPECT_EQ(OptimizerConfig(r).values(), OptimizerConfig().values());
   std::vector<std::string> names;
   for (const auto& f : r.fields()) names.push_back(f.name);
@@ -150,7 +150,7 @@ TEST(Registry, ExtensionsAddFieldsAndChecks) {
   const auto muon_fields = r.option_fields("muon");
   EXPECT_EQ(muon_fields.back().name, "tp_mode");
 
-  expect_value_error([&] { muon::dist::register_config_fields(r); },
+  expect_value_error([&] { muon::distributed::register_config_fields(r); },
                      {"[muon::OptimizerRegistry]", "'layout'", "already exists"});
   muon::ConfigExtension unnamed;
   expect_value_error([&] { r.extend(unnamed); }, {"needs a name"});

@@ -2,7 +2,7 @@
 // Emerging-Optimizers' SOAP, options and their errors, save/load, the
 // registry entry (config fields, make_optimizer, explain), checkpoints
 // resharded across layouts, and the distributed layouts (layer-wise and
-// sharded owner-compute (muon::dist::ShardedSoap) equal to one process bit
+// sharded owner-compute (muon::distributed::ShardedSoap) equal to one process bit
 // for bit, tensor_parallel and 2-D refused).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "checkpoint_model.h"
-#include "dist/checkpoints/checkpoint_state.h"
+#include "distributed/checkpoints/checkpoint_state.h"
 #include "muon/compat.h"
-#include "muon/dist/layouts/layout.h"
-#include "muon/dist/layouts/sharded_soap.h"
+#include "muon/distributed/layouts/layout.h"
+#include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/soap.h"
@@ -373,7 +373,7 @@ ckpt::Named values_of_named(const ckpt::Named& named) {
 // must equal it bit for bit.
 void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
          int64_t to, const ckpt::Named& reference, const std::string& what) {
-  ckpt::reshard_leg(kind, world, in, out, from, to, "soap", what, [&](ckpt::Rank& r, const dist::Group& group) {
+  ckpt::reshard_leg(kind, world, in, out, from, to, "soap", what, [&](ckpt::Rank& r, const distributed::Group& group) {
     for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
       const auto& name = ckpt::kModel[k].first;
       EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
@@ -385,7 +385,7 @@ void leg(const std::string& kind, int world, const std::string& in, const std::s
 TEST(Soap, CheckpointsResumeAndReshardBitIdentically) {
   ckpt::Named after3;
   ckpt::Named after4;
-  run_ranks(1, [&](dist::Group& g) {
+  run_ranks(1, [&](distributed::Group& g) {
     ckpt::Rank r("none", g, "soap");
     r.train(0, 3);
     after3 = values_of(r);
@@ -408,13 +408,13 @@ TEST(Soap, CheckpointsResumeAndReshardBitIdentically) {
 // same whole tensors.
 TEST(Soap, LayerwiseEqualsOneProcess) {
   ckpt::Named single;
-  run_ranks(1, [&](dist::Group& g) {
+  run_ranks(1, [&](distributed::Group& g) {
     ckpt::Rank r("none", g, "soap");
     r.train(0, 4);
     single = values_of(r);
   });
   for (const int world : {2, 3}) {
-    run_ranks(world, [&](dist::Group& g) {
+    run_ranks(world, [&](distributed::Group& g) {
       ckpt::Rank r("layerwise", g, "soap");
       r.train(0, 4);
       for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
@@ -463,26 +463,26 @@ TEST(ShardedSoap, OwnerComputeEqualsOneProcessBitForBit) {
     }
     for (const int world : {2, 3}) {
       std::vector<std::atomic<int>> owners(kShardedShapes.size());
-      run_ranks(world, [&](dist::Group& g) {
+      run_ranks(world, [&](distributed::Group& g) {
         std::vector<at::Tensor> params;
-        std::vector<dist::RowShard> shards;
+        std::vector<distributed::RowShard> shards;
         std::vector<std::vector<int64_t>> rows;
         for (size_t k = 0; k < kShardedShapes.size(); ++k) {
-          rows.push_back(dist::balanced_split_sizes(kShardedShapes[k][0], world));
-          params.push_back(leaf(dist::local_rows(sharded_init(k), rows[k], g.rank())));
+          rows.push_back(distributed::balanced_split_sizes(kShardedShapes[k][0], world));
+          params.push_back(leaf(distributed::local_rows(sharded_init(k), rows[k], g.rank())));
           shards.emplace_back(kShardedShapes[k], g);
         }
-        dist::ShardedSoap opt(params, shards, sets[hs]);
+        distributed::ShardedSoap opt(params, shards, sets[hs]);
         for (int64_t s = 0; s < 5; ++s) {
           for (size_t k = 0; k < params.size(); ++k) {
-            params[k].mutable_grad() = dist::local_rows(sharded_grad(k, s), rows[k], g.rank());
+            params[k].mutable_grad() = distributed::local_rows(sharded_grad(k, s), rows[k], g.rank());
           }
           opt.step();
         }
         const auto what = "set " + std::to_string(hs) + " W=" + std::to_string(world) + " rank " +
                           std::to_string(g.rank());
         for (size_t k = 0; k < params.size(); ++k) {
-          EXPECT_TRUE(at::equal(params[k].detach(), dist::local_rows(whole[k].detach(), rows[k], g.rank())))
+          EXPECT_TRUE(at::equal(params[k].detach(), distributed::local_rows(whole[k].detach(), rows[k], g.rank())))
               << what << " param " << k;
           const auto& st = state_of(opt, params[k]);
           EXPECT_EQ(st.step(), 5) << what;
@@ -507,18 +507,18 @@ TEST(ShardedSoap, BuiltByMakeOptimizerEqualsOneProcess) {
   // tall) to SOAP, the rest to AdamW; the default precondition_frequency 1
   // refreshes at every step (eigh at the first, orthogonal iteration after).
   ckpt::Named single;
-  run_ranks(1, [&](dist::Group& g) {
+  run_ranks(1, [&](distributed::Group& g) {
     ckpt::Rank r("none", g, "soap");
     r.train(0, 5);
     single = values_of(r);
   });
   for (const auto& [kind, world] : {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 3),
                                     std::make_pair(std::string("padded"), 3)}) {
-    run_ranks(world, [&, kind = kind, world = world](dist::Group& g) {
+    run_ranks(world, [&, kind = kind, world = world](distributed::Group& g) {
       ckpt::Rank r(kind, g, "soap");
       auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
       ASSERT_NE(composite, nullptr);
-      auto* soap = dynamic_cast<dist::ShardedSoap*>(composite->find_part("soap"));
+      auto* soap = dynamic_cast<distributed::ShardedSoap*>(composite->find_part("soap"));
       ASSERT_NE(soap, nullptr) << kind;
       EXPECT_EQ(soap->param_groups()[0].params().size(), 3u);
       r.train(0, 5);
@@ -532,7 +532,7 @@ TEST(ShardedSoap, BuiltByMakeOptimizerEqualsOneProcess) {
 }
 
 TEST(ShardedSoap, LayoutStepsItEqualToOneProcess) {
-  // muon::dist::Layout with layout sharded: the gradients are reduce-scattered
+  // muon::distributed::Layout with layout sharded: the gradients are reduce-scattered
   // into each rank's rows (the average over ranks), then ShardedSoap steps
   // them and the rows are all-gathered. Every rank gives the same gradient,
   // multiples of 1/64 below 2^8, whose sum over 3 ranks and division by the
@@ -549,10 +549,10 @@ TEST(ShardedSoap, LayoutStepsItEqualToOneProcess) {
     return (seeded_randn(model[k].second, 40 + 9 * static_cast<uint64_t>(s) + k) * 64).round_() / 64;
   };
   const auto run = [&](int world, const std::string& layout, ckpt::Named& out) {
-    run_ranks(world, [&](dist::Group& g) {
+    run_ranks(world, [&](distributed::Group& g) {
       ckpt::Named named;
       for (size_t k = 0; k < model.size(); ++k) named.insert(model[k].first, leaf(seeded_randn(model[k].second, 5 + k)));
-      dist::Layout l(named, config(layout), dist::LayoutGroups().world(g));
+      distributed::Layout l(named, config(layout), distributed::LayoutGroups().world(g));
       for (int64_t s = 0; s < 5; ++s) {
         l.zero_grad();
         for (size_t k = 0; k < model.size(); ++k) named[model[k].first].mutable_grad() = grad_of(k, s);
@@ -582,7 +582,7 @@ TEST(ShardedSoap, CheckpointsReshardBitIdentically) {
   ckpt::Named after2;
   ckpt::Named after3;
   ckpt::Named after5;
-  run_ranks(1, [&](dist::Group& g) {
+  run_ranks(1, [&](distributed::Group& g) {
     ckpt::Rank r("none", g, "soap");
     r.train(0, 2);
     after2 = values_of(r);
@@ -604,19 +604,19 @@ TEST(ShardedSoap, CheckpointsReshardBitIdentically) {
 // layout: tensor_parallel, and the 2-D layout (sharded with tensor-parallel
 // blocks); so do the replicated sharded mode and 1-D row shards.
 TEST(ShardedSoap, SplittingLayoutsAreRefusedNamingSoap) {
-  run_ranks(2, [&](dist::Group& g) {
+  run_ranks(2, [&](distributed::Group& g) {
     expect_value_error([&] { ckpt::Rank r("tp", g, "soap"); }, {"'soap'", "'tensor_parallel'"});
     auto p = leaf(at::randn({3, 4}));
     expect_value_error(
         [&] {
-          dist::ShardedSoap opt({p}, {dist::RowShard({6, 4}, g)}, SoapOptions(), dist::ShardedOptions().mode("replicated"));
+          distributed::ShardedSoap opt({p}, {distributed::RowShard({6, 4}, g)}, SoapOptions(), distributed::ShardedOptions().mode("replicated"));
         },
-        {"[muon::dist::ShardedSoap]", "'soap'", "owner_compute", "'replicated'"});
+        {"[muon::distributed::ShardedSoap]", "'soap'", "owner_compute", "'replicated'"});
     auto v = leaf(at::randn({3}));
-    expect_value_error([&] { dist::ShardedSoap opt({v}, {dist::RowShard({6}, g)}); },
-                       {"[muon::dist::ShardedSoap]", "global shape [6]", "matrices"});
+    expect_value_error([&] { distributed::ShardedSoap opt({v}, {distributed::RowShard({6}, g)}); },
+                       {"[muon::distributed::ShardedSoap]", "global shape [6]", "matrices"});
   });
-  run_ranks(4, [&](dist::Group& g) {
+  run_ranks(4, [&](distributed::Group& g) {
     expect_value_error([&] { ckpt::Rank r("2d", g, "soap"); }, {"'soap'", "2-D"});
   });
 }

@@ -15,8 +15,8 @@
 
 #include "dist_util.h"
 #include "expect_util.h"
-#include "muon/dist/layouts/layerwise.h"
-#include "muon/dist/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/layerwise.h"
+#include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/muon.h"
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/hybrid.h"
@@ -183,9 +183,9 @@ TEST(NonFinite, HybridNamesTheParameterAndTouchesNoPart) {
 // raises) together; without the agreement rank 0 would step alone.
 TEST(NonFinite, ShardedRanksAgree) {
   for (const auto policy : {NonFinitePolicy::kSkipStep, NonFinitePolicy::kError}) {
-    const auto errors = run_ranks_collect(2, [&](dist::Group& group) {
+    const auto errors = run_ranks_collect(2, [&](distributed::Group& group) {
       auto p = leaf(seeded_randn({4, 8}, 7 + group.rank()));
-      dist::ShardedMuon opt({p}, {dist::RowShard({8, 8}, group)});
+      distributed::ShardedMuon opt({p}, {distributed::RowShard({8, 8}, group)});
       opt.set_nonfinite(policy);
       p.mutable_grad() = seeded_randn({4, 8}, 20 + group.rank());
       opt.step();
@@ -214,10 +214,10 @@ TEST(NonFinite, ShardedRanksAgree) {
 // Layer-wise over 2 ranks: rank 1 owns a parameter whose gradient is NaN;
 // both ranks skip, and rank 0's owned parameters are not updated either.
 TEST(NonFinite, LayerwiseRanksAgree) {
-  const auto errors = run_ranks_collect(2, [&](dist::Group& group) {
+  const auto errors = run_ranks_collect(2, [&](distributed::Group& group) {
     Named named;
     for (int k = 0; k < 4; ++k) named.insert("w" + std::to_string(k), leaf(seeded_randn({8, 8}, k)));
-    dist::LayerwiseOptimizer opt(named, group, [](const Named& owned) {
+    distributed::LayerwiseOptimizer opt(named, group, [](const Named& owned) {
       return std::make_unique<MuonWithAdamW>(owned);
     });
     opt.set_nonfinite(NonFinitePolicy::kSkipStep);
@@ -363,11 +363,11 @@ TEST(LoadErrors, SayWhatTheArchiveHolds) {
 
   // A layer-wise rank's archive (as a 2-rank checkpoint) into one process.
   std::stringstream layerwise_bytes;
-  run_ranks(2, [&](dist::Group& group) {
+  run_ranks(2, [&](distributed::Group& group) {
     Named replica;
     replica.insert("w", leaf(seeded_randn({8, 4}, 3)));
     replica.insert("v", leaf(seeded_randn({8, 4}, 5)));
-    dist::LayerwiseOptimizer lw(replica, group, [](const Named& owned) {
+    distributed::LayerwiseOptimizer lw(replica, group, [](const Named& owned) {
       return std::make_unique<MuonWithAdamW>(owned);
     });
     torch::serialize::OutputArchive a;
@@ -377,7 +377,7 @@ TEST(LoadErrors, SayWhatTheArchiveHolds) {
   torch::serialize::InputArchive in3;
   in3.load_from(layerwise_bytes);
   expect_value_error([&] { hybrid.load(in3); },
-                     {"muon::dist::LayerwiseOptimizer written by rank 0 of 2 ranks",
+                     {"muon::distributed::LayerwiseOptimizer written by rank 0 of 2 ranks",
                       "same layout and world size"});
 }
 

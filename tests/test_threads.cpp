@@ -1,6 +1,6 @@
 // muon::detail::align_blas_threads (src/util/threads.h): the BLAS pool
 // follows LibTorch's intra-op count unless the user chose its size. Each case
-// runs tests/dist/env_check.cpp as a fresh process whose environment the test
+// runs tests/distributed/env_check.cpp as a fresh process whose environment the test
 // sets, since OpenBLAS reads its variables when it is loaded.
 #include <gtest/gtest.h>
 

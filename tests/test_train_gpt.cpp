@@ -28,7 +28,7 @@
 #include "checkpoint_run.h"
 #include "data.h"
 #include "gpt.h"
-#include "muon/dist/checkpoints/checkpoint.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
 #include "muon/optim/hybrid.h"
 #include "muon/qk_clip.h"
 #include "report.h"
@@ -817,7 +817,7 @@ TEST(TrainGptProgram, ResumeAutoSkipsADamagedNewestCheckpoint) {
     EXPECT_EQ(a.points[i].valid_loss, b.points[i].valid_loss) << "step " << a.points[i].step;
   }
   // The resumed run saved step 4 again: it verifies now.
-  EXPECT_EQ(muon::dist::verify_checkpoint(newest.string()).step, 4);
+  EXPECT_EQ(muon::distributed::verify_checkpoint(newest.string()).step, 4);
   std::filesystem::remove_all(dir);
 }
 

@@ -19,7 +19,7 @@
 
 #include "dist_util.h"
 #include "gpt.h"
-#include "muon/dist/layouts/qk_clip.h"
+#include "muon/distributed/layouts/qk_clip.h"
 #include "muon/plan.h"
 #include "report.h"
 #include "train_gpt_curve_util.h"
@@ -68,7 +68,7 @@ TEST(TrainGptModel, TensorParallelModelIsTheSingleProcessModel) {
     const auto logits = whole->forward(tokens.narrow(1, 0, c.context)).detach();
     const auto whole_params = whole->named_parameters();
     std::mutex global_generator;
-    muon::test::run_ranks(k.ranks, [&](muon::dist::Group& tp) {
+    muon::test::run_ranks(k.ranks, [&](muon::distributed::Group& tp) {
       // Thread ranks share the global generator: one builds at a time.
       std::unique_lock<std::mutex> lock(global_generator);
       at::manual_seed(7);
@@ -90,7 +90,7 @@ TEST(TrainGptModel, TensorParallelModelIsTheSingleProcessModel) {
       // QK-clip's maxima of that forward: each rank's heads at their global
       // index (−∞ elsewhere), the MAX over the ranks the whole model's, and
       // the first row of the rank's fused QKV block.
-      const auto maxima = muon::dist::all_reduce_max(at::stack(model->max_logits()), tp);
+      const auto maxima = muon::distributed::all_reduce_max(at::stack(model->max_logits()), tp);
       EXPECT_TRUE(at::allclose(maxima, at::stack(whole->max_logits()), kTol, kTol));
       const auto qkv_rows =
           tp.all_gather_ints({model->named_parameters()["blocks.0.attn.qkv.weight"].size(0)});

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "muon/dist/checkpoints/checkpoint.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
 #include "env_util.h"
 #include "process_tree_util.h"
 #include "report.h"
@@ -99,7 +99,7 @@ train_gpt::RunLog one_process(const fs::path& dir, int steps) {
 
 // The step of the newest complete checkpoint in `dir` (-1: none).
 int64_t newest_step(const fs::path& dir) {
-  const auto info = muon::dist::latest_checkpoint(dir.string());
+  const auto info = muon::distributed::latest_checkpoint(dir.string());
   return info ? info->step : -1;
 }
 

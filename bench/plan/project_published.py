@@ -6,7 +6,7 @@ Megatron-FSDP seed, dion#96), for the layout each used and for each of ours.
   bench/plan/project_published.py [--build build]
 
 Prints the Markdown tables of docs/scale.md ("Projected there"). Every
-input is a preset of muon::plan (src/dist/plan/plan_io.cpp: model shapes,
+input is a preset of muon::plan (src/distributed/plan/plan_io.cpp: model shapes,
 machine figures), named in docs/scale.md.
 """
 import argparse

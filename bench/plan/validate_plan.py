@@ -6,7 +6,7 @@ in each) and compares, per layout and rank count, what muon-plan predicts
 with what the job measured:
   - bytes sent per training step by the most loaded rank, optimizer state
     bytes and parameter bytes per rank: exactly (the model mirrors
-    muon::dist::Group::bytes_sent and the layouts' bucketing);
+    muon::distributed::Group::bytes_sent and the layouts' bucketing);
   - the optimizer's time per step (the layout's step after the gradients
     are reduced, which the job times apart): printed with the ratio
     predicted / measured, within 25% expected.

@@ -1,7 +1,7 @@
 #pragma once
 
 /// What a muon-train-gpt checkpoint's manifest says about the run that
-/// wrote it: the `extra` text given to muon::dist::save_checkpoint, as JSON.
+/// wrote it: the `extra` text given to muon::distributed::save_checkpoint, as JSON.
 /// It is checked before anything is loaded from the checkpoint, and holds
 /// the log to continue.
 #include <cstdint>

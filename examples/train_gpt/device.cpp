@@ -87,8 +87,8 @@ c10::Device rank_device(const std::string& value) {
   return device;
 }
 
-muon::dist::Backend group_backend(const c10::Device& device) {
-  return device.is_cuda() ? muon::dist::Backend::kNccl : muon::dist::Backend::kGloo;
+muon::distributed::Backend group_backend(const c10::Device& device) {
+  return device.is_cuda() ? muon::distributed::Backend::kNccl : muon::distributed::Backend::kGloo;
 }
 
 std::string describe_device(const c10::Device& device) {

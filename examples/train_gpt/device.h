@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/runtime/group.h"
 
 namespace train_gpt {
 
@@ -29,9 +29,9 @@ void check_device_flag(const std::string& value, int64_t local_ranks);
 c10::Device rank_device(const std::string& value);
 
 /// The backend of the process groups on `device`: NCCL for CUDA, Gloo for
-/// the CPU (muon::dist::Backend::kAuto would take NCCL on any machine with
+/// the CPU (muon::distributed::Backend::kAuto would take NCCL on any machine with
 /// a GPU, where a --device cpu run's tensors are on the CPU).
-muon::dist::Backend group_backend(const c10::Device& device);
+muon::distributed::Backend group_backend(const c10::Device& device);
 
 /// `device` for logs and reports: "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)"
 /// (the name from the CUDA driver; "cuda:0" alone where it cannot be read).

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "muon/dist/checkpoints/checkpoint.h"
-#include "muon/dist/runtime/agreement.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
+#include "muon/distributed/runtime/agreement.h"
 #include "text.h"
 
 namespace train_gpt {
@@ -16,14 +16,14 @@ namespace {
 namespace fs = std::filesystem;
 
 // The checkpoint directory `path` of `flag`, created if missing and checked
-// writable (muon::dist::check_checkpoint_dir): otherwise c10::ValueError
+// writable (muon::distributed::check_checkpoint_dir): otherwise c10::ValueError
 // naming the flag and the path, before any step.
 void check_save_directory(const char* flag, const std::string& path) {
   try {
-    muon::dist::check_checkpoint_dir(path);
+    muon::distributed::check_checkpoint_dir(path);
   } catch (const c10::Error& e) {
     std::string why = e.what_without_backtrace();
-    const std::string who = "[muon::dist::check_checkpoint_dir] ";
+    const std::string who = "[muon::distributed::check_checkpoint_dir] ";
     if (why.rfind(who, 0) == 0) why.erase(0, who.size());
     TORCH_CHECK_VALUE(false, "[muon-train-gpt] ", flag, " '", clip(path), "': ", why);
   }
@@ -55,7 +55,7 @@ void check_resume_directories(const std::string& resume, const std::string& save
   }
   for (const auto& run : runs) {
     const auto dir = (fs::path(resume) / run).string();
-    TORCH_CHECK_VALUE(muon::dist::latest_checkpoint(dir).has_value(), "[muon-train-gpt] --resume '",
+    TORCH_CHECK_VALUE(muon::distributed::latest_checkpoint(dir).has_value(), "[muon-train-gpt] --resume '",
                       clip(resume), "': no complete checkpoint of run '", run, "' in '",
                       clip(dir), "'");
   }
@@ -78,14 +78,14 @@ void check_save_directories(const std::string& save, const std::vector<std::stri
 // the ranks agree on the checkpoint they found: a rank that sees another
 // (a directory not shared by every node) raises c10::ValueError on every
 // rank. The reasons are the library's messages, bounded in length.
-std::string auto_resume_directory(const muon::dist::Group& group, const std::string& dir,
+std::string auto_resume_directory(const muon::distributed::Group& group, const std::string& dir,
                                   const std::string& run) {
-  std::vector<muon::dist::SkippedCheckpoint> skipped;
-  const auto latest = muon::dist::latest_verified_checkpoint(dir, &skipped);
+  std::vector<muon::distributed::SkippedCheckpoint> skipped;
+  const auto latest = muon::distributed::latest_verified_checkpoint(dir, &skipped);
   const int64_t step = latest ? latest->step : -1;
   std::string found = latest ? "step " + std::to_string(step) : "none";
   if (!skipped.empty()) found += " (" + std::to_string(skipped.size()) + " newer damaged)";
-  muon::dist::check_ranks_agree(
+  muon::distributed::check_ranks_agree(
       group, {{"the newest checkpoint of run '" + run + "' in '" + clip(dir) + "' that verifies", found}},
       "[muon-train-gpt] --resume auto: ", "--save must be one directory every rank sees");
   TORCH_CHECK_VALUE(latest || skipped.empty(), "[muon-train-gpt] --resume auto: run '", run,

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/runtime/group.h"
 
 namespace train_gpt {
 
@@ -37,7 +37,7 @@ void check_resume_directories(const std::string& resume, const std::string& save
 /// the ranks agree on the checkpoint they found: a rank that sees another
 /// (a directory not shared by every node) raises c10::ValueError on every
 /// rank. The reasons are the library's messages, bounded in length.
-std::string auto_resume_directory(const muon::dist::Group& group, const std::string& dir,
+std::string auto_resume_directory(const muon::distributed::Group& group, const std::string& dir,
                                   const std::string& run);
 
 }  // namespace train_gpt

@@ -50,17 +50,17 @@ NormImpl::NormImpl(const std::string& kind, int64_t width) {
 
 at::Tensor NormImpl::forward(const at::Tensor& x) { return norm_.forward(x); }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c, const muon::dist::Group& tp)
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptConfig& c, const muon::distributed::Group& tp)
     : head_dim_(c.width / c.heads) {
   // Each rank holds whole heads: of the fused QKV weight, the q, k and v
   // rows of its heads; of the output projection, their columns.
-  const auto qkv_rows = muon::dist::rows_per_rank_by_heads(c.heads, 3 * head_dim_, tp.size());
-  const auto proj_cols = muon::dist::rows_per_rank_by_heads(c.heads, head_dim_, tp.size());
+  const auto qkv_rows = muon::distributed::rows_per_rank_by_heads(c.heads, 3 * head_dim_, tp.size());
+  const auto proj_cols = muon::distributed::rows_per_rank_by_heads(c.heads, head_dim_, tp.size());
   heads_ = qkv_rows.at(static_cast<size_t>(tp.rank())) / (3 * head_dim_);
-  head_begin_ = muon::dist::split_offset(qkv_rows, tp.rank()) / (3 * head_dim_);
-  qkv_ = register_module("qkv", muon::dist::ColumnParallelLinear(c.width, 3 * c.width, tp,
+  head_begin_ = muon::distributed::split_offset(qkv_rows, tp.rank()) / (3 * head_dim_);
+  qkv_ = register_module("qkv", muon::distributed::ColumnParallelLinear(c.width, 3 * c.width, tp,
                                                                   /*bias=*/false, qkv_rows));
-  proj_ = register_module("proj", muon::dist::RowParallelLinear(c.width, c.width, tp,
+  proj_ = register_module("proj", muon::distributed::RowParallelLinear(c.width, c.width, tp,
                                                                  /*bias=*/false, proj_cols));
   mask_ = register_buffer(
       "mask", at::full({c.context, c.context}, -INFINITY).triu(1));
@@ -110,15 +110,15 @@ at::Tensor MoeImpl::forward(const at::Tensor& x) {
   return out.view_as(x);
 }
 
-BlockImpl::BlockImpl(const GptConfig& c, const muon::dist::Group& tp) {
+BlockImpl::BlockImpl(const GptConfig& c, const muon::distributed::Group& tp) {
   norm1_ = register_module("norm1", Norm(c.norm, c.width));
   attn_ = register_module("attn", CausalSelfAttention(c, tp));
   norm2_ = register_module("norm2", Norm(c.norm, c.width));
   if (c.experts > 0) {
     moe_ = register_module("moe", Moe(c));
   } else {
-    fc1_ = register_module("fc1", muon::dist::ColumnParallelLinear(c.width, c.mlp_ratio * c.width, tp));
-    fc2_ = register_module("fc2", muon::dist::RowParallelLinear(c.mlp_ratio * c.width, c.width, tp));
+    fc1_ = register_module("fc1", muon::distributed::ColumnParallelLinear(c.width, c.mlp_ratio * c.width, tp));
+    fc2_ = register_module("fc2", muon::distributed::RowParallelLinear(c.mlp_ratio * c.width, c.width, tp));
   }
 }
 
@@ -128,7 +128,7 @@ at::Tensor BlockImpl::forward(at::Tensor x) {
   return x + fc2_->forward(at::gelu(fc1_->forward(norm2_->forward(x))));
 }
 
-GptImpl::GptImpl(const GptConfig& c, const muon::dist::Group& tp) : config_(c), tp_(tp) {
+GptImpl::GptImpl(const GptConfig& c, const muon::distributed::Group& tp) : config_(c), tp_(tp) {
   c.validate();
   TORCH_CHECK_VALUE(tp.size() <= c.heads, "[train_gpt] a tensor-parallel group of ", tp.size(),
                     " ranks needs at least as many heads, got ", c.heads);
@@ -183,9 +183,9 @@ void GptImpl::initialize(uint64_t seed) {
       const auto b = whole.find(prefix + "bias");
       return b != whole.end() ? b->second : at::Tensor();
     };
-    if (auto* column = item.value()->as<muon::dist::ColumnParallelLinearImpl>()) {
+    if (auto* column = item.value()->as<muon::distributed::ColumnParallelLinearImpl>()) {
       column->load_full(whole.at(prefix + "weight"), bias());
-    } else if (auto* row = item.value()->as<muon::dist::RowParallelLinearImpl>()) {
+    } else if (auto* row = item.value()->as<muon::distributed::RowParallelLinearImpl>()) {
       row->load_full(whole.at(prefix + "weight"), bias());
     }
   }
@@ -194,9 +194,9 @@ void GptImpl::initialize(uint64_t seed) {
   }
 }
 
-std::map<std::string, muon::dist::TensorParallelShard> GptImpl::tensor_parallel_shards() const {
+std::map<std::string, muon::distributed::TensorParallelShard> GptImpl::tensor_parallel_shards() const {
   if (tp_.size() == 1) return {};
-  return muon::dist::tensor_parallel_shards(*this);
+  return muon::distributed::tensor_parallel_shards(*this);
 }
 
 at::Tensor GptImpl::forward(const at::Tensor& tokens) {

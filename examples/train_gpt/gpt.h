@@ -9,7 +9,7 @@
 ///
 /// Tensor parallel: given a tensor-parallel group of p ranks, the attention
 /// and MLP matrices are Megatron-style column- and row-parallel layers
-/// (muon/dist/layouts/tensor_parallel_layers.h) and each rank holds its
+/// (muon/distributed/layouts/tensor_parallel_layers.h) and each rank holds its
 /// block: the fused QKV projection and the attention output split by heads,
 /// fc1 by rows and fc2 by columns. The embeddings, norms, head and experts
 /// are whole on every rank. With one rank (the default) the same code is the
@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "muon/dist/layouts/tensor_parallel_layers.h"
-#include "muon/dist/layouts/tensor_parallel_shard.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/layouts/tensor_parallel_layers.h"
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/runtime/group.h"
 
 namespace train_gpt {
 
@@ -88,7 +88,7 @@ TORCH_MODULE(Norm);
 /// bias), this rank's heads of the tensor-parallel group `tp`.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  CausalSelfAttentionImpl(const GptConfig& config, const muon::dist::Group& tp);
+  CausalSelfAttentionImpl(const GptConfig& config, const muon::distributed::Group& tp);
   at::Tensor forward(const at::Tensor& x);
   /// The largest pre-softmax logit q_i·k_j/√d (causal pairs j <= i) of each
   /// of this rank's heads over the batch of the last forward run with
@@ -104,8 +104,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   int64_t head_begin_ = 0;
   int64_t head_dim_;
   at::Tensor max_logits_;
-  muon::dist::ColumnParallelLinear qkv_{nullptr};
-  muon::dist::RowParallelLinear proj_{nullptr};
+  muon::distributed::ColumnParallelLinear qkv_{nullptr};
+  muon::distributed::RowParallelLinear proj_{nullptr};
   at::Tensor mask_;  // (context, context) additive causal mask, a buffer
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -131,7 +131,7 @@ TORCH_MODULE(Moe);
 /// mixture of experts (`moe`).
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GptConfig& config, const muon::dist::Group& tp);
+  BlockImpl(const GptConfig& config, const muon::distributed::Group& tp);
   at::Tensor forward(at::Tensor x);
   /// Its attention.
   const CausalSelfAttention& attention() const { return attn_; }
@@ -140,8 +140,8 @@ class BlockImpl : public torch::nn::Module {
   Norm norm1_{nullptr};
   CausalSelfAttention attn_{nullptr};
   Norm norm2_{nullptr};
-  muon::dist::ColumnParallelLinear fc1_{nullptr};
-  muon::dist::RowParallelLinear fc2_{nullptr};
+  muon::distributed::ColumnParallelLinear fc1_{nullptr};
+  muon::distributed::RowParallelLinear fc2_{nullptr};
   Moe moe_{nullptr};
 };
 TORCH_MODULE(Block);
@@ -155,7 +155,7 @@ class GptImpl : public torch::nn::Module {
   /// Collective over `tp` only through forward and backward. Raises
   /// c10::ValueError for an invalid config or more ranks in `tp` than heads.
   explicit GptImpl(const GptConfig& config,
-                   const muon::dist::Group& tp = muon::dist::Group::single());
+                   const muon::distributed::Group& tp = muon::distributed::Group::single());
   /// Logits for `tokens` (int64, batch × time, time ≤ context).
   at::Tensor forward(const at::Tensor& tokens);
   /// Mean cross-entropy of next-token prediction: `tokens` (batch × (time+1)).
@@ -165,10 +165,10 @@ class GptImpl : public torch::nn::Module {
   /// Number of parameter elements (this rank's).
   int64_t num_parameters() const;
   /// The tensor-parallel blocks by parameter name (empty with one rank), as
-  /// muon::dist::DistributedLayout::tensor_parallel takes them.
-  std::map<std::string, muon::dist::TensorParallelShard> tensor_parallel_shards() const;
+  /// muon::distributed::DistributedLayout::tensor_parallel takes them.
+  std::map<std::string, muon::distributed::TensorParallelShard> tensor_parallel_shards() const;
   /// The tensor-parallel group it was built over.
-  const muon::dist::Group& tensor_parallel_group() const { return tp_; }
+  const muon::distributed::Group& tensor_parallel_group() const { return tp_; }
   /// Per block, the largest attention logit of every head (float64,
   /// config().heads) in the last training forward: this rank's heads, −∞
   /// for the heads other tensor-parallel ranks hold (a MAX over the ranks
@@ -182,7 +182,7 @@ class GptImpl : public torch::nn::Module {
   void initialize(uint64_t seed);
 
   GptConfig config_;
-  muon::dist::Group tp_;
+  muon::distributed::Group tp_;
   torch::nn::Embedding wte_{nullptr};
   torch::nn::Embedding wpe_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};

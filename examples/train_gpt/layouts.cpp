@@ -6,8 +6,8 @@
 #include <memory>
 #include <utility>
 
-#include "muon/dist/layouts/layout.h"
-#include "muon/dist/runtime/agreement.h"
+#include "muon/distributed/layouts/layout.h"
+#include "muon/distributed/runtime/agreement.h"
 
 namespace train_gpt {
 namespace {
@@ -67,13 +67,13 @@ int tensor_parallel_size(Parallel parallel, int world, int tp, int64_t heads) {
   return size;
 }
 
-Mesh make_mesh(Parallel parallel, const muon::dist::Group& world, int tp_size) {
+Mesh make_mesh(Parallel parallel, const muon::distributed::Group& world, int tp_size) {
   Mesh m;
   m.world = world;
   m.distinct = {world};
   if (!tensor_parallel(parallel)) {
     m.dp = world;
-    m.tp = muon::dist::Group::single();
+    m.tp = muon::distributed::Group::single();
     return m;
   }
   std::tie(m.dp, m.tp) = world.mesh(world.size() / tp_size, tp_size);
@@ -99,13 +99,13 @@ std::string describe(Parallel parallel, const Mesh& mesh, const std::string& opt
   return "?";
 }
 
-std::unique_ptr<muon::dist::Layout> make_layout(Parallel parallel, const Mesh& mesh, Gpt& model,
+std::unique_ptr<muon::distributed::Layout> make_layout(Parallel parallel, const Mesh& mesh, Gpt& model,
                                                 muon::OptimizerConfig config,
                                                 const std::string& optimizer_layout) {
   // Replicas start equal, as DDP makes them: the data-parallel rank 0's
   // parameters (a rank started with another --seed trains the same model).
-  muon::dist::broadcast_parameters(model->named_parameters(), mesh.dp);
-  auto groups = muon::dist::LayoutGroups().world(mesh.world).dp(mesh.dp);
+  muon::distributed::broadcast_parameters(model->named_parameters(), mesh.dp);
+  auto groups = muon::distributed::LayoutGroups().world(mesh.world).dp(mesh.dp);
   switch (parallel) {
     case Parallel::kSingle:
     case Parallel::kDdp:
@@ -121,7 +121,7 @@ std::unique_ptr<muon::dist::Layout> make_layout(Parallel parallel, const Mesh& m
       config.set("layout", "sharded");
       break;
   }
-  return std::make_unique<muon::dist::Layout>(model->named_parameters(), config, groups);
+  return std::make_unique<muon::distributed::Layout>(model->named_parameters(), config, groups);
 }
 
 }  // namespace train_gpt

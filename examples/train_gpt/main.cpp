@@ -20,7 +20,7 @@
 // more than one rank the gradients are averaged and the optimizer runs
 // layer-wise distributed (config field layout = layerwise). The ranks first
 // compare their flags, and rank 0's model is broadcast to all (as DDP does).
-// --save DIR writes reshardable checkpoints (muon::dist::save_checkpoint) to
+// --save DIR writes reshardable checkpoints (muon::distributed::save_checkpoint) to
 // DIR/<run>/step-<N>; --resume DIR continues each run from the newest in
 // DIR/<run>/, at any --nproc and --optimizer-layout; --resume auto from
 // --save's newest where there is one (torchrun --max-restarts: a restarted
@@ -50,8 +50,8 @@
 #include "gpt.h"
 #include "layouts.h"
 #include "muon/config.h"
-#include "muon/dist/runtime/agreement.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/runtime/agreement.h"
+#include "muon/distributed/runtime/group.h"
 #include "muon/plugin.h"
 #include "muon/registry.h"
 #include "muon/schedule.h"
@@ -132,7 +132,7 @@ std::string find_plot_script() {
 // started with another --width or --steps would train another model or
 // leave the others waiting. --seed may differ (rank 0's model is broadcast)
 // and so may --threads.
-std::vector<muon::dist::AgreementItem> shared_flags(const Flags& f) {
+std::vector<muon::distributed::AgreementItem> shared_flags(const Flags& f) {
   const auto& t = f.train;
   std::string configs;
   for (const auto& c : f.configs) configs += c + " ";
@@ -200,19 +200,19 @@ std::string one_line(std::string text) {
 // The ranks of the job: the launcher's (torchrun's variables), over NCCL
 // for CUDA and Gloo for the CPU, waiting --timeout where given; this process
 // alone without a launcher.
-muon::dist::Group join_ranks(const Flags& f, const at::Device& device) {
-  if (std::getenv("RANK") == nullptr) return muon::dist::Group::single();
-  auto options = muon::dist::GroupOptions().backend(train_gpt::group_backend(device));
+muon::distributed::Group join_ranks(const Flags& f, const at::Device& device) {
+  if (std::getenv("RANK") == nullptr) return muon::distributed::Group::single();
+  auto options = muon::distributed::GroupOptions().backend(train_gpt::group_backend(device));
   if (f.timeout > 0) {
     const auto ms = static_cast<int64_t>(std::llround(f.timeout * 1000));
     options.timeout(std::chrono::milliseconds(std::max<int64_t>(ms, 1)));
   }
-  return muon::dist::init_from_env(options);
+  return muon::distributed::init_from_env(options);
 }
 
 // The dataset of --data, or of the generated corpus; rank 0 prints its
 // size, the model's and where the ranks compute.
-train_gpt::Dataset load_data(const Flags& f, const muon::dist::Group& group,
+train_gpt::Dataset load_data(const Flags& f, const muon::distributed::Group& group,
                              const std::string& where) {
   std::string text;
   if (f.data_file.empty()) {
@@ -244,7 +244,7 @@ int run_rank(const Flags& f) {
   const auto group = join_ranks(f, device);
   const int world = group.size();
   at::set_num_threads(static_cast<int>(f.threads));
-  muon::dist::check_ranks_agree(group, shared_flags(f), "[muon-train-gpt] ",
+  muon::distributed::check_ranks_agree(group, shared_flags(f), "[muon-train-gpt] ",
                                 "start every rank with the same flags");
   const auto where = train_gpt::describe_devices(device, world);
   const auto data = load_data(f, group, where);

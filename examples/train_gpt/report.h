@@ -32,7 +32,7 @@ struct RankCost {
   /// Bytes of the parameters held (the model's, and master shards).
   int64_t parameter_bytes = 0;
   /// Bytes sent per training step (forward, backward and optimizer step),
-  /// by the ring model of muon::dist::Group::bytes_sent.
+  /// by the ring model of muon::distributed::Group::bytes_sent.
   int64_t bytes_sent_per_step = 0;
 };
 

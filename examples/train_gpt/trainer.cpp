@@ -16,8 +16,8 @@
 
 #include "checkpoint_run.h"
 #include "device.h"
-#include "muon/dist/checkpoints/checkpoint.h"
-#include "muon/dist/layouts/qk_clip.h"
+#include "muon/distributed/checkpoints/checkpoint.h"
+#include "muon/distributed/layouts/qk_clip.h"
 #include "muon/optim/state_bytes.h"
 
 namespace train_gpt {
@@ -36,9 +36,9 @@ at::Tensor doubles(const std::vector<double>& values, const at::Device& device) 
 }
 
 // The element-wise MAX of `values` over the ranks of `world`, on the CPU, in
-// float64. As muon::dist::all_reduce_max, whose gather takes CPU tensors
+// float64. As muon::distributed::all_reduce_max, whose gather takes CPU tensors
 // (Gloo's): here the tensors go through `device`, NCCL's on CUDA.
-at::Tensor max_over(const at::Tensor& values, const muon::dist::Group& world,
+at::Tensor max_over(const at::Tensor& values, const muon::distributed::Group& world,
                     const at::Device& device) {
   auto local = values.detach().to(device, at::kDouble).contiguous();
   if (world.size() > 1) {
@@ -78,14 +78,14 @@ void check_options(const TrainOptions& o, const DataParallel& dp) {
 // after the step, and what the log points print.
 class MaxLogits {
  public:
-  MaxLogits(const TrainOptions& o, const GptConfig& config, const muon::dist::Group& world)
+  MaxLogits(const TrainOptions& o, const GptConfig& config, const muon::distributed::Group& world)
       : o_(o), config_(config), world_(world) {}
 
   bool active() const { return o_.qk_clip > 0 || o_.log_max_logits; }
 
   // After the optimizer's step: this step's maxima over every rank, then
   // the clip of every block's fused QKV weight.
-  void after_step(Gpt& model, muon::dist::Layout& layout) {
+  void after_step(Gpt& model, muon::distributed::Layout& layout) {
     if (!active()) return;
     const auto local = model->max_logits();
     // One MAX over every rank for all blocks (data-parallel ranks saw other
@@ -96,7 +96,7 @@ class MaxLogits {
     const auto options =
         muon::QkClipOptions(config_.heads, config_.width / config_.heads).threshold(o_.qk_clip);
     for (int64_t b = 0; b < config_.layers; ++b) {
-      const auto gamma = muon::dist::qk_clip_(layout,
+      const auto gamma = muon::distributed::qk_clip_(layout,
                                               {{"blocks." + std::to_string(b) + ".attn.qkv.weight",
                                                 muon::QkvRows::kGrouped, model->qkv_row_begin()}},
                                               step_[b], options);
@@ -130,7 +130,7 @@ class MaxLogits {
  private:
   const TrainOptions& o_;
   const GptConfig& config_;
-  muon::dist::Group world_;
+  muon::distributed::Group world_;
   at::Tensor step_;      // (layers, heads): the last step's maxima
   at::Tensor interval_;  // the largest since the last log point
   int64_t clipped_ = 0;  // heads clipped since the last log point
@@ -192,15 +192,15 @@ void add_point(RunLog& log, Progress& p, int64_t step, double train_loss, double
 // the manifest and checks the model before the collective load, so that a
 // checkpoint of another model is named by its flag rather than by a
 // parameter's shape.
-Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist::Group& world,
-                const GptConfig& config, muon::dist::Layout& layout,
-                const muon::dist::CheckpointOptions& checkpoint_options, const Validation& validation,
+Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::distributed::Group& world,
+                const GptConfig& config, muon::distributed::Layout& layout,
+                const muon::distributed::CheckpointOptions& checkpoint_options, const Validation& validation,
                 Gpt& model, RunLog& log) {
   std::string error;
   std::string path;
   CheckpointRun run;
   try {
-    const auto info = muon::dist::latest_checkpoint(o.resume);
+    const auto info = muon::distributed::latest_checkpoint(o.resume);
     TORCH_CHECK_VALUE(info.has_value(), "[train_gpt] run '", o.name, "': '", o.resume,
                       "' holds no complete checkpoint to resume from");
     path = info->path;
@@ -214,7 +214,7 @@ Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist:
   agree(dp, o.device, error,
         "[train_gpt] run '" + o.name + "': another rank could not resume from " + o.resume +
             " (its message says why)");
-  const auto info = muon::dist::load_checkpoint(path, layout, checkpoint_options);
+  const auto info = muon::distributed::load_checkpoint(path, layout, checkpoint_options);
   Progress p{info.step, run.tokens, run.seconds, run.optimizer_seconds, run.train_loss_sum, run.train_steps};
   log.points = run.points;
   // The loaded model is the saved one: where the checkpoint's step is a log
@@ -245,10 +245,10 @@ Progress resume(const TrainOptions& o, const DataParallel& dp, const muon::dist:
 
 // The run's world (TrainOptions::world), checked against the ranks of `dp`
 // and `tp` where the run uses it.
-muon::dist::Group run_world(const TrainOptions& o, const DataParallel& dp, const muon::dist::Group& tp) {
+muon::distributed::Group run_world(const TrainOptions& o, const DataParallel& dp, const muon::distributed::Group& tp) {
   const auto world = o.world.valid()               ? o.world
                      : o.distributed.group.valid() ? o.distributed.group
-                                                   : muon::dist::Group::single();
+                                                   : muon::distributed::Group::single();
   const bool checkpoints = !o.save_dir.empty() || !o.resume.empty();
   TORCH_CHECK_VALUE(!checkpoints || world.size() == dp.world * tp.size(),
                     "[train_gpt] checkpoints are saved and loaded over TrainOptions::world (",
@@ -272,9 +272,9 @@ double interval_train_loss(const Progress& p, const DataParallel& dp, const at::
 
 // Saves checkpoint `step` of the run with its log and what is needed to
 // continue it in the manifest. Collective.
-void save_run(const TrainOptions& o, const DataParallel& dp, const muon::dist::Group& world,
-              const GptConfig& config, const muon::dist::CheckpointOptions& checkpoint_options,
-              muon::dist::Layout& layout, const RunLog& log, const Progress& p, int64_t step) {
+void save_run(const TrainOptions& o, const DataParallel& dp, const muon::distributed::Group& world,
+              const GptConfig& config, const muon::distributed::CheckpointOptions& checkpoint_options,
+              muon::distributed::Layout& layout, const RunLog& log, const Progress& p, int64_t step) {
   CheckpointRun run{config,   o.layout,  world.size(),  o.device.str(), log.points,
                     p.tokens, p.seconds, p.opt_seconds, 0,              p.train_count};
   if (p.train_count > 0) {
@@ -284,11 +284,11 @@ void save_run(const TrainOptions& o, const DataParallel& dp, const muon::dist::G
     dp.all_reduce_sum(sum);
     run.train_loss_sum = sum[0].item<double>() / static_cast<double>(dp.world);
   }
-  muon::dist::save_checkpoint(o.save_dir, layout, step, run_to_json(run), checkpoint_options);
+  muon::distributed::save_checkpoint(o.save_dir, layout, step, run_to_json(run), checkpoint_options);
 }
 
 // The layout's cost on the most loaded rank.
-void measure_cost(RunLog& log, const muon::dist::Layout& layout, Gpt& model, const muon::dist::Group& world,
+void measure_cost(RunLog& log, const muon::distributed::Layout& layout, Gpt& model, const muon::distributed::Group& world,
                   int64_t steps_taken, int64_t step_bytes) {
   int64_t parameter_bytes = layout.extra_parameter_bytes();
   for (const auto& p : model->parameters()) parameter_bytes += p.numel() * p.element_size();
@@ -306,9 +306,9 @@ void measure_cost(RunLog& log, const muon::dist::Layout& layout, Gpt& model, con
 RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory& make_optimizer,
              const DataParallel& dp, const ScheduleFactory& make_schedule) {
   auto factory = [&](Gpt& model) {
-    const auto world = o.world.valid() ? o.world : muon::dist::Group::single();
-    return std::make_unique<muon::dist::Layout>(model->named_parameters(), make_optimizer(model),
-                                                muon::dist::LayoutGroups().world(world), o.distributed);
+    const auto world = o.world.valid() ? o.world : muon::distributed::Group::single();
+    return std::make_unique<muon::distributed::Layout>(model->named_parameters(), make_optimizer(model),
+                                                muon::distributed::LayoutGroups().world(world), o.distributed);
   };
   return train(data, o, LayoutFactory(factory), dp, make_schedule);
 }
@@ -316,9 +316,9 @@ RunLog train(const Dataset& data, const TrainOptions& o, const OptimizerFactory&
 RunLog train(const Dataset& data, const TrainOptions& o, const LayoutFactory& make_layout,
              const DataParallel& dp, const ScheduleFactory& make_schedule) {
   check_options(o, dp);
-  const auto tp = o.tensor_parallel.valid() ? o.tensor_parallel : muon::dist::Group::single();
+  const auto tp = o.tensor_parallel.valid() ? o.tensor_parallel : muon::distributed::Group::single();
   const auto world = run_world(o, dp, tp);
-  const auto checkpoint_options = muon::dist::CheckpointOptions().group(world).keep(o.keep);
+  const auto checkpoint_options = muon::distributed::CheckpointOptions().group(world).keep(o.keep);
   at::manual_seed(o.seed);
   GptConfig config = o.model;
   config.vocab_size = data.vocab.size();

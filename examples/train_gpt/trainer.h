@@ -2,7 +2,7 @@
 
 /// One training run of the small GPT: data-parallel over the ranks of a
 /// communicator (gradients averaged across ranks), evaluation, progress,
-/// reshardable checkpoints (muon/dist/checkpoints/checkpoint.h), and the run's
+/// reshardable checkpoints (muon/distributed/checkpoints/checkpoint.h), and the run's
 /// log.
 #include <torch/optim/optimizer.h>
 
@@ -14,9 +14,9 @@
 
 #include "data.h"
 #include "gpt.h"
-#include "muon/dist/layouts/layout.h"
-#include "muon/dist/layouts/make.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/layouts/layout.h"
+#include "muon/distributed/layouts/make.h"
+#include "muon/distributed/runtime/group.h"
 #include "progress.h"
 #include "report.h"
 
@@ -54,7 +54,7 @@ struct TrainOptions {
   /// Where the CSV log goes (written by rank 0; empty: no CSV).
   std::string out_dir;
   /// Directory of this run's checkpoints (empty: none): checkpoint N is
-  /// `<save_dir>/step-<N>` (muon::dist::save_checkpoint: the model, the
+  /// `<save_dir>/step-<N>` (muon::distributed::save_checkpoint: the model, the
   /// optimizer state, and in its manifest the model shape, the layout and
   /// world size that wrote it, and the log so far).
   std::string save_dir;
@@ -72,27 +72,27 @@ struct TrainOptions {
   /// step with its log (learning rates follow from the step).
   std::string resume;
   /// How the parameters and the optimizer are laid out over the ranks: the
-  /// layout given to muon::dist::make_optimizer (for layer-wise, its group).
+  /// layout given to muon::distributed::make_optimizer (for layer-wise, its group).
   /// Default: a single process.
-  muon::dist::DistributedLayout distributed;
+  muon::distributed::DistributedLayout distributed;
   /// Every rank of the run, the group that saves and loads checkpoints.
   /// Invalid (the default): `distributed.group` when valid, else a single
   /// process.
-  muon::dist::Group world;
+  muon::distributed::Group world;
   /// `distributed` in words, recorded in checkpoints and shown on resume:
   /// "single process", "layer-wise", "replicated", "sharded", ...
   std::string layout = "single process";
   /// The tensor-parallel group of this rank: the model holds its blocks
   /// (Gpt). Invalid (the default): none. The world is then
   /// DataParallel::world × its size ranks.
-  muon::dist::Group tensor_parallel;
+  muon::distributed::Group tensor_parallel;
   /// Every group the run communicates over, each once: their
-  /// muon::dist::Group::bytes_sent during the steps is RunLog::cost's.
-  std::vector<muon::dist::Group> counted_groups;
+  /// muon::distributed::Group::bytes_sent during the steps is RunLog::cost's.
+  std::vector<muon::distributed::Group> counted_groups;
   /// QK-clip (MuonClip, muon/qk_clip.h) threshold τ: after every optimizer
   /// step, each block's heads whose largest attention logit of the step
   /// (the MAX over every rank) exceeded τ get their q and k rows of the
-  /// fused QKV weight scaled by √(τ / logit) each (muon::dist::qk_clip_
+  /// fused QKV weight scaled by √(τ / logit) each (muon::distributed::qk_clip_
   /// through the layout: master rows too). 0 (the default): off. At each
   /// log point rank 0 prints the largest logit per block of that step's
   /// forward, the largest since the previous log point and the heads
@@ -115,8 +115,8 @@ struct TrainOptions {
 /// Builds the optimizer of a run from the model's named parameters.
 using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(Gpt&)>;
 /// Builds how a run steps from the fresh model: the layout of its
-/// parameters, gradients, optimizer and checkpoints (muon/dist/layouts/layout.h).
-using LayoutFactory = std::function<std::unique_ptr<muon::dist::Layout>(Gpt&)>;
+/// parameters, gradients, optimizer and checkpoints (muon/distributed/layouts/layout.h).
+using LayoutFactory = std::function<std::unique_ptr<muon::distributed::Layout>(Gpt&)>;
 
 /// Sets the learning rates for a step (called before each step with its index).
 using LrSetter = std::function<void(int64_t step)>;
@@ -138,7 +138,7 @@ RunLog train(const Dataset& data, const TrainOptions& options, const LayoutFacto
 
 /// As above with an optimizer over the model's parameters, replicated over
 /// `options.world` (gradients all-reduced over it when it has several
-/// ranks; muon::dist::Layout's constructor for an optimizer built
+/// ranks; muon::distributed::Layout's constructor for an optimizer built
 /// elsewhere), checkpoints of the model's parameters in `options.distributed`.
 RunLog train(const Dataset& data, const TrainOptions& options, const OptimizerFactory& make_optimizer,
              const DataParallel& dp, const ScheduleFactory& make_schedule = nullptr);

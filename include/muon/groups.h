@@ -4,8 +4,8 @@
 /// groups `make_optimizer` would build from a config (`plan_groups`), the
 /// fields a group carries (`group_fields`) and a group's complete settings
 /// (`group_settings`). The Python package builds its optimizers on these,
-/// with or without a distributed layout; muon::dist::make_grouped_optimizer
-/// (muon/dist/layouts/make.h) builds an optimizer over such groups.
+/// with or without a distributed layout; muon::distributed::make_grouped_optimizer
+/// (muon/distributed/layouts/make.h) builds an optimizer over such groups.
 ///
 ///     auto plan = muon::plan_groups(model->named_parameters(), config);
 ///     plan[0].settings["lr"] = 0.01;  // one group's learning rate
@@ -39,7 +39,7 @@ struct GroupSpec {
 };
 
 /// The param groups `make_optimizer(named_parameters, config)` builds (and
-/// muon::dist::make_optimizer for every layout but layerwise), in its group
+/// muon::distributed::make_optimizer for every layout but layerwise), in its group
 /// order, each with its complete settings: the registry's default rules and
 /// the config's override rules applied, parameters with equal settings
 /// together. Raises c10::ValueError for no parameters, and as

@@ -11,7 +11,7 @@
 /// recommends a layout. docs/scale.md validates it against measured runs and
 /// projects published setups; the command is `muon-plan`.
 ///
-/// Bytes follow muon::dist::Group::bytes_sent (the ring model) and the
+/// Bytes follow muon::distributed::Group::bytes_sent (the ring model) and the
 /// layouts' own bucketing, padding and owner packing, so that a prediction
 /// for a model this library runs is exact, byte for byte. Times are a model:
 /// an alpha-beta cost per collective and a rate per GEMM shape class.

@@ -24,7 +24,7 @@
 ///         {muon::QkClipWeight(attn->qkv->weight, muon::QkvRows::kGrouped)}, max_logits,
 ///         muon::QkClipOptions(/*num_heads=*/8, /*head_dim=*/64).threshold(100));
 ///
-/// The distributed layer (muon/dist/layouts/qk_clip.h) all-reduces the maxima
+/// The distributed layer (muon/distributed/layouts/qk_clip.h) all-reduces the maxima
 /// with MAX and scales a layout's parameters together with its master rows.
 #include <ATen/ATen.h>
 #include <torch/arg.h>

@@ -15,7 +15,7 @@
 /// polargrad, scion, mop, spel and muon_hyperball.
 ///
 /// Layers built on the registry add config fields of their own through a
-/// `ConfigExtension`: the distributed layouts (muon/dist/layouts/make.h) add
+/// `ConfigExtension`: the distributed layouts (muon/distributed/layouts/make.h) add
 /// `layout`, `layout_*` and `muon_tp_mode` to the global registry this way
 /// (through `extend_global`, so that the registry names no layer).
 ///
@@ -103,7 +103,7 @@ struct OptimizerEntry {
   /// For a Muon-family entry (a `muon::Muon` whose step 4 runs through an
   /// `Orthogonalizer`): the optimizer over `groups` with `strategy` as its
   /// orthogonalization, how the distributed layouts that split matrices
-  /// (tensor_parallel, sharded; muon/dist/layouts/make.h) build it with
+  /// (tensor_parallel, sharded; muon/distributed/layouts/make.h) build it with
   /// theirs. Optional: without it those layouts run the entry's `factory`
   /// on the local blocks or shards as they are (element-wise optimizers).
   std::function<std::unique_ptr<torch::optim::Optimizer>(
@@ -125,7 +125,7 @@ struct OptimizerEntry {
 /// optimizer, with a check that keeps the single-process build honest about
 /// them.
 struct ConfigExtension {
-  /// Who adds the fields (for messages), e.g. "muon::dist".
+  /// Who adds the fields (for messages), e.g. "muon::distributed".
   std::string name;
   /// Whole-config fields under their own names; in the schema after the
   /// common fields.
@@ -151,7 +151,7 @@ class OptimizerRegistry {
   OptimizerRegistry() = default;
   /// The process-wide registry, created on first use with the built-ins,
   /// then the `extend_global` functions given so far (with libmuon: the
-  /// distributed layer's fields, muon::dist::register_config_fields).
+  /// distributed layer's fields, muon::distributed::register_config_fields).
   static OptimizerRegistry& global();
   /// Runs `extend` on the global registry: when it is created (after the
   /// built-ins, in the order given), or at once when it exists. How a layer
@@ -285,13 +285,13 @@ std::string explain(const torch::OrderedDict<std::string, at::Tensor>& named_par
 /// invalid settings for a parameter (the optimizer's own checks), settings
 /// an extension's check rejects (with the global registry: a muon_tp_mode
 /// other than "duplicated", since tensor-parallel layouts need the process
-/// groups: muon::dist::make_optimizer in muon/dist/layouts/make.h).
+/// groups: muon::distributed::make_optimizer in muon/distributed/layouts/make.h).
 std::unique_ptr<CompositeOptimizer> make_optimizer(
     const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
     const OptimizerConfig& config, const OptimizerRegistry& registry = OptimizerRegistry::global());
 
 /// What `make_optimizer` needs beyond the config when it builds part of a
-/// larger optimizer (the distributed layouts in muon/dist/layouts/make.h use it).
+/// larger optimizer (the distributed layouts in muon/distributed/layouts/make.h use it).
 struct BuildContext {
   /// Building over a subset of a model's parameters (e.g. those one rank
   /// owns): a user rule that matches none of them is not an error.

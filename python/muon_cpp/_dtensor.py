@@ -5,7 +5,7 @@ with a ``Shard(0)`` placement over the data-parallel dimension of a device
 mesh (and ``Replicate()`` over the replicate dimension under HSDP). Its
 local tensor holds this rank's rows, in ``torch.chunk`` order: the ranks'
 local tensors, concatenated in mesh order, are the whole parameter. That is
-the engine's row-sharded layout (muon::dist::RowShard), so a muon_cpp
+the engine's row-sharded layout (muon::distributed::RowShard), so a muon_cpp
 optimizer over DTensor parameters is the sharded (owner-compute) layout,
 with each parameter's global shape and process group read from the DTensor.
 

@@ -1,4 +1,4 @@
-"""Reading muon-cpp checkpoints (``muon::dist::save_checkpoint``) from Python.
+"""Reading muon-cpp checkpoints (``muon::distributed::save_checkpoint``) from Python.
 
 A checkpoint is a directory ``step-<N>/`` holding ``manifest.json`` and one
 data file per writing rank; docs/checkpoints.md documents the format. This

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "common.h"
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/runtime/group.h"
 #include "muon/newton_schulz.h"
 #include "muon/version.h"
 
@@ -52,7 +52,7 @@ void bind_build_info(py::module_& m) {
         info["dnnl_library"] = std::string(MUON_BUILD_DNNL);
         py::list backends;
         backends.append("gloo");
-        if (muon::dist::nccl_available()) backends.append("nccl");
+        if (muon::distributed::nccl_available()) backends.append("nccl");
         info["c10d_backends"] = backends;
         info["cuda_kernels"] = muon::cuda_kernels_available();
         return info;

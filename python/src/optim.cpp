@@ -16,9 +16,9 @@
 
 #include "common.h"
 #include "muon/compat.h"
-#include "muon/dist/layouts/layerwise.h"
-#include "muon/dist/layouts/layout.h"
-#include "muon/dist/layouts/make.h"
+#include "muon/distributed/layouts/layerwise.h"
+#include "muon/distributed/layouts/layout.h"
+#include "muon/distributed/layouts/make.h"
 #include "muon/groups.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/state_bytes.h"
@@ -54,7 +54,7 @@ struct GroupRecord {
 
 class Engine {
  public:
-  Engine(const py::list& groups, const OptimizerConfig& config, const dist::DistributedLayout& layout)
+  Engine(const py::list& groups, const OptimizerConfig& config, const distributed::DistributedLayout& layout)
       : config_(config) {
     std::vector<GroupSpec> specs;
     for (size_t i = 0; i < groups.size(); ++i) {
@@ -75,14 +75,14 @@ class Engine {
     // The Python layouts are Layouts whose gradients PyTorch reduces (DDP,
     // FSDP2, muon_cpp.distributed.all_reduce_gradients): one agreement per
     // step, then the optimizer.
-    auto layout_groups = dist::LayoutGroups()
+    auto layout_groups = distributed::LayoutGroups()
                       .world(layout.group)
                       .tensor_parallel(layout.tensor_parallel)
                       .row_shards(layout.row_shards)
                       .gradients_reduced(true);
     {
       py::gil_scoped_release release;
-      layout_ = std::make_unique<dist::Layout>(specs, config_, std::move(layout_groups));
+      layout_ = std::make_unique<distributed::Layout>(specs, config_, std::move(layout_groups));
     }
     optimizer_ = &layout_->optimizer();
     for (auto& holder : state_holders(*optimizer_, "muon_cpp: ")) {
@@ -245,7 +245,7 @@ class Engine {
   }
 
   std::vector<int64_t> owners() const {
-    if (const auto* l = dynamic_cast<const dist::LayerwiseOptimizer*>(optimizer_)) return l->owners();
+    if (const auto* l = dynamic_cast<const distributed::LayerwiseOptimizer*>(optimizer_)) return l->owners();
     return {};
   }
 
@@ -301,7 +301,7 @@ class Engine {
   }
 
   OptimizerConfig config_;
-  std::unique_ptr<dist::Layout> layout_;
+  std::unique_ptr<distributed::Layout> layout_;
   Optimizer* optimizer_ = nullptr;
   std::unordered_map<const void*, Leaf> leaves_;
   std::vector<GroupRecord> records_;
@@ -314,7 +314,7 @@ class Engine {
 void bind_optim(py::module_& m) {
   py::class_<Engine>(m, "Engine",
                      "The C++ optimizer behind a muon_cpp optimizer (see muon_cpp.optim).")
-      .def(py::init<const py::list&, const OptimizerConfig&, const dist::DistributedLayout&>(),
+      .def(py::init<const py::list&, const OptimizerConfig&, const distributed::DistributedLayout&>(),
            py::arg("groups"), py::arg("config"), py::arg("layout"))
       .def("step", &Engine::step, py::arg("param_groups"), py::arg("state"),
            "Applies edited group values, steps (GIL released) and refreshes `state`.")

@@ -27,10 +27,10 @@ std::string describe_archive(torch::serialize::InputArchive& archive) {
     c10::IValue world;
     if (read(archive, "rank", rank) && read(archive, "world", world) && rank.isInt() &&
         world.isInt()) {
-      return c10::str("the state of muon::dist::LayerwiseOptimizer written by rank ",
+      return c10::str("the state of muon::distributed::LayerwiseOptimizer written by rank ",
                       rank.toInt(), " of ", world.toInt(), " ranks");
     }
-    return "the state of muon::dist::LayerwiseOptimizer";
+    return "the state of muon::distributed::LayerwiseOptimizer";
   }
   if (read(archive, "composite_format", v)) {
     std::vector<std::string> names;

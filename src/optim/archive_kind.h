@@ -1,5 +1,5 @@
 // What an optimizer archive holds, in words, for load errors that name what
-// differs ("the archive holds the state of muon::dist::LayerwiseOptimizer,
+// differs ("the archive holds the state of muon::distributed::LayerwiseOptimizer,
 // rank 0 of 2; ...") instead of a missing key.
 #pragma once
 

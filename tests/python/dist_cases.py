@@ -45,7 +45,7 @@ def uneven_sizes(total, world):
 
 
 def balanced_sizes(total, parts):
-    """muon::dist::balanced_split_sizes: the first total % parts blocks one larger."""
+    """muon::distributed::balanced_split_sizes: the first total % parts blocks one larger."""
     sizes = [total // parts] * parts
     for i in range(total % parts):
         sizes[i] += 1
@@ -70,7 +70,7 @@ def block_of(whole, dim, sizes, rank):
 
 
 def local_rows(full, rows, rank):
-    """muon::dist::local_rows: this rank's rows of `full`, zero rows past the end."""
+    """muon::distributed::local_rows: this rank's rows of `full`, zero rows past the end."""
     offset, count = sum(rows[:rank]), rows[rank]
     out = torch.zeros([count] + list(full.shape[1:]), dtype=full.dtype)
     end = min(offset + count, full.shape[0])

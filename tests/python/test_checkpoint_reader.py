@@ -1,6 +1,6 @@
 """muon_cpp.checkpoint.read_checkpoint against checkpoints the C++ library
-writes (tests/dist/checkpoint_writer: the checkpoint tests' model, trained
-and saved by muon::dist::save_checkpoint on thread ranks). Every tensor
+writes (tests/distributed/checkpoint_writer: the checkpoint tests' model, trained
+and saved by muon::distributed::save_checkpoint on thread ranks). Every tensor
 read must equal, bit for bit, what the ranks held (their --dump, assembled:
 single process, sharded over 3 ranks, layer-wise over 2); tensor-parallel
 and 2-D checkpoints must read as the single process's tensors; damaged,
@@ -248,7 +248,7 @@ def _forged(copy, edit):
 
 
 def _cxx_load_fails(copy, *words):
-    """muon::dist::load_checkpoint (the writer resumes from the newest
+    """muon::distributed::load_checkpoint (the writer resumes from the newest
     checkpoint) refuses it too, in one bounded line naming what is wrong."""
     r = subprocess.run([_writer(), str(copy), "3", "sharded", str(STEPS + 1), "--keep", "2"],
                        capture_output=True, text=True, timeout=300)

@@ -6,7 +6,7 @@
 // Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_RESTART_COUNT=0 and TORCHELASTIC_USE_AGENT_STORE=False (rank
-// 0 hosts the store, as in muon::dist::init_from_env). Every line a rank
+// 0 hosts the store, as in muon::distributed::init_from_env). Every line a rank
 // writes is prefixed with "[rank N] " (stdout to stdout, stderr to stderr).
 //
 // Several machines (torchrun's static rendezvous, --nnodes M --node_rank K):

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "muon/dist/runtime/group.h"
+#include "muon/distributed/runtime/group.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/muon.h"
 #include "muon/plan.h"
@@ -174,7 +174,7 @@ Overheads overheads() {
 // sent per rank; an all-gather: one hop, N; an all-to-all: one hop, N / 2).
 muon::plan::Link link_rank(int rank, const std::string& path) {
   auto store = c10::make_intrusive<c10d::FileStore>(path, 2);
-  auto group = muon::dist::Group::create(store, rank, 2);
+  auto group = muon::distributed::Group::create(store, rank, 2);
   const int64_t n = int64_t{1} << 20;  // floats: 4 MiB
   const double bytes = static_cast<double>(n * 4);
   auto tiny = at::zeros({1}, at::kLong);

@@ -159,7 +159,7 @@ class AdaptiveMuon : public Muon {
   AdaptiveMuon(std::vector<at::Tensor> params, MuonOptions defaults = {},
                AdaptiveMuonOptions adaptive = {});
   /// AdaptiveMuon whose orthogonalization is `orthogonalizer` (e.g.
-  /// `muon::dist::make_orthogonalizer(...)` for tensor-parallel blocks or row
+  /// `muon::distributed::make_orthogonalizer(...)` for tensor-parallel blocks or row
   /// shards; construction and steps are then collective as that strategy says).
   AdaptiveMuon(std::vector<torch::optim::OptimizerParamGroup> param_groups, MuonOptions defaults,
                AdaptiveMuonOptions adaptive, std::shared_ptr<Orthogonalizer> orthogonalizer);

@@ -28,7 +28,7 @@ namespace muon {
 /// own `param_groups()`: the same tensors, copies of the options. The outer
 /// options are the ones in force (LR schedulers and direct edits act on
 /// them) and are handed to the inner groups before each inner step. Used by
-/// `CompositeOptimizer` and `muon::dist::LayerwiseOptimizer`; the inner
+/// `CompositeOptimizer` and `muon::distributed::LayerwiseOptimizer`; the inner
 /// optimizers must outlive it.
 class GroupMirror {
  public:

@@ -176,7 +176,7 @@ double dion2_adjusted_lr(at::IntArrayRef shape, const Dion2Options& options);
 /// state at its first step. Returns the update U of grad's shape: O (or O')
 /// on the selected slices, zero elsewhere (X ← X·(1 − lr·wd) − adjusted_lr·U
 /// is the rest of the step). One process and the layer-wise layout call it
-/// on whole parameters; the sharded layout (muon::dist::ShardedDion2) on
+/// on whole parameters; the sharded layout (muon::distributed::ShardedDion2) on
 /// stacked matrices, and on split matrices runs its parts (the norms,
 /// dion2_top_k, dion2_orthogonalize at the owner) on the same values.
 at::Tensor dion2_update(const at::Tensor& grad, Dion2ParamState& state,

@@ -34,7 +34,7 @@ torch::optim::AdamWOptions default_aux_adamw_options();
 
 /// Builds the Muon half of `MuonWithAdamW` from its param groups and default
 /// options; lets the hybrid run a Muon subclass (e.g.
-/// `muon::dist::tensor_parallel_muon_factory` for tensor-parallel shards).
+/// `muon::distributed::tensor_parallel_muon_factory` for tensor-parallel shards).
 using MuonFactory = std::function<std::unique_ptr<Muon>(
     std::vector<torch::optim::OptimizerParamGroup> param_groups, const MuonOptions& defaults)>;
 

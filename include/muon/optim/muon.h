@@ -246,7 +246,7 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   void set_lr(double lr) override;
 };
 
-/// Raises c10::ValueError, as `who` (e.g. "[muon::dist::ShardedMuon] "), for
+/// Raises c10::ValueError, as `who` (e.g. "[muon::distributed::ShardedMuon] "), for
 /// the options of param group `group` that need whole matrices on this
 /// process (muon_spectral_update other than none, muon_weight_decay_mode
 /// spectral_clipped), naming the option, its value and `layout`, the layout
@@ -288,7 +288,7 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
 /// Step 4 runs through the `Orthogonalizer` the optimizer holds
 /// (muon/optim/orthogonalizer.h): whole matrices on this process by
 /// default, tensor-parallel blocks or row shards with the strategies of
-/// muon/dist/. An optional `UpdateStage` (the NorMuon / AdaMuon second
+/// muon/distributed/. An optional `UpdateStage` (the NorMuon / AdaMuon second
 /// moment) runs after it, in any layout.
 class Muon : public torch::optim::Optimizer, public StateBytes, public StepGuard {
  public:

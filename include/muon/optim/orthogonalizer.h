@@ -11,8 +11,8 @@
 /// still to apply:
 ///
 ///   local (single process)  newton_schulz on each whole matrix   muon::make_local_orthogonalizer
-///   tensor parallel         duplicated | distributed | blockwise  muon::dist::make_orthogonalizer(TensorParallelOptions)
-///   row shards (ZeRO/FSDP)  owner-compute | replicated            muon::dist::make_orthogonalizer(ShardedOptions)
+///   tensor parallel         duplicated | distributed | blockwise  muon::distributed::make_orthogonalizer(TensorParallelOptions)
+///   row shards (ZeRO/FSDP)  owner-compute | replicated            muon::distributed::make_orthogonalizer(ShardedOptions)
 ///
 /// Stages that need statistics of the whole matrix (the NorMuon / AdaMuon
 /// second moment, muon/optim/adaptive_muon.h) work on a process's part and

@@ -1,7 +1,7 @@
 #pragma once
 
 /// How an optimizer's options say, cheaply, what settings they hold: the
-/// distributed step agreement (muon/dist/layouts/layout.h) compares a digest
+/// distributed step agreement (muon/distributed/layouts/layout.h) compares a digest
 /// of every param group's settings across ranks before every step.
 ///
 /// The options of this library's optimizers implement `DigestibleOptions`;

@@ -3,7 +3,7 @@
 /// How much memory an optimizer's state takes, asked one way for every
 /// optimizer: the library's optimizers (muon::Muon and its subclasses,
 /// muon::Lion, muon::CompositeOptimizer and muon::MuonWithAdamW,
-/// muon::dist::LayerwiseOptimizer) implement `muon::StateBytes`; any other
+/// muon::distributed::LayerwiseOptimizer) implement `muon::StateBytes`; any other
 /// (LibTorch's Adam, AdamW, SGD, a user's) is counted from its per-parameter
 /// state through the state schema of the registry entry that describes it.
 #include <torch/optim/optimizer.h>

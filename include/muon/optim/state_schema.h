@@ -180,7 +180,7 @@ struct StateSchema {
 };
 
 /// Implemented by optimizers that step their parameters through inner
-/// optimizers (muon::CompositeOptimizer, muon::dist::LayerwiseOptimizer):
+/// optimizers (muon::CompositeOptimizer, muon::distributed::LayerwiseOptimizer):
 /// the state lives in the inner ones.
 class InnerOptimizers {
  public:

@@ -97,7 +97,7 @@ class StepGuard {
   void checked_by_owner(bool owned) { checked_by_owner_ = owned; }
   /// See checked_by_owner.
   bool is_checked_by_owner() const { return checked_by_owner_; }
-  /// Marks this optimizer as stepped by a muon::dist::Layout, which agrees
+  /// Marks this optimizer as stepped by a muon::distributed::Layout, which agrees
   /// every step over its processes before calling `step()` (gradients
   /// present, these checks, the non-finite policy: one collective for the
   /// whole layout): the step then runs its checks on none of its own, and
