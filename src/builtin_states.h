@@ -1,5 +1,5 @@
-// The state schemas of the built-in optimizers (src/registry_builtins.cpp
-// puts each on its entry).
+// The state schemas of the built-in optimizers (each optimizer's source
+// file puts its own on its entry: src/builtin_entries.h).
 #pragma once
 
 #include "muon/optim/orthogonalized_family.h"

@@ -28,6 +28,7 @@
 #include "muon/optim/muon.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
+#include "option_fields.h"
 
 namespace muon::test {
 namespace {
@@ -608,6 +609,33 @@ TEST(Registry, UserRegisteredOptimizerEndToEnd) {
   // lr 0.01 × factor 2; the difference of fp32 values near 0.25 is exact to ~3e-8.
   EXPECT_NEAR(moved.max().item<double>(), 0.02, 1e-7);
   EXPECT_NE(muon::explain(model->named_parameters(), config).find("[frozen embeddings]"), std::string::npos);
+}
+
+// The typed option fields (src/option_fields.h): one line declares a field's
+// spec and how its value enters the options; the entry's fields and
+// make_options come from the same list.
+TEST(OptionFields, EntryDeclaresAndReadsTheSameFields) {
+  using O = LionOptions;
+  using F = detail::OptionFields<O>;
+  const auto e = detail::options_entry<Lion, O>(
+      "lion_like", StateSchema(), "a Lion",
+      {F::real("beta1", &O::beta1, 0.8, "b1", 0.0, 1.0).exclusive_max(),
+       F::real("beta2", &O::beta2, 0.9, "b2", 0.0, 1.0), F::common("weight_decay", &O::weight_decay)});
+  ASSERT_EQ(e.fields.size(), 2u);  // weight_decay is read, not declared
+  EXPECT_EQ(e.fields[0].name, "beta1");
+  EXPECT_EQ(std::get<double>(e.fields[0].default_value), 0.8);
+  EXPECT_TRUE(e.fields[0].max_exclusive);
+  EXPECT_FALSE(e.fields[1].max_exclusive);
+  const OptimizerSettings s({{"lr", 0.5}, {"beta1", 0.25}, {"beta2", 0.75}, {"weight_decay", 0.125}});
+  const auto o = e.make_options(s);
+  const auto& lion = static_cast<const O&>(*o);
+  EXPECT_EQ(lion.lr(), 0.5);
+  EXPECT_EQ(lion.beta1(), 0.25);
+  EXPECT_EQ(lion.beta2(), 0.75);
+  EXPECT_EQ(lion.weight_decay(), 0.125);
+  // Options' own validate runs after the fields.
+  const OptimizerSettings bad({{"lr", 0.5}, {"beta1", 1.5}, {"beta2", 0.75}, {"weight_decay", 0.0}});
+  EXPECT_THROW(e.make_options(bad), c10::ValueError);
 }
 
 }  // namespace

@@ -9,8 +9,9 @@
 /// optimizer's options (`make_options`), a factory over param groups, the
 /// default per-parameter override rules (for Muon: 1-D, embedding and
 /// output-head parameters go to the scalar optimizer) and an optional state
-/// initializer. Built-ins, registered in one place
-/// (src/registry_builtins.cpp): muon, adaptive_muon, adamw, adam, sgd
+/// initializer. Built-ins, each registered from its optimizer's own source
+/// file (src/optim/*.cpp, called in order by register_builtins,
+/// src/registry_builtins.cpp): muon, adaptive_muon, adamw, adam, sgd
 /// (LibTorch's own), lion, laprop, signum, sim_ademamix, soap, dion2, nordion2,
 /// polargrad, scion, mop, spel and muon_hyperball.
 ///

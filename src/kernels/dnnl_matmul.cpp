@@ -14,6 +14,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "kernels/empty_product.h"
 #include "kernels/symmetric.h"
 
 namespace muon::detail {
@@ -168,11 +169,7 @@ bool dnnl_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
   const int64_t k = a.size(d - 1);
   if (out.numel() == 0) return true;
   if (k == 0) {
-    if (beta == 0.0) {
-      out.zero_();
-    } else {
-      out.mul_(beta);
-    }
+    detail::scale_empty_product(out, beta);
     return true;
   }
   if (at::in_parallel_region()) return false;  // keep oneDNN's threads out of ATen's

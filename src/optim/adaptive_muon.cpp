@@ -6,10 +6,17 @@
 #include <torch/serialize/archive.h>
 
 #include <cmath>
+#include <memory>
 #include <utility>
+#include <vector>
 
+#include "builtin_entries.h"
+#include "builtin_states.h"
 #include "muon/newton_schulz.h"
+#include "muon/compat.h"
 #include "muon/scaling.h"
+#include "option_fields.h"
+#include "registry_internal.h"
 #include "util/names.h"
 
 namespace muon {
@@ -227,6 +234,66 @@ void AdaptiveMuon::load(InputArchive& archive) {
   loaded.validate();
   Muon::load(archive);  // checks everything else before changing anything
   stage_->set_options(loaded);
+}
+
+// ---- the registry entry ------------------------------------------------------
+namespace {
+
+// The second-moment fields, whole-run (equal in every group).
+std::vector<detail::OptionField<AdaptiveMuonOptions>> adaptive_fields() {
+  using O = AdaptiveMuonOptions;
+  using F = detail::OptionFields<O>;
+  return {
+      F::text("mode", &O::mode, "normuon",
+              "second moment: normuon (per row) | adamuon (per element) | namo (one "
+              "scalar per matrix, of the gradient norm)",
+              {"normuon", "adamuon", "namo"})
+          .whole_run(),
+      F::real("beta2", &O::beta2, 0.95, "decay of the second moment", 0.0, 1.0)
+          .exclusive_max()
+          .whole_run(),
+      F::real("eps", &O::eps, 1e-8, "added to the square root of the second moment", 0.0)
+          .exclusive_min()
+          .whole_run(),
+  };
+}
+
+}  // namespace
+
+AdaptiveMuonOptions detail::adaptive_muon_options(const OptimizerSettings& settings) {
+  AdaptiveMuonOptions o;
+  apply_fields(o, adaptive_fields(), settings);
+  return o;
+}
+
+void detail::register_adaptive_muon(OptimizerRegistry& registry) {
+  using torch::optim::Optimizer;
+  auto e = bare_entry("adaptive_muon", adaptive_muon_state(),
+                      "Muon with a NorMuon (per row), AdaMuon (per element) or NAMO (per matrix) "
+                      "second moment (muon::AdaptiveMuon); reads the muon_* fields too");
+  e.fields = declared_specs(adaptive_fields());
+  e.uses_fields_of = {"muon"};
+  e.make_options = [](const OptimizerSettings& s) {
+    return std::make_unique<MuonOptions>(muon_options_from(s));
+  };
+  e.factory = [](std::vector<OptimizerParamGroup> groups,
+                 const std::vector<OptimizerSettings>& settings) {
+    // Whole-run fields: equal in every group.
+    const auto adaptive = adaptive_muon_options(settings.at(0));
+    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
+    auto opt = std::make_unique<AdaptiveMuon>(groups, defaults, adaptive);
+    compat::reapply_group_options(*opt, groups);
+    return std::unique_ptr<Optimizer>(std::move(opt));
+  };
+  e.strategy_factory = [](std::vector<OptimizerParamGroup> groups,
+                          const std::vector<OptimizerSettings>& settings,
+                          std::shared_ptr<Orthogonalizer> strategy) {
+    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
+    return std::unique_ptr<Optimizer>(std::make_unique<AdaptiveMuon>(
+        std::move(groups), defaults, adaptive_muon_options(settings.at(0)), std::move(strategy)));
+  };
+  e.default_overrides = scalar_defaults("adaptive_muon");
+  registry.add(std::move(e));
 }
 
 }  // namespace muon

@@ -10,7 +10,11 @@
 #include <tuple>
 #include <utility>
 
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
 #include "muon/compat.h"
+#include "muon/newton_schulz.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
 #include "optim/step_transaction.h"
@@ -388,6 +392,65 @@ void Dion2::load(InputArchive& archive) {
     detail::load_with_options<Dion2ParamState, Dion2Options>(*this, archive, "dion2", kWho,
                                                              "muon::Dion2");
   }
+}
+
+namespace {
+
+// Dion2's or NorDion2's entry (muon::Dion2): defaults are Dion's
+// (Dion2Options), lr and weight_decay aside (the common fields). They
+// orthogonalize matrices: 1-D, embedding and head parameters go to scalar_optimizer.
+OptimizerEntry dion2_entry(const bool nordion2) {
+  using O = Dion2Options;
+  using F = detail::OptionFields<O>;
+  const std::string name = nordion2 ? "nordion2" : "dion2";
+  const O d = nordion2 ? NorDion2Options() : Dion2Options();
+  const auto dtype = [](O& o, const OptimizerSettings& s) {
+    o.ns_compute_dtype(detail::parse_dtype(s.get_string("ns_compute_dtype"), "", "ns_compute_dtype"));
+  };
+  std::vector<detail::OptionField<O>> fields{
+      F::real("fraction", &O::fraction, d.fraction(),
+              "fraction of rows (or columns) orthogonalized per step", 0.0, 1.0)
+          .exclusive_min(),
+      F::real(nordion2 ? "mu" : "ef_decay", &O::ef_decay, d.ef_decay(),
+              "error-feedback decay of the selected slices of the momentum", 0.0, 1.0),
+      F::common("weight_decay", &O::weight_decay),
+      F::real("epsilon", &O::epsilon, d.epsilon(), "Newton–Schulz normalization epsilon", 0.0)
+          .exclusive_min(),
+      F::text("adjust_lr", &O::adjust_lr, to_string(d.adjust_lr()),
+              "lr scale: spectral_norm sqrt(fan_out/fan_in), rms_norm 0.2·sqrt(max), none",
+              {"spectral_norm", "rms_norm", "none"}),
+      F::boolean("flatten", &O::flatten, d.flatten(),
+                 "3-D+ parameters as one matrix (dim 0 × rest), else a batch"),
+      F::text("coefficient_type", &O::ns_coefficients, d.ns_coefficients(),
+              "Newton–Schulz coefficient set", accepted_coefficient_set_names()),
+      F::integer("num_ns_steps", &O::ns_steps, 0, "Newton–Schulz steps (0: the set's default)", 0.0,
+                 static_cast<double>(kMaxNsSteps - 1)),
+      F::custom(FieldSpec::text("ns_compute_dtype", "float32", "Newton–Schulz compute dtype",
+                                {"float32", "bfloat16", "float64"}),
+                dtype),
+  };
+  if (nordion2) {
+    fields.push_back(F::real("muon_beta2", &O::muon_beta2, d.muon_beta2(),
+                             "decay of the per-row variance", 0.0, 1.0)
+                         .exclusive_max());
+  }
+  auto e = detail::options_entry<Dion2, O>(
+      name, detail::dion2_state(nordion2),
+      nordion2 ? "NorDion2 (muon::Dion2 with nordion2): Dion2 on rows with NorMuon's per-row "
+                 "normalization; 1-D, embedding and head parameters go to scalar_optimizer"
+               : "Dion2 (muon::Dion2): Newton–Schulz on the top fraction of rows or columns of "
+                 "the momentum, with error feedback; 1-D, embedding and head parameters go to "
+                 "scalar_optimizer",
+      std::move(fields), [nordion2](O& o, const OptimizerSettings&) { o.nordion2(nordion2); });
+  e.default_overrides = detail::scalar_defaults(name);
+  return e;
+}
+
+}  // namespace
+
+void detail::register_dion2(OptimizerRegistry& registry) {
+  registry.add(dion2_entry(/*nordion2=*/false));
+  registry.add(dion2_entry(/*nordion2=*/true));
 }
 
 }  // namespace muon

@@ -36,6 +36,65 @@ int first_pattern(const std::vector<std::pair<std::string, Options>>& groups,
   return -1;
 }
 
+// Each side's groups under construction and the aliases of tied weights.
+struct Sides {
+  std::vector<PendingGroup> muon, adamw;
+  std::vector<std::pair<size_t, size_t>> aliases;  // (decision, decision of first name)
+};
+
+// Sorts the routed parameters into their side's groups (refusing a pattern
+// group that gets none) and records the aliases.
+Sides sort_by_side(const torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                   const MuonWithAdamWOptions& options, std::vector<RouteDecision>& routing) {
+  // Default group of each side first, then its pattern groups.
+  Sides sides;
+  auto& muon_side = sides.muon;
+  auto& adamw_side = sides.adamw;
+  muon_side.resize(1 + options.muon_groups().size());
+  adamw_side.resize(1 + options.adamw_groups().size());
+  for (size_t i = 0; i < options.muon_groups().size(); ++i) {
+    muon_side[i + 1].pattern = options.muon_groups()[i].first;
+  }
+  for (size_t i = 0; i < options.adamw_groups().size(); ++i) {
+    adamw_side[i + 1].pattern = options.adamw_groups()[i].first;
+  }
+  // A tensor registered under two names (tied weights) is optimized once,
+  // with the decision of its first name.
+  std::unordered_map<const c10::TensorImpl*, size_t> first_name;
+  auto& aliases = sides.aliases;
+  size_t index = 0;
+  for (const auto& item : named_parameters) {
+    auto& d = routing[index];
+    const auto [seen, fresh] = first_name.emplace(item.value().unsafeGetTensorImpl(), index);
+    if (!fresh) {
+      const auto& first = routing[seen->second];
+      d.route = first.route;
+      d.reason = "same tensor as '" + first.name + "'";
+      aliases.emplace_back(index, seen->second);
+      ++index;
+      continue;
+    }
+    const bool to_muon = d.route == Route::kMuon;
+    const int k = to_muon ? first_pattern(options.muon_groups(), d.name)
+                          : first_pattern(options.adamw_groups(), d.name);
+    auto& g = (to_muon ? muon_side : adamw_side)[static_cast<size_t>(k + 1)];
+    g.params.push_back(item.value());
+    g.names.push_back(d.name);
+    g.decisions.push_back(index);
+    ++index;
+  }
+  for (const auto* side : {&muon_side, &adamw_side}) {
+    for (const auto& g : *side) {
+      TORCH_CHECK_VALUE(g.pattern.empty() || !g.params.empty(), kWho, "the ",
+                        side == &muon_side ? "muon_group" : "adamw_group", " pattern '", g.pattern,
+                        "' matches no parameter routed to ",
+                        side == &muon_side ? "Muon" : "AdamW", "; routing:\n",
+                        format_routing(routing));
+    }
+  }
+  return sides;
+}
+
 }  // namespace
 
 torch::optim::AdamWOptions default_aux_adamw_options() {
@@ -98,49 +157,10 @@ MuonWithAdamW::Built MuonWithAdamW::build(
   auto& routing = built.routing;
   routing = route_parameters(named_parameters, options.routing());
 
-  // Default group of each side first, then its pattern groups.
-  std::vector<PendingGroup> muon_side(1 + options.muon_groups().size());
-  std::vector<PendingGroup> adamw_side(1 + options.adamw_groups().size());
-  for (size_t i = 0; i < options.muon_groups().size(); ++i) {
-    muon_side[i + 1].pattern = options.muon_groups()[i].first;
-  }
-  for (size_t i = 0; i < options.adamw_groups().size(); ++i) {
-    adamw_side[i + 1].pattern = options.adamw_groups()[i].first;
-  }
-  // A tensor registered under two names (tied weights) is optimized once,
-  // with the decision of its first name.
-  std::unordered_map<const c10::TensorImpl*, size_t> first_name;
-  std::vector<std::pair<size_t, size_t>> aliases;  // (decision, decision of first name)
-  size_t index = 0;
-  for (const auto& item : named_parameters) {
-    auto& d = routing[index];
-    const auto [seen, fresh] = first_name.emplace(item.value().unsafeGetTensorImpl(), index);
-    if (!fresh) {
-      const auto& first = routing[seen->second];
-      d.route = first.route;
-      d.reason = "same tensor as '" + first.name + "'";
-      aliases.emplace_back(index, seen->second);
-      ++index;
-      continue;
-    }
-    const bool to_muon = d.route == Route::kMuon;
-    const int k = to_muon ? first_pattern(options.muon_groups(), d.name)
-                          : first_pattern(options.adamw_groups(), d.name);
-    auto& g = (to_muon ? muon_side : adamw_side)[static_cast<size_t>(k + 1)];
-    g.params.push_back(item.value());
-    g.names.push_back(d.name);
-    g.decisions.push_back(index);
-    ++index;
-  }
-  for (const auto* side : {&muon_side, &adamw_side}) {
-    for (const auto& g : *side) {
-      TORCH_CHECK_VALUE(g.pattern.empty() || !g.params.empty(), kWho, "the ",
-                        side == &muon_side ? "muon_group" : "adamw_group", " pattern '", g.pattern,
-                        "' matches no parameter routed to ",
-                        side == &muon_side ? "Muon" : "AdamW", "; routing:\n",
-                        format_routing(routing));
-    }
-  }
+  auto sides = sort_by_side(named_parameters, options, routing);
+  auto& muon_side = sides.muon;
+  auto& adamw_side = sides.adamw;
+  const auto& aliases = sides.aliases;
 
   // The groups: Muon's, then AdamW's, leaving out empty ones.
   CompositePart muon_part;

@@ -5,6 +5,9 @@
 
 #include <cmath>
 
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
 #include "util/scale.h"
 
@@ -50,5 +53,27 @@ void LaProp::update(at::Tensor& p, const at::Tensor& grad, LaPropParamState& st,
 template struct ElementwiseOptions<LaPropOptions>;
 template struct ElementwiseParamState<LaPropParamState, 2>;
 template class ElementwiseOptimizer<LaProp, LaPropOptions, LaPropParamState>;
+
+// Defaults are LaPropOptions' own (Emerging-Optimizers'), lr aside (the common field).
+void detail::register_laprop(OptimizerRegistry& registry) {
+  using O = LaPropOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  registry.add(detail::options_entry<LaProp, O>(
+      "laprop", detail::laprop_state(),
+      "LaProp (muon::LaProp): momentum of gradients normalized by the second moment, decoupled "
+      "weight decay",
+      {
+          F::real("beta1", &O::beta1, d.beta1(), "decay of the momentum of normalized gradients",
+                  0.0, 1.0)
+              .exclusive_max(),
+          F::real("beta2", &O::beta2, d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("eps", &O::eps, d.eps(), "added to the square root of the second moment", 0.0)
+              .exclusive_min(),
+          F::common("weight_decay", &O::weight_decay),
+          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
+                     "Adam-style bias correction of both moments"),
+      }));
+}
 
 }  // namespace muon

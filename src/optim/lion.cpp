@@ -5,6 +5,9 @@
 
 #include <cmath>
 
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
 #include "util/scale.h"
 
@@ -39,6 +42,21 @@ void Lion::update(at::Tensor& p, const at::Tensor& grad, LionParamState& st, con
   if (o.weight_decay() != 0) muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
   p.add_(u, -o.lr());
   m.lerp_(grad, 1 - o.beta2());
+}
+
+void detail::register_lion(OptimizerRegistry& registry) {
+  using O = LionOptions;
+  using F = detail::OptionFields<O>;
+  registry.add(detail::options_entry<Lion, O>(
+      "lion", detail::lion_state(),
+      "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay",
+      {
+          F::real("beta1", &O::beta1, 0.9, "interpolation weight of the momentum in the update",
+                  0.0, 1.0)
+              .exclusive_max(),
+          F::real("beta2", &O::beta2, 0.99, "momentum decay", 0.0, 1.0).exclusive_max(),
+          F::common("weight_decay", &O::weight_decay),
+      }));
 }
 
 }  // namespace muon

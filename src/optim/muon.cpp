@@ -9,11 +9,17 @@
 #include <utility>
 #include <vector>
 
+#include "builtin_entries.h"
+#include "builtin_states.h"
 #include "muon/compat.h"
+#include "muon/newton_schulz.h"
+#include "muon/scaling.h"
+#include "option_fields.h"
 #include "optim/archive_kind.h"
 #include "optim/closure.h"
 #include "optim/muon_fused.h"
 #include "optim/step_transaction.h"
+#include "util/dtype_names.h"
 
 namespace muon {
 namespace {
@@ -267,6 +273,162 @@ void Muon::load(InputArchive& archive) {
   }
   state_.clear();  // the archive holds the whole state, as Python's load_state_dict
   for (auto& [p, st] : states) state_[compat::state_key(p)] = std::move(st);
+}
+
+// ---- the registry entry ------------------------------------------------------
+namespace {
+
+using MuonField = detail::OptionField<MuonOptions>;
+using MF = detail::OptionFields<MuonOptions>;
+
+// coefficient_type custom's default tuple: Keller Jordan's (the set "simple").
+constexpr NsCoefficients kCustomNs{3.4445, -4.7750, 2.0315};
+
+// The built-in set names and "custom" (ns_coefficient_a, _b, _c).
+std::vector<std::string> muon_coefficient_choices() {
+  auto names = accepted_coefficient_set_names();
+  names.emplace_back("custom");
+  return names;
+}
+
+// momentum .. spectral_wd_beta (and the common weight_decay).
+std::vector<MuonField> muon_momentum_fields(const MuonOptions& d) {
+  using O = MuonOptions;
+  return {
+      MF::real("momentum", &O::momentum, d.momentum(), "momentum μ", 0.0, 1.0).exclusive_max(),
+      MF::boolean("nesterov", &O::nesterov, d.nesterov(), "Nesterov look-ahead update"),
+      MF::common("weight_decay", &O::weight_decay),
+      MF::text("momentum_style", &O::momentum_style, to_string(d.momentum_style()),
+               "momentum accumulation", {"ema", "classic"}),
+      MF::text("weight_decay_mode", &O::weight_decay_mode, to_string(d.weight_decay_mode()),
+               "how weight decay enters the step (spectral_clipped: W ← "
+               "spectral_clipped_weight_decay(W, spectral_wd_beta, lr·weight_decay); "
+               "cautious: decay only where the update and the weight agree in sign)",
+               {"decoupled", "independent", "l2", "palm", "spectral_clipped", "cautious"}),
+      MF::real("spectral_wd_beta", &O::spectral_wd_beta, d.spectral_wd_beta(),
+               "β of weight_decay_mode spectral_clipped: singular values above it decay", 0.0)
+          .exclusive_min(),
+  };
+}
+
+// coefficient_type .. ns_compute_dtype: the Newton–Schulz iteration.
+std::vector<MuonField> muon_ns_fields(const MuonOptions& d) {
+  const auto coefficients = [](MuonOptions& o, const OptimizerSettings& s) {
+    if (s.get_string("coefficient_type") == "custom") {
+      o.ns().coefficients({{s.get_double("ns_coefficient_a"), s.get_double("ns_coefficient_b"),
+                            s.get_double("ns_coefficient_c")}},
+                          StepSchedule::kRepeatLast);
+    } else {
+      o.ns_coefficients(s.get_string("coefficient_type"));
+    }
+  };
+  const char* custom_doc = " of coefficient_type custom (one (a, b, c) every step)";
+  return {
+      MF::custom(FieldSpec::text("coefficient_type", d.ns().coefficients().name,
+                                 "Newton–Schulz coefficient set (names as in Megatron-Core; "
+                                 "polar_express_8 = polar_express; custom: ns_coefficient_a, _b, _c)",
+                                 muon_coefficient_choices()),
+                 coefficients),
+      MF::custom(FieldSpec::real("ns_coefficient_a", kCustomNs.a, std::string("a") + custom_doc)),
+      MF::custom(FieldSpec::real("ns_coefficient_b", kCustomNs.b, std::string("b") + custom_doc)),
+      MF::custom(FieldSpec::real("ns_coefficient_c", kCustomNs.c, std::string("c") + custom_doc)),
+      MF::custom(FieldSpec::integer("num_ns_steps", 0, "Newton–Schulz steps (0: the set's default)",
+                                    0.0, static_cast<double>(kMaxNsSteps - 1)),
+                 [](MuonOptions& o, const OptimizerSettings& s) {
+                   if (s.get_int("num_ns_steps") > 0) o.ns_steps(s.get_int("num_ns_steps"));
+                 }),
+      MF::custom(FieldSpec::real("ns_eps", d.ns().eps(), "Newton–Schulz normalization epsilon", 0.0)
+                     .exclusive_min(),
+                 [](MuonOptions& o, const OptimizerSettings& s) { o.ns_eps(s.get_double("ns_eps")); }),
+      MF::text("ns_eps_mode", &MuonOptions::ns_eps_mode, to_string(d.ns().eps_mode()),
+               "where ns_eps enters: add, X/(‖X‖+eps) (Keller Jordan's Muon); clamp, "
+               "X/max(‖X‖, eps) (torch.optim.Muon, Emerging-Optimizers)",
+               ns_eps_mode_names()),
+      MF::custom(FieldSpec::text("ns_compute_dtype", detail::dtype_name(d.ns().compute_dtype()),
+                                 "Newton–Schulz compute dtype", detail::dtype_names()),
+                 [](MuonOptions& o, const OptimizerSettings& s) {
+                   o.ns_compute_dtype(detail::parse_dtype(s.get_string("ns_compute_dtype"), "",
+                                                          "muon_ns_compute_dtype"));
+                 }),
+  };
+}
+
+// scale_mode .. num_heads: the scale, step 4's alternatives and the matrices' split.
+// scale_mode's default is spectral, not MuonOptions' own: the config pairs
+// Muon with the common lr (3e-4, AdamW's scale, shared by every optimizer of
+// a config), and spectral scaling gives the orthogonalized update RMS ~1, on
+// AdamW's scale too; MuonOptions pairs kDefaultMuonLr (0.02) with
+// shape_scaling (docs/config.md).
+std::vector<MuonField> muon_shape_fields(const MuonOptions& d) {
+  using O = MuonOptions;
+  const auto split = [](MuonOptions& o, const OptimizerSettings& s) {
+    if (!s.get_bool("split_qkv")) return;
+    TORCH_CHECK_VALUE(!s.get_int_list("qkv_split_sizes").empty(),
+                      "muon_split_qkv is true but muon_qkv_split_sizes is empty");
+    o.split_sizes(s.get_int_list("qkv_split_sizes")).num_query_groups(s.get_int("num_query_groups"));
+  };
+  return {
+      MF::text("scale_mode", &O::scale_mode, to_string(ScaleMode::kSpectral),
+               "shape-dependent scale of the update", scale_mode_names()),
+      MF::real("extra_scale_factor", &O::extra_scale_factor, d.extra_scale_factor(),
+               "extra multiplier of the scale", 0.0)
+          .exclusive_min(),
+      MF::text("spectral_update", &O::spectral_update, to_string(d.spectral_update()),
+               "step 4: none (Newton–Schulz) | clip (spectral_clip(M, spectral_sigma_min, "
+               "spectral_sigma_max)) | hardcap (spectral_hardcap(M, spectral_hardcap_beta))",
+               {"none", "clip", "hardcap"}),
+      MF::real("spectral_sigma_min", &O::spectral_sigma_min, d.spectral_sigma_min(),
+               "σmin of spectral_update clip"),
+      MF::real("spectral_sigma_max", &O::spectral_sigma_max, d.spectral_sigma_max(),
+               "σmax of spectral_update clip"),
+      MF::real("spectral_hardcap_beta", &O::spectral_hardcap_beta, d.spectral_hardcap_beta(),
+               "β of spectral_update hardcap", 0.0)
+          .exclusive_min(),
+      MF::boolean("stacked_experts", &O::stacked_experts, d.stacked_experts(),
+                  "treat ndim >= 3 parameters as stacks of expert matrices"),
+      MF::custom(FieldSpec::boolean("split_qkv", false,
+                                    "split fused QKV matrices into qkv_split_sizes blocks (set it "
+                                    "per parameter with an override rule)"),
+                 split),
+      MF::custom(FieldSpec::int_list("qkv_split_sizes", d.split_sizes(),
+                                     "rows of each QKV block per query group", 1.0)),
+      MF::custom(FieldSpec::integer("num_query_groups", d.num_query_groups(),
+                                    "query groups of a split QKV matrix", 1.0)),
+      MF::integer("num_heads", &O::num_heads, d.num_heads(),
+                  "per-head Newton–Schulz: rows split into this many equal blocks of "
+                  "consecutive rows, each orthogonalized and scaled alone (0, 1: off)",
+                  0.0),
+  };
+}
+
+// Every muon_* field, in the config's order. Their defaults are MuonOptions'
+// own, except scale_mode (muon_shape_fields).
+const std::vector<MuonField>& muon_fields() {
+  static const auto fields = [] {
+    const MuonOptions d;
+    auto all = muon_momentum_fields(d);
+    for (auto part : {muon_ns_fields(d), muon_shape_fields(d)}) {
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    return all;
+  }();
+  return fields;
+}
+
+}  // namespace
+
+MuonOptions detail::muon_options_from(const OptimizerSettings& settings) {
+  return options_from(muon_fields(), settings);
+}
+
+void detail::register_muon(OptimizerRegistry& registry) {
+  auto e = options_entry<Muon, MuonOptions>(
+      "muon", muon_state(),
+      "Muon (muon::Muon): momentum orthogonalized by Newton–Schulz; 1-D, embedding and head "
+      "parameters go to scalar_optimizer",
+      muon_fields());
+  e.default_overrides = scalar_defaults("muon");
+  registry.add(std::move(e));
 }
 
 }  // namespace muon

@@ -9,13 +9,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "muon/compat.h"
 #include "muon/config.h"
 #include "muon/scaling.h"
 #include "optim/muon_fused.h"
 #include "optim/step_transaction.h"
+#include "option_fields.h"
 #include "registry_internal.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
@@ -368,6 +375,101 @@ void OrthogonalizedVariant::load(InputArchive& archive) {
   loaded.validate();
   Muon::load(archive);  // checks the kind and everything else before changing anything
   stage_->set_options(loaded);
+}
+
+// ---- the registry entries ----------------------------------------------------
+namespace {
+
+using VariantField = detail::OptionField<OrthogonalizedVariantOptions>;
+using VF = detail::OptionFields<OrthogonalizedVariantOptions>;
+
+// The family (OrthogonalizedVariant): Muon's fields (uses_fields_of muon)
+// with EO's defaults where they differ from Muon's (nesterov off), their own
+// settings whole-run, Muon's routing of 1-D, embedding and head parameters,
+// and the layouts' strategies.
+OptimizerEntry orthogonalized_entry(OrthogonalizedKind kind, std::string doc,
+                                    std::vector<VariantField> fields) {
+  using torch::optim::Optimizer;
+  const auto name = to_string(kind);
+  auto e = detail::bare_entry(name, detail::orthogonalized_state(kind), std::move(doc));
+  e.fields = detail::declared_specs(fields);
+  e.uses_fields_of = {"muon"};
+  // Scion's fixed weight decay and Nesterov: its default rule sets them,
+  // OrthogonalizedVariant refuses other values (no silent replacement).
+  e.make_options = [](const OptimizerSettings& s) {
+    return std::make_unique<MuonOptions>(detail::muon_options_from(s));
+  };
+  const auto variant = [kind, fields = std::move(fields)](const OptimizerSettings& s) {
+    auto v = OrthogonalizedVariantOptions().kind(kind);
+    detail::apply_fields(v, fields, s);
+    v.validate();
+    return v;
+  };
+  e.factory = [variant](std::vector<OptimizerParamGroup> groups,
+                        const std::vector<OptimizerSettings>& settings) {
+    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
+    auto opt = std::make_unique<OrthogonalizedVariant>(groups, defaults, variant(settings.at(0)));
+    compat::reapply_group_options(*opt, groups);
+    return std::unique_ptr<Optimizer>(std::move(opt));
+  };
+  e.strategy_factory = [variant](std::vector<OptimizerParamGroup> groups,
+                                 const std::vector<OptimizerSettings>& settings,
+                                 std::shared_ptr<Orthogonalizer> strategy) {
+    const auto defaults = static_cast<const MuonOptions&>(groups.at(0).options());
+    return std::unique_ptr<Optimizer>(std::make_unique<OrthogonalizedVariant>(
+        std::move(groups), defaults, variant(settings.at(0)), std::move(strategy)));
+  };
+  e.default_overrides = detail::scalar_defaults(name);
+  if (kind == OrthogonalizedKind::kScion) e.default_overrides.push_back(detail::scion_fixed_rule());
+  return e;
+}
+
+// nesterov, off (EO's default): muon_options_from reads it in place of muon_nesterov.
+VariantField eo_nesterov() {
+  return VF::custom(FieldSpec::boolean("nesterov", false,
+                                       "Nesterov look-ahead update (off, Emerging-Optimizers' "
+                                       "default; replaces muon_nesterov)"));
+}
+
+}  // namespace
+
+void detail::register_orthogonalized_family(OptimizerRegistry& registry) {
+  using O = OrthogonalizedVariantOptions;
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kPolarGrad,
+      "PolarGrad (muon::OrthogonalizedVariant): Newton–Schulz scaled by <O, M>, the nuclear-norm "
+      "estimate; reads the muon_* fields too",
+      {eo_nesterov()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kScion,
+      "Scion (muon::OrthogonalizedVariant): Newton–Schulz scaled by sqrt(rows/cols)·spectral_radius, "
+      "weight decay fixed at 1 (decoupled), no Nesterov; reads the muon_* fields too",
+      {VF::real("spectral_radius", &O::spectral_radius, 1.0,
+                "radius of the spectral-norm ball (scales the update)", 0.0)
+           .exclusive_min()
+           .whole_run()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kMop,
+      "MOP (muon::OrthogonalizedVariant): the exact polar factor by SVD, Muon's scale; whole "
+      "matrices only (no tensor_parallel or sharded layout); reads the muon_* fields too",
+      {eo_nesterov()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kSpel,
+      "SPEL (muon::OrthogonalizedVariant): unscaled Newton–Schulz update, then the weight "
+      "re-orthogonalized by Newton–Schulz; reads the muon_* fields too",
+      {eo_nesterov()}));
+  registry.add(orthogonalized_entry(
+      OrthogonalizedKind::kMuonHyperball,
+      "MuonHyperball (muon::OrthogonalizedVariant): Muon's update normalized to the weight's norm, "
+      "the weight kept at that norm; reads the muon_* fields too",
+      {eo_nesterov(),
+       VF::real("radius", &O::hyperball_radius, 0.0,
+                "hyperball radius R (EO's hyperball_radius); 0: each parameter's own norm", 0.0)
+           .whole_run(),
+       VF::real("eps", &O::hyperball_eps, 1e-8, "floor of the norms divided by (EO's hyperball_eps)",
+                0.0)
+           .exclusive_min()
+           .whole_run()}));
 }
 
 }  // namespace muon

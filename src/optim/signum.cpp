@@ -5,6 +5,9 @@
 
 #include <cmath>
 
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
 
 namespace muon {
@@ -56,5 +59,26 @@ void Signum::update(at::Tensor& p, const at::Tensor& grad, SignumParamState& st,
 template struct ElementwiseOptions<SignumOptions>;
 template struct ElementwiseParamState<SignumParamState, 1>;
 template class ElementwiseOptimizer<Signum, SignumOptions, SignumParamState>;
+
+// Defaults are SignumOptions' own (Emerging-Optimizers'), lr aside (the common field).
+void detail::register_signum(OptimizerRegistry& registry) {
+  using O = SignumOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  registry.add(detail::options_entry<Signum, O>(
+      "signum", detail::signum_state(),
+      "Signum (muon::Signum): the sign of a momentum, optionally Nesterov",
+      {
+          F::real("momentum", &O::momentum, d.momentum(), "momentum decay β (0: signSGD)", 0.0,
+                  1.0)
+              .exclusive_max(),
+          F::boolean("nesterov", &O::nesterov, d.nesterov(), "Nesterov look-ahead update"),
+          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
+                     "Adam-style bias correction of the momentum"),
+          F::common("weight_decay", &O::weight_decay),
+          F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
+                  "how weight decay enters the step", detail::weight_decay_method_names()),
+      }));
+}
 
 }  // namespace muon

@@ -5,6 +5,9 @@
 
 #include <cmath>
 
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
 #include "util/scale.h"
 
@@ -75,5 +78,36 @@ void SimAdEMAMix::update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParam
 template struct ElementwiseOptions<SimAdEMAMixOptions>;
 template struct ElementwiseParamState<SimAdEMAMixParamState, 2>;
 template class ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState>;
+
+// Defaults are SimAdEMAMixOptions' own (Emerging-Optimizers'), lr aside (the common field).
+void detail::register_sim_ademamix(OptimizerRegistry& registry) {
+  using O = SimAdEMAMixOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  registry.add(detail::options_entry<SimAdEMAMix, O>(
+      "sim_ademamix", detail::sim_ademamix_state(),
+      "Simplified AdEMAMix (muon::SimAdEMAMix): a theory-style momentum plus alpha times the "
+      "gradient, over Adam's second moment",
+      {
+          F::real("beta1", &O::beta1, d.beta1(), "momentum decay (final value of the warmup)", 0.0,
+                  1.0)
+              .exclusive_max(),
+          F::real("beta2", &O::beta2, d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("eps", &O::eps, d.eps(), "added to the square root of the second moment", 0.0)
+              .exclusive_min(),
+          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
+                     "bias correction of both moments"),
+          F::integer("num_beta_fast_warmup_steps", &O::num_beta_fast_warmup_steps,
+                     d.num_beta_fast_warmup_steps(),
+                     "steps of the half-life warmup of beta1 from min_beta_fast (0: none)", 0.0),
+          F::real("min_beta_fast", &O::min_beta_fast, d.min_beta_fast(),
+                  "momentum decay at the start of the warmup", 0.0, 1.0)
+              .exclusive_max(),
+          F::real("alpha", &O::alpha, d.alpha(), "weight of the current gradient in the update"),
+          F::common("weight_decay", &O::weight_decay),
+          F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
+                  "how weight decay enters the step", detail::weight_decay_method_names()),
+      }));
+}
 
 }  // namespace muon

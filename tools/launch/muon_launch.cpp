@@ -203,9 +203,8 @@ void signal_all(std::vector<Rank>& ranks, int sig) {
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line.
+struct Args {
   int n = -1;
   int port = -1;
   int grace = kDefaultGraceSeconds;
@@ -213,53 +212,66 @@ int main(int argc, char** argv) {
   int node_rank = -1;
   bool addr_given = false;
   std::string addr = "127.0.0.1";
+  int program = 0;  // argv index of the program
+  int world = 0;
+  int first_rank = 0;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
   int i = 1;
   for (; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--") {
+    const std::string arg = argv[i];
+    if (arg == "--") {
       ++i;
       break;
     }
-    if (i + 1 >= argc) usage("option " + a + " needs a value (or unknown option)");
-    if (a == "-n" || a == "--nproc") {
-      n = parse_int(a, argv[++i], 1, 1024);
-    } else if (a == "--master-port") {
-      port = parse_int(a, argv[++i], 1, 65535);
-    } else if (a == "--master-addr") {
-      addr = argv[++i];
-      addr_given = true;
-    } else if (a == "--nnodes") {
-      nnodes = parse_int(a, argv[++i], 1, 1024);
-    } else if (a == "--node-rank") {
-      node_rank = parse_int(a, argv[++i], 0, 1023);
-    } else if (a == "--grace") {
-      grace = parse_int(a, argv[++i], 0, 3600);
+    if (i + 1 >= argc) usage("option " + arg + " needs a value (or unknown option)");
+    if (arg == "-n" || arg == "--nproc") {
+      a.n = parse_int(arg, argv[++i], 1, 1024);
+    } else if (arg == "--master-port") {
+      a.port = parse_int(arg, argv[++i], 1, 65535);
+    } else if (arg == "--master-addr") {
+      a.addr = argv[++i];
+      a.addr_given = true;
+    } else if (arg == "--nnodes") {
+      a.nnodes = parse_int(arg, argv[++i], 1, 1024);
+    } else if (arg == "--node-rank") {
+      a.node_rank = parse_int(arg, argv[++i], 0, 1023);
+    } else if (arg == "--grace") {
+      a.grace = parse_int(arg, argv[++i], 0, 3600);
     } else {
-      usage("unknown option '" + a + "'");
+      usage("unknown option '" + arg + "'");
     }
   }
-  if (n < 1) usage("-n N is required");
+  if (a.n < 1) usage("-n N is required");
   if (i >= argc) usage("no program given after --");
-  if (nnodes > 1) {
+  a.program = i;
+  if (a.nnodes > 1) {
     // Every node must name the same store: no free port of this machine's own.
-    if (node_rank < 0) usage("--nnodes " + std::to_string(nnodes) + " needs --node-rank K (0.." +
-                             std::to_string(nnodes - 1) + ")");
-    if (port < 0 || !addr_given) {
-      usage("--nnodes " + std::to_string(nnodes) +
+    if (a.node_rank < 0) usage("--nnodes " + std::to_string(a.nnodes) + " needs --node-rank K (0.." +
+                               std::to_string(a.nnodes - 1) + ")");
+    if (a.port < 0 || !a.addr_given) {
+      usage("--nnodes " + std::to_string(a.nnodes) +
             " needs --master-addr and --master-port: node 0's address and a free port there, the "
             "same on every node");
     }
   }
-  if (node_rank < 0) node_rank = 0;
-  if (node_rank >= nnodes) {
-    usage("--node-rank must be < --nnodes (" + std::to_string(nnodes) + "), got " +
-          std::to_string(node_rank));
+  if (a.node_rank < 0) a.node_rank = 0;
+  if (a.node_rank >= a.nnodes) {
+    usage("--node-rank must be < --nnodes (" + std::to_string(a.nnodes) + "), got " +
+          std::to_string(a.node_rank));
   }
-  const int world = n * nnodes;
-  const int first_rank = n * node_rank;
-  if (port < 0) port = free_port(addr);
-  if (port < 0) usage("could not find a free port; pass --master-port");
+  a.world = a.n * a.nnodes;
+  a.first_rank = a.n * a.node_rank;
+  if (a.port < 0) a.port = free_port(a.addr);
+  if (a.port < 0) usage("could not find a free port; pass --master-port");
+  return a;
+}
 
+// SIGINT, SIGTERM and SIGHUP set g_signal, SIGPIPE is ignored, SIGCHLD is
+// blocked; returns the mask to wait with (the old one, SIGCHLD unblocked).
+sigset_t install_signal_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -277,72 +289,106 @@ int main(int argc, char** argv) {
   sigaddset(&with_child, SIGCHLD);
   sigprocmask(SIG_BLOCK, &with_child, &wait_mask);
   sigdelset(&wait_mask, SIGCHLD);
+  return wait_mask;
+}
 
-  const bool user_omp = is_set("OMP_NUM_THREADS");
-  const std::string threads = set_thread_variables(n);
-  if (!threads.empty()) {
-    std::fprintf(stderr, "muon-launch: %d ranks on %d cores: %s for each rank (%s)\n", n,
-                 usable_cores(), threads.c_str(),
-                 user_omp ? "following OMP_NUM_THREADS" : "set these variables to choose otherwise");
-  }
+// The child of fork(): local rank r runs the program with torchrun's
+// environment, its output into the pipes.
+[[noreturn]] void run_rank(const Args& a, char** argv, int r, const int out[2], const int err[2],
+                           pid_t launcher, const sigset_t& wait_mask) {
+  // Die with the launcher; if it is already gone (killed between fork
+  // and prctl), the signal will never come: leave now.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) _exit(128 + SIGKILL);
+  setpgid(0, 0);
+  dup2(out[1], STDOUT_FILENO);
+  dup2(err[1], STDERR_FILENO);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) sigaction(sig, &dfl, nullptr);
+  sigprocmask(SIG_SETMASK, &wait_mask, nullptr);
+  const auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
+  set("RANK", std::to_string(a.first_rank + r));
+  set("LOCAL_RANK", std::to_string(r));
+  set("GROUP_RANK", std::to_string(a.node_rank));
+  set("ROLE_RANK", std::to_string(a.first_rank + r));
+  set("WORLD_SIZE", std::to_string(a.world));
+  set("LOCAL_WORLD_SIZE", std::to_string(a.n));
+  set("ROLE_WORLD_SIZE", std::to_string(a.world));
+  set("MASTER_ADDR", a.addr);
+  set("MASTER_PORT", std::to_string(a.port));
+  set("TORCHELASTIC_RESTART_COUNT", "0");
+  set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  execvp(argv[a.program], argv + a.program);
+  std::fprintf(stderr, "muon-launch: cannot run '%s': %s\n", argv[a.program], std::strerror(errno));
+  _exit(127);
+}
 
+// Starts the n local ranks, each with its two output streams; false (every
+// rank started so far killed) when a pipe or a fork fails.
+bool spawn_ranks(const Args& a, char** argv, const sigset_t& wait_mask, std::vector<Rank>& ranks,
+                 std::vector<Stream>& streams) {
   const pid_t launcher = getpid();
-  std::vector<Rank> ranks(static_cast<size_t>(n));
-  std::vector<Stream> streams;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < a.n; ++r) {
     int out[2];
     int err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
       std::perror("muon-launch: pipe");
       signal_all(ranks, SIGKILL);
-      return 1;
+      return false;
     }
     const pid_t pid = fork();
     if (pid < 0) {
       std::perror("muon-launch: fork");
       signal_all(ranks, SIGKILL);
-      return 1;
+      return false;
     }
-    if (pid == 0) {
-      // Die with the launcher; if it is already gone (killed between fork
-      // and prctl), the signal will never come: leave now.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher) _exit(128 + SIGKILL);
-      setpgid(0, 0);
-      dup2(out[1], STDOUT_FILENO);
-      dup2(err[1], STDERR_FILENO);
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) sigaction(sig, &dfl, nullptr);
-      sigprocmask(SIG_SETMASK, &wait_mask, nullptr);
-      const auto set = [](const char* k, const std::string& v) { setenv(k, v.c_str(), 1); };
-      set("RANK", std::to_string(first_rank + r));
-      set("LOCAL_RANK", std::to_string(r));
-      set("GROUP_RANK", std::to_string(node_rank));
-      set("ROLE_RANK", std::to_string(first_rank + r));
-      set("WORLD_SIZE", std::to_string(world));
-      set("LOCAL_WORLD_SIZE", std::to_string(n));
-      set("ROLE_WORLD_SIZE", std::to_string(world));
-      set("MASTER_ADDR", addr);
-      set("MASTER_PORT", std::to_string(port));
-      set("TORCHELASTIC_RESTART_COUNT", "0");
-      set("TORCHELASTIC_USE_AGENT_STORE", "False");
-      execvp(argv[i], argv + i);
-      std::fprintf(stderr, "muon-launch: cannot run '%s': %s\n", argv[i], std::strerror(errno));
-      _exit(127);
-    }
+    if (pid == 0) run_rank(a, argv, r, out, err, launcher, wait_mask);
     setpgid(pid, pid);  // also here: no race with a signal sent right after fork
     close(out[1]);
     close(err[1]);
     ranks[static_cast<size_t>(r)].pid = pid;
     ranks[static_cast<size_t>(r)].running = true;
-    const std::string prefix = "[rank " + std::to_string(first_rank + r) + "] ";
+    const std::string prefix = "[rank " + std::to_string(a.first_rank + r) + "] ";
     for (const auto& [fd, to] : {std::pair<int, int>{out[0], STDOUT_FILENO}, {err[0], STDERR_FILENO}}) {
       fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
       streams.push_back(Stream{fd, to, prefix, {}});
     }
   }
+  return true;
+}
 
+// Reaps the ranks that exited; returns how many still run, and in
+// `failed_now` those that failed. Of the ranks found failed in one pass, the
+// first failure is one that exited with a status of its own rather than by a
+// signal (a peer that lost its connection aborts); ties go to the lowest.
+int reap(std::vector<Rank>& ranks, std::vector<size_t>& failed_now) {
+  int running = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    auto& rank = ranks[r];
+    if (!rank.running) continue;
+    int st = 0;
+    const pid_t got = waitpid(rank.pid, &st, WNOHANG);
+    if (got == rank.pid) {
+      rank.running = false;
+      rank.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      rank.signaled = WIFSIGNALED(st);
+      if (rank.status != 0) failed_now.push_back(r);
+    } else {
+      ++running;
+    }
+  }
+  std::stable_sort(failed_now.begin(), failed_now.end(), [&](size_t a, size_t b) {
+    return !ranks[a].signaled && ranks[b].signaled;
+  });
+  return running;
+}
+
+// Forwards signals, reaps the ranks, stops the others after a failure and
+// relays the output until every rank (and what it started) is gone; returns
+// the launcher's exit status.
+int supervise(const Args& a, const sigset_t& wait_mask, std::vector<Rank>& ranks,
+              std::vector<Stream>& streams) {
   using Clock = std::chrono::steady_clock;
   int exit_code = 0;
   int first_failure = -1;
@@ -351,7 +397,7 @@ int main(int argc, char** argv) {
   Clock::time_point drain_until = Clock::time_point::max();
   auto begin_stop = [&](int sig) {
     signal_all(ranks, sig);
-    if (!stopping) kill_at = Clock::now() + std::chrono::seconds(grace);
+    if (!stopping) kill_at = Clock::now() + std::chrono::seconds(a.grace);
     stopping = true;
   };
 
@@ -363,34 +409,14 @@ int main(int argc, char** argv) {
       if (first_failure < 0) exit_code = 128 + sig;
       begin_stop(sig);
     }
-    // Reap exited ranks. Of the ranks found failed in one pass, the first
-    // failure is one that exited with a status of its own rather than by a
-    // signal (a peer that lost its connection aborts); ties go to the lowest.
-    int running = 0;
     std::vector<size_t> failed_now;
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      auto& rank = ranks[r];
-      if (!rank.running) continue;
-      int st = 0;
-      const pid_t got = waitpid(rank.pid, &st, WNOHANG);
-      if (got == rank.pid) {
-        rank.running = false;
-        rank.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        rank.signaled = WIFSIGNALED(st);
-        if (rank.status != 0) failed_now.push_back(r);
-      } else {
-        ++running;
-      }
-    }
-    std::stable_sort(failed_now.begin(), failed_now.end(), [&](size_t a, size_t b) {
-      return !ranks[a].signaled && ranks[b].signaled;
-    });
+    const int running = reap(ranks, failed_now);
     for (const size_t r : failed_now) {
       if (first_failure >= 0 || stopping) break;
       first_failure = static_cast<int>(r);
       exit_code = ranks[r].status;
       std::fprintf(stderr, "muon-launch: rank %zu exited with status %d; stopping the others\n",
-                   static_cast<size_t>(first_rank) + r, ranks[r].status);
+                   static_cast<size_t>(a.first_rank) + r, ranks[r].status);
       begin_stop(SIGTERM);
     }
     // After a forwarded signal or a failing rank, what a rank started goes
@@ -425,6 +451,27 @@ int main(int argc, char** argv) {
       }
     }
   }
+  return exit_code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse_args(argc, argv);
+  const sigset_t wait_mask = install_signal_handlers();
+
+  const bool user_omp = is_set("OMP_NUM_THREADS");
+  const std::string threads = set_thread_variables(a.n);
+  if (!threads.empty()) {
+    std::fprintf(stderr, "muon-launch: %d ranks on %d cores: %s for each rank (%s)\n", a.n,
+                 usable_cores(), threads.c_str(),
+                 user_omp ? "following OMP_NUM_THREADS" : "set these variables to choose otherwise");
+  }
+
+  std::vector<Rank> ranks(static_cast<size_t>(a.n));
+  std::vector<Stream> streams;
+  if (!spawn_ranks(a, argv, wait_mask, ranks, streams)) return 1;
+  const int exit_code = supervise(a, wait_mask, ranks, streams);
   for (auto& s : streams) {
     if (s.fd >= 0) {
       s.flush_lines(true);

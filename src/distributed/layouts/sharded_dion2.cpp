@@ -102,6 +102,135 @@ std::vector<int64_t> at_rank(int size, int64_t rank, int64_t count) {
   return out;
 }
 
+// One split matrix's step on this rank (ShardedDion2::step_split_matrix): its
+// group and owner, its shape, this rank's rows (local, padding included; mine,
+// real), the matrix's largest |M| (max_t), and this rank's rows of M (mv) and
+// of U (update_rows).
+struct SplitStep {
+  const Group& group;
+  int size, me;
+  int64_t owner, rows, cols, local, mine;
+  const RowSplit& split;
+  at::Tensor mv, max_t, update_rows;
+};
+
+// Rows selected (rows <= cols, or NorDion2): `width` elements per selected
+// row travel (with NorDion2's variance).
+void step_by_rows(const SplitStep& s, const at::Tensor& p, Dion2ParamState& st, const Dion2Options& o,
+                  int64_t width) {
+  const auto& group = s.group;
+  const int size = s.size, me = s.me;
+  const int64_t owner = s.owner, rows = s.rows, cols = s.cols, local = s.local, mine = s.mine;
+  const auto& split = s.split;
+  const auto &mv = s.mv, &max_t = s.max_t, &update_rows = s.update_rows;
+  // Row norms are each rank's own; every rank selects from all of them.
+  const auto local_norms =
+      muon::detail::dion2_fixed_point_norms(mv.unsqueeze(0), max_t, true).view({-1});
+  const auto norms = at::cat(group.all_gather_uneven(local_norms)).view({1, rows});
+  const int64_t k = muon::detail::dion2_k(o.fraction(), rows);
+  const auto idx = muon::detail::dion2_top_k(norms, k).view({-1});
+  std::vector<int64_t> count(static_cast<size_t>(size), 0);
+  std::vector<int64_t> here;
+  const auto idx_cpu = idx.cpu();
+  const auto* ip = idx_cpu.data_ptr<int64_t>();
+  for (int64_t j = 0; j < k; ++j) {
+    for (int r = 0; r < size; ++r) {
+      const auto ru = static_cast<size_t>(r);
+      if (ip[j] >= split.offset[ru] && ip[j] < split.offset[ru] + split.real[ru]) {
+        ++count[ru];
+        if (r == me) here.push_back(ip[j] - split.offset[ru]);
+      }
+    }
+  }
+  const auto loc = at::tensor(here, at::kLong).to(p.device());
+  const auto selected = mv.index_select(0, loc);
+  mv.index_copy_(0, loc, selected * o.ef_decay());
+  at::Tensor v_rows;
+  auto send = selected;
+  if (o.nordion2()) {
+    v_rows = st.variance().view({local, 1}).narrow(0, 0, mine);
+    send = at::cat({selected, v_rows.index_select(0, loc)}, 1);
+  }
+  // The selected rows (and their variance) to the owner.
+  std::vector<int64_t> recv_counts(static_cast<size_t>(size), 0);
+  if (me == owner) {
+    for (int r = 0; r < size; ++r)
+      recv_counts[static_cast<size_t>(r)] = count[static_cast<size_t>(r)] * width;
+  }
+  const auto gathered = group
+                            .all_to_all_async(send.contiguous().view({-1}),
+                                              at_rank(size, owner, send.numel()), recv_counts)
+                            .wait()
+                            .at(0);
+  // The owner: Newton–Schulz (and the normalization) of the k × cols submatrix as one process.
+  auto back = at::empty({0}, p.options());
+  if (me == owner) {
+    const auto whole = gathered.view({k, width});
+    const auto sub = whole.narrow(1, 0, cols).contiguous().view({1, k, cols});
+    if (o.nordion2()) {
+      auto v_sel = whole.narrow(1, cols, 1).contiguous().view({1, k, 1});
+      const auto orth = muon::detail::dion2_orthogonalize(sub, &v_sel, o);
+      back = at::cat({orth.view({k, cols}), v_sel.view({k, 1}).to(orth.scalar_type())}, 1);
+    } else {
+      back = muon::detail::dion2_orthogonalize(sub, nullptr, o).view({k, cols});
+    }
+  }
+  std::vector<int64_t> send_back(static_cast<size_t>(size), 0);
+  if (me == owner) {
+    for (int r = 0; r < size; ++r)
+      send_back[static_cast<size_t>(r)] = count[static_cast<size_t>(r)] * width;
+  }
+  const auto got =
+      group
+          .all_to_all_async(back.contiguous().view({-1}), send_back,
+                            at_rank(size, owner, static_cast<int64_t>(here.size()) * width))
+          .wait()
+          .at(0)
+          .view({static_cast<int64_t>(here.size()), width});
+  if (o.nordion2()) v_rows.index_copy_(0, loc, got.narrow(1, cols, 1).to(v_rows.scalar_type()));
+  update_rows.index_copy_(0, loc, got.narrow(1, 0, cols));
+}
+
+// Columns selected (rows > cols, Dion2): each rank's rows of the selected columns travel.
+void step_by_columns(const SplitStep& s, const at::Tensor& p, const Dion2Options& o) {
+  const auto& group = s.group;
+  const int size = s.size, me = s.me;
+  const int64_t owner = s.owner, rows = s.rows, cols = s.cols, mine = s.mine;
+  const auto& split = s.split;
+  const auto &mv = s.mv, &max_t = s.max_t, &update_rows = s.update_rows;
+  // Column norms: each rank's exact partial sums over its rows, added up.
+  auto norms = muon::detail::dion2_fixed_point_norms(mv.unsqueeze(0), max_t, false).view({-1});
+  const auto parts = group.all_gather(norms);
+  norms = at::zeros_like(norms);
+  for (const auto& part : parts) norms.add_(part);
+  const int64_t k = muon::detail::dion2_k(o.fraction(), cols);
+  const auto idx = muon::detail::dion2_top_k(norms.view({1, cols}), k).view({-1});
+  const auto selected = mv.index_select(1, idx);  // mine × k
+  mv.index_copy_(1, idx, selected * o.ef_decay());
+  std::vector<int64_t> per_rank(static_cast<size_t>(size), 0);
+  if (me == owner) {
+    for (int r = 0; r < size; ++r)
+      per_rank[static_cast<size_t>(r)] = split.real[static_cast<size_t>(r)] * k;
+  }
+  const auto gathered = group
+                            .all_to_all_async(selected.contiguous().view({-1}),
+                                              at_rank(size, owner, mine * k), per_rank)
+                            .wait()
+                            .at(0);
+  auto back = at::empty({0}, p.options());
+  if (me == owner) {
+    back = muon::detail::dion2_orthogonalize(gathered.view({1, rows, k}), nullptr, o)
+               .view({rows, k});
+  }
+  const auto got = group
+                       .all_to_all_async(back.contiguous().view({-1}), per_rank,
+                                         at_rank(size, owner, mine * k))
+                       .wait()
+                       .at(0)
+                       .view({mine, k});
+  update_rows.index_copy_(1, idx, got);
+}
+
 }  // namespace
 
 at::Tensor ShardedDion2::step_split_matrix(const at::Tensor& p, Dion2ParamState& st,
@@ -138,105 +267,11 @@ at::Tensor ShardedDion2::step_split_matrix(const at::Tensor& p, Dion2ParamState&
   auto update = at::zeros({local, cols}, p.options());
   auto update_rows = update.narrow(0, 0, mine);
 
+  const SplitStep step{group, size, me, owner, rows, cols, local, mine, split, mv, max_t, update_rows};
   if (by_rows) {
-    // Row norms are each rank's own; every rank selects from all of them.
-    const auto local_norms =
-        muon::detail::dion2_fixed_point_norms(mv.unsqueeze(0), max_t, true).view({-1});
-    const auto norms = at::cat(group.all_gather_uneven(local_norms)).view({1, rows});
-    const int64_t k = muon::detail::dion2_k(o.fraction(), rows);
-    const auto idx = muon::detail::dion2_top_k(norms, k).view({-1});
-    std::vector<int64_t> count(static_cast<size_t>(size), 0);
-    std::vector<int64_t> here;
-    const auto idx_cpu = idx.cpu();
-    const auto* ip = idx_cpu.data_ptr<int64_t>();
-    for (int64_t j = 0; j < k; ++j) {
-      for (int r = 0; r < size; ++r) {
-        const auto ru = static_cast<size_t>(r);
-        if (ip[j] >= split.offset[ru] && ip[j] < split.offset[ru] + split.real[ru]) {
-          ++count[ru];
-          if (r == me) here.push_back(ip[j] - split.offset[ru]);
-        }
-      }
-    }
-    const auto loc = at::tensor(here, at::kLong).to(p.device());
-    const auto selected = mv.index_select(0, loc);
-    mv.index_copy_(0, loc, selected * o.ef_decay());
-    at::Tensor v_rows;
-    auto send = selected;
-    if (o.nordion2()) {
-      v_rows = st.variance().view({local, 1}).narrow(0, 0, mine);
-      send = at::cat({selected, v_rows.index_select(0, loc)}, 1);
-    }
-    // The selected rows (and their variance) to the owner.
-    std::vector<int64_t> recv_counts(static_cast<size_t>(size), 0);
-    if (me == owner) {
-      for (int r = 0; r < size; ++r)
-        recv_counts[static_cast<size_t>(r)] = count[static_cast<size_t>(r)] * width;
-    }
-    const auto gathered = group
-                              .all_to_all_async(send.contiguous().view({-1}),
-                                                at_rank(size, owner, send.numel()), recv_counts)
-                              .wait()
-                              .at(0);
-    // The owner: Newton–Schulz (and the normalization) of the k × cols submatrix as one process.
-    auto back = at::empty({0}, p.options());
-    if (me == owner) {
-      const auto whole = gathered.view({k, width});
-      const auto sub = whole.narrow(1, 0, cols).contiguous().view({1, k, cols});
-      if (o.nordion2()) {
-        auto v_sel = whole.narrow(1, cols, 1).contiguous().view({1, k, 1});
-        const auto orth = muon::detail::dion2_orthogonalize(sub, &v_sel, o);
-        back = at::cat({orth.view({k, cols}), v_sel.view({k, 1}).to(orth.scalar_type())}, 1);
-      } else {
-        back = muon::detail::dion2_orthogonalize(sub, nullptr, o).view({k, cols});
-      }
-    }
-    std::vector<int64_t> send_back(static_cast<size_t>(size), 0);
-    if (me == owner) {
-      for (int r = 0; r < size; ++r)
-        send_back[static_cast<size_t>(r)] = count[static_cast<size_t>(r)] * width;
-    }
-    const auto got =
-        group
-            .all_to_all_async(back.contiguous().view({-1}), send_back,
-                              at_rank(size, owner, static_cast<int64_t>(here.size()) * width))
-            .wait()
-            .at(0)
-            .view({static_cast<int64_t>(here.size()), width});
-    if (o.nordion2()) v_rows.index_copy_(0, loc, got.narrow(1, cols, 1).to(v_rows.scalar_type()));
-    update_rows.index_copy_(0, loc, got.narrow(1, 0, cols));
+    step_by_rows(step, p, st, o, width);
   } else {
-    // Column norms: each rank's exact partial sums over its rows, added up.
-    auto norms = muon::detail::dion2_fixed_point_norms(mv.unsqueeze(0), max_t, false).view({-1});
-    const auto parts = group.all_gather(norms);
-    norms = at::zeros_like(norms);
-    for (const auto& part : parts) norms.add_(part);
-    const int64_t k = muon::detail::dion2_k(o.fraction(), cols);
-    const auto idx = muon::detail::dion2_top_k(norms.view({1, cols}), k).view({-1});
-    const auto selected = mv.index_select(1, idx);  // mine × k
-    mv.index_copy_(1, idx, selected * o.ef_decay());
-    std::vector<int64_t> per_rank(static_cast<size_t>(size), 0);
-    if (me == owner) {
-      for (int r = 0; r < size; ++r)
-        per_rank[static_cast<size_t>(r)] = split.real[static_cast<size_t>(r)] * k;
-    }
-    const auto gathered = group
-                              .all_to_all_async(selected.contiguous().view({-1}),
-                                                at_rank(size, owner, mine * k), per_rank)
-                              .wait()
-                              .at(0);
-    auto back = at::empty({0}, p.options());
-    if (me == owner) {
-      back = muon::detail::dion2_orthogonalize(gathered.view({1, rows, k}), nullptr, o)
-                 .view({rows, k});
-    }
-    const auto got = group
-                         .all_to_all_async(back.contiguous().view({-1}), per_rank,
-                                           at_rank(size, owner, mine * k))
-                         .wait()
-                         .at(0)
-                         .view({mine, k});
-    update_rows.index_copy_(1, idx, got);
+    step_by_columns(step, p, o);
   }
   return update.view(p.sizes());
 }

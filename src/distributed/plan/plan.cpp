@@ -23,35 +23,17 @@
 #include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/newton_schulz.h"
 #include "plan_checks.h"
+#include "planner.h"
 
 namespace muon::plan {
 namespace {
 
 constexpr const char* kWho = "[muon::plan] ";
 
-// Slots of the step agreement before its bitmask (step_agreement.cpp), and
-// the bits per mask word.
-constexpr int64_t kAgreementSlots = 6;
-constexpr int64_t kMaskBits = 63;
-constexpr int64_t kAlign = 16;  // layer-wise bucket alignment
-// Group::all_gather_uneven first gathers each rank's shape as 9 integers.
-constexpr int64_t kUnevenShapeInts = 9;
+}  // namespace
 
-using detail::all_gather_bytes;
-using detail::mul;
-using detail::ring_all_reduce_bytes;
-int64_t ints_bytes(int64_t count, int64_t p) { return all_gather_bytes(8 * count, p); }
-int64_t aligned(int64_t bytes) { return detail::add(bytes, kAlign - 1, "a bucket's bytes") / kAlign * kAlign; }
+namespace planner {
 
-// (rows, cols) of a tensor as its layouts see it: dim 0 and the rest.
-int64_t rows_of(const Tensor& t) { return t.shape.empty() ? 1 : t.shape[0]; }
-int64_t row_numel(const Tensor& t) { return t.numel() / std::max<int64_t>(rows_of(t), 1); }
-
-// The matrices Newton–Schulz sees in a Muon tensor: [rows, cols] slices of
-// a stack of 3+ dims, the tensor itself if 2-D.
-struct Matrices {
-  int64_t count = 0, rows = 0, cols = 0;
-};
 Matrices matrices_of(const std::vector<int64_t>& shape) {
   if (shape.size() < 2) return {};
   const int64_t rows = shape[shape.size() - 2];
@@ -65,7 +47,6 @@ bool is_muon(const Tensor& t, const Options& o) {
   return !o.adamw_only && t.route == Route::kMuon && t.shape.size() >= 2;
 }
 
-// A tensor-parallel rank's block of a tensor.
 std::vector<int64_t> block_shape(const Tensor& t, int64_t tp, int64_t rank) {
   auto shape = t.shape;
   if (tp <= 1 || t.split == Split::kNone || (shape.size() < 2 && t.split == Split::kCols)) return shape;
@@ -80,508 +61,263 @@ Tensor block_of(const Tensor& t, int64_t tp, int64_t rank) {
   return b;
 }
 
-// Per-rank sums, reported for the most loaded rank.
-struct PerRank {
-  explicit PerRank(int64_t world) : bytes(static_cast<size_t>(world), 0), flops(bytes.size(), 0),
-                                    ns_s(bytes.size(), 0), elementwise_s(bytes.size(), 0),
-                                    state(bytes.size(), 0), params(bytes.size(), 0) {}
-  std::vector<int64_t> bytes;
-  std::vector<double> flops, ns_s, elementwise_s;
-  std::vector<int64_t> state, params;
-  std::set<std::tuple<int64_t, int64_t, int64_t>> shapes;  // (rank, rows, cols): batched NS calls
-};
-
-class Planner {
- public:
-  Planner(const Model& model, const Machine& machine, LayoutKind layout, const Options& o)
-      : model_(model), machine_(machine), layout_(layout), o_(o), ranks_(o.world) {
-    const bool tp_layout = layout == LayoutKind::kTensorParallel || layout == LayoutKind::kTensorParallelSharded;
+Planner::Planner(const Model& model, const Machine& machine, LayoutKind layout, const Options& o)
+    : model_(model), machine_(machine), layout_(layout), o_(o), ranks_(o.world) {
+  const bool tp_layout = layout == LayoutKind::kTensorParallel || layout == LayoutKind::kTensorParallelSharded;
+  tp_ = 1;
+  if (tp_layout) tp_ = o.tp > 0 ? o.tp : (layout == LayoutKind::kTensorParallel ? o.world : 2);
+  if (o.world % tp_ != 0) {
+    p_.why_not = c10::str("tp = ", tp_, " does not divide world = ", o.world);
     tp_ = 1;
-    if (tp_layout) tp_ = o.tp > 0 ? o.tp : (layout == LayoutKind::kTensorParallel ? o.world : 2);
-    if (o.world % tp_ != 0) {
-      p_.why_not = c10::str("tp = ", tp_, " does not divide world = ", o.world);
-      tp_ = 1;
-    }
-    dp_ = o.world / tp_;
-    p_.layout = layout;
-    p_.world = o.world;
-    p_.tp = tp_;
-    p_.dp = dp_;
-    p_.adamw = o.adamw_only;
   }
+  dp_ = o.world / tp_;
+  p_.layout = layout;
+  p_.world = o.world;
+  p_.tp = tp_;
+  p_.dp = dp_;
+  p_.adamw = o.adamw_only;
+}
 
-  Prediction run() {
-    if (!p_.why_not.empty()) return p_;
-    if (layout_ == LayoutKind::kTensorParallelSharded && (tp_ < 2 || dp_ < 2)) {
-      p_.why_not = "the 2-D layout needs tp >= 2 and dp >= 2";
-      return p_;
-    }
-    if ((layout_ == LayoutKind::kTensorParallel || layout_ == LayoutKind::kTensorParallelSharded) &&
-        model_.expert_data_parallel > 0) {
-      p_.why_not = "this model's experts are laid out by expert parallelism";
-      return p_;
-    }
-    for (int64_t tp_rank = 0; tp_rank < tp_; ++tp_rank) run_replica(tp_rank);
-    finish();
+Prediction Planner::run() {
+  if (!p_.why_not.empty()) return p_;
+  if (layout_ == LayoutKind::kTensorParallelSharded && (tp_ < 2 || dp_ < 2)) {
+    p_.why_not = "the 2-D layout needs tp >= 2 and dp >= 2";
     return p_;
   }
-
- private:
-  // World rank of (dp rank d, tp rank t): TP fastest (Group::mesh).
-  int64_t world_rank(int64_t d, int64_t t) const { return d * tp_ + t; }
-
-  Collective& collective(const std::string& what, int64_t group, bool overlapped = false) {
-    for (auto& c : p_.collectives) {
-      if (c.what == what) return c;
-    }
-    Collective c;
-    c.what = what;
-    c.kind = what.find("gather") != std::string::npos || what == "step agreement" ? "all_gather"
-             : what.find("reduce-scatter") != std::string::npos || what.find("exchange") != std::string::npos
-                 ? "all_to_all"
-                 : "all_reduce";
-    c.group = group;
-    c.overlapped = overlapped;
-    p_.collectives.push_back(c);
-    return p_.collectives.back();
+  if ((layout_ == LayoutKind::kTensorParallel || layout_ == LayoutKind::kTensorParallelSharded) &&
+      model_.expert_data_parallel > 0) {
+    p_.why_not = "this model's experts are laid out by expert parallelism";
+    return p_;
   }
+  for (int64_t tp_rank = 0; tp_rank < tp_; ++tp_rank) run_replica(tp_rank);
+  finish();
+  return p_;
+}
 
-  // Records a collective of `group` ranks that sends bytes[r] from each of
-  // its ranks (world ranks `members`); the reported bytes and calls are the
-  // most loaded rank's.
-  void add(const std::string& what, const std::vector<int64_t>& members, const std::vector<int64_t>& bytes,
-           int64_t hops, bool overlapped = false) {
-    const auto g = static_cast<int64_t>(members.size());
-    if (g <= 1) return;
-    auto& c = collective(what, g, overlapped);
-    int64_t most = 0;
-    for (size_t k = 0; k < members.size(); ++k) {
-      auto& sent = ranks_.bytes[static_cast<size_t>(members[k])];
-      sent = detail::add(sent, bytes[k], "the bytes a rank sends");
-      most = std::max(most, bytes[k]);
-    }
-    c.calls += 1;
-    c.bytes = detail::add(c.bytes, most, "a collective's bytes");
-    c.hops = detail::add(c.hops, hops, "a collective's latency terms");
+Collective& Planner::collective(const std::string& what, int64_t group, bool overlapped) {
+  for (auto& c : p_.collectives) {
+    if (c.what == what) return c;
   }
+  Collective c;
+  c.what = what;
+  c.kind = what.find("gather") != std::string::npos || what == "step agreement" ? "all_gather"
+           : what.find("reduce-scatter") != std::string::npos || what.find("exchange") != std::string::npos
+               ? "all_to_all"
+               : "all_reduce";
+  c.group = group;
+  c.overlapped = overlapped;
+  p_.collectives.push_back(c);
+  return p_.collectives.back();
+}
 
-  std::vector<int64_t> dp_members(int64_t t) const {
-    std::vector<int64_t> m;
-    for (int64_t d = 0; d < dp_; ++d) m.push_back(world_rank(d, t));
-    return m;
+// Records a collective of `group` ranks that sends bytes[r] from each of
+// its ranks (world ranks `members`); the reported bytes and calls are the
+// most loaded rank's.
+void Planner::add(const std::string& what, const std::vector<int64_t>& members,
+                  const std::vector<int64_t>& bytes, int64_t hops, bool overlapped) {
+  const auto g = static_cast<int64_t>(members.size());
+  if (g <= 1) return;
+  auto& c = collective(what, g, overlapped);
+  int64_t most = 0;
+  for (size_t k = 0; k < members.size(); ++k) {
+    auto& sent = ranks_.bytes[static_cast<size_t>(members[k])];
+    sent = detail::add(sent, bytes[k], "the bytes a rank sends");
+    most = std::max(most, bytes[k]);
   }
-  std::vector<int64_t> tp_members(int64_t d) const {
-    std::vector<int64_t> m;
-    for (int64_t t = 0; t < tp_; ++t) m.push_back(world_rank(d, t));
-    return m;
+  c.calls += 1;
+  c.bytes = detail::add(c.bytes, most, "a collective's bytes");
+  c.hops = detail::add(c.hops, hops, "a collective's latency terms");
+}
+
+std::vector<int64_t> Planner::dp_members(int64_t t) const {
+  std::vector<int64_t> m;
+  for (int64_t d = 0; d < dp_; ++d) m.push_back(world_rank(d, t));
+  return m;
+}
+
+std::vector<int64_t> Planner::tp_members(int64_t d) const {
+  std::vector<int64_t> m;
+  for (int64_t t = 0; t < tp_; ++t) m.push_back(world_rank(d, t));
+  return m;
+}
+
+void Planner::same_bytes(const std::string& what, const std::vector<int64_t>& members, int64_t bytes,
+                         int64_t hops, bool overlapped) {
+  add(what, members, std::vector<int64_t>(members.size(), bytes), hops, overlapped);
+}
+
+// The tensors of this TP rank (blocks) and which are the optimizer's.
+std::vector<Tensor> Planner::local_tensors(int64_t tp_rank) const {
+  std::vector<Tensor> out;
+  for (const auto& t : model_.tensors) out.push_back(block_of(t, tp_, tp_rank));
+  return out;
+}
+
+double Planner::ns_rate(int64_t smaller) const {
+  const int c = shape_class(smaller);
+  const double node = (o_.ns_bf16 ? machine_.gemm_bf16 : machine_.gemm_fp32)[c];
+  if (machine_.cores_per_node <= 0) return node;
+  const int64_t k = ranks_on_node();
+  if (k == 1) return node;
+  const double shared = (o_.ns_bf16 ? machine_.rank_gemm_bf16 : machine_.rank_gemm_fp32)[c];
+  const double cores = static_cast<double>(machine_.cores_per_node);
+  const double each = shared > 0 ? shared : node / std::min(static_cast<double>(k), cores);
+  return each * std::min(1.0, cores / static_cast<double>(k));
+}
+
+
+int64_t Planner::ranks_on_node() const { return std::min<int64_t>(o_.world, ranks_per_node()); }
+
+int64_t Planner::ranks_per_node() const {
+  return std::max<int64_t>(1, o_.ranks_per_node > 0 ? o_.ranks_per_node : machine_.ranks_per_node);
+}
+
+// A rank's share of its node's element-wise throughput: a CPU node's
+// rates are one thread's (a rank's), and ranks beyond the cores share
+// them; accelerators have one rank each.
+double Planner::compute_share() const {
+  if (machine_.cores_per_node <= 0) return 1.0;
+  return std::min(1.0, static_cast<double>(machine_.cores_per_node) / static_cast<double>(ranks_on_node()));
+}
+
+// `share`: this rank's part of the work (distributed Newton–Schulz).
+void Planner::orthogonalize(int64_t rank, int64_t count, int64_t rows, int64_t cols, double share) {
+  if (count <= 0 || rows <= 0 || cols <= 0) return;
+  // Dion2-like selection: Newton–Schulz on a fraction of the rows.
+  if (o_.row_fraction < 1.0) rows = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o_.row_fraction * static_cast<double>(rows))));
+  const double f = share * static_cast<double>(count) * newton_schulz_flops(rows, cols, o_.ns_steps);
+  ranks_.flops[static_cast<size_t>(rank)] += f;
+  ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols));
+  if (ranks_.shapes.insert({rank, rows, cols}).second) {
+    ranks_.ns_s[static_cast<size_t>(rank)] += machine_.ns_call_s;
   }
+}
 
-  void same_bytes(const std::string& what, const std::vector<int64_t>& members, int64_t bytes, int64_t hops,
-                  bool overlapped = false) {
-    add(what, members, std::vector<int64_t>(members.size(), bytes), hops, overlapped);
+void Planner::add_params(int64_t rank, int64_t bytes) {
+  auto& held = ranks_.params[static_cast<size_t>(rank)];
+  held = detail::add(held, bytes, "a rank's parameter bytes");
+}
+
+void Planner::elementwise(int64_t rank, int64_t elements, bool muon) {
+  const double per = muon ? machine_.muon_elementwise_s : machine_.adamw_elementwise_s;
+  const double fixed = muon ? machine_.muon_tensor_s : machine_.adamw_tensor_s;
+  ranks_.elementwise_s[static_cast<size_t>(rank)] +=
+      static_cast<double>(elements) * per / compute_share() + (elements > 0 ? fixed : 0.0);
+  auto& state = ranks_.state[static_cast<size_t>(rank)];
+  state = detail::add(state, mul(elements, muon ? 4 : 8, "a rank's state bytes"), "a rank's state bytes");
+}
+
+// The step agreement: one all-gather of a few integers (its slots and a
+// bit per parameter) over the world group, which every layout is given.
+void Planner::agreement(int64_t tp_rank, int64_t params) {
+  if (tp_rank != 0) return;
+  const int64_t ints = kAgreementSlots + (params + kMaskBits - 1) / kMaskBits;
+  std::vector<int64_t> all(static_cast<size_t>(o_.world));
+  std::iota(all.begin(), all.end(), 0);
+  same_bytes("step agreement", all, ints_bytes(ints, o_.world), 1);
+}
+
+void Planner::gradient_all_reduce(int64_t tp_rank, const std::vector<Tensor>& tensors) {
+  if (dp_ <= 1) return;
+  int64_t bucket = 0;
+  int64_t bytes = 0;
+  int64_t hops = 0;
+  auto flush = [&] {
+    if (bucket == 0) return;
+    bytes = detail::add(bytes, ring_all_reduce_bytes(bucket, dp_), "the gradients all-reduce's bytes");
+    hops += 2 * (dp_ - 1);
+    bucket = 0;
+  };
+  for (const auto& t : tensors) {
+    if (bucket > 0 && detail::add(bucket, t.bytes(), "a bucket's bytes") > o_.all_reduce_bucket_bytes) flush();
+    bucket = detail::add(bucket, t.bytes(), "a bucket's bytes");
   }
+  flush();
+  same_bytes("gradients all-reduce", dp_members(tp_rank), bytes, hops);
+}
 
-  // The tensors of this TP rank (blocks) and which are the optimizer's.
-  std::vector<Tensor> local_tensors(int64_t tp_rank) const {
-    std::vector<Tensor> out;
-    for (const auto& t : model_.tensors) out.push_back(block_of(t, tp_, tp_rank));
-    return out;
+void Planner::run_replica(int64_t tp_rank) {
+  auto tensors = local_tensors(tp_rank);
+  agreement(tp_rank, static_cast<int64_t>(tensors.size()));
+  if (model_.expert_data_parallel > 0) {
+    std::vector<Tensor> dense, experts;
+    for (auto& t : tensors) (t.expert ? experts : dense).push_back(t);
+    local_experts(tp_rank, experts);
+    tensors = dense;
   }
-
-  double ns_rate(int64_t smaller) const {
-    const int c = shape_class(smaller);
-    const double node = (o_.ns_bf16 ? machine_.gemm_bf16 : machine_.gemm_fp32)[c];
-    if (machine_.cores_per_node <= 0) return node;
-    const int64_t k = ranks_on_node();
-    if (k == 1) return node;
-    const double shared = (o_.ns_bf16 ? machine_.rank_gemm_bf16 : machine_.rank_gemm_fp32)[c];
-    const double cores = static_cast<double>(machine_.cores_per_node);
-    const double each = shared > 0 ? shared : node / std::min(static_cast<double>(k), cores);
-    return each * std::min(1.0, cores / static_cast<double>(k));
+  if (o_.training_step && tp_ > 1 && model_.activation_all_reduces > 0 && tp_rank == 0) {
+    const int64_t each = ring_all_reduce_bytes(mul(model_.activation_elements / dp_, 4, "activation bytes"), tp_);
+    const int64_t bytes = mul(model_.activation_all_reduces, each, "the activations all-reduce's bytes");
+    const int64_t hops = mul(2 * (tp_ - 1), model_.activation_all_reduces, "the activations' latency terms");
+    for (int64_t d = 0; d < dp_; ++d) same_bytes("activations all-reduce (TP)", tp_members(d), bytes, hops);
   }
-
-  int64_t ranks_on_node() const { return std::min<int64_t>(o_.world, ranks_per_node()); }
-
-  int64_t ranks_per_node() const {
-    return std::max<int64_t>(1, o_.ranks_per_node > 0 ? o_.ranks_per_node : machine_.ranks_per_node);
+  switch (layout_) {
+    case LayoutKind::kReplicated: replicated(tp_rank, tensors); break;
+    case LayoutKind::kLayerwise: layerwise(tp_rank, tensors); break;
+    case LayoutKind::kSharded:
+    case LayoutKind::kShardedReplicated:
+    case LayoutKind::kTensorParallelSharded: sharded(tp_rank, tensors); break;
+    case LayoutKind::kTensorParallel: replicated(tp_rank, tensors); break;
   }
+  if (tp_ > 1) tensor_parallel_gathers(tp_rank, tensors);
+}
 
-  // A rank's share of its node's element-wise throughput: a CPU node's
-  // rates are one thread's (a rank's), and ranks beyond the cores share
-  // them; accelerators have one rank each.
-  double compute_share() const {
-    if (machine_.cores_per_node <= 0) return 1.0;
-    return std::min(1.0, static_cast<double>(machine_.cores_per_node) / static_cast<double>(ranks_on_node()));
+void Planner::finish() {
+  size_t most = 0;
+  const auto world = static_cast<size_t>(o_.world);
+  for (size_t r = 0; r < world; ++r) {
+    if (ranks_.bytes[r] > ranks_.bytes[most]) most = r;
   }
-
-  // `share`: this rank's part of the work (distributed Newton–Schulz).
-  void orthogonalize(int64_t rank, int64_t count, int64_t rows, int64_t cols, double share = 1.0) {
-    if (count <= 0 || rows <= 0 || cols <= 0) return;
-    // Dion2-like selection: Newton–Schulz on a fraction of the rows.
-    if (o_.row_fraction < 1.0) rows = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o_.row_fraction * static_cast<double>(rows))));
-    const double f = share * static_cast<double>(count) * newton_schulz_flops(rows, cols, o_.ns_steps);
-    ranks_.flops[static_cast<size_t>(rank)] += f;
-    ranks_.ns_s[static_cast<size_t>(rank)] += f / ns_rate(std::min(rows, cols));
-    if (ranks_.shapes.insert({rank, rows, cols}).second) {
-      ranks_.ns_s[static_cast<size_t>(rank)] += machine_.ns_call_s;
-    }
-  }
-
-  void add_params(int64_t rank, int64_t bytes) {
-    auto& held = ranks_.params[static_cast<size_t>(rank)];
-    held = detail::add(held, bytes, "a rank's parameter bytes");
-  }
-
-  void elementwise(int64_t rank, int64_t elements, bool muon) {
-    const double per = muon ? machine_.muon_elementwise_s : machine_.adamw_elementwise_s;
-    const double fixed = muon ? machine_.muon_tensor_s : machine_.adamw_tensor_s;
-    ranks_.elementwise_s[static_cast<size_t>(rank)] +=
-        static_cast<double>(elements) * per / compute_share() + (elements > 0 ? fixed : 0.0);
-    auto& state = ranks_.state[static_cast<size_t>(rank)];
-    state = detail::add(state, mul(elements, muon ? 4 : 8, "a rank's state bytes"), "a rank's state bytes");
-  }
-
-  // The step agreement: one all-gather of a few integers (its slots and a
-  // bit per parameter) over the world group, which every layout is given.
-  void agreement(int64_t tp_rank, int64_t params) {
-    if (tp_rank != 0) return;
-    const int64_t ints = kAgreementSlots + (params + kMaskBits - 1) / kMaskBits;
-    std::vector<int64_t> all(static_cast<size_t>(o_.world));
-    std::iota(all.begin(), all.end(), 0);
-    same_bytes("step agreement", all, ints_bytes(ints, o_.world), 1);
-  }
-
-  void gradient_all_reduce(int64_t tp_rank, const std::vector<Tensor>& tensors) {
-    if (dp_ <= 1) return;
-    int64_t bucket = 0;
-    int64_t bytes = 0;
-    int64_t hops = 0;
-    auto flush = [&] {
-      if (bucket == 0) return;
-      bytes = detail::add(bytes, ring_all_reduce_bytes(bucket, dp_), "the gradients all-reduce's bytes");
-      hops += 2 * (dp_ - 1);
-      bucket = 0;
-    };
-    for (const auto& t : tensors) {
-      if (bucket > 0 && detail::add(bucket, t.bytes(), "a bucket's bytes") > o_.all_reduce_bucket_bytes) flush();
-      bucket = detail::add(bucket, t.bytes(), "a bucket's bytes");
-    }
-    flush();
-    same_bytes("gradients all-reduce", dp_members(tp_rank), bytes, hops);
-  }
-
-  // Expert parallelism (expert_data_parallel 1): each rank's own experts,
-  // never reduced or exchanged: orthogonalized and updated where they are.
-  void local_experts(int64_t tp_rank, const std::vector<Tensor>& experts) {
-    for (int64_t d = 0; d < dp_; ++d) {
-      const int64_t r = world_rank(d, tp_rank);
-      for (const auto& t : experts) {
-        add_params(r, t.bytes());
-        const bool muon = is_muon(t, o_);
-        elementwise(r, t.numel(), muon);
-        if (muon) {
-          const auto m = matrices_of(t.shape);
-          orthogonalize(r, m.count, m.rows, m.cols);
-        }
-      }
-    }
-  }
-
-  void run_replica(int64_t tp_rank) {
-    auto tensors = local_tensors(tp_rank);
-    agreement(tp_rank, static_cast<int64_t>(tensors.size()));
-    if (model_.expert_data_parallel > 0) {
-      std::vector<Tensor> dense, experts;
-      for (auto& t : tensors) (t.expert ? experts : dense).push_back(t);
-      local_experts(tp_rank, experts);
-      tensors = dense;
-    }
-    if (o_.training_step && tp_ > 1 && model_.activation_all_reduces > 0 && tp_rank == 0) {
-      const int64_t each = ring_all_reduce_bytes(mul(model_.activation_elements / dp_, 4, "activation bytes"), tp_);
-      const int64_t bytes = mul(model_.activation_all_reduces, each, "the activations all-reduce's bytes");
-      const int64_t hops = mul(2 * (tp_ - 1), model_.activation_all_reduces, "the activations' latency terms");
-      for (int64_t d = 0; d < dp_; ++d) same_bytes("activations all-reduce (TP)", tp_members(d), bytes, hops);
-    }
-    switch (layout_) {
-      case LayoutKind::kReplicated: replicated(tp_rank, tensors); break;
-      case LayoutKind::kLayerwise: layerwise(tp_rank, tensors); break;
-      case LayoutKind::kSharded:
-      case LayoutKind::kShardedReplicated:
-      case LayoutKind::kTensorParallelSharded: sharded(tp_rank, tensors); break;
-      case LayoutKind::kTensorParallel: replicated(tp_rank, tensors); break;
-    }
-    if (tp_ > 1) tensor_parallel_gathers(tp_rank, tensors);
-  }
-
-  // Duplicated TP Muon: every TP rank gathers each split matrix's blocks
-  // (all_gather_uneven: its shape, then the blocks padded to the largest)
-  // and orthogonalizes the whole matrix. In the 2-D layout only the owner
-  // of the matrix in its dp group does, with its TP peers.
-  void tensor_parallel_gathers(int64_t tp_rank, const std::vector<Tensor>& tensors) {
-    if (tp_rank != 0) return;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const auto& whole = model_.tensors[i];
-      if (!is_muon(whole, o_) || whole.split == Split::kNone) continue;
-      int64_t largest = 0;
-      for (int64_t t = 0; t < tp_; ++t) largest = std::max(largest, block_of(whole, tp_, t).numel());
-      const int64_t bytes = ints_bytes(kUnevenShapeInts, tp_) + all_gather_bytes(largest * whole.dtype_bytes, tp_);
-      if (layout_ == LayoutKind::kTensorParallel) {
-        for (int64_t d = 0; d < dp_; ++d) same_bytes("TP block gather", tp_members(d), bytes, 2 * (tp_ - 1));
-      }
+  p_.bytes_per_rank = ranks_.bytes;
+  p_.bytes_sent = ranks_.bytes[most];
+  // Times: the slowest rank's compute, then each collective by the
+  // alpha-beta model on the link its group spans.
+  double compute = 0;
+  for (size_t r = 0; r < world; ++r) {
+    const double c = ranks_.ns_s[r] + ranks_.elementwise_s[r];
+    if (c >= compute) {
+      compute = c;
+      p_.newton_schulz_s = ranks_.ns_s[r];
+      p_.elementwise_s = ranks_.elementwise_s[r];
+      p_.newton_schulz_flops = ranks_.flops[r];
     }
   }
-
-  void replicated(int64_t tp_rank, const std::vector<Tensor>& tensors) {
-    gradient_all_reduce(tp_rank, tensors);
-    for (int64_t d = 0; d < dp_; ++d) {
-      const int64_t r = world_rank(d, tp_rank);
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        const auto& t = tensors[i];
-        add_params(r, t.bytes());
-        const bool muon = is_muon(t, o_);
-        elementwise(r, t.numel(), muon);
-        if (muon) {
-          // TP blocks are orthogonalized whole (duplicated mode).
-          const auto m = matrices_of(layout_ == LayoutKind::kTensorParallel ? model_.tensors[i].shape : t.shape);
-          orthogonalize(r, m.count, m.rows, m.cols);
-        }
-      }
-    }
+  double overlapped = 0, serial = 0;
+  for (auto& c : p_.collectives) {
+    const bool inter = c.group > ranks_per_node() && o_.world > ranks_per_node();
+    const Link& link = inter ? machine_.inter : machine_.intra;
+    const double rate = c.kind == "all_gather" && link.all_gather_bytes_per_s > 0   ? link.all_gather_bytes_per_s
+                        : c.kind == "all_to_all" && link.all_to_all_bytes_per_s > 0 ? link.all_to_all_bytes_per_s
+                                                                                     : link.bytes_per_s;
+    c.seconds = static_cast<double>(c.hops) * link.latency_s + static_cast<double>(c.bytes) / rate;
+    (c.overlapped ? overlapped : serial) += c.seconds;
   }
-
-  void layerwise(int64_t tp_rank, const std::vector<Tensor>& tensors) {
-    gradient_all_reduce(tp_rank, tensors);
-    std::vector<double> costs;
-    for (const auto& t : tensors) {
-      if (t.shape.size() >= 2) {
-        costs.push_back(muon::distributed::newton_schulz_cost(rows_of(t), row_numel(t)));
-      } else {
-        costs.push_back(static_cast<double>(t.numel()));
-      }
-    }
-    const auto owners = muon::distributed::assign_owners(costs, dp_);
-    // Buckets per owner in parameter order; bucket k of every rank is
-    // gathered at the largest rank's size.
-    std::vector<std::vector<int64_t>> used(static_cast<size_t>(dp_));
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      auto& mine = used[static_cast<size_t>(owners[i])];
-      const int64_t bytes = tensors[i].bytes();
-      if (mine.empty() || mine.back() + bytes > o_.layerwise_bucket_bytes) {
-        mine.push_back(aligned(bytes));
-      } else {
-        mine.back() = detail::add(mine.back(), aligned(bytes), "a bucket's bytes");
-      }
-      const int64_t r = world_rank(owners[i], tp_rank);
-      const bool muon = is_muon(tensors[i], o_);
-      elementwise(r, tensors[i].numel(), muon);
-      if (muon) {
-        const auto m = matrices_of(tensors[i].shape);
-        orthogonalize(r, m.count, m.rows, m.cols);
-      }
-    }
-    for (int64_t d = 0; d < dp_; ++d) {
-      for (const auto& t : tensors) add_params(world_rank(d, tp_rank), t.bytes());
-    }
-    size_t buckets = 0;
-    for (const auto& b : used) buckets = std::max(buckets, b.size());
-    int64_t bytes = 0;
-    for (size_t k = 0; k < buckets; ++k) {
-      int64_t largest = 0;
-      for (const auto& b : used) {
-        if (k < b.size()) largest = std::max(largest, b[k]);
-      }
-      bytes = detail::add(bytes, all_gather_bytes(largest, dp_), "the updated parameters all-gather's bytes");
-    }
-    same_bytes("updated parameters all-gather", dp_members(tp_rank), bytes, static_cast<int64_t>(buckets) * (dp_ - 1),
-               true);
+  p_.communication_s = overlapped + serial;
+  const double hidden = machine_.overlap * std::min(overlapped, compute);
+  p_.step_s = compute + p_.communication_s - hidden;
+  p_.state_bytes = *std::max_element(ranks_.state.begin(), ranks_.state.end());
+  p_.parameter_bytes = *std::max_element(ranks_.params.begin(), ranks_.params.end());
+  int64_t grads = 0;
+  for (const auto& t : model_.tensors) grads = detail::add(grads, block_of(t, tp_, 0).bytes(), "the gradient bytes");
+  p_.gradient_bytes = grads;
+  p_.fits = machine_.memory_bytes <= 0 || static_cast<double>(p_.parameter_bytes) + static_cast<double>(p_.gradient_bytes) +
+                                                  static_cast<double>(p_.state_bytes) <= machine_.memory_bytes;
+  if (model_.train_flops > 0) {
+    const double rate = model_.train_flops_per_s > 0 ? model_.train_flops_per_s : machine_.gemm_bf16[kShapeClasses - 1];
+    p_.train_s = model_.train_flops / static_cast<double>(tp_) / rate;
+    if (p_.train_s + p_.step_s > 0) p_.share_of_training = p_.step_s / (p_.train_s + p_.step_s);
   }
+}
 
-  // The sharded layout's owner-compute: each rank's rows of a matrix to its
-  // owner and back (one all-to-all each way per shape), Newton–Schulz on the
-  // owner (with its TP peers for a split matrix).
-  void owner_exchange(int64_t tp_rank, const std::vector<Tensor>& tensors,
-                      const std::vector<std::vector<int64_t>>& rows, const std::vector<size_t>& owned,
-                      const std::vector<double>& costs, const std::vector<int64_t>& members) {
-    const auto owners = muon::distributed::assign_owners(costs, dp_);
-    std::vector<int64_t> bytes(static_cast<size_t>(dp_), 0);
-    for (size_t k = 0; k < owned.size(); ++k) {
-      const auto i = owned[k];
-      const auto& t = tensors[i];
-      const int64_t owner = owners[k];
-      const int64_t row_bytes = row_numel(t) * t.dtype_bytes;
-      for (int64_t d = 0; d < dp_; ++d) {
-        if (d != owner) bytes[static_cast<size_t>(d)] = detail::add(bytes[static_cast<size_t>(d)], rows[i][static_cast<size_t>(d)] * row_bytes, "the owner exchange's bytes");
-      }
-      bytes[static_cast<size_t>(owner)] = detail::add(bytes[static_cast<size_t>(owner)], (rows_of(t) - rows[i][static_cast<size_t>(owner)]) * row_bytes, "the owner exchange's bytes");
-      const auto& whole = model_.tensors[i];
-      const bool split = tp_ > 1 && whole.split != Split::kNone;
-      const int64_t r = world_rank(owner, tp_rank);
-      if (!split) {
-        orthogonalize(r, 1, rows_of(t), row_numel(t));
-        continue;
-      }
-      // The 2-D layout's TP mode is distributed (LayoutGroups::tp_mode):
-      // the owners of a split matrix, one per TP rank, run Newton–Schulz
-      // together on their blocks: one all-reduce of ‖G‖² (a double), then
-      // per iteration one of the Gram matrix that the blocks' own Grams
-      // sum to (cols² for a row split, rows² for a column split; fp32).
-      orthogonalize(r, 1, whole.shape[0], whole.shape[1], 1.0 / static_cast<double>(tp_));
-      if (tp_rank == 0) {
-        const int64_t side = whole.split == Split::kRows ? whole.shape[1] : whole.shape[0];
-        const int64_t gram = ring_all_reduce_bytes(mul(mul(side, side, "a Gram matrix"), 4, "a Gram matrix"), tp_);
-        const int64_t bytes = detail::add(ring_all_reduce_bytes(8, tp_), mul(o_.ns_steps, gram, "the Gram all-reduces"), "the Gram all-reduces");
-        same_bytes("distributed Newton-Schulz all-reduces (TP)", tp_members(owner), bytes,
-                   (1 + o_.ns_steps) * 2 * (tp_ - 1));
-      }
-    }
-    // One all-to-all out and one back per batch (matrices of one shape).
-    std::set<std::pair<int64_t, int64_t>> shapes;
-    for (const auto i : owned) shapes.insert({rows_of(tensors[i]), row_numel(tensors[i])});
-    add("owner exchange (all-to-all)", members, bytes, static_cast<int64_t>(shapes.size()) * 2 * (dp_ - 1), true);
-  }
-
-  // Row shards over dp: reduce-scatter (all-to-all per bucket), the Muon
-  // matrices through their owners (or gathered everywhere), the AdamW part
-  // on the shards, the updated rows all-gathered per bucket.
-  void sharded(int64_t tp_rank, const std::vector<Tensor>& tensors) {
-    const auto members = dp_members(tp_rank);
-    std::vector<std::vector<int64_t>> rows;
-    for (const auto& t : tensors) rows.push_back(muon::distributed::balanced_split_sizes(rows_of(t), dp_));
-    // Buckets: in order, up to row_bucket_bytes (one dtype here).
-    std::vector<std::vector<size_t>> buckets;
-    int64_t filled = 0;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      if (buckets.empty() || detail::add(filled, tensors[i].bytes(), "a bucket's bytes") > o_.row_bucket_bytes) {
-        buckets.push_back({});
-        filled = 0;
-      }
-      buckets.back().push_back(i);
-      filled += tensors[i].bytes();
-    }
-    std::vector<int64_t> scatter(static_cast<size_t>(dp_), 0), gather(static_cast<size_t>(dp_), 0);
-    int64_t hops = 0;
-    for (const auto& b : buckets) {
-      int64_t total = 0, largest = 0;
-      std::vector<int64_t> held(static_cast<size_t>(dp_), 0);
-      for (const auto i : b) {
-        for (int64_t d = 0; d < dp_; ++d) held[static_cast<size_t>(d)] += rows[i][static_cast<size_t>(d)] * row_numel(tensors[i]) * tensors[i].dtype_bytes;
-        total = detail::add(total, tensors[i].bytes(), "a bucket's bytes");
-      }
-      for (int64_t d = 0; d < dp_; ++d) {
-        scatter[static_cast<size_t>(d)] = detail::add(scatter[static_cast<size_t>(d)], dp_ > 1 ? total - held[static_cast<size_t>(d)] : 0, "the reduce-scatter's bytes");
-        largest = std::max(largest, held[static_cast<size_t>(d)]);
-      }
-      const int64_t gathered = all_gather_bytes(largest, dp_);
-      for (auto& g : gather) g = detail::add(g, gathered, "the updated rows all-gather's bytes");
-      hops += dp_ - 1;
-    }
-    add("gradients reduce-scatter", members, scatter, hops, true);
-    // The optimizer on the shards.
-    std::vector<double> costs;
-    std::vector<size_t> owned;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const auto& t = tensors[i];
-      for (int64_t d = 0; d < dp_; ++d) {
-        const int64_t r = world_rank(d, tp_rank);
-        const int64_t mine = rows[i][static_cast<size_t>(d)] * row_numel(t);
-        elementwise(r, mine, is_muon(t, o_));
-        add_params(r, detail::add(t.bytes(), mine * t.dtype_bytes, "a rank's parameter bytes"));
-      }
-      if (!is_muon(t, o_)) continue;
-      if (t.shape.size() >= 3) {  // stacked experts: each rank its own, no exchange
-        const auto m = matrices_of(t.shape);
-        for (int64_t d = 0; d < dp_; ++d) {
-          orthogonalize(world_rank(d, tp_rank), rows[i][static_cast<size_t>(d)] * (m.count / rows_of(t)), m.rows, m.cols);
-        }
-        continue;
-      }
-      owned.push_back(i);
-      const auto& whole = model_.tensors[i];
-      costs.push_back(tp_ > 1 && whole.split != Split::kNone
-                          ? muon::distributed::newton_schulz_cost(whole.shape[0], whole.shape[1])
-                          : muon::distributed::newton_schulz_cost(rows_of(t), row_numel(t)));
-    }
-    if (layout_ == LayoutKind::kShardedReplicated) {
-      std::vector<int64_t> bytes(static_cast<size_t>(dp_), 0);
-      for (const auto i : owned) {
-        const auto& t = tensors[i];
-        const int64_t largest = *std::max_element(rows[i].begin(), rows[i].end());
-        const int64_t each = detail::add(ints_bytes(kUnevenShapeInts, dp_), all_gather_bytes(largest * row_numel(t) * t.dtype_bytes, dp_), "the matrices all-gather's bytes");
-        for (auto& b : bytes) b = detail::add(b, each, "the matrices all-gather's bytes");
-        for (int64_t d = 0; d < dp_; ++d) orthogonalize(world_rank(d, tp_rank), 1, rows_of(t), row_numel(t));
-      }
-      add("matrices all-gather (every rank)", members, bytes, static_cast<int64_t>(owned.size()) * 2 * (dp_ - 1));
-    } else {
-      owner_exchange(tp_rank, tensors, rows, owned, costs, members);
-    }
-    add("updated rows all-gather", members, gather, hops, true);
-  }
-
-  void finish() {
-    size_t most = 0;
-    const auto world = static_cast<size_t>(o_.world);
-    for (size_t r = 0; r < world; ++r) {
-      if (ranks_.bytes[r] > ranks_.bytes[most]) most = r;
-    }
-    p_.bytes_per_rank = ranks_.bytes;
-    p_.bytes_sent = ranks_.bytes[most];
-    // Times: the slowest rank's compute, then each collective by the
-    // alpha-beta model on the link its group spans.
-    double compute = 0;
-    for (size_t r = 0; r < world; ++r) {
-      const double c = ranks_.ns_s[r] + ranks_.elementwise_s[r];
-      if (c >= compute) {
-        compute = c;
-        p_.newton_schulz_s = ranks_.ns_s[r];
-        p_.elementwise_s = ranks_.elementwise_s[r];
-        p_.newton_schulz_flops = ranks_.flops[r];
-      }
-    }
-    double overlapped = 0, serial = 0;
-    for (auto& c : p_.collectives) {
-      const bool inter = c.group > ranks_per_node() && o_.world > ranks_per_node();
-      const Link& link = inter ? machine_.inter : machine_.intra;
-      const double rate = c.kind == "all_gather" && link.all_gather_bytes_per_s > 0   ? link.all_gather_bytes_per_s
-                          : c.kind == "all_to_all" && link.all_to_all_bytes_per_s > 0 ? link.all_to_all_bytes_per_s
-                                                                                       : link.bytes_per_s;
-      c.seconds = static_cast<double>(c.hops) * link.latency_s + static_cast<double>(c.bytes) / rate;
-      (c.overlapped ? overlapped : serial) += c.seconds;
-    }
-    p_.communication_s = overlapped + serial;
-    const double hidden = machine_.overlap * std::min(overlapped, compute);
-    p_.step_s = compute + p_.communication_s - hidden;
-    p_.state_bytes = *std::max_element(ranks_.state.begin(), ranks_.state.end());
-    p_.parameter_bytes = *std::max_element(ranks_.params.begin(), ranks_.params.end());
-    int64_t grads = 0;
-    for (const auto& t : model_.tensors) grads = detail::add(grads, block_of(t, tp_, 0).bytes(), "the gradient bytes");
-    p_.gradient_bytes = grads;
-    p_.fits = machine_.memory_bytes <= 0 || static_cast<double>(p_.parameter_bytes) + static_cast<double>(p_.gradient_bytes) +
-                                                    static_cast<double>(p_.state_bytes) <= machine_.memory_bytes;
-    if (model_.train_flops > 0) {
-      const double rate = model_.train_flops_per_s > 0 ? model_.train_flops_per_s : machine_.gemm_bf16[kShapeClasses - 1];
-      p_.train_s = model_.train_flops / static_cast<double>(tp_) / rate;
-      if (p_.train_s + p_.step_s > 0) p_.share_of_training = p_.step_s / (p_.train_s + p_.step_s);
-    }
-  }
-
-  const Model& model_;
-  const Machine& machine_;
-  LayoutKind layout_;
-  Options o_;
-  PerRank ranks_;
-  int64_t tp_ = 1, dp_ = 1;
-  Prediction p_;
-};
-
-}  // namespace
+}  // namespace planner
 
 Prediction detail::predict_unchecked(const Model& model, const Machine& machine, LayoutKind layout,
                                      const Options& options) {
-  auto p = Planner(model, machine, layout, options).run();
+  auto p = planner::Planner(model, machine, layout, options).run();
   if (!p.why_not.empty() || options.adamw_only) return p;
   auto adamw = options;
   adamw.adamw_only = true;
-  const auto base = Planner(model, machine, layout, adamw).run();
+  const auto base = planner::Planner(model, machine, layout, adamw).run();
   p.adamw_step_s = base.step_s;
   p.adamw_bytes_sent = base.bytes_sent;
   if (p.train_s > 0) {

@@ -36,6 +36,21 @@ void add_layers(Model& m, int64_t layers, const std::vector<Tensor>& per_layer) 
   }
 }
 
+// Each layer's experts of this rank: gate and up (experts × e × h), down
+// (experts × h × e), stacked, all Muon's.
+void add_experts(Model& m, int64_t layers, int64_t experts, int64_t e, int64_t h) {
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string prefix = "layers." + std::to_string(l) + ".experts.";
+    for (const auto& [w, shape] : {std::pair<const char*, std::vector<int64_t>>{"gate", {experts, e, h}},
+                                   {"up", {experts, e, h}},
+                                   {"down", {experts, h, e}}}) {
+      auto t = tensor(prefix + w, shape, Route::kMuon);
+      t.expert = true;
+      m.tensors.push_back(t);
+    }
+  }
+}
+
 // Transformer presets of published setups: one pipeline stage's tensors of
 // one rank (experts: this rank's own), bf16 training accounted in fp32
 // master weights and state (as the layouts hold them).
@@ -56,16 +71,7 @@ Model kimi_k2() {
               tensor("shared.gate", {e, h}, Route::kMuon), tensor("shared.up", {e, h}, Route::kMuon),
               tensor("shared.down", {h, e}, Route::kMuon), tensor("norm1", {h}, Route::kAdamW),
               tensor("norm2", {h}, Route::kAdamW)});
-  for (int64_t l = 0; l < 15; ++l) {
-    for (const char* w : {"experts.gate", "experts.up"}) {
-      auto t = tensor("layers." + std::to_string(l) + "." + w, {experts, e, h}, Route::kMuon);
-      t.expert = true;
-      m.tensors.push_back(t);
-    }
-    auto down = tensor("layers." + std::to_string(l) + ".experts.down", {experts, h, e}, Route::kMuon);
-    down.expert = true;
-    m.tensors.push_back(down);
-  }
+  add_experts(m, 15, experts, e, h);
   m.expert_data_parallel = 1;  // DP64 · TP1 / EP64
   m.pipeline_stages = 4;
   // Active parameters per token 32B, a stage a quarter; the benchmark's
@@ -89,16 +95,7 @@ Model qwen3_30b_a3b() {
               tensor("attn.v", {512, h}, Route::kMuon), tensor("attn.o", {h, 4096}, Route::kMuon),
               tensor("router", {128, h}, Route::kMuon), tensor("norm1", {h}, Route::kAdamW),
               tensor("norm2", {h}, Route::kAdamW)});
-  for (int64_t l = 0; l < 48; ++l) {
-    for (const char* w : {"experts.gate", "experts.up"}) {
-      auto t = tensor("layers." + std::to_string(l) + "." + w, {experts, e, h}, Route::kMuon);
-      t.expert = true;
-      m.tensors.push_back(t);
-    }
-    auto down = tensor("layers." + std::to_string(l) + ".experts.down", {experts, h, e}, Route::kMuon);
-    down.expert = true;
-    m.tensors.push_back(down);
-  }
+  add_experts(m, 48, experts, e, h);
   m.tensors.push_back(tensor("lm_head", {151936, h}, Route::kAdamW));
   m.expert_data_parallel = 1;  // DP8 / EP8
   // 3.3B active parameters; global batch 512 × 4096 tokens over DP8.

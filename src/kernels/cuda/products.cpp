@@ -8,6 +8,7 @@
 
 #include "kernels/cuda.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/empty_product.h"
 
 namespace muon::detail {
 namespace {
@@ -216,11 +217,7 @@ bool cuda_matmul(at::Tensor& out, const at::Tensor& a, const at::Tensor& b, doub
     return false;
   }
   if (k == 0) {
-    if (beta == 0.0) {
-      out.zero_();
-    } else {
-      out.mul_(beta);
-    }
+    detail::scale_empty_product(out, beta);
     return true;
   }
   const int64_t batch = out.size(0);

@@ -1,0 +1,47 @@
+// The built-in registry entries, each registered by a function of its
+// optimizer's own source file (the optimizer, its options and its entry
+// together). OptimizerRegistry::register_builtins (src/registry_builtins.cpp)
+// calls them in the registry's order: explicit calls, so that a static
+// libmuon keeps every entry (no static initializer a linker could drop).
+// Not installed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "muon/optim/muon.h"
+#include "muon/registry.h"
+
+namespace muon::detail {
+
+/// muon (src/optim/muon.cpp).
+void register_muon(OptimizerRegistry& registry);
+/// adaptive_muon (src/optim/adaptive_muon.cpp).
+void register_adaptive_muon(OptimizerRegistry& registry);
+/// adam, adamw and sgd: LibTorch's own (src/optim/torch_builtins.cpp).
+void register_torch_builtins(OptimizerRegistry& registry);
+/// lion (src/optim/lion.cpp).
+void register_lion(OptimizerRegistry& registry);
+/// laprop (src/optim/laprop.cpp).
+void register_laprop(OptimizerRegistry& registry);
+/// signum (src/optim/signum.cpp).
+void register_signum(OptimizerRegistry& registry);
+/// sim_ademamix (src/optim/sim_ademamix.cpp).
+void register_sim_ademamix(OptimizerRegistry& registry);
+/// soap (src/optim/soap.cpp).
+void register_soap(OptimizerRegistry& registry);
+/// dion2, then nordion2 (src/optim/dion2.cpp).
+void register_dion2(OptimizerRegistry& registry);
+/// polargrad, scion, mop, spel, then muon_hyperball (src/optim/orthogonalized_family.cpp).
+void register_orthogonalized_family(OptimizerRegistry& registry);
+
+/// A group's MuonOptions from the muon_* fields (muon's make_options; the
+/// entries that read muon's fields use it too). src/optim/muon.cpp.
+MuonOptions muon_options_from(const OptimizerSettings& settings);
+
+/// The hybrid's routing rules (muon::default_routing_rules), as config rules
+/// that send those parameters to the scalar optimizer; `who` names them.
+/// src/registry_builtins.cpp.
+std::vector<OverrideRule> scalar_defaults(const std::string& who);
+
+}  // namespace muon::detail

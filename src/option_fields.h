@@ -1,0 +1,195 @@
+// The typed description of an optimizer's option fields: each field's
+// FieldSpec (name, default, doc, range) together with how its value enters
+// the options, so that a registry entry declares a field once and reads it
+// back from the same line. Used by the built-in entries (src/optim/*.cpp,
+// src/registry_builtins.cpp); not installed.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "muon/compat.h"
+#include "muon/registry.h"
+
+namespace muon::detail {
+
+/// A setter of Options' field of type T (TORCH_ARG's or a parsing one taking a name).
+template <class Options, class T>
+using OptionSetter = Options& (Options::*)(const T&);
+
+/// One option field: its spec and how a group's settings set it on Options.
+template <class Options>
+struct OptionField {
+  /// The field (declared without the entry's prefix).
+  FieldSpec spec;
+  /// Sets the field's value (read from the settings) on the options; may be
+  /// empty for a field another one reads (e.g. ns_coefficient_a).
+  std::function<void(Options&, const OptimizerSettings&)> apply;
+  /// False for a field the entry reads but does not declare (a common field
+  /// such as weight_decay, or one of uses_fields_of).
+  bool declared = true;
+
+  /// FieldSpec's, chained.
+  OptionField& exclusive_min() {
+    spec.exclusive_min();
+    return *this;
+  }
+  /// See exclusive_min.
+  OptionField& exclusive_max() {
+    spec.exclusive_max();
+    return *this;
+  }
+  /// See exclusive_min.
+  OptionField& whole_run() {
+    spec.whole_run();
+    return *this;
+  }
+  /// Read, not declared (see `declared`), chained.
+  OptionField& read_only() {
+    declared = false;
+    return *this;
+  }
+};
+
+/// Makers of Options' fields (FieldSpec's makers plus the setter).
+template <class Options>
+struct OptionFields {
+  using Field = OptionField<Options>;
+
+  /// A double field set by `set`.
+  static Field real(std::string name, OptionSetter<Options, double> set, double def,
+                    std::string doc, std::optional<double> min = std::nullopt,
+                    std::optional<double> max = std::nullopt) {
+    auto spec = FieldSpec::real(name, def, std::move(doc), min, max);
+    return {std::move(spec),
+            [name, set](Options& o, const OptimizerSettings& s) { (o.*set)(s.get_double(name)); }};
+  }
+  /// A bool field set by `set`.
+  static Field boolean(std::string name, OptionSetter<Options, bool> set, bool def,
+                       std::string doc) {
+    auto spec = FieldSpec::boolean(name, def, std::move(doc));
+    return {std::move(spec),
+            [name, set](Options& o, const OptimizerSettings& s) { (o.*set)(s.get_bool(name)); }};
+  }
+  /// An int field set by `set`.
+  static Field integer(std::string name, OptionSetter<Options, int64_t> set, int64_t def,
+                       std::string doc, std::optional<double> min = std::nullopt,
+                       std::optional<double> max = std::nullopt) {
+    auto spec = FieldSpec::integer(name, def, std::move(doc), min, max);
+    return {std::move(spec),
+            [name, set](Options& o, const OptimizerSettings& s) { (o.*set)(s.get_int(name)); }};
+  }
+  /// A string field (one of `choices` when not empty) set by `set`.
+  static Field text(std::string name, OptionSetter<Options, std::string> set, std::string def,
+                    std::string doc, std::vector<std::string> choices = {}) {
+    auto spec = FieldSpec::text(name, std::move(def), std::move(doc), std::move(choices));
+    return {std::move(spec),
+            [name, set](Options& o, const OptimizerSettings& s) { (o.*set)(s.get_string(name)); }};
+  }
+  /// The common double field `name` (e.g. weight_decay), read, not declared.
+  static Field common(std::string name, OptionSetter<Options, double> set) {
+    return real(std::move(name), set, 0.0, "").read_only();
+  }
+  /// A field with its own way into the options (empty `apply`: read by another field's).
+  static Field custom(FieldSpec spec,
+                      std::function<void(Options&, const OptimizerSettings&)> apply = {}) {
+    return {std::move(spec), std::move(apply)};
+  }
+};
+
+/// The FieldSpecs `fields` declare, in order.
+template <class Options>
+std::vector<FieldSpec> declared_specs(const std::vector<OptionField<Options>>& fields) {
+  std::vector<FieldSpec> specs;
+  for (const auto& f : fields) {
+    if (f.declared) specs.push_back(f.spec);
+  }
+  return specs;
+}
+
+/// Sets every field of `fields` on `options` from `settings`, in order.
+template <class Options>
+void apply_fields(Options& options, const std::vector<OptionField<Options>>& fields,
+                  const OptimizerSettings& settings) {
+  for (const auto& f : fields) {
+    if (f.apply) f.apply(options, settings);
+  }
+}
+
+template <class Options, class = void>
+struct HasValidate : std::false_type {};
+template <class Options>
+struct HasValidate<Options, std::void_t<decltype(std::declval<const Options&>().validate())>>
+    : std::true_type {};
+
+/// Run after the fields, before validate (cross-field checks, fixed settings).
+template <class Options>
+using OptionsFinish = std::function<void(Options&, const OptimizerSettings&)>;
+
+/// Options(lr) with `fields` applied, then `finish`, then validated where
+/// Options has a validate().
+template <class Options>
+Options options_from(const std::vector<OptionField<Options>>& fields,
+                     const OptimizerSettings& settings, const OptionsFinish<Options>& finish = {}) {
+  Options o(settings.get_double("lr"));
+  apply_fields(o, fields, settings);
+  if (finish) finish(o, settings);
+  if constexpr (HasValidate<Options>::value) o.validate();
+  return o;
+}
+
+/// Builds an Opt over groups whose options are Options; the first group's
+/// options are the defaults (every group carries its own).
+template <class Opt, class Options>
+std::unique_ptr<torch::optim::Optimizer> build_optimizer(
+    std::vector<torch::optim::OptimizerParamGroup> groups) {
+  const auto defaults = static_cast<const Options&>(groups.at(0).options());
+  auto opt = std::make_unique<Opt>(groups, defaults);
+  compat::reapply_group_options(*opt, groups);
+  return opt;
+}
+
+/// An entry's factory that builds an Opt with `build_optimizer`.
+template <class Opt, class Options>
+decltype(OptimizerEntry::factory) build_factory() {
+  return [](std::vector<torch::optim::OptimizerParamGroup> groups,
+            const std::vector<OptimizerSettings>&) {
+    return build_optimizer<Opt, Options>(std::move(groups));
+  };
+}
+
+/// An entry with its name, state schema and doc line; the rest to fill in.
+inline OptimizerEntry bare_entry(std::string name, StateSchema state, std::string doc) {
+  OptimizerEntry e;
+  e.name = std::move(name);
+  e.state = std::move(state);
+  e.doc = std::move(doc);
+  return e;
+}
+
+/// The entry of optimizer Opt over Options: `fields` declared (those not
+/// read_only), make_options `options_from(fields, settings, finish)` and the
+/// factory `build_factory<Opt, Options>`.
+template <class Opt, class Options>
+OptimizerEntry options_entry(std::string name, StateSchema state, std::string doc,
+                             std::vector<OptionField<Options>> fields,
+                             OptionsFinish<Options> finish = {}) {
+  auto e = bare_entry(std::move(name), std::move(state), std::move(doc));
+  e.fields = declared_specs(fields);
+  e.make_options = [fields = std::move(fields),
+                    finish = std::move(finish)](const OptimizerSettings& s) {
+    return std::make_unique<Options>(options_from(fields, s, finish));
+  };
+  e.factory = build_factory<Opt, Options>();
+  return e;
+}
+
+}  // namespace muon::detail
