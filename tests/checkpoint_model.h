@@ -3,7 +3,11 @@
 // one rank's parameters and optimizer in a layout, trained on seeded
 // gradients of the whole model (each rank takes its part), saved and loaded
 // with muon::distributed checkpoints.
+#include <unistd.h>
+
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <tuple>
 #include <memory>
 #include <string>
@@ -152,6 +156,105 @@ inline void reshard_leg(const std::string& kind, int world, const std::string& i
     r.save(out, to);
     if (check) check(r, group);
   });
+}
+
+// ---- the harness of "an optimizer in every layout, and its checkpoints" ----
+
+/// The parameter values of `r`, cloned.
+inline Named values_of(const Rank& r) {
+  Named out;
+  for (const auto& item : r.named) out.insert(item.key(), item.value().detach().clone());
+  return out;
+}
+
+/// Expects each of `r`'s parameters to be its part of `reference` (one
+/// process's whole values; nothing when it is empty): bit for bit when
+/// `tolerance` is 0, else (parts that are not empty) within `tolerance` of
+/// the largest |value| of the whole parameter. `rank` names the rank.
+inline void expect_parts_equal(Rank& r, const Named& reference, const std::string& what, int rank,
+                               double tolerance = 0) {
+  for (size_t k = 0; k < r.model.size() && !reference.is_empty(); ++k) {
+    const auto& name = r.model[k].first;
+    const auto got = r.named[name].detach();
+    const auto want = r.local[k](reference[name]);
+    if (tolerance == 0) {
+      EXPECT_TRUE(at::equal(got, want)) << what << " " << name << " rank " << rank;
+    } else if (want.numel() > 0) {
+      const double err = (got - want).abs().max().item<double>() / reference[name].abs().max().item<double>();
+      EXPECT_LE(err, tolerance) << what << " " << name << " rank " << rank;
+    }
+  }
+}
+
+/// One process trains `optimizer` through each step of `at` (ascending) in
+/// turn: its values after each, by step; then `check(r)`, when given.
+inline std::map<int64_t, Named> one_process_after(const std::string& optimizer, const std::vector<int64_t>& at,
+                                                  const std::function<void(Rank&)>& check = nullptr) {
+  std::map<int64_t, Named> after;
+  muon::test::run_ranks(1, [&](Group& g) {
+    Rank r("none", g, optimizer);
+    int64_t done = 0;
+    for (const int64_t s : at) {
+      r.train(done, s);
+      done = s;
+      after[s] = values_of(r);
+    }
+    if (check) check(r);
+  });
+  return after;
+}
+
+/// `optimizer` in each layout (kind, world) trained `steps` steps equals one
+/// process's `single` (parts, bit for bit); `built(r, kind)`, when given,
+/// checks each rank's optimizer before it trains.
+inline void expect_layouts_equal(const std::string& optimizer, int64_t steps, const Named& single,
+                                 const std::vector<std::pair<std::string, int>>& layouts, const std::string& what,
+                                 const std::function<void(Rank&, const std::string&)>& built = nullptr) {
+  for (const auto& [kind, world] : layouts) {
+    muon::test::run_ranks(world, [&, kind = kind, world = world](Group& g) {
+      Rank r(kind, g, optimizer);
+      if (built) built(r, kind);
+      r.train(0, steps);
+      expect_parts_equal(r, single, what + " " + kind + " W=" + std::to_string(world), g.rank());
+    });
+  }
+}
+
+/// A leg of a reshard chain: `kind` at `world` ranks trains to step `to`;
+/// its parts must equal one process after `to` (when that is known) within
+/// `tolerance` (0: bit for bit).
+struct Leg {
+  std::string kind;
+  int world;
+  int64_t to;
+  std::string what;
+  double tolerance = 0;
+};
+
+/// The legs in turn, each a fresh `optimizer` loaded from the last one's
+/// checkpoint (the first from none, at step 0), trained to its step and
+/// saved, compared with `after` (one process's values by step; a step not
+/// there is not compared). The checkpoints go to a temporary directory
+/// named by `tag`, removed before and after.
+inline void reshard_chain(const std::string& optimizer, const std::string& tag, const std::vector<Leg>& legs,
+                          const std::map<int64_t, Named>& after) {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("muon_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::string in;
+  int64_t from = 0;
+  for (size_t i = 0; i < legs.size(); ++i) {
+    const auto& l = legs[i];
+    const auto out = (dir / std::to_string(i)).string();
+    const auto found = after.find(l.to);
+    const Named reference = found == after.end() ? Named() : found->second;
+    reshard_leg(l.kind, l.world, in, out, from, l.to, optimizer, l.what, [&](Rank& r, const Group& group) {
+      expect_parts_equal(r, reference, l.what, group.rank(), l.tolerance);
+    });
+    in = out;
+    from = l.to;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace muon::test::checkpoint

@@ -59,6 +59,16 @@ inline double relative(const at::Tensor& got, const std::vector<double>& want) {
   return diff / scale;
 }
 
+/// The fp64 run of one parameter by a two-moment optimizer's published
+/// update (each file's Reference adds its step): the values from `init`, the
+/// moments m and v from zero, the step count.
+struct TwoMoments {
+  std::vector<double> p, m, v;
+  int64_t t = 0;
+
+  explicit TwoMoments(const at::Tensor& init) : p(doubles(init)), m(p.size(), 0.0), v(p.size(), 0.0) {}
+};
+
 /// The state of `p` in `opt`, as the case's State.
 template <typename C>
 const typename C::State& state_of(const typename C::Optimizer& opt, const at::Tensor& p) {
@@ -212,13 +222,6 @@ void built_from_a_config_with_its_fields_and_explained() {
   EXPECT_NE(text.find(schema), std::string::npos) << schema << "\n" << text;
 }
 
-/// The parameter values of `r`, cloned.
-inline ckpt::Named values_of(ckpt::Rank& r) {
-  ckpt::Named out;
-  for (const auto& item : r.named) out.insert(item.key(), item.value().detach().clone());
-  return out;
-}
-
 /// One process trains C::kName for 8 steps; then a chain of checkpointed
 /// runs of a step each, each resuming from the last one's checkpoint at
 /// another world size or layout — sharded at 2 ranks → layer-wise at 3 →
@@ -231,44 +234,21 @@ inline ckpt::Named values_of(ckpt::Rank& r) {
 /// travels).
 template <typename C>
 void every_layout_equals_one_process_and_checkpoints_reshard_bit_identically() {
-  namespace fs = std::filesystem;
-  std::vector<ckpt::Named> after(9);  // after[s]: one process after s steps
-  run_ranks(1, [&](distributed::Group& g) {
-    ckpt::Rank r("none", g, C::kName);
-    for (int64_t s = 1; s <= 8; ++s) {
-      r.train(s - 1, s);
-      after[static_cast<size_t>(s)] = values_of(r);
-    }
+  const auto after = ckpt::one_process_after(C::kName, {1, 2, 3, 4, 5, 6, 7, 8}, [](ckpt::Rank& r) {
     const auto slots = distributed::detail::state_slots(*r.opt);
     ASSERT_EQ(slots.size(), ckpt::kModel.size());
     EXPECT_EQ(slots.at(0).kind, C::kName);
   });
-  const auto dir = fs::temp_directory_path() /
-                   (std::string("muon_") + C::kName + "_reshard_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
-  const auto leg = [&](const std::string& kind, int world, const std::string& in,
-                       const std::string& out, int64_t from, int64_t to, const std::string& what) {
-    const auto& reference = after[static_cast<size_t>(to)];
-    ckpt::reshard_leg(
-        kind, world, in, out, from, to, C::kName, what,
-        [&](ckpt::Rank& r, const distributed::Group& group) {
-          for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
-            const auto& name = ckpt::kModel[k].first;
-            EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
-                << what << " " << name << " rank " << group.rank();
-          }
-        });
-  };
-  leg("sharded", 2, "", d("a"), 0, 1, "sharded W=2");
-  leg("layerwise", 3, d("a"), d("b"), 1, 2, "layer-wise W=3 from sharded W=2");
-  leg("none", 1, d("b"), d("c"), 2, 3, "single from layer-wise W=3");
-  leg("tp", 2, d("c"), d("e"), 3, 4, "tensor-parallel W=2 from single");
-  leg("2d", 4, d("e"), d("f"), 4, 5, "dp x tp 2x2 from tensor-parallel W=2");
-  leg("sharded", 2, d("f"), d("g"), 5, 6, "sharded W=2 from dp x tp 2x2");
-  leg("none", 1, d("g"), d("h"), 6, 7, "single from sharded W=2");
-  leg("sharded", 3, d("h"), d("i"), 7, 8, "sharded W=3 from single");
-  fs::remove_all(dir);
+  ckpt::reshard_chain(C::kName, std::string(C::kName) + "_reshard",
+                      {{"sharded", 2, 1, "sharded W=2"},
+                       {"layerwise", 3, 2, "layer-wise W=3 from sharded W=2"},
+                       {"none", 1, 3, "single from layer-wise W=3"},
+                       {"tp", 2, 4, "tensor-parallel W=2 from single"},
+                       {"2d", 4, 5, "dp x tp 2x2 from tensor-parallel W=2"},
+                       {"sharded", 2, 6, "sharded W=2 from dp x tp 2x2"},
+                       {"none", 1, 7, "single from sharded W=2"},
+                       {"sharded", 3, 8, "sharded W=3 from single"}},
+                      after);
 }
 
 /// Weight decay "l2" adds wd·p to the gradient the step uses, leaving the
@@ -285,6 +265,12 @@ void l2_decay_leaves_the_callers_gradient_unchanged() {
 }
 
 }  // namespace muon::test::elementwise
+
+namespace muon::test {
+// The element-wise optimizers' reference runs compare with these.
+using elementwise::doubles;
+using elementwise::relative;
+}  // namespace muon::test
 
 /// The shared tests of case `C` in GoogleTest suite `Suite` (the
 /// optimizer's name), under the names the optimizer's own tests had.

@@ -2,11 +2,23 @@
 // prediction on it.
 #pragma once
 
+#include <c10/util/Exception.h>
+
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "muon/plan.h"
 
 namespace plan_test {
+
+// The types of muon::plan the tests name (`using namespace plan_test;`
+// brings them and the helpers below).
+using muon::plan::LayoutKind;
+using muon::plan::Machine;
+using muon::plan::Model;
+using muon::plan::Options;
+using muon::plan::Prediction;
 
 // Round figures: every GEMM class at 1 GFLOP/s, links of 1 ms and 1 MB/s,
 // no per-element or per-tensor cost, one rank per accelerator.
@@ -28,6 +40,16 @@ inline muon::plan::Prediction predict(const muon::plan::Model& model, muon::plan
   o.world = world;
   o.tp = tp;
   return muon::plan::predict(model, round_machine(), layout, o);
+}
+
+// The message of a refusal (a c10::ValueError) by `fn`, or "" when none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::ValueError& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
 }
 
 }  // namespace plan_test

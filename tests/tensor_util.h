@@ -43,4 +43,55 @@ inline GradientRun gradient_run(uint64_t seed, const std::vector<int64_t>& shape
   return r;
 }
 
+/// Parameters of `shapes` drawn from the global generator after
+/// at::manual_seed(seed), each with its fp64 `Reference` (built from it), for
+/// the tests that check an optimizer's steps against the published update.
+template <typename Reference>
+struct ReferenceRun {
+  std::vector<at::Tensor> params;
+  std::vector<Reference> refs;
+  std::vector<std::vector<int64_t>> shapes;
+
+  ReferenceRun(const std::vector<std::vector<int64_t>>& shapes_, uint64_t seed) : shapes(shapes_) {
+    at::manual_seed(seed);
+    for (const auto& s : shapes) {
+      params.push_back(leaf(at::randn(s)));
+      refs.emplace_back(params.back());
+    }
+  }
+
+  /// `steps` steps of `opt` (which holds `params`): each draws every
+  /// parameter's gradient from the global generator, gives a copy to the
+  /// parameter and the gradient to its reference's step(g, h).
+  template <typename Hyper>
+  void run(torch::optim::Optimizer& opt, const Hyper& h, int steps) {
+    for (int step = 0; step < steps; ++step) {
+      for (size_t k = 0; k < params.size(); ++k) {
+        const auto g = at::randn(shapes[k]);
+        params[k].mutable_grad() = g.clone();
+        refs[k].step(g, h);
+      }
+      opt.step();
+    }
+  }
+
+  /// The references' values of every parameter, one after another.
+  std::vector<double> values() const {
+    std::vector<double> out;
+    for (const auto& r : refs) out.insert(out.end(), r.p.begin(), r.p.end());
+    return out;
+  }
+};
+
+/// A matrix by its thin SVD u·diag(s)·vᵀ, for the spectral tests.
+struct Svd {
+  at::Tensor u;  // (m, k)
+  at::Tensor s;  // (k)
+  at::Tensor v;  // (n, k)
+  /// u·diag(s)·vᵀ.
+  at::Tensor x() const { return at::matmul(u * s, v.transpose(0, 1)); }
+  /// u·diag(f)·vᵀ: the singular values replaced by `f`.
+  at::Tensor with(const at::Tensor& f) const { return at::matmul(u * f, v.transpose(0, 1)); }
+};
+
 }  // namespace muon::test

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -39,15 +40,23 @@ struct Ref {
 
 // One step: decoupled wd, EMA momentum, Nesterov, NS, then the second moment
 // exactly as the header documents it.
+// What every mode's reference step does first: decoupled wd on `p`, the EMA
+// momentum `m` (zeros at the first step), the Nesterov input u and its
+// Newton–Schulz o. Returns {u, o}.
+std::pair<at::Tensor, at::Tensor> decay_momentum_ns(at::Tensor& p, at::Tensor& m, const at::Tensor& g, double lr,
+                                                    double mu, double wd) {
+  if (!m.defined()) m = at::zeros_like(p);
+  p = p * (1 - lr * wd);
+  m = mu * m + (1 - mu) * g;
+  const auto u = (1 - mu) * g + mu * m;
+  return {u, plain_ns(u)};
+}
+
 void ref_step(Ref& s, const at::Tensor& g, bool normuon, double lr, double mu, double wd,
               double beta2, double eps, double extra) {
   const double rows = static_cast<double>(s.p.size(0));
   const double cols = static_cast<double>(s.p.size(1));
-  if (!s.m.defined()) s.m = at::zeros_like(s.p);
-  s.p = s.p * (1 - lr * wd);
-  s.m = mu * s.m + (1 - mu) * g;
-  const auto u = (1 - mu) * g + mu * s.m;
-  const auto o = plain_ns(u);
+  const auto o = decay_momentum_ns(s.p, s.m, g, lr, mu, wd).second;
   at::Tensor update;
   if (normuon) {
     const auto row_mean = (o * o).sum(1, true) / cols;
@@ -63,14 +72,13 @@ void ref_step(Ref& s, const at::Tensor& g, bool normuon, double lr, double mu, d
   s.p = s.p - lr * update;
 }
 
+// lr, momentum, weight decay, beta2, eps and extra_scale_factor of the
+// comparisons with the reference steps.
+constexpr std::array<double, 6> kReferenceHyper{0.05, 0.9, 0.1, 0.9, 1e-8, 1.5};
+
 void check_against_reference(AdaptiveMode mode, std::vector<int64_t> shape) {
   at::manual_seed(7);
-  const double lr = 0.05;
-  const double mu = 0.9;
-  const double wd = 0.1;
-  const double beta2 = 0.9;
-  const double eps = 1e-8;
-  const double extra = 1.5;
+  const auto [lr, mu, wd, beta2, eps, extra] = kReferenceHyper;
   auto p = leaf(at::randn(shape, at::kDouble));
   Ref ref{p.detach().clone(), {}, {}};
   auto options = MuonOptions(lr)
@@ -122,23 +130,14 @@ void namo_ref_step(NamoRef& s, const at::Tensor& g, double lr, double mu, double
                    double eps, double extra) {
   const double rows = static_cast<double>(s.p.size(0));
   const double cols = static_cast<double>(s.p.size(1));
-  if (!s.m.defined()) s.m = at::zeros_like(s.p);
-  s.p = s.p * (1 - lr * wd);
-  s.m = mu * s.m + (1 - mu) * g;
-  const auto u = (1 - mu) * g + mu * s.m;
-  const auto o = plain_ns(u);
+  const auto [u, o] = decay_momentum_ns(s.p, s.m, g, lr, mu, wd);
   s.v = beta2 * s.v + (1 - beta2) * (g * g).sum().item<double>();
   const double alpha = std::sqrt((u * u).sum().item<double>()) / (std::sqrt(s.v) + eps);
   s.p = s.p - lr * o * alpha * std::sqrt(std::max(rows, cols)) * extra;  // spectral scale
 }
 
 TEST(AdaptiveMuon, NamoEqualsEmergingOptimizersArithmeticInFp32) {
-  const double lr = 0.05;
-  const double mu = 0.9;
-  const double wd = 0.1;
-  const double beta2 = 0.9;
-  const double eps = 1e-8;
-  const double extra = 1.5;
+  const auto [lr, mu, wd, beta2, eps, extra] = kReferenceHyper;
   // Wide, tall and a conv weight (flattened to (out, in·kh·kw) = (4, 12)).
   for (const auto& shape : std::vector<std::vector<int64_t>>{{6, 10}, {12, 5}, {4, 3, 2, 2}}) {
     at::manual_seed(11);
@@ -286,9 +285,14 @@ TEST(AdaptiveMuon, SecondMomentShapesAndStateBytes) {
   }
 }
 
-TEST(AdaptiveMuon, ResumedRunIsBitIdentical) {
-  const auto data = gradient_run(4, {5, 9}, 6);
-  const auto adaptive = AdaptiveMuonOptions().mode("adamuon").beta2(0.8);
+// Six steps of AdaptiveMuon in `mode` (beta2 `beta2`) straight equal three,
+// save, load into one of the same mode with the default beta2 (the
+// archive's is restored) and three more, bit for bit. Returns the run's
+// start and the archive.
+std::pair<at::Tensor, std::string> expect_resumed_run_bit_identical(uint64_t seed, const std::vector<int64_t>& shape,
+                                                                   const std::string& mode, double beta2) {
+  const auto data = gradient_run(seed, shape, 6);
+  const auto adaptive = AdaptiveMuonOptions().mode(mode).beta2(beta2);
   auto a = leaf(data.init);
   AdaptiveMuon straight({a}, MuonOptions(0.02), adaptive);
   data.run(a, straight, 0, 6);
@@ -297,14 +301,19 @@ TEST(AdaptiveMuon, ResumedRunIsBitIdentical) {
   data.run(b, first, 0, 3);
   const auto bytes = save_to_string(first);
   auto c = leaf(b.detach());
-  AdaptiveMuon second({c}, MuonOptions(0.02), AdaptiveMuonOptions().mode("adamuon"));
+  AdaptiveMuon second({c}, MuonOptions(0.02), AdaptiveMuonOptions().mode(mode));
   load_from_string(second, bytes);
-  EXPECT_DOUBLE_EQ(second.adaptive_options().beta2(), 0.8);  // restored from the archive
+  EXPECT_DOUBLE_EQ(second.adaptive_options().beta2(), beta2);  // restored from the archive
   data.run(c, second, 3, 6);
   EXPECT_TRUE(at::equal(a.detach(), c.detach()));
+  return {data.init, bytes};
+}
+
+TEST(AdaptiveMuon, ResumedRunIsBitIdentical) {
+  const auto [init, bytes] = expect_resumed_run_bit_identical(4, {5, 9}, "adamuon", 0.8);
 
   // Another mode, or plain Muon, does not load it.
-  auto d = leaf(data.init);
+  auto d = leaf(init);
   AdaptiveMuon other({d}, MuonOptions(0.02), AdaptiveMuonOptions().mode("normuon"));
   EXPECT_THROW(load_from_string(other, bytes), c10::ValueError);
   muon::Muon plain({d});
@@ -312,23 +321,9 @@ TEST(AdaptiveMuon, ResumedRunIsBitIdentical) {
 }
 
 TEST(AdaptiveMuon, NamoResumedRunIsBitIdentical) {
-  const auto data = gradient_run(5, {6, 4}, 6);
-  const auto adaptive = AdaptiveMuonOptions().mode("namo").beta2(0.7);
-  auto a = leaf(data.init);
-  AdaptiveMuon straight({a}, MuonOptions(0.02), adaptive);
-  data.run(a, straight, 0, 6);
-  auto b = leaf(data.init);
-  AdaptiveMuon first({b}, MuonOptions(0.02), adaptive);
-  data.run(b, first, 0, 3);
-  const auto bytes = save_to_string(first);
-  auto c = leaf(b.detach());
-  AdaptiveMuon second({c}, MuonOptions(0.02), AdaptiveMuonOptions().mode("namo"));
-  load_from_string(second, bytes);
-  EXPECT_DOUBLE_EQ(second.adaptive_options().beta2(), 0.7);
-  data.run(c, second, 3, 6);
-  EXPECT_TRUE(at::equal(a.detach(), c.detach()));
+  const auto [init, bytes] = expect_resumed_run_bit_identical(5, {6, 4}, "namo", 0.7);
   // A normuon optimizer (same state shape) does not load a namo archive.
-  auto d = leaf(data.init);
+  auto d = leaf(init);
   AdaptiveMuon other({d}, MuonOptions(0.02), AdaptiveMuonOptions().mode("normuon"));
   EXPECT_THROW(load_from_string(other, bytes), c10::ValueError);
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "checkpoint_model.h"
+#include "layout_harness.h"
 #include "muon/compat.h"
 #include "muon/distributed/layouts/layout.h"
 #include "muon/distributed/layouts/sharded_dion2.h"
@@ -35,7 +36,6 @@
 namespace muon::test {
 namespace {
 
-namespace fs = std::filesystem;
 namespace ckpt = muon::test::checkpoint;
 
 // ---- an fp64 reference of Dion's arithmetic -----------------------------------
@@ -417,55 +417,21 @@ TEST(Dion2, BuiltFromAConfigWithItsFieldsAndExplained) {
 
 // ---- layouts -------------------------------------------------------------------
 
-ckpt::Named values_of(ckpt::Rank& r) {
-  ckpt::Named out;
-  for (const auto& item : r.named) out.insert(item.key(), item.value().detach().clone());
-  return out;
-}
-
-void leg(const std::string& optimizer, const std::string& kind, int world, const std::string& in,
-         const std::string& out, int64_t from, int64_t to, const ckpt::Named& reference,
-         const std::string& what) {
-  ckpt::reshard_leg(kind, world, in, out, from, to, optimizer, what,
-                    [&](ckpt::Rank& r, const distributed::Group& group) {
-                      for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
-                        const auto& name = ckpt::kModel[k].first;
-                        EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
-                            << what << " " << name << " rank " << group.rank();
-                      }
-                    });
-}
-
 // The checkpoint model's matrices: qkv 48×16 and fc1 64×16 are tall (columns
 // selected), fc2 16×64 is wide (rows selected).
 TEST(Dion2, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
   for (const std::string optimizer : {"dion2", "nordion2"}) {
-    ckpt::Named single;
-    run_ranks(1, [&](distributed::Group& g) {
-      ckpt::Rank r("none", g, optimizer);
-      r.train(0, 4);
-      single = values_of(r);
-    });
-    for (const auto& [kind, world] :
-         {std::make_pair(std::string("layerwise"), 2), std::make_pair(std::string("layerwise"), 3),
-          std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 3),
-          std::make_pair(std::string("sharded"), 4), std::make_pair(std::string("padded"), 3)}) {
-      run_ranks(world, [&, kind = kind, world = world](distributed::Group& g) {
-        ckpt::Rank r(kind, g, optimizer);
-        if (kind != "layerwise") {
-          auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
-          ASSERT_NE(composite, nullptr);
-          EXPECT_NE(dynamic_cast<distributed::ShardedDion2*>(composite->find_part(optimizer)), nullptr)
-              << kind;
-        }
-        r.train(0, 4);
-        for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
-          const auto& name = ckpt::kModel[k].first;
-          EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](single[name])))
-              << optimizer << " " << kind << " W=" << world << " " << name << " rank " << g.rank();
-        }
-      });
-    }
+    const auto single = ckpt::one_process_after(optimizer, {4}).at(4);
+    ckpt::expect_layouts_equal(
+        optimizer, 4, single,
+        {{"layerwise", 2}, {"layerwise", 3}, {"sharded", 2}, {"sharded", 3}, {"sharded", 4}, {"padded", 3}}, optimizer,
+        [&](ckpt::Rank& r, const std::string& kind) {
+          if (kind != "layerwise") {
+            auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
+            ASSERT_NE(composite, nullptr);
+            EXPECT_NE(dynamic_cast<distributed::ShardedDion2*>(composite->find_part(optimizer)), nullptr) << kind;
+          }
+        });
   }
 }
 
@@ -492,52 +458,26 @@ TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
       Dion2Options(0.02).fraction(0.5).flatten(true).adjust_lr("rms_norm"),
       NorDion2Options(0.02).weight_decay(0.1).fraction(0.4)};
   for (size_t hs = 0; hs < sets.size(); ++hs) {
-    std::vector<at::Tensor> whole;
-    for (size_t k = 0; k < kShardedShapes.size(); ++k) whole.push_back(leaf(sharded_init(k)));
-    Dion2 single(whole, sets[hs]);
-    for (int64_t s = 0; s < 5; ++s) {
-      for (size_t k = 0; k < whole.size(); ++k) whole[k].mutable_grad() = sharded_grad(k, s);
-      single.step();
-    }
-    for (const int world : {1, 2, 3, 4}) {
-      run_ranks(world, [&](distributed::Group& g) {
-        std::vector<at::Tensor> params;
-        std::vector<distributed::RowShard> shards;
-        std::vector<std::vector<int64_t>> rows;
-        for (size_t k = 0; k < kShardedShapes.size(); ++k) {
-          rows.push_back(distributed::balanced_split_sizes(kShardedShapes[k][0], world));
-          params.push_back(leaf(distributed::local_rows(sharded_init(k), rows[k], g.rank())));
-          shards.emplace_back(kShardedShapes[k], g);
-        }
-        distributed::ShardedDion2 opt(params, shards, sets[hs]);
-        for (int64_t s = 0; s < 5; ++s) {
+    layouts::row_parts_against_one_process<Dion2, distributed::ShardedDion2>(
+        kShardedShapes, sharded_init, sharded_grad, 5, sets[hs], {1, 2, 3, 4}, "set " + std::to_string(hs),
+        [&](distributed::ShardedDion2& opt, layouts::RowParts& parts, Dion2& single, std::vector<at::Tensor>& whole,
+            const std::string& what) {
+          auto& params = parts.params;
           for (size_t k = 0; k < params.size(); ++k) {
-            params[k].mutable_grad() = distributed::local_rows(sharded_grad(k, s), rows[k], g.rank());
+            EXPECT_TRUE(at::equal(params[k].detach(), parts.local(k, whole[k].detach()))) << what << " param " << k;
+            const auto& st = state_of(opt, params[k]);
+            EXPECT_EQ(st.step(), 5) << what;
+            EXPECT_EQ(opt.whole_shape(params[k]), kShardedShapes[k]) << what;
+            // Each rank holds its rows of one process's state, bit for bit.
+            const auto& want = state_of(single, whole[k]);
+            EXPECT_TRUE(at::equal(st.momentum(), parts.local(k, want.momentum())))
+                << what << " momentum of param " << k;
+            if (sets[hs].nordion2()) {
+              EXPECT_TRUE(at::equal(st.variance(), parts.local(k, want.variance())))
+                  << what << " variance of param " << k;
+            }
           }
-          opt.step();
-        }
-        const auto what = "set " + std::to_string(hs) + " W=" + std::to_string(world) + " rank " +
-                          std::to_string(g.rank());
-        for (size_t k = 0; k < params.size(); ++k) {
-          EXPECT_TRUE(
-              at::equal(params[k].detach(), distributed::local_rows(whole[k].detach(), rows[k], g.rank())))
-              << what << " param " << k;
-          const auto& st = state_of(opt, params[k]);
-          EXPECT_EQ(st.step(), 5) << what;
-          EXPECT_EQ(opt.whole_shape(params[k]), kShardedShapes[k]) << what;
-          // Each rank holds its rows of one process's state, bit for bit.
-          const auto& want = state_of(single, whole[k]);
-          EXPECT_TRUE(
-              at::equal(st.momentum(), distributed::local_rows(want.momentum(), rows[k], g.rank())))
-              << what << " momentum of param " << k;
-          if (sets[hs].nordion2()) {
-            EXPECT_TRUE(
-                at::equal(st.variance(), distributed::local_rows(want.variance(), rows[k], g.rank())))
-                << what << " variance of param " << k;
-          }
-        }
-      });
-    }
+        });
   }
 }
 
@@ -546,29 +486,12 @@ TEST(ShardedDion2, CheckpointsReshardBitIdentically) {
   // the owner writes each matrix's whole state once; a load gives it to the
   // new owner, and training on equals never stopping, bit for bit.
   for (const std::string optimizer : {"dion2", "nordion2"}) {
-    ckpt::Named after2, after3, after5, after6;
-    run_ranks(1, [&](distributed::Group& g) {
-      ckpt::Rank r("none", g, optimizer);
-      r.train(0, 2);
-      after2 = values_of(r);
-      r.train(2, 3);
-      after3 = values_of(r);
-      r.train(3, 5);
-      after5 = values_of(r);
-      r.train(5, 6);
-      after6 = values_of(r);
-    });
-    const auto dir =
-        fs::temp_directory_path() / ("muon_dion2_" + optimizer + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
-    leg(optimizer, "sharded", 2, "", d("a"), 0, 2, after2, optimizer + " sharded W=2");
-    leg(optimizer, "none", 1, d("a"), d("b"), 2, 3, after3, optimizer + " single from sharded W=2");
-    leg(optimizer, "sharded", 3, d("b"), d("c"), 3, 5, after5,
-        optimizer + " sharded W=3 from single");
-    leg(optimizer, "layerwise", 2, d("c"), d("e"), 5, 6, after6,
-        optimizer + " layerwise W=2 from sharded W=3");
-    fs::remove_all(dir);
+    ckpt::reshard_chain(optimizer, "dion2_" + optimizer,
+                        {{"sharded", 2, 2, optimizer + " sharded W=2"},
+                         {"none", 1, 3, optimizer + " single from sharded W=2"},
+                         {"sharded", 3, 5, optimizer + " sharded W=3 from single"},
+                         {"layerwise", 2, 6, optimizer + " layerwise W=2 from sharded W=3"}},
+                        ckpt::one_process_after(optimizer, {2, 3, 5, 6}));
   }
 }
 

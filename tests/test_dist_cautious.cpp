@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dist_util.h"
+#include "layout_harness.h"
 #include "muon/config.h"
 #include "muon/distributed/layouts/make.h"
 #include "muon/distributed/layouts/sharded_muon.h"
@@ -30,12 +31,9 @@ using Part = std::function<at::Tensor(size_t, const at::Tensor&)>;
 
 constexpr int64_t kSteps = 3;
 
-struct Matrix {
-  std::vector<int64_t> shape;
-  int64_t dim;  // the dimension tensor-parallel blocks split
-};
+// Each with the dimension tensor-parallel blocks split (layout_harness.h).
 // No world size of 2–4 divides these evenly; 3 rows leave rank 3 of 4 empty.
-const std::vector<Matrix> kModel{{{24, 16}, 0}, {{16, 40}, 1}, {{21, 10}, 0}, {{3, 12}, 0}};
+const std::vector<layouts::Matrix> kModel{{{24, 16}, 0}, {{16, 40}, 1}, {{21, 10}, 0}, {{3, 12}, 0}};
 
 std::string name_of(size_t k) { return "blocks." + std::to_string(k) + ".weight"; }
 at::Tensor full_param(size_t k) { return seeded_randn(kModel[k].shape, 40 + k); }
@@ -51,10 +49,16 @@ OptimizerConfig config_of(const std::string& name, const std::string& layout) {
   return c;
 }
 
-at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
-  const auto sizes = muon::distributed::balanced_split_sizes(full.size(dim), size);
-  return full.narrow(dim, muon::distributed::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
-      .contiguous();
+using layouts::block_of;
+
+// Tensor-parallel shards of every matrix over `group` (parts layouts::tensor_parallel_part).
+muon::distributed::DistributedLayout tensor_parallel_layout(const Group& group) {
+  muon::distributed::DistributedLayout layout;
+  for (size_t k = 0; k < kModel.size(); ++k) {
+    layout.tensor_parallel.emplace(name_of(k),
+                                   muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
+  }
+  return layout;
 }
 
 Named named_model(const Part& part) {
@@ -111,15 +115,9 @@ TEST_P(CautiousLayouts, TensorParallelEqualsOneProcess) {
   for (const std::string tp_mode : {"duplicated", "distributed"}) {
     for (int world = 2; world <= 4; ++world) {
       run_ranks(world, [&](Group& group) {
-        const Part part = [&](size_t k, const at::Tensor& t) {
-          return block_of(t, kModel[k].dim, group.rank(), world);
-        };
+        const Part part = layouts::tensor_parallel_part(kModel, group.rank(), world);
         auto named = named_model(part);
-        muon::distributed::DistributedLayout layout;
-        for (size_t k = 0; k < kModel.size(); ++k) {
-          layout.tensor_parallel.emplace(
-              name_of(k), muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
-        }
+        auto layout = tensor_parallel_layout(group);
         auto config = config_of(name, "tensor_parallel");
         config.set("muon_tp_mode", tp_mode);
         auto opt = muon::distributed::make_optimizer(named, config, layout);
@@ -157,15 +155,9 @@ TEST_P(CautiousLayouts, BlockwiseEqualsOneProcessOnTheBlocks) {
     one->step();
   }
   run_ranks(world, [&](Group& group) {
-    const Part part = [&](size_t k, const at::Tensor& t) {
-      return block_of(t, kModel[k].dim, group.rank(), world);
-    };
+    const Part part = layouts::tensor_parallel_part(kModel, group.rank(), world);
     auto named = named_model(part);
-    muon::distributed::DistributedLayout layout;
-    for (size_t k = 0; k < kModel.size(); ++k) {
-      layout.tensor_parallel.emplace(
-          name_of(k), muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
-    }
+    auto layout = tensor_parallel_layout(group);
     auto config = config_of(name, "tensor_parallel");
     config.set("muon_tp_mode", "blockwise");
     auto opt = muon::distributed::make_optimizer(named, config, layout);
@@ -213,20 +205,12 @@ TEST_P(CautiousLayouts, TwoDimensionalEqualsOneProcess) {
   const auto reference = single_process(name);
   run_ranks(4, [&](Group& world) {
     const auto [dp, tp] = world.mesh(2, 2);
-    const Part part = [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& t) {
-      const auto block = block_of(t, kModel[k].dim, tp.rank(), tp.size());
-      return muon::distributed::local_rows(
-          block, muon::distributed::balanced_split_sizes(block.size(0), dp.size()), dp.rank());
-    };
+    const Part part = layouts::two_d_part(kModel, dp, tp);
     auto named = named_model(part);
     muon::distributed::DistributedLayout layout;
     for (size_t k = 0; k < kModel.size(); ++k) {
-      const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
       layout.row_shards.emplace(
-          name_of(k),
-          RowShard(block.sizes().vec(), dp)
-              .tensor_parallel(muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, tp),
-                               muon::distributed::TensorParallelMode::kDistributed));
+          name_of(k), layouts::two_d_shard(kModel[k], dp, tp, muon::distributed::TensorParallelMode::kDistributed));
     }
     auto opt = muon::distributed::make_optimizer(named, config_of(name, "sharded"), layout);
     run_steps(*opt, named, part);

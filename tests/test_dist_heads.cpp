@@ -21,6 +21,7 @@
 
 #include "dist_util.h"
 #include "expect_util.h"
+#include "layout_harness.h"
 #include "muon/config.h"
 #include "muon/distributed/layouts/make.h"
 #include "muon/distributed/layouts/sharded_muon.h"
@@ -40,14 +41,11 @@ using Part = std::function<at::Tensor(size_t, const at::Tensor&)>;
 constexpr int64_t kSteps = 3;
 constexpr int64_t kHeads = 4;
 
-struct Matrix {
-  std::vector<int64_t> shape;
-  int64_t dim;  // the dimension tensor-parallel blocks split
-};
+// Each with the dimension tensor-parallel blocks split (layout_harness.h).
 // The main job's fused QKV: 4 heads of head_dim 3, rows per head
 // [q_h, k_h, v_h] (9 rows), width 12, column parallel (TP by heads: 2 or 4
 // ranks hold 2 or 1 whole heads); an output projection, row parallel.
-const std::vector<Matrix> kModel{{{36, 12}, 0}, {{16, 20}, 1}};
+const std::vector<layouts::Matrix> kModel{{{36, 12}, 0}, {{16, 20}, 1}};
 
 at::Tensor full_param(size_t k) { return seeded_randn(kModel[k].shape, 70 + k); }
 at::Tensor full_grad(size_t k, int64_t step) {
@@ -56,11 +54,7 @@ at::Tensor full_grad(size_t k, int64_t step) {
 
 MuonOptions options() { return MuonOptions(0.02).weight_decay(0.1).num_heads(kHeads); }
 
-at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
-  const auto sizes = muon::distributed::balanced_split_sizes(full.size(dim), size);
-  return full.narrow(dim, muon::distributed::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
-      .contiguous();
-}
+using layouts::block_of;
 
 // kSteps of `opt` over `params`, each gradient the part `part` of the whole one.
 void run_steps(torch::optim::Optimizer& opt, std::vector<at::Tensor>& params, const Part& part) {
@@ -101,17 +95,11 @@ TEST(HeadsLayouts, TensorParallelEqualsOneProcess) {
   for (const std::string mode : {"duplicated", "distributed"}) {
     for (const int world : {2, 4}) {
       run_ranks(world, [&](Group& group) {
-        const Part part = [&](size_t k, const at::Tensor& t) {
-          return block_of(t, kModel[k].dim, group.rank(), world);
-        };
-        std::vector<at::Tensor> params;
+        const Part part = layouts::tensor_parallel_part(kModel, group.rank(), world);
+        auto params = layouts::parts_of(kModel.size(), full_param, part);
         muon::distributed::TensorParallelOptions tp;
         tp.mode(mode);
-        for (size_t k = 0; k < kModel.size(); ++k) {
-          params.push_back(part(k, full_param(k)).requires_grad_(true));
-          tp.shard(params.back(),
-                   muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
-        }
+        layouts::shard_tensor_parallel(tp, params, kModel, group);
         Muon opt({OptimizerParamGroup(params)}, options(), muon::distributed::make_orthogonalizer(tp));
         run_steps(opt, params, part);
         const auto what =
@@ -166,17 +154,11 @@ TEST(HeadsLayouts, BlockwiseEqualsOneProcess) {
       one.step();
     }
     run_ranks(world, [&](Group& group) {
-      const Part part = [&](size_t k, const at::Tensor& t) {
-        return block_of(t, kModel[k].dim, group.rank(), world);
-      };
-      std::vector<at::Tensor> params;
+      const Part part = layouts::tensor_parallel_part(kModel, group.rank(), world);
+      auto params = layouts::parts_of(kModel.size(), full_param, part);
       muon::distributed::TensorParallelOptions tp;
       tp.mode("blockwise");
-      for (size_t k = 0; k < kModel.size(); ++k) {
-        params.push_back(part(k, full_param(k)).requires_grad_(true));
-        tp.shard(params.back(),
-                 muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
-      }
+      layouts::shard_tensor_parallel(tp, params, kModel, group);
       Muon opt({OptimizerParamGroup(params)}, options(), muon::distributed::make_orthogonalizer(tp));
       run_steps(opt, params, part);
       const auto what =
@@ -244,21 +226,10 @@ TEST(HeadsLayouts, TwoDimensionalEqualsOneProcess) {
                              muon::distributed::TensorParallelMode::kDistributed}) {
     run_ranks(4, [&](Group& world) {
       const auto [dp, tp] = world.mesh(2, 2);
-      const Part part = [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& t) {
-        const auto block = block_of(t, kModel[k].dim, tp.rank(), tp.size());
-        return muon::distributed::local_rows(
-            block, muon::distributed::balanced_split_sizes(block.size(0), dp.size()), dp.rank());
-      };
-      std::vector<at::Tensor> params;
+      const Part part = layouts::two_d_part(kModel, dp, tp);
+      auto params = layouts::parts_of(kModel.size(), full_param, part);
       muon::distributed::ShardedOptions so;
-      for (size_t k = 0; k < kModel.size(); ++k) {
-        const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
-        params.push_back(part(k, full_param(k)).requires_grad_(true));
-        so.shard(params.back(), RowShard(block.sizes().vec(), dp)
-                                    .tensor_parallel(muon::distributed::TensorParallelShard(
-                                                         kModel[k].shape, kModel[k].dim, tp),
-                                                     tp_mode));
-      }
+      for (size_t k = 0; k < kModel.size(); ++k) so.shard(params[k], layouts::two_d_shard(kModel[k], dp, tp, tp_mode));
       Muon opt({OptimizerParamGroup(params)}, options(), muon::distributed::make_orthogonalizer(so));
       run_steps(opt, params, part);
       const auto what =

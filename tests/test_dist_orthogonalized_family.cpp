@@ -12,15 +12,14 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "dist_util.h"
 #include "expect_util.h"
+#include "layout_harness.h"
 #include "muon/distributed/layouts/make.h"
-#include "muon/distributed/layouts/sharded_muon.h"
-#include "muon/distributed/layouts/tensor_parallel.h"
-#include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/optim/orthogonalized_family.h"
 #include "muon/registry.h"
 
@@ -29,23 +28,15 @@ namespace {
 
 using muon::distributed::Group;
 using muon::distributed::RowShard;
+using layouts::block_of;
+using layouts::full_grad;
+using layouts::full_param;
+using layouts::kSteps;
 using torch::optim::OptimizerParamGroup;
 
-constexpr int64_t kSteps = 3;
-
-// Each matrix with the dimension its tensor-parallel blocks split: sizes no
-// world size of 2–4 divides evenly; 3 rows leave rank 3 of 4 empty.
-struct Matrix {
-  std::vector<int64_t> shape;
-  int64_t dim;
-};
-const std::vector<Matrix> kModel{
-    {{24, 16}, 0}, {{16, 40}, 1}, {{21, 10}, 0}, {{12, 15}, 1}, {{3, 12}, 0}};
-
-at::Tensor full_param(size_t k) { return seeded_randn(kModel[k].shape, 40 + k); }
-at::Tensor full_grad(size_t k, int64_t step) {
-  return seeded_randn(kModel[k].shape, 900 + 17 * static_cast<uint64_t>(step) + k);
-}
+// The harness's matrices (layout_harness.h): sizes no world size of 2–4
+// divides evenly; 3 rows leave rank 3 of 4 empty.
+const auto& kModel = layouts::kMatrices;
 
 MuonOptions options(OrthogonalizedKind kind) {
   auto o = MuonOptions(0.01).nesterov(kind != OrthogonalizedKind::kScion).weight_decay(0.1);
@@ -59,15 +50,13 @@ OrthogonalizedVariantOptions variant(OrthogonalizedKind kind) {
   return OrthogonalizedVariantOptions().kind(kind).spectral_radius(2.0).hyperball_radius(5.0);
 }
 
-std::vector<at::Tensor> single_process(OrthogonalizedKind kind) {
-  std::vector<at::Tensor> params;
-  for (size_t k = 0; k < kModel.size(); ++k) params.push_back(full_param(k).requires_grad_(true));
-  OrthogonalizedVariant opt(params, options(kind), variant(kind));
-  for (int64_t s = 0; s < kSteps; ++s) {
-    for (size_t k = 0; k < kModel.size(); ++k) params[k].mutable_grad() = full_grad(k, s);
-    opt.step();
-  }
-  return params;
+layouts::Factory variant_of(OrthogonalizedKind kind) {
+  return [kind](const std::vector<at::Tensor>& params,
+                std::shared_ptr<Orthogonalizer> o) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (!o) return std::make_unique<OrthogonalizedVariant>(params, options(kind), variant(kind));
+    return std::make_unique<OrthogonalizedVariant>(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)},
+                                                   options(kind), variant(kind), o);
+  };
 }
 
 // The layouts differ from one process only in the order of fp32 sums (the
@@ -75,117 +64,27 @@ std::vector<at::Tensor> single_process(OrthogonalizedKind kind) {
 // update, far below 1e-5 of the parameters after three steps, while a stage
 // that used a part's own ⟨O, M⟩ or shape is off by a fraction of the update
 // (~1e-3 here).
-void expect_equal(const at::Tensor& got, const at::Tensor& expected, const at::Tensor& whole,
-                  const std::string& what) {
-  if (expected.numel() == 0) return;
-  const double err =
-      (got.detach() - expected).abs().max().item<double>() / whole.abs().max().item<double>();
-  EXPECT_LE(err, 1e-5) << what;
-}
-
-at::Tensor block_of(const at::Tensor& full, int64_t dim, int rank, int size) {
-  const auto sizes = muon::distributed::balanced_split_sizes(full.size(dim), size);
-  return full.narrow(dim, muon::distributed::split_offset(sizes, rank), sizes[static_cast<size_t>(rank)])
-      .contiguous();
-}
-
-void expect_steps_equal(torch::optim::Optimizer& opt, std::vector<at::Tensor>& params,
-                        const std::function<at::Tensor(size_t, const at::Tensor&)>& local,
-                        const std::vector<at::Tensor>& reference, const std::string& what) {
-  for (int64_t s = 0; s < kSteps; ++s) {
-    for (size_t k = 0; k < kModel.size(); ++k) params[k].mutable_grad() = local(k, full_grad(k, s));
-    opt.step();
-  }
-  for (size_t k = 0; k < kModel.size(); ++k) {
-    expect_equal(params[k], local(k, reference[k].detach()), reference[k],
-                 what + " matrix " + std::to_string(k));
-  }
-}
+constexpr double kTolerance = 1e-5;
 
 class SplitLayouts : public ::testing::TestWithParam<OrthogonalizedKind> {};
 
 TEST_P(SplitLayouts, TensorParallelEqualsOneProcess) {
   const auto kind = GetParam();
-  const auto reference = single_process(kind);
-  for (const std::string tp_mode : {"duplicated", "distributed"}) {
-    for (int world = 1; world <= 4; ++world) {
-      run_ranks(world, [&](Group& group) {
-        std::vector<at::Tensor> params;
-        muon::distributed::TensorParallelOptions tp;
-        tp.mode(tp_mode);
-        for (size_t k = 0; k < kModel.size(); ++k) {
-          params.push_back(block_of(full_param(k), kModel[k].dim, group.rank(), world).requires_grad_(true));
-          tp.shard(params.back(), muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, group));
-        }
-        OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
-                                  muon::distributed::make_orthogonalizer(tp));
-        expect_steps_equal(
-            opt, params,
-            [&](size_t k, const at::Tensor& full) { return block_of(full, kModel[k].dim, group.rank(), world); },
-            reference,
-            to_string(kind) + " tp " + tp_mode + " world " + std::to_string(world) + " rank " +
-                std::to_string(group.rank()));
-      });
-    }
-  }
+  const auto reference = layouts::single_process(variant_of(kind));
+  layouts::expect_tensor_parallel_equal(variant_of(kind), reference, kTolerance, to_string(kind));
 }
 
 TEST_P(SplitLayouts, RowShardsEqualOneProcess) {
   const auto kind = GetParam();
-  const auto reference = single_process(kind);
-  for (const std::string sharded_mode : {"owner_compute", "replicated"}) {
-    for (int world = 1; world <= 4; ++world) {
-      run_ranks(world, [&](Group& group) {
-        std::vector<at::Tensor> params;
-        std::vector<std::vector<int64_t>> rows;
-        muon::distributed::ShardedOptions so;
-        so.mode(sharded_mode);
-        for (size_t k = 0; k < kModel.size(); ++k) {
-          // Matrix 1 is padded: the last rank holds rows past the end.
-          auto split = muon::distributed::balanced_split_sizes(kModel[k].shape[0], world);
-          if (k == 1 && world > 1) split.back() += 2;
-          rows.push_back(split);
-          params.push_back(muon::distributed::local_rows(full_param(k), split, group.rank()).requires_grad_(true));
-          so.shard(params.back(), RowShard(kModel[k].shape, group));
-        }
-        OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
-                                  muon::distributed::make_orthogonalizer(so));
-        expect_steps_equal(
-            opt, params,
-            [&](size_t k, const at::Tensor& full) { return muon::distributed::local_rows(full, rows[k], group.rank()); },
-            reference,
-            to_string(kind) + " " + sharded_mode + " world " + std::to_string(world) + " rank " +
-                std::to_string(group.rank()));
-      });
-    }
-  }
+  const auto reference = layouts::single_process(variant_of(kind));
+  layouts::expect_row_shards_equal(variant_of(kind), reference, kTolerance, to_string(kind));
 }
 
 TEST_P(SplitLayouts, TwoDimensionalEqualsOneProcess) {
   const auto kind = GetParam();
-  const auto reference = single_process(kind);
-  run_ranks(4, [&](Group& world) {
-    const auto [dp, tp] = world.mesh(2, 2);
-    std::vector<at::Tensor> params;
-    std::vector<std::vector<int64_t>> rows;
-    muon::distributed::ShardedOptions so;
-    for (size_t k = 0; k < kModel.size(); ++k) {
-      const auto block = block_of(full_param(k), kModel[k].dim, tp.rank(), tp.size());
-      rows.push_back(muon::distributed::balanced_split_sizes(block.size(0), dp.size()));
-      params.push_back(muon::distributed::local_rows(block, rows[k], dp.rank()).requires_grad_(true));
-      so.shard(params[k], RowShard(block.sizes().vec(), dp)
-                              .tensor_parallel(muon::distributed::TensorParallelShard(kModel[k].shape, kModel[k].dim, tp),
-                                               muon::distributed::TensorParallelMode::kDistributed));
-    }
-    OrthogonalizedVariant opt({OptimizerParamGroup(params)}, options(kind), variant(kind),
-                              muon::distributed::make_orthogonalizer(so));
-    expect_steps_equal(
-        opt, params,
-        [&, &dp = dp, &tp = tp](size_t k, const at::Tensor& full) {
-          return muon::distributed::local_rows(block_of(full, kModel[k].dim, tp.rank(), tp.size()), rows[k], dp.rank());
-        },
-        reference, to_string(kind) + " 2-D rank " + std::to_string(world.rank()));
-  });
+  const auto reference = layouts::single_process(variant_of(kind));
+  layouts::expect_two_dimensional_equal(variant_of(kind), reference, kTolerance, to_string(kind),
+                                        {muon::distributed::TensorParallelMode::kDistributed});
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, SplitLayouts,

@@ -43,12 +43,22 @@ QkClipOptions layer1() {
   return QkClipOptions(6, kHeadDim).num_kv_heads(3).threshold(2.0).alpha(0.3);
 }
 
-Named whole_params() {
-  return seeded_params({{"attn0.qkv", {48, kWidth}},
-                        {"attn1.q", {18, kWidth}},
-                        {"attn1.k", {9, kWidth}},
-                        {"mlp", {7, kWidth}}},
-                       50);
+const std::vector<ParamSpec> kParams{
+    {"attn0.qkv", {48, kWidth}}, {"attn1.q", {18, kWidth}}, {"attn1.k", {9, kWidth}}, {"mlp", {7, kWidth}}};
+
+Named whole_params() { return seeded_params(kParams, 50); }
+
+// The parameters with rows [begin, begin + rows) of the fused weight (a
+// tensor-parallel block of it), the rest whole.
+Named params_with_qkv_rows(int64_t begin, int64_t rows) {
+  auto whole = whole_params();
+  Named named;
+  for (const auto& item : whole) {
+    auto p = item.key() == "attn0.qkv" ? item.value().detach().narrow(0, begin, rows).clone()
+                                       : item.value().detach().clone();
+    named.insert(item.key(), p.requires_grad_(true));
+  }
+  return named;
 }
 
 // Rank r's maxima: the global maxima below (groups 0 and 2 of layer 0 and
@@ -123,13 +133,7 @@ TEST_P(DistQkClip, TensorParallelByGroups) {
   run_ranks(world, [&](Group& group) {
     const int64_t rows = 48 / world;
     const int64_t begin = rows * group.rank();
-    auto whole = whole_params();
-    Named named;
-    for (const auto& item : whole) {
-      auto p = item.key() == "attn0.qkv" ? item.value().detach().narrow(0, begin, rows).clone()
-                                         : item.value().detach().clone();
-      named.insert(item.key(), p.requires_grad_(true));
-    }
+    auto named = params_with_qkv_rows(begin, rows);
     distributed::TensorParallelShards tp;
     tp.emplace("attn0.qkv", distributed::TensorParallelShard({48, kWidth}, 0, group));
     Layout layout(named, config("tensor_parallel"),
@@ -162,11 +166,7 @@ TEST_P(DistQkClip, TensorParallelByGroups) {
 TEST_P(DistQkClip, ShardedMasterRowsAreClippedToo) {
   const int world = GetParam();
   const auto expected = one_process(whole_params());
-  const auto grads = seeded_params({{"attn0.qkv", {48, kWidth}},
-                                    {"attn1.q", {18, kWidth}},
-                                    {"attn1.k", {9, kWidth}},
-                                    {"mlp", {7, kWidth}}},
-                                   70);
+  const auto grads = seeded_params(kParams, 70);
   // One process: clip, then a step with the same gradient.
   auto single = whole_params();
   {
@@ -211,13 +211,7 @@ TEST_P(DistQkClip, TwoDimensionalBlocksAndMasterRows) {
     auto [dp, tp] = group.mesh(world / 2, 2);
     const int64_t rows = 24;
     const int64_t begin = rows * tp.rank();
-    auto whole = whole_params();
-    Named named;
-    for (const auto& item : whole) {
-      auto p = item.key() == "attn0.qkv" ? item.value().detach().narrow(0, begin, rows).clone()
-                                         : item.value().detach().clone();
-      named.insert(item.key(), p.requires_grad_(true));
-    }
+    auto named = params_with_qkv_rows(begin, rows);
     distributed::TensorParallelShards blocks;
     blocks.emplace("attn0.qkv", distributed::TensorParallelShard({48, kWidth}, 0, tp));
     Layout layout(named, config("sharded"),

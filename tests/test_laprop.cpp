@@ -19,9 +19,6 @@
 namespace muon::test {
 namespace {
 
-using elementwise::doubles;
-using elementwise::relative;
-
 struct Hyper {
   double lr, beta1, beta2, eps, wd;
   bool correct_bias;
@@ -34,12 +31,8 @@ struct Hyper {
 // applies first (WeightDecayMixin, weight_decay_method="decoupled"); the
 // paper is Ziyin, Wang and Ueda, "LaProp", arXiv:2002.04839. Written element
 // by element on doubles, so that it shares no tensor op with the library.
-struct Reference {
-  std::vector<double> p, m, v;
-  int64_t t = 0;
-
-  explicit Reference(const at::Tensor& init)
-      : p(doubles(init)), m(p.size(), 0.0), v(p.size(), 0.0) {}
+struct Reference : elementwise::TwoMoments {
+  using TwoMoments::TwoMoments;
 
   void step(const at::Tensor& grad, const Hyper& h) {
     const auto g = doubles(grad);
@@ -61,27 +54,16 @@ TEST(LaProp, FiveFp32StepsEqualThePublishedUpdate) {
   const std::vector<std::vector<int64_t>> shapes{{5, 7}, {24, 3}, {4, 3, 3, 3}, {6}};
   for (const bool correct_bias : {true, false}) {
     const Hyper h{0.01, 0.8, 0.95, 1e-8, 0.1, correct_bias};
-    at::manual_seed(0);
-    std::vector<at::Tensor> params;
-    std::vector<Reference> refs;
-    for (const auto& s : shapes) {
-      params.push_back(leaf(at::randn(s)));
-      refs.emplace_back(params.back());
-    }
+    ReferenceRun<Reference> reference_run(shapes, 0);
+    auto& params = reference_run.params;
+    auto& refs = reference_run.refs;
     LaProp opt(params, LaPropOptions(h.lr)
                            .beta1(h.beta1)
                            .beta2(h.beta2)
                            .eps(h.eps)
                            .weight_decay(h.wd)
                            .correct_bias(correct_bias));
-    for (int step = 0; step < 5; ++step) {
-      for (size_t k = 0; k < params.size(); ++k) {
-        const auto g = at::randn(shapes[k]);
-        params[k].mutable_grad() = g.clone();
-        refs[k].step(g, h);
-      }
-      opt.step();
-    }
+    reference_run.run(opt, h, 5);
     // fp32 against fp64: a few fp32 roundings (2^-24 relative) per step on
     // values of order 1, over 5 steps: far below 1e-5 of the largest. A
     // missing bias correction, decay or normalization moves p by > 1e-3.

@@ -29,6 +29,7 @@
 // formula cannot pass.
 #include <gtest/gtest.h>
 
+#include "tensor_util.h"
 #include "archive_util.h"
 #include "dist_util.h"
 #include "expect_util.h"
@@ -140,14 +141,6 @@ struct RefOptions {
   double lo = -1.0;
   double hi = 1.0;
   double cap = 1.0;
-};
-
-struct Svd {
-  at::Tensor u;  // (m, k)
-  at::Tensor s;  // (k)
-  at::Tensor v;  // (n, k)
-  at::Tensor x() const { return at::matmul(u * s, v.transpose(0, 1)); }
-  at::Tensor with(const at::Tensor& f) const { return at::matmul(u * f, v.transpose(0, 1)); }
 };
 
 Svd svd_of(const at::Tensor& m) {

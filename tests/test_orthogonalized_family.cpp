@@ -27,7 +27,6 @@
 namespace muon::test {
 namespace {
 
-namespace fs = std::filesystem;
 namespace ckpt = muon::test::checkpoint;
 
 // Newton–Schulz as EO's muon_utils.newton_schulz runs it, in fp64: X = M /
@@ -421,62 +420,31 @@ TEST(OrthogonalizedFamily, BuiltFromAConfigWithItsFieldsAndExplained) {
   }
 }
 
-// Parameter values of `r`, cloned.
-ckpt::Named values_of(ckpt::Rank& r) {
-  ckpt::Named out;
-  for (const auto& item : r.named) out.insert(item.key(), item.value().detach().clone());
-  return out;
-}
-
 // PolarGrad's ⟨O, M⟩ and Newton–Schulz sum in another order in a sharded
 // layout, so resharded runs are compared within 1e-5 (as every layout is
 // with one process); a single process loaded from a single process's
 // checkpoint is bit-identical.
-void leg(const std::string& optimizer, const std::string& kind, int world, const std::string& in,
-         const std::string& out, int64_t from, int64_t to, const ckpt::Named& reference, bool exact,
-         const std::string& what) {
-  ckpt::reshard_leg(kind, world, in, out, from, to, optimizer, what, [&](ckpt::Rank& r, const distributed::Group& group) {
-    for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
-      const auto& name = ckpt::kModel[k].first;
-      const auto got = r.named[name].detach();
-      const auto want = r.local[k](reference[name]);
-      if (exact) {
-        EXPECT_TRUE(at::equal(got, want)) << what << " " << name << " rank " << group.rank();
-      } else if (want.numel() > 0) {
-        const double err = (got - want).abs().max().item<double>() / reference[name].abs().max().item<double>();
-        EXPECT_LE(err, 1e-5) << what << " " << name << " rank " << group.rank();
-      }
-    }
-  });
-}
+constexpr double kReshardTolerance = 1e-5;
 
 class Checkpoints : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Checkpoints, ResumeAndReshardBitIdentically) {
   const auto name = GetParam();
-  ckpt::Named after3;
-  ckpt::Named after4;
-  run_ranks(1, [&](distributed::Group& g) {
-    ckpt::Rank r("none", g, name);
-    r.train(0, 3);
+  const auto after = ckpt::one_process_after(name, {3, 4}, [&](ckpt::Rank& r) {
     const auto slots = distributed::detail::state_slots(*r.opt);
     EXPECT_TRUE(std::any_of(slots.begin(), slots.end(), [&](const auto& s) { return s.kind == name; }));
-    after3 = values_of(r);
-    r.train(3, 4);
-    after4 = values_of(r);
   });
-  const auto dir = fs::temp_directory_path() / ("muon_" + name + "_reshard_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
   // One process → one process: bit-identical resume. Then split at 2 ranks
   // from it (row shards; layerwise for MOP, whose SVD needs whole matrices):
   // the momentum is split by rows or moved to its owner.
   const std::string split = name == "mop" ? "layerwise" : "sharded";
-  leg(name, "none", 1, "", d("a"), 0, 2, ckpt::Named(), true, "single");
-  leg(name, "none", 1, d("a"), d("b"), 2, 3, after3, true, "single from single");
-  leg(name, split, 2, d("b"), d("c"), 3, 4, after4, split == "layerwise", split + " W=2 from single");
-  leg(name, "none", 1, d("c"), d("e"), 4, 4, after4, split == "layerwise", "single from " + split + " W=2");
-  fs::remove_all(dir);
+  const double split_tolerance = split == "layerwise" ? 0 : kReshardTolerance;
+  ckpt::reshard_chain(name, name + "_reshard",
+                      {{"none", 1, 2, "single"},
+                       {"none", 1, 3, "single from single"},
+                       {split, 2, 4, split + " W=2 from single", split_tolerance},
+                       {"none", 1, 4, "single from " + split + " W=2", split_tolerance}},
+                      after);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, Checkpoints,

@@ -25,13 +25,7 @@
 
 namespace {
 
-using plan_test::predict;
-using plan_test::round_machine;
-using muon::plan::LayoutKind;
-using muon::plan::Machine;
-using muon::plan::Model;
-using muon::plan::Options;
-using muon::plan::Prediction;
+using namespace plan_test;  // NOLINT(google-build-using-namespace): round_machine, predict, muon::plan's types
 using muon::plan::Route;
 using muon::plan::Split;
 using muon::plan::Tensor;
@@ -285,15 +279,6 @@ TEST(Plan, PresetsAndFilesRoundTrip) {
   const auto h100 = Machine::preset("h100");
   const auto back = Machine::from_json(h100.to_json());
   EXPECT_EQ(back.to_json(), h100.to_json());
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::ValueError& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 TEST(Plan, BadInputIsNamed) {

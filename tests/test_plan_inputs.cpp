@@ -24,24 +24,8 @@
 
 namespace {
 
-using plan_test::predict;
-using plan_test::round_machine;
-using muon::plan::LayoutKind;
-using muon::plan::Machine;
-using muon::plan::Model;
-using muon::plan::Options;
-using muon::plan::Prediction;
+using namespace plan_test;  // NOLINT(google-build-using-namespace): round_machine, predict, muon::plan's types
 using json = nlohmann::json;
-
-// The message of a refusal (a c10::ValueError), or "" when none.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::ValueError& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 #define EXPECT_REFUSED(expr, ...)                                                   \
   do {                                                                              \

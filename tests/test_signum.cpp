@@ -21,9 +21,6 @@
 namespace muon::test {
 namespace {
 
-using elementwise::doubles;
-using elementwise::relative;
-
 struct Hyper {
   double lr, momentum, wd;
   std::string method;
@@ -80,27 +77,16 @@ TEST(Signum, FiveFp32StepsEqualThePublishedUpdate) {
     for (const bool nesterov : {false, true}) {
       for (const bool correct_bias : {true, false}) {
         const Hyper h{0.01, 0.8, 0.1, method, correct_bias, nesterov};
-        at::manual_seed(0);
-        std::vector<at::Tensor> params;
-        std::vector<Reference> refs;
-        for (const auto& s : shapes) {
-          params.push_back(leaf(at::randn(s)));
-          refs.emplace_back(params.back());
-        }
+        ReferenceRun<Reference> reference_run(shapes, 0);
+        auto& params = reference_run.params;
+        auto& refs = reference_run.refs;
         Signum opt(params, SignumOptions(h.lr)
                                .momentum(h.momentum)
                                .weight_decay(h.wd)
                                .weight_decay_method(method)
                                .correct_bias(correct_bias)
                                .nesterov(nesterov));
-        for (int step = 0; step < 5; ++step) {
-          for (size_t k = 0; k < params.size(); ++k) {
-            const auto g = at::randn(shapes[k]);
-            params[k].mutable_grad() = g.clone();
-            refs[k].step(g, h);
-          }
-          opt.step();
-        }
+        reference_run.run(opt, h, 5);
         const std::string what = method + (nesterov ? " nesterov" : "") +
                                  (correct_bias ? " correct_bias" : "");
         // fp32 against fp64: each step rounds p and m a few times (2^-24
@@ -118,8 +104,7 @@ TEST(Signum, FiveFp32StepsEqualThePublishedUpdate) {
           EXPECT_LE(relative(st.exp_avg(), refs[k].m), 1e-5) << what << " exp_avg " << k;
         }
         EXPECT_EQ(opt.state_bytes(), (35 + 72 + 108 + 60 + 6) * 4);
-        finals.emplace_back();
-        for (const auto& r : refs) finals.back().insert(finals.back().end(), r.p.begin(), r.p.end());
+        finals.push_back(reference_run.values());
       }
     }
   }

@@ -22,9 +22,6 @@
 namespace muon::test {
 namespace {
 
-using elementwise::doubles;
-using elementwise::relative;
-
 struct Hyper {
   double lr, beta1, beta2, eps, wd;
   std::string method;
@@ -53,13 +50,8 @@ double reference_beta(const Hyper& h, int64_t t) {
 // ademamix.py at ab596e0c89dd69bf46f9a773ae8f1e98c68e2af1); the paper is
 // Morwani et al., arXiv:2502.02431. Written element by element on doubles,
 // so that it shares no tensor op with the library.
-struct Reference {
-  std::vector<double> p, m, v;
-  int64_t t = 0;
-
-  explicit Reference(const at::Tensor& init)
-      : p(doubles(init)), m(p.size(), 0.0), v(p.size(), 0.0) {}
-
+struct Reference : elementwise::TwoMoments {
+  using TwoMoments::TwoMoments;
 
   void step(const at::Tensor& grad, const Hyper& h) {
     auto g = doubles(grad);
@@ -88,13 +80,9 @@ TEST(SimAdEMAMix, FiveFp32StepsEqualThePublishedUpdate) {
     for (const int64_t warmup : {int64_t{0}, int64_t{4}}) {
       for (const bool correct_bias : {true, false}) {
         const Hyper h{0.01, 0.95, 0.9, 1e-8, 0.1, method, correct_bias, warmup, 0.5, 1.5};
-        at::manual_seed(0);
-        std::vector<at::Tensor> params;
-        std::vector<Reference> refs;
-        for (const auto& s : shapes) {
-          params.push_back(leaf(at::randn(s)));
-          refs.emplace_back(params.back());
-        }
+        ReferenceRun<Reference> reference_run(shapes, 0);
+        auto& params = reference_run.params;
+        auto& refs = reference_run.refs;
         SimAdEMAMix opt(params, SimAdEMAMixOptions(h.lr)
                                     .beta1(h.beta1)
                                     .beta2(h.beta2)
@@ -105,14 +93,7 @@ TEST(SimAdEMAMix, FiveFp32StepsEqualThePublishedUpdate) {
                                     .num_beta_fast_warmup_steps(warmup)
                                     .min_beta_fast(h.min_beta)
                                     .alpha(h.alpha));
-        for (int step = 0; step < 5; ++step) {
-          for (size_t k = 0; k < params.size(); ++k) {
-            const auto g = at::randn(shapes[k]);
-            params[k].mutable_grad() = g.clone();
-            refs[k].step(g, h);
-          }
-          opt.step();
-        }
+        reference_run.run(opt, h, 5);
         const std::string what = method + " warmup " + std::to_string(warmup) +
                                  (correct_bias ? " correct_bias" : "");
         // fp32 against fp64: each step rounds p and the moments O(10–20)
@@ -129,8 +110,7 @@ TEST(SimAdEMAMix, FiveFp32StepsEqualThePublishedUpdate) {
           EXPECT_LE(relative(st.exp_avg_sq(), refs[k].v), 1e-5) << what << " exp_avg_sq " << k;
         }
         EXPECT_EQ(opt.state_bytes(), 2 * (35 + 72 + 108 + 60 + 6) * 4);
-        finals.emplace_back();
-        for (const auto& r : refs) finals.back().insert(finals.back().end(), r.p.begin(), r.p.end());
+        finals.push_back(reference_run.values());
       }
     }
   }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "checkpoint_model.h"
+#include "layout_harness.h"
 #include "distributed/checkpoints/checkpoint_state.h"
 #include "muon/compat.h"
 #include "muon/distributed/layouts/layout.h"
@@ -32,7 +33,6 @@
 namespace muon::test {
 namespace {
 
-namespace fs = std::filesystem;
 namespace ckpt = muon::test::checkpoint;
 
 struct Hyper {
@@ -167,22 +167,11 @@ TEST(Soap, FiveFp32StepsEqualEmergingOptimizersArithmetic) {
   };
   for (size_t hs = 0; hs < sets.size(); ++hs) {
     const auto& h = sets[hs];
-    at::manual_seed(3);
-    std::vector<at::Tensor> params;
-    std::vector<Reference> refs;
-    for (const auto& s : shapes) {
-      params.push_back(leaf(at::randn(s)));
-      refs.emplace_back(params.back());
-    }
+    ReferenceRun<Reference> reference_run(shapes, 3);
+    auto& params = reference_run.params;
+    auto& refs = reference_run.refs;
     Soap opt(params, h.options());
-    for (int step = 0; step < 5; ++step) {
-      for (size_t k = 0; k < params.size(); ++k) {
-        const auto g = at::randn(shapes[k]);
-        params[k].mutable_grad() = g.clone();
-        refs[k].step(g, h);
-      }
-      opt.step();
-    }
+    reference_run.run(opt, h, 5);
     // Why fp32 matches fp64 to 1e-5: every quantity is O(10–100) fp32
     // operations per element (2^-24 each) on values of order 1, except the
     // eigenvectors, whose fp32 error is about 2^-24·‖K‖/gap for each
@@ -355,13 +344,6 @@ TEST(Soap, BuiltFromAConfigWithItsFieldsAndExplained) {
       << text;
 }
 
-// Parameter values of `r`, cloned.
-ckpt::Named values_of(ckpt::Rank& r) {
-  ckpt::Named out;
-  for (const auto& item : r.named) out.insert(item.key(), item.value().detach().clone());
-  return out;
-}
-
 // Parameter values of `named`, cloned.
 ckpt::Named values_of_named(const ckpt::Named& named) {
   ckpt::Named out;
@@ -369,60 +351,22 @@ ckpt::Named values_of_named(const ckpt::Named& named) {
   return out;
 }
 
-// A leg of the reshard chain with SOAP; with `reference`, each rank's part
-// must equal it bit for bit.
-void leg(const std::string& kind, int world, const std::string& in, const std::string& out, int64_t from,
-         int64_t to, const ckpt::Named& reference, const std::string& what) {
-  ckpt::reshard_leg(kind, world, in, out, from, to, "soap", what, [&](ckpt::Rank& r, const distributed::Group& group) {
-    for (size_t k = 0; k < ckpt::kModel.size() && !reference.is_empty(); ++k) {
-      const auto& name = ckpt::kModel[k].first;
-      EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](reference[name])))
-          << what << " " << name << " rank " << group.rank();
-    }
-  });
-}
-
 TEST(Soap, CheckpointsResumeAndReshardBitIdentically) {
-  ckpt::Named after3;
-  ckpt::Named after4;
-  run_ranks(1, [&](distributed::Group& g) {
-    ckpt::Rank r("none", g, "soap");
-    r.train(0, 3);
-    after3 = values_of(r);
-    r.train(3, 4);
-    after4 = values_of(r);
-  });
-  const auto dir = fs::temp_directory_path() / ("muon_soap_reshard_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
   // One process → layer-wise at 2 ranks → one process: the whole-matrix
   // state (moments, factors, bases) travels whole with its parameter.
-  leg("none", 1, "", d("a"), 0, 2, ckpt::Named(), "single");
-  leg("layerwise", 2, d("a"), d("b"), 2, 3, after3, "layerwise W=2 from single");
-  leg("none", 1, d("b"), d("c"), 3, 4, after4, "single from layerwise W=2");
-  fs::remove_all(dir);
+  ckpt::reshard_chain("soap", "soap_reshard",
+                      {{"none", 1, 2, "single"},
+                       {"layerwise", 2, 3, "layerwise W=2 from single"},
+                       {"none", 1, 4, "single from layerwise W=2"}},
+                      ckpt::one_process_after("soap", {3, 4}));
 }
 
 // SOAP in the layer-wise layout (each rank steps whole parameters it owns)
 // equals one process bit for bit: the owner runs the same arithmetic on the
 // same whole tensors.
 TEST(Soap, LayerwiseEqualsOneProcess) {
-  ckpt::Named single;
-  run_ranks(1, [&](distributed::Group& g) {
-    ckpt::Rank r("none", g, "soap");
-    r.train(0, 4);
-    single = values_of(r);
-  });
-  for (const int world : {2, 3}) {
-    run_ranks(world, [&](distributed::Group& g) {
-      ckpt::Rank r("layerwise", g, "soap");
-      r.train(0, 4);
-      for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
-        const auto& name = ckpt::kModel[k].first;
-        EXPECT_TRUE(at::equal(r.named[name].detach(), single[name])) << name << " W=" << world;
-      }
-    });
-  }
+  ckpt::expect_layouts_equal("soap", 4, ckpt::one_process_after("soap", {4}).at(4), {{"layerwise", 2}, {"layerwise", 3}},
+                             "soap");
 }
 
 // ---- the sharded layout: owner-compute SOAP ---------------------------------
@@ -454,51 +398,35 @@ TEST(ShardedSoap, OwnerComputeEqualsOneProcessBitForBit) {
       SoapOptions(0.01).weight_decay(0.1).weight_decay_method("independent"),
   };
   for (size_t hs = 0; hs < sets.size(); ++hs) {
-    std::vector<at::Tensor> whole;
-    for (size_t k = 0; k < kShardedShapes.size(); ++k) whole.push_back(leaf(sharded_init(k)));
-    Soap single(whole, sets[hs]);
-    for (int64_t s = 0; s < 5; ++s) {
-      for (size_t k = 0; k < whole.size(); ++k) whole[k].mutable_grad() = sharded_grad(k, s);
-      single.step();
-    }
-    for (const int world : {2, 3}) {
-      std::vector<std::atomic<int>> owners(kShardedShapes.size());
-      run_ranks(world, [&](distributed::Group& g) {
-        std::vector<at::Tensor> params;
-        std::vector<distributed::RowShard> shards;
-        std::vector<std::vector<int64_t>> rows;
-        for (size_t k = 0; k < kShardedShapes.size(); ++k) {
-          rows.push_back(distributed::balanced_split_sizes(kShardedShapes[k][0], world));
-          params.push_back(leaf(distributed::local_rows(sharded_init(k), rows[k], g.rank())));
-          shards.emplace_back(kShardedShapes[k], g);
-        }
-        distributed::ShardedSoap opt(params, shards, sets[hs]);
-        for (int64_t s = 0; s < 5; ++s) {
+    std::vector<std::atomic<int>> owners(kShardedShapes.size());
+    layouts::row_parts_against_one_process<Soap, distributed::ShardedSoap>(
+        kShardedShapes, sharded_init, sharded_grad, 5, sets[hs], {2, 3}, "set " + std::to_string(hs),
+        [&](distributed::ShardedSoap& opt, layouts::RowParts& parts, Soap& single, std::vector<at::Tensor>& whole,
+            const std::string& what) {
+          auto& params = parts.params;
+          const int rank = parts.rank;
           for (size_t k = 0; k < params.size(); ++k) {
-            params[k].mutable_grad() = distributed::local_rows(sharded_grad(k, s), rows[k], g.rank());
+            EXPECT_TRUE(at::equal(params[k].detach(), parts.local(k, whole[k].detach()))) << what << " param " << k;
+            const auto& st = state_of(opt, params[k]);
+            EXPECT_EQ(st.step(), 5) << what;
+            EXPECT_EQ(opt.holds_whole_state(params[k]), opt.owners()[k] == rank) << what;
+            EXPECT_EQ(opt.whole_matrix_dims(params[k]), detail::soap_matrix_dims(kShardedShapes[k])) << what;
+            if (opt.holds_whole_state(params[k])) {
+              ++owners[k];
+              // The owner's whole-matrix state is one process's, bit for bit.
+              EXPECT_TRUE(st == state_of(single, whole[k])) << what << " state of param " << k;
+            } else {
+              EXPECT_FALSE(st.exp_avg().defined() || st.L().defined() || st.Q_L().defined()) << what;
+            }
           }
-          opt.step();
-        }
-        const auto what = "set " + std::to_string(hs) + " W=" + std::to_string(world) + " rank " +
-                          std::to_string(g.rank());
-        for (size_t k = 0; k < params.size(); ++k) {
-          EXPECT_TRUE(at::equal(params[k].detach(), distributed::local_rows(whole[k].detach(), rows[k], g.rank())))
-              << what << " param " << k;
-          const auto& st = state_of(opt, params[k]);
-          EXPECT_EQ(st.step(), 5) << what;
-          EXPECT_EQ(opt.holds_whole_state(params[k]), opt.owners()[k] == g.rank()) << what;
-          EXPECT_EQ(opt.whole_matrix_dims(params[k]), detail::soap_matrix_dims(kShardedShapes[k])) << what;
-          if (opt.holds_whole_state(params[k])) {
-            ++owners[k];
-            // The owner's whole-matrix state is one process's, bit for bit.
-            EXPECT_TRUE(st == state_of(single, whole[k])) << what << " state of param " << k;
-          } else {
-            EXPECT_FALSE(st.exp_avg().defined() || st.L().defined() || st.Q_L().defined()) << what;
+        },
+        [&](int) {
+          // Each matrix has one owner at each world size.
+          for (size_t k = 0; k < owners.size(); ++k) {
+            EXPECT_EQ(owners[k].load(), 1) << "owners of param " << k;
+            owners[k] = 0;
           }
-        }
-      });
-      for (size_t k = 0; k < owners.size(); ++k) EXPECT_EQ(owners[k].load(), 1) << "owners of param " << k;
-    }
+        });
   }
 }
 
@@ -506,29 +434,15 @@ TEST(ShardedSoap, BuiltByMakeOptimizerEqualsOneProcess) {
   // The checkpoint model with optimizer soap: the block's matrices (wide,
   // tall) to SOAP, the rest to AdamW; the default precondition_frequency 1
   // refreshes at every step (eigh at the first, orthogonal iteration after).
-  ckpt::Named single;
-  run_ranks(1, [&](distributed::Group& g) {
-    ckpt::Rank r("none", g, "soap");
-    r.train(0, 5);
-    single = values_of(r);
-  });
-  for (const auto& [kind, world] : {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 3),
-                                    std::make_pair(std::string("padded"), 3)}) {
-    run_ranks(world, [&, kind = kind, world = world](distributed::Group& g) {
-      ckpt::Rank r(kind, g, "soap");
-      auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
-      ASSERT_NE(composite, nullptr);
-      auto* soap = dynamic_cast<distributed::ShardedSoap*>(composite->find_part("soap"));
-      ASSERT_NE(soap, nullptr) << kind;
-      EXPECT_EQ(soap->param_groups()[0].params().size(), 3u);
-      r.train(0, 5);
-      for (size_t k = 0; k < ckpt::kModel.size(); ++k) {
-        const auto& name = ckpt::kModel[k].first;
-        EXPECT_TRUE(at::equal(r.named[name].detach(), r.local[k](single[name])))
-            << kind << " W=" << world << " " << name << " rank " << g.rank();
-      }
-    });
-  }
+  ckpt::expect_layouts_equal("soap", 5, ckpt::one_process_after("soap", {5}).at(5),
+                             {{"sharded", 2}, {"sharded", 3}, {"padded", 3}}, "soap",
+                             [](ckpt::Rank& r, const std::string& kind) {
+                               auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
+                               ASSERT_NE(composite, nullptr);
+                               auto* soap = dynamic_cast<distributed::ShardedSoap*>(composite->find_part("soap"));
+                               ASSERT_NE(soap, nullptr) << kind;
+                               EXPECT_EQ(soap->param_groups()[0].params().size(), 3u);
+                             });
 }
 
 TEST(ShardedSoap, LayoutStepsItEqualToOneProcess) {
@@ -579,25 +493,11 @@ TEST(ShardedSoap, CheckpointsReshardBitIdentically) {
   // Sharded at 2 ranks → one process → sharded at 3 ranks: the owner writes
   // each matrix's whole state once; a load gives it to the new owner (or
   // the one process), and training on equals never stopping, bit for bit.
-  ckpt::Named after2;
-  ckpt::Named after3;
-  ckpt::Named after5;
-  run_ranks(1, [&](distributed::Group& g) {
-    ckpt::Rank r("none", g, "soap");
-    r.train(0, 2);
-    after2 = values_of(r);
-    r.train(2, 3);
-    after3 = values_of(r);
-    r.train(3, 5);
-    after5 = values_of(r);
-  });
-  const auto dir = fs::temp_directory_path() / ("muon_sharded_soap_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  const auto d = [&](const char* leg_name) { return (dir / leg_name).string(); };
-  leg("sharded", 2, "", d("a"), 0, 2, after2, "sharded W=2");
-  leg("none", 1, d("a"), d("b"), 2, 3, after3, "single from sharded W=2");
-  leg("sharded", 3, d("b"), d("c"), 3, 5, after5, "sharded W=3 from single");
-  fs::remove_all(dir);
+  ckpt::reshard_chain("soap", "sharded_soap",
+                      {{"sharded", 2, 2, "sharded W=2"},
+                       {"none", 1, 3, "single from sharded W=2"},
+                       {"sharded", 3, 5, "sharded W=3 from single"}},
+                      ckpt::one_process_after("soap", {2, 3, 5}));
 }
 
 // Layouts that split matrices across ranks refuse SOAP, naming it and the

@@ -19,6 +19,7 @@
 // so a wrong formula cannot pass.
 #include <gtest/gtest.h>
 
+#include "tensor_util.h"
 #include "expect_util.h"
 
 #include <algorithm>
@@ -29,14 +30,6 @@
 
 namespace muon::test {
 namespace {
-
-struct Svd {
-  at::Tensor u;  // (m, k)
-  at::Tensor s;  // (k)
-  at::Tensor v;  // (n, k)
-  at::Tensor x() const { return at::matmul(u * s, v.transpose(0, 1)); }
-  at::Tensor with(const at::Tensor& f) const { return at::matmul(u * f, v.transpose(0, 1)); }
-};
 
 // An m×n fp64 matrix with singular values `s` (k = min(m, n) of them) and
 // random singular vectors.

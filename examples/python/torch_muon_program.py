@@ -1,10 +1,12 @@
-"""A small regression model trained with torch.optim.Muon (torch >= 2.9).
+"""A small regression model trained with torch.optim.Muon (torch >= 2.9),
+or, with `--muon muon_cpp`, the same program on muon-cpp's drop-in Muon.
 
 Muon for the hidden weight matrices, AdamW for the biases, as torch's
-documentation pairs them. torch_muon_swap.py is this program with only the
-Muon import changed (examples/python/README.md shows the diff).
+documentation pairs them. The switch changes only which class `Muon` is:
+the one import in muon_class (examples/python/README.md shows it); the
+program that uses it is the same line for line.
 
-    python3 examples/python/torch_muon_program.py [--steps 60] [--seed 0]
+    python3 examples/python/torch_muon_program.py [--muon torch|muon_cpp] [--steps 60] [--seed 0]
 
 Prints one line per 10 steps and a final `RESULT {json}` line: the loss at
 every step and the sum of every parameter.
@@ -15,18 +17,28 @@ import sys
 
 import torch
 
-try:
-    from torch.optim import Muon
-except ImportError:  # torch.optim.Muon is in torch >= 2.9
-    print(f"torch {torch.__version__} has no torch.optim.Muon", file=sys.stderr)
-    sys.exit(3)
+
+def muon_class(which):
+    """torch.optim.Muon, or muon_cpp's drop-in for it: the one line that differs."""
+    if which == "muon_cpp":
+        from muon_cpp.compat.torch import Muon
+        return Muon
+    try:
+        from torch.optim import Muon
+    except ImportError:  # torch.optim.Muon is in torch >= 2.9
+        print(f"torch {torch.__version__} has no torch.optim.Muon", file=sys.stderr)
+        sys.exit(3)
+    return Muon
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--muon", choices=["torch", "muon_cpp"], default="torch",
+                        help="torch.optim.Muon (default) or muon_cpp.compat.torch.Muon")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    Muon = muon_class(args.muon)
 
     torch.manual_seed(args.seed)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),

@@ -57,6 +57,28 @@ def grads(named, step, only=None):
         p.grad = grad if only is None or n in only else None
 
 
+def twins(cls):
+    """Two copies of cls's parameters and an optimizer over each."""
+    a = params(cls)
+    b = clone(a)
+    return a, b, build(cls, a), build(cls, b)
+
+
+def step_both(a, b, opt_a, opt_b, step):
+    """Both copies get step's gradients; both optimizers step."""
+    grads(a, step)
+    grads(b, step)
+    opt_a.step()
+    opt_b.step()
+
+
+def halve_float_state(opt):
+    for s in opt.state.values():
+        for k, v in s.items():
+            if torch.is_tensor(v) and v.is_floating_point():
+                v.mul_(0.5)
+
+
 def assert_same(a, b):
     for (n, p), (_, q) in zip(a, b):
         assert torch.equal(p, q), n
@@ -230,9 +252,7 @@ def test_add_param_group_distributed_layout_refused():
 @needs_torch2
 @pytest.mark.parametrize("cls", CLASSES, ids=IDS)
 def test_step_hooks(cls):
-    a = params(cls)
-    b = clone(a)
-    opt_a, opt_b = build(cls, a), build(cls, b)
+    a, b, opt_a, opt_b = twins(cls)
     seen = []
 
     def pre(opt, args, kwargs):
@@ -269,13 +289,8 @@ def test_step_hooks(cls):
 @needs_torch2
 @pytest.mark.parametrize("cls", CLASSES, ids=IDS)
 def test_state_dict_hooks(cls):
-    a = params(cls)
-    b = clone(a)
-    opt_a, opt_b = build(cls, a), build(cls, b)
-    grads(a, 0)
-    grads(b, 0)
-    opt_a.step()
-    opt_b.step()
+    a, b, opt_a, opt_b = twins(cls)
+    step_both(a, b, opt_a, opt_b, 0)
     calls = []
     opt_a.register_state_dict_pre_hook(lambda opt: calls.append("pre"))
 
@@ -295,10 +310,7 @@ def test_state_dict_hooks(cls):
 
     def load_post(opt):
         calls.append("load_post")
-        for s in opt.state.values():  # a post hook edits the loaded state: the engine takes it
-            for k, v in s.items():
-                if torch.is_tensor(v) and v.is_floating_point():
-                    v.mul_(0.5)
+        halve_float_state(opt)  # a post hook edits the loaded state: the engine takes it
 
     opt_a.register_load_state_dict_pre_hook(load_pre)
     opt_a.register_load_state_dict_post_hook(load_post)
@@ -307,14 +319,8 @@ def test_state_dict_hooks(cls):
     assert all(g["lr"] == 0.005 for g in opt_a.param_groups)
     for g in opt_b.param_groups:
         g["lr"] = 0.005
-    for s in opt_b.state.values():
-        for k, v in s.items():
-            if torch.is_tensor(v) and v.is_floating_point():
-                v.mul_(0.5)
-    grads(a, 1)
-    grads(b, 1)
-    opt_a.step()
-    opt_b.step()
+    halve_float_state(opt_b)
+    step_both(a, b, opt_a, opt_b, 1)
     assert_same(a, b)
 
 
@@ -323,13 +329,8 @@ def test_state_dict_hooks(cls):
 
 @pytest.mark.parametrize("cls", CLASSES, ids=IDS)
 def test_zero_grad_in_place_steps_as_a_zero_gradient(cls):
-    a = params(cls)
-    b = clone(a)
-    opt_a, opt_b = build(cls, a), build(cls, b)
-    grads(a, 0)
-    grads(b, 0)
-    opt_a.step()
-    opt_b.step()
+    a, b, opt_a, opt_b = twins(cls)
+    step_both(a, b, opt_a, opt_b, 0)
     held = [p.grad for _, p in a]
     opt_a.zero_grad(set_to_none=False)
     assert all(p.grad is h and not h.any() for (_, p), h in zip(a, held))
@@ -360,9 +361,7 @@ def test_zero_grad_in_place_steps_as_a_zero_gradient(cls):
 
 @pytest.mark.parametrize("cls", CLASSES, ids=IDS)
 def test_step_closure(cls):
-    a = params(cls)
-    b = clone(a)
-    opt_a, opt_b = build(cls, a), build(cls, b)
+    a, b, opt_a, opt_b = twins(cls)
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(5))
 
     def loss_of(named):
@@ -448,9 +447,7 @@ def test_torch_compile_train_step(cls, backend):
     sum inductor may order differently, within fp32 rounding of summing its 24
     terms: 24·2^-24 (< 2e-6) of the sum of their magnitudes."""
     torch._dynamo.reset()
-    a = params(cls)
-    b = clone(a)
-    opt_a, opt_b = build(cls, a), build(cls, b)
+    a, b, opt_a, opt_b = twins(cls)
     gen = torch.Generator().manual_seed(6)
     x, t = torch.randn(5, 8, generator=gen), torch.randn(5, 4, generator=gen)
     c = torch.randn(4, generator=gen)
