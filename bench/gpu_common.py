@@ -154,14 +154,19 @@ def goals_markdown(goals):
                     [[g["goal"], g["value"], g["target"], g["status"], g.get("note", "")] for g in goals])
 
 
-def write_outputs(result, markdown, json_path, md_path):
+def finish(result, markdown, args):
+    """Prints the table, writes --json and --markdown with the goals' table
+    appended; exits 1 under --strict when a goal failed."""
+    markdown += ("" if markdown.endswith("\n\n") else "\n") + goals_markdown(result["goals"])
     print(markdown)
-    if json_path:
-        with open(json_path, "w") as f:
+    if args.json:
+        with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    if md_path:
-        with open(md_path, "w") as f:
+    if args.markdown:
+        with open(args.markdown, "w") as f:
             f.write(markdown)
+    if args.strict and any(g["status"] == "FAIL" for g in result["goals"]):
+        sys.exit(1)
 
 
 # ---- scripts/gpu-check.sh's summary ----------------------------------------------------

@@ -181,14 +181,11 @@ def main():
     md = head + "\n\n" + gc.md_table(["step", "ms", "peak GiB", "note"], rows)
     if notes:
         md += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    md += "\n" + gc.goals_markdown(goals)
     result = {"env": env, "args": vars(args), "parameters": n_params,
               "shapes": sorted({str(s) for _, s in shapes}), "results": results,
               "ours_over_adamw_plus_ns": ratio, "torch_muon_over_ours": speedup,
               "goals": goals, "notes": notes, "header": head}
-    gc.write_outputs(result, md, args.json, args.markdown)
-    if args.strict and any(g["status"] == "FAIL" for g in goals):
-        sys.exit(1)
+    gc.finish(result, md, args)
 
 
 if __name__ == "__main__":

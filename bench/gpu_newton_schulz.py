@@ -271,12 +271,9 @@ def main():
          "ours TFLOP/s", "of GEMM", "torch plain TFLOP/s", "err ours", "err torch", "err keller"], table)
     md += ("\nerr: ‖y − ref‖_F/‖ref‖_F against the fp64 iteration. torch on a batch: a loop over its "
            "matrices (its function is 2-D only, as torch.optim.Muon steps each parameter).\n\n")
-    md += gc.goals_markdown(goals)
     result = {"env": env, "args": {k: v for k, v in vars(args).items()}, "gemm": gemm, "gemm_end": gemm_end,
               "rows": rows, "goals": goals, "header": head}
-    gc.write_outputs(result, md, args.json, args.markdown)
-    if args.strict and any(g["status"] == "FAIL" for g in goals):
-        sys.exit(1)
+    gc.finish(result, md, args)
 
 
 if __name__ == "__main__":
