@@ -1,8 +1,9 @@
 # The core includes nothing from the distributed layer: no
-# `#include` of a path with a "distributed/" or "distributed/" folder in it
+# `#include` of a path with a "distributed/" or "dist/" folder in it
 # (muon/distributed/..., src/distributed/... reached from src/ by the including file's own
 # folder, torch/csrc/distributed/...) in src/ outside src/distributed/, nor in the
-# public headers outside include/muon/distributed/ but the umbrella muon.h.
+# public headers outside include/muon/distributed/ (and the forwarding
+# headers of its former path, include/muon/dist/) but the umbrella muon.h.
 # The core target's include path (CMakeLists.txt, muon_core) already stops
 # every form but the relative one at compile time; this names them all.
 #
@@ -16,7 +17,8 @@ file(GLOB_RECURSE files RELATIVE "${MUON_SOURCE_DIR}"
 set(checked 0)
 set(found "")
 foreach(f IN LISTS files)
-  if(f MATCHES "^src/distributed/" OR f MATCHES "^include/muon/distributed/" OR f STREQUAL "include/muon/muon.h")
+  if(f MATCHES "^src/distributed/" OR f MATCHES "^include/muon/distributed/" OR
+     f MATCHES "^include/muon/dist/" OR f STREQUAL "include/muon/muon.h")
     continue()
   endif()
   math(EXPR checked "${checked} + 1")
