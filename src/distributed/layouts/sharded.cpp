@@ -63,20 +63,18 @@ ShardedOptions& ShardedOptions::shard(const at::Tensor& param, RowShard shard) {
   return *this;
 }
 
-namespace {
-ShardedOptions with_shards(ShardedOptions options, const std::vector<at::Tensor>& params,
-                           std::vector<RowShard> shards) {
-  TORCH_CHECK_VALUE(shards.size() == params.size(), kWho, "got ", shards.size(),
-                    " shard descriptions for ", params.size(), " parameters");
+ShardedOptions detail::with_shards(const char* who, ShardedOptions options, const std::vector<at::Tensor>& params,
+                                   std::vector<RowShard> shards) {
+  TORCH_CHECK_VALUE(shards.size() == params.size(), who, "got ", shards.size(), " shard descriptions for ",
+                    params.size(), " parameters");
   for (const auto i : c10::irange(params.size())) options.shard(params[i], std::move(shards[i]));
   return options;
 }
-}  // namespace
 
 ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,
                          MuonOptions defaults, ShardedOptions options)
     : ShardedMuon(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
-                  with_shards(std::move(options), params, std::move(shards))) {}
+                  detail::with_shards(kWho, std::move(options), params, std::move(shards))) {}
 
 ShardedMuon::ShardedMuon(std::vector<OptimizerParamGroup> param_groups, MuonOptions defaults,
                          ShardedOptions options)

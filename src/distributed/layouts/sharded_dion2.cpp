@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/layouts/sharded_internal.h"
 #include "muon/compat.h"
 #include "util/scale.h"
 
@@ -18,14 +19,6 @@ namespace {
 constexpr const char* kWho = "[muon::distributed::ShardedDion2] ";
 
 using torch::optim::OptimizerParamGroup;
-
-ShardedOptions with_shards(ShardedOptions options, const std::vector<at::Tensor>& params,
-                           std::vector<RowShard> shards) {
-  TORCH_CHECK_VALUE(shards.size() == params.size(), kWho, "got ", shards.size(),
-                    " shard descriptions for ", params.size(), " parameters");
-  for (const auto i : c10::irange(params.size())) options.shard(params[i], std::move(shards[i]));
-  return options;
-}
 
 // What owner-compute Dion2 cannot step, refused before any collective: the
 // replicated mode, parameters of fewer than 2 dims and tensor-parallel blocks.
@@ -62,7 +55,7 @@ ShardedDion2::ShardedDion2(std::vector<at::Tensor> params, std::vector<RowShard>
                            Dion2Options defaults, ShardedOptions options)
     : ShardedDion2(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)},
                    std::move(defaults),
-                   with_shards(std::move(options), params, std::move(shards))) {}
+                   detail::with_shards(kWho, std::move(options), params, std::move(shards))) {}
 
 std::vector<int64_t> ShardedDion2::whole_shape(const at::Tensor& param) const {
   const auto it = global_shapes_.find(param.unsafeGetTensorImpl());

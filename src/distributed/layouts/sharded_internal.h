@@ -1,11 +1,14 @@
 // What the ShardedOrthogonalizer files (src/distributed/layouts/sharded*.cpp)
-// share: the prefix of their messages and the rows of a matrix a rank
-// holds. Internal.
+// and the sharded Dion2 and SOAP share: the prefix of their messages, the
+// rows of a matrix a rank holds, the options from a list of shards. Internal.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <vector>
+
+#include "muon/distributed/layouts/sharded_muon.h"
 
 namespace muon::distributed::detail {
 
@@ -13,5 +16,11 @@ inline constexpr const char* kShardedWho = "[muon::distributed::ShardedMuon] ";
 
 /// Rows [offset, offset + count) of `matrix` (M × N), zero past row M.
 at::Tensor rows_padded(const at::Tensor& matrix, int64_t offset, int64_t count);
+
+/// `options` with shards[i] as the rows params[i] holds (the constructors
+/// that take the two lists); raises c10::ValueError prefixed by `who` when
+/// their lengths differ.
+ShardedOptions with_shards(const char* who, ShardedOptions options, const std::vector<at::Tensor>& params,
+                           std::vector<RowShard> shards);
 
 }  // namespace muon::distributed::detail

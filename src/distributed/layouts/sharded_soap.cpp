@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "distributed/layouts/sharded_internal.h"
 #include "muon/compat.h"
 
 namespace muon::distributed {
@@ -16,14 +17,6 @@ namespace {
 constexpr const char* kWho = "[muon::distributed::ShardedSoap] ";
 
 using torch::optim::OptimizerParamGroup;
-
-ShardedOptions with_shards(ShardedOptions options, const std::vector<at::Tensor>& params,
-                           std::vector<RowShard> shards) {
-  TORCH_CHECK_VALUE(shards.size() == params.size(), kWho, "got ", shards.size(), " shard descriptions for ",
-                    params.size(), " parameters");
-  for (const auto i : c10::irange(params.size())) options.shard(params[i], std::move(shards[i]));
-  return options;
-}
 
 // What owner-compute SOAP cannot step, refused before any collective: the
 // replicated mode, 1-D parameters and tensor-parallel blocks.
@@ -61,7 +54,7 @@ ShardedSoap::ShardedSoap(std::vector<OptimizerParamGroup> param_groups, SoapOpti
 ShardedSoap::ShardedSoap(std::vector<at::Tensor> params, std::vector<RowShard> shards, SoapOptions defaults,
                          ShardedOptions options)
     : ShardedSoap(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
-                  with_shards(std::move(options), params, std::move(shards))) {}
+                  detail::with_shards(kWho, std::move(options), params, std::move(shards))) {}
 
 std::pair<int64_t, int64_t> ShardedSoap::whole_matrix_dims(const at::Tensor& param) const {
   return strategy_->whole_matrix_dims(param);
