@@ -111,6 +111,22 @@ std::string first_line(const std::exception& e) {
   return text.substr(0, text.find('\n'));
 }
 
+// Appends `checked()` to `live`, or while `staging` to `staged`: then a
+// failed check is kept as the batch's first error (`error`), not raised.
+template <typename Item, typename Checked>
+void add_or_stage(bool staging, std::vector<Item>& live, std::vector<Item>& staged,
+                  std::string& error, Checked checked) {
+  if (!staging) {
+    live.push_back(checked());
+    return;
+  }
+  try {
+    staged.push_back(checked());
+  } catch (const std::exception& e) {
+    if (error.empty()) error = first_line(e);
+  }
+}
+
 }  // namespace
 
 std::vector<FieldSpec> OptimizerRegistry::fields_locked(bool with_staged) const {
@@ -146,15 +162,8 @@ bool OptimizerRegistry::staging_here() const {
 
 void OptimizerRegistry::add(OptimizerEntry entry) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!staging_here()) {
-    entries_.push_back(checked_locked(std::move(entry)));
-    return;
-  }
-  try {
-    staged_.push_back(checked_locked(std::move(entry)));
-  } catch (const std::exception& e) {
-    if (staged_error_.empty()) staged_error_ = first_line(e);
-  }
+  add_or_stage(staging_here(), entries_, staged_, staged_error_,
+               [&] { return checked_locked(std::move(entry)); });
 }
 
 std::shared_ptr<const OptimizerEntry> OptimizerRegistry::checked_locked(OptimizerEntry entry) const {
@@ -218,15 +227,8 @@ std::shared_ptr<const OptimizerEntry> OptimizerRegistry::checked_locked(Optimize
 
 void OptimizerRegistry::extend(ConfigExtension extension) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!staging_here()) {
-    extensions_.push_back(checked_locked(std::move(extension)));
-    return;
-  }
-  try {
-    staged_extensions_.push_back(checked_locked(std::move(extension)));
-  } catch (const std::exception& e) {
-    if (staged_error_.empty()) staged_error_ = first_line(e);
-  }
+  add_or_stage(staging_here(), extensions_, staged_extensions_, staged_error_,
+               [&] { return checked_locked(std::move(extension)); });
 }
 
 std::shared_ptr<const ConfigExtension> OptimizerRegistry::checked_locked(

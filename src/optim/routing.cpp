@@ -13,14 +13,6 @@ namespace {
 
 constexpr const char* kWho = "[muon::RoutingRules] ";
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << ']';
-  return out.str();
-}
-
 const std::string* first_match(const std::vector<std::string>& patterns, const std::string& name) {
   for (const auto& pattern : patterns) {
     if (glob_match(pattern, name)) return &pattern;
@@ -103,7 +95,7 @@ RouteDecision RoutingRules::route(const std::string& name, const at::Tensor& p) 
   for (const auto& rule : overrides_) {
     if (!glob_match(rule.pattern, name)) continue;
     TORCH_CHECK_VALUE(rule.route != Route::kMuon || p.dim() >= 2, kWho, "override '",
-                      rule.pattern, "' sends '", name, "' (shape ", shape_text(d.shape),
+                      rule.pattern, "' sends '", name, "' (shape ", detail::shape_text(d.shape),
                       ") to Muon, which needs ndim >= 2");
     d.route = rule.route;
     d.reason = "override '" + rule.pattern + "'";
@@ -144,7 +136,7 @@ std::string format_routing(const std::vector<RouteDecision>& decisions) {
   size_t shape_w = 5;
   for (const auto& d : decisions) {
     name_w = std::max(name_w, d.name.size());
-    shape_w = std::max(shape_w, shape_text(d.shape).size());
+    shape_w = std::max(shape_w, detail::shape_text(d.shape).size());
   }
   std::ostringstream out;
   auto pad = [&](const std::string& s, size_t w) { out << s << std::string(w - s.size() + 2, ' '); };
@@ -155,7 +147,7 @@ std::string format_routing(const std::vector<RouteDecision>& decisions) {
   out << "reason\n";
   for (const auto& d : decisions) {
     pad(d.name, name_w);
-    pad(shape_text(d.shape), shape_w);
+    pad(detail::shape_text(d.shape), shape_w);
     pad(to_string(d.route), 9);
     pad(d.group < 0 ? std::string("-") : std::to_string(d.group), 5);
     out << d.reason << '\n';

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,11 @@ std::string join(const Range& items, ToText to_text, const char* sep = ", ") {
 template <typename Range>
 std::string join(const Range& items, const char* sep = ", ") {
   return join(items, [](const auto& s) { return std::string(s); }, sep);
+}
+
+/// "[a, b, c]": a shape (or any list of sizes) in messages.
+inline std::string shape_text(const std::vector<int64_t>& shape) {
+  return "[" + join(shape, [](int64_t d) { return std::to_string(d); }) + "]";
 }
 
 /// One enum value and its name: a row of the table an enum's `to_string`

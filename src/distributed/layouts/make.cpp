@@ -95,6 +95,27 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
 }
 
 // The layer-wise layout's options from the config's layout fields.
+// The factory of optimizer `name` by owner-compute (Sharded over Options),
+// its row shards from `shards(groups, name)`; refused where a row shard has
+// tensor-parallel blocks, which split the whole matrices it `needs`.
+template <typename Sharded, typename Options, typename Shards>
+auto owner_compute_factory(Shards shards, std::string name, std::string needs) {
+  return [shards, name, needs](std::vector<OptimizerParamGroup> groups,
+                               const std::vector<OptimizerSettings>&) {
+    auto options = shards(groups, name.c_str());
+    for (const auto& entry : options.shards()) {
+      TORCH_CHECK_VALUE(!entry.second.has_tensor_parallel(), kWho, "optimizer '", name, "' ", needs,
+                        " and does not run in the 2-D layout (sharded with tensor_parallel "
+                        "blocks), which splits them across tensor-parallel ranks; use layout "
+                        "'sharded' without tensor_parallel, 'layerwise' (or 'none')");
+    }
+    const auto defaults = static_cast<const Options&>(groups.at(0).options());
+    auto opt = std::make_unique<Sharded>(groups, defaults, std::move(options));
+    compat::reapply_group_options(*opt, groups);
+    return std::unique_ptr<torch::optim::Optimizer>(std::move(opt));
+  };
+}
+
 LayerwiseOptions layerwise_options(const OptimizerConfig& config) {
   const auto bucket = static_cast<int64_t>(config.get_double("layout_bucket_mb") * (1 << 20));
   return LayerwiseOptions()
@@ -168,38 +189,14 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
         }
         return sharded_options(groups, "Muon");
       });
-  // SOAP by owner-compute (ShardedSoap); the 2-D layout's tensor-parallel
-  // blocks split its matrices, which it refuses as the tensor_parallel layout does.
-  context.factories["soap"] = [sharded_options](std::vector<OptimizerParamGroup> groups,
-                                                const std::vector<OptimizerSettings>&) {
-    auto options = sharded_options(groups, "SOAP");
-    for (const auto& entry : options.shards()) {
-      TORCH_CHECK_VALUE(!entry.second.has_tensor_parallel(), kWho,
-                        "optimizer 'soap' preconditions whole matrices and does not run in the 2-D layout "
-                        "(sharded with tensor_parallel blocks), which splits them across tensor-parallel "
-                        "ranks; use layout 'sharded' without tensor_parallel, 'layerwise' (or 'none')");
-    }
-    const auto defaults = static_cast<const SoapOptions&>(groups.at(0).options());
-    auto opt = std::make_unique<ShardedSoap>(groups, defaults, std::move(options));
-    compat::reapply_group_options(*opt, groups);
-    return std::unique_ptr<torch::optim::Optimizer>(std::move(opt));
-  };
-  // Dion2 and NorDion2 by owner-compute (ShardedDion2), refused on tensor-parallel blocks as SOAP.
+  // SOAP, Dion2 and NorDion2 by owner-compute (ShardedSoap, ShardedDion2);
+  // the 2-D layout's tensor-parallel blocks split their matrices, which they
+  // refuse as the tensor_parallel layout does.
+  context.factories["soap"] = owner_compute_factory<ShardedSoap, SoapOptions>(
+      sharded_options, "soap", "preconditions whole matrices");
   for (const char* name : {"dion2", "nordion2"}) {
-    context.factories[name] = [sharded_options, name](std::vector<OptimizerParamGroup> groups,
-                                                      const std::vector<OptimizerSettings>&) {
-      auto options = sharded_options(groups, name);
-      for (const auto& entry : options.shards()) {
-        TORCH_CHECK_VALUE(!entry.second.has_tensor_parallel(), kWho, "optimizer '", name,
-                          "' selects rows or columns of whole matrices and does not run in the 2-D layout "
-                          "(sharded with tensor_parallel blocks), which splits them across tensor-parallel "
-                          "ranks; use layout 'sharded' without tensor_parallel, 'layerwise' (or 'none')");
-      }
-      const auto defaults = static_cast<const Dion2Options&>(groups.at(0).options());
-      auto opt = std::make_unique<ShardedDion2>(groups, defaults, std::move(options));
-      compat::reapply_group_options(*opt, groups);
-      return std::unique_ptr<torch::optim::Optimizer>(std::move(opt));
-    };
+    context.factories[name] = owner_compute_factory<ShardedDion2, Dion2Options>(
+        sharded_options, name, "selects rows or columns of whole matrices");
   }
   return context;
 }

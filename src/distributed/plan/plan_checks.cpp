@@ -4,7 +4,8 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <sstream>
+
+#include "util/names.h"
 
 namespace muon::plan {
 namespace detail {
@@ -13,11 +14,7 @@ namespace {
 constexpr const char* kWho = "[muon::plan] ";
 
 std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t d = 0; d < shape.size(); ++d) s << (d ? ", " : "") << shape[d];
-  s << "]";
-  return shown(s.str());
+  return shown(muon::detail::shape_text(shape));
 }
 
 void int_range(const std::string& where, const char* field, int64_t v, int64_t lo, int64_t hi,

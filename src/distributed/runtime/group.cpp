@@ -57,17 +57,23 @@ auto started(Start&& start) {
   return start();
 }
 
-// Runs one collective and waits for it; any failure (a peer that never
+// Waits for the work `start()` returns; any failure (a peer that never
 // arrives, a closed connection) becomes a c10::Error naming group and op.
 template <typename Start>
-void run(const GroupImpl& g, const char* op, Start&& start) {
+void wait_for(const GroupImpl& g, const char* op, Start&& start) {
   try {
-    auto work = started(start);
-    work->wait(g.options.timeout());
+    start()->wait(g.options.timeout());
   } catch (const std::exception& e) {
     TORCH_CHECK(false, kWho, op, " on group '", g.name, "' (rank ", g.rank, " of ", g.size,
                 ", timeout ", g.options.timeout().count(), " ms) failed: ", e.what());
   }
+}
+
+// Runs one collective and waits for it; any failure (a peer that never
+// arrives, a closed connection) becomes a c10::Error naming group and op.
+template <typename Start>
+void run(const GroupImpl& g, const char* op, Start&& start) {
+  wait_for(g, op, [&] { return started(start); });
 }
 
 // Gloo moves only some dtypes: bf16 and int16 travel as fp16 bit patterns
@@ -271,14 +277,7 @@ PendingCollective Group::all_gather_async(const at::Tensor& tensor) const {
   const auto impl_ref = impl_;  // the group outlives the collective
   const auto dtype = tensor.scalar_type();
   pending.finish_ = [impl_ref, work, outputs, inputs, dtype] {
-    const auto& group = *impl_ref;
-    try {
-      work->wait(group.options.timeout());
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, kWho, "all_gather_async on group '", group.name, "' (rank ",
-                  group.rank, " of ", group.size, ", timeout ", group.options.timeout().count(),
-                  " ms) failed: ", e.what());
-    }
+    wait_for(*impl_ref, "all_gather_async", [&] { return work; });
     std::vector<at::Tensor> result;
     for (auto& t : (*outputs)[0]) result.push_back(t.view(dtype));
     return result;
@@ -329,14 +328,7 @@ PendingCollective Group::all_to_all_async(const at::Tensor& input,
   const auto impl_ref = impl_;
   const auto dtype = input.scalar_type();
   pending.finish_ = [impl_ref, work, in, out, dtype] {
-    const auto& group = *impl_ref;
-    try {
-      work->wait(group.options.timeout());
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, kWho, "all_to_all_async on group '", group.name, "' (rank ",
-                  group.rank, " of ", group.size, ", timeout ", group.options.timeout().count(),
-                  " ms) failed: ", e.what());
-    }
+    wait_for(*impl_ref, "all_to_all_async", [&] { return work; });
     return std::vector<at::Tensor>{out->view(dtype)};
   };
   return pending;
