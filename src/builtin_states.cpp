@@ -26,6 +26,20 @@ StateField step_of() {
   return StateField::counter_of<S>("step", [](S& s) -> int64_t& { return s.step(); });
 }
 
+// The state of an element-wise optimizer Opt: its step and the buffers its
+// ListedParamState S lists, each of the parameter's shape, zeros at first use.
+template <typename S, typename Opt>
+StateSchema listed_state() {
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<Opt>();
+  s.add(step_of<S>());
+  for (size_t i = 0; i < S::kBuffers.size(); ++i) {
+    s.add(StateField::tensor_of<S>(S::kBuffers[i],
+                                   [i](S& st) -> at::Tensor& { return *st.buffers()[i]; }));
+  }
+  return s;
+}
+
 // Adam's and AdamW's: LibTorch's state, max_exp_avg_sq only under amsgrad.
 template <typename O, typename S, typename Options>
 StateSchema adam_like() {
@@ -94,43 +108,13 @@ StateSchema sgd_state() {
   return s;
 }
 
-StateSchema lion_state() {
-  auto s = StateSchema::of<LionParamState>();
-  s.is_kind = StateSchema::is_a<Lion>();
-  s.add(step_of<LionParamState>());
-  s.add(StateField::tensor_of<LionParamState>("exp_avg",
-                                              [](LionParamState& st) -> at::Tensor& { return st.exp_avg(); }));
-  return s;
-}
+StateSchema lion_state() { return listed_state<LionParamState, Lion>(); }
 
-StateSchema laprop_state() {
-  using S = LaPropParamState;
-  auto s = StateSchema::of<S>();
-  s.is_kind = StateSchema::is_a<LaProp>();
-  s.add(step_of<S>());
-  s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
-  s.add(StateField::tensor_of<S>("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }));
-  return s;
-}
+StateSchema laprop_state() { return listed_state<LaPropParamState, LaProp>(); }
 
-StateSchema signum_state() {
-  using S = SignumParamState;
-  auto s = StateSchema::of<S>();
-  s.is_kind = StateSchema::is_a<Signum>();
-  s.add(step_of<S>());
-  s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
-  return s;
-}
+StateSchema signum_state() { return listed_state<SignumParamState, Signum>(); }
 
-StateSchema sim_ademamix_state() {
-  using S = SimAdEMAMixParamState;
-  auto s = StateSchema::of<S>();
-  s.is_kind = StateSchema::is_a<SimAdEMAMix>();
-  s.add(step_of<S>());
-  s.add(StateField::tensor_of<S>("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }));
-  s.add(StateField::tensor_of<S>("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }));
-  return s;
-}
+StateSchema sim_ademamix_state() { return listed_state<SimAdEMAMixParamState, SimAdEMAMix>(); }
 
 StateSchema soap_state() {
   using S = SoapParamState;

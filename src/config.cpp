@@ -71,21 +71,9 @@ std::string reference_of(const FieldValue& value) {
 // ---- values ------------------------------------------------------------------
 
 std::string to_string(FieldType type) {
-  switch (type) {
-    case FieldType::kBool:
-      return "bool";
-    case FieldType::kInt:
-      return "int";
-    case FieldType::kDouble:
-      return "double";
-    case FieldType::kString:
-      return "string";
-    case FieldType::kStringList:
-      return "string list";
-    case FieldType::kIntList:
-      return "int list";
-  }
-  TORCH_INTERNAL_ASSERT(false, "unreachable");
+  // In FieldType's order, which is FieldValue's.
+  static constexpr const char* kNames[] = {"bool", "int", "double", "string", "string list", "int list"};
+  return kNames[static_cast<size_t>(type)];
 }
 
 FieldType type_of(const FieldValue& value) { return static_cast<FieldType>(value.index()); }

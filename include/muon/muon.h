@@ -30,6 +30,7 @@
 #include "muon/optim/composite.h"
 #include "muon/optim/dion2.h"
 #include "muon/optim/elementwise.h"
+#include "muon/optim/listed_fields.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"

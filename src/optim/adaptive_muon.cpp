@@ -18,6 +18,7 @@
 #include "option_fields.h"
 #include "registry_internal.h"
 #include "util/names.h"
+#include "optim/option_checks.h"
 
 namespace muon {
 namespace {
@@ -75,7 +76,7 @@ AdaptiveMuonOptions& AdaptiveMuonOptions::mode(const std::string& name) {
 }
 
 void AdaptiveMuonOptions::validate() const {
-  TORCH_CHECK_VALUE(beta2_ >= 0 && beta2_ < 1, kWho, "beta2 must be in [0, 1), got ", beta2_);
+  detail::check_decay(kWho, "beta2", beta2_);
   TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be > 0, got ", eps_);
 }
 

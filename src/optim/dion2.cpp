@@ -24,17 +24,27 @@
 #include "util/scale.h"
 
 namespace muon {
+
+// The archive's name of the options' enum field (muon/optim/listed_fields.h).
+template <>
+Dion2AdjustLr detail::parse_listed_enum<Dion2AdjustLr>(const std::string& name) {
+  return parse_dion2_adjust_lr(name);
+}
+
+template struct ListedOptions<Dion2Options>;
+template struct ListedParamState<Dion2ParamState, 2>;
+
 namespace {
 
-using detail::read_archived_bool;
-using detail::read_archived_double;
-using detail::read_archived_int;
-using detail::read_archived_string;
 using torch::optim::OptimizerParamGroup;
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::Dion2] ";
+constexpr detail::EnumName<Dion2AdjustLr> kAdjustLrModes[] = {
+    {Dion2AdjustLr::kSpectralNorm, "spectral_norm"},
+    {Dion2AdjustLr::kRmsNorm, "rms_norm"},
+    {Dion2AdjustLr::kNone, "none"}};
 constexpr const char* kWhoNor = "[muon::NorDion2] ";
 // NorMuon's normalization constants (dion/normuon.py).
 constexpr double kNorMuonEps = 1e-8;
@@ -57,25 +67,10 @@ at::Tensor normuon_normalize(const at::Tensor& o, at::Tensor& v, double beta2) {
 
 }  // namespace
 
-std::string to_string(const Dion2AdjustLr mode) {
-  switch (mode) {
-    case Dion2AdjustLr::kSpectralNorm:
-      return "spectral_norm";
-    case Dion2AdjustLr::kRmsNorm:
-      return "rms_norm";
-    case Dion2AdjustLr::kNone:
-      return "none";
-  }
-  return "?";
-}
+std::string to_string(const Dion2AdjustLr mode) { return detail::name_of(mode, kAdjustLrModes); }
 
 Dion2AdjustLr parse_dion2_adjust_lr(const std::string& name) {
-  for (const auto m :
-       {Dion2AdjustLr::kSpectralNorm, Dion2AdjustLr::kRmsNorm, Dion2AdjustLr::kNone}) {
-    if (to_string(m) == name) return m;
-  }
-  TORCH_CHECK_VALUE(false, kWho, "adjust_lr must be spectral_norm, rms_norm or none, got '",
-                    detail::clip(name), "'");
+  return detail::parse_name(name, kAdjustLrModes, kWho, "adjust_lr");
 }
 
 namespace detail {
@@ -204,19 +199,17 @@ NewtonSchulzOptions Dion2Options::ns() const {
 
 void Dion2Options::validate() const {
   const char* who = nordion2_ ? kWhoNor : kWho;
-  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, who, "lr must be >= 0, got ", lr_);
+  detail::check_non_negative(who, "lr", lr_);
   TORCH_CHECK_VALUE(fraction_ > 0 && fraction_ <= 1, who, "fraction must be in (0, 1], got ",
                     fraction_);
   // The selected slices of M are multiplied by it at every selection: above 1 they overflow.
   TORCH_CHECK_VALUE(ef_decay_ >= 0 && ef_decay_ <= 1, who, nordion2_ ? "mu" : "ef_decay",
                     " must be in [0, 1], got ", ef_decay_);
-  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, who,
-                    "weight_decay must be >= 0, got ", weight_decay_);
+  detail::check_non_negative(who, "weight_decay", weight_decay_);
   TORCH_CHECK_VALUE(std::isfinite(epsilon_) && epsilon_ > 0, who, "epsilon must be > 0, got ",
                     epsilon_);
   // v ← β·v + (1 − β)·u²: above 1 v turns negative and its square root NaN.
-  TORCH_CHECK_VALUE(muon_beta2_ >= 0 && muon_beta2_ < 1, who, "muon_beta2 must be in [0, 1), got ",
-                    muon_beta2_);
+  detail::check_decay(who, "muon_beta2", muon_beta2_);
   detail::check_name(ns_coefficients_, accepted_coefficient_set_names(), who, "ns_coefficients");
   TORCH_CHECK_VALUE(ns_steps_ == 0 || (ns_steps_ >= kMinNsSteps && ns_steps_ < kMaxNsSteps), who,
                     "ns_steps must be 0 (the set's default) or in [", kMinNsSteps, ", ",
@@ -227,74 +220,7 @@ void Dion2Options::validate() const {
                     detail::dtype_name(ns_compute_dtype_));
 }
 
-void Dion2Options::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr_));
-  archive.write("fraction", c10::IValue(fraction_));
-  archive.write("ef_decay", c10::IValue(ef_decay_));
-  archive.write("weight_decay", c10::IValue(weight_decay_));
-  archive.write("epsilon", c10::IValue(epsilon_));
-  archive.write("adjust_lr", c10::IValue(to_string(adjust_lr_)));
-  archive.write("flatten", c10::IValue(flatten_));
-  archive.write("nordion2", c10::IValue(nordion2_));
-  archive.write("muon_beta2", c10::IValue(muon_beta2_));
-  archive.write("ns_coefficients", c10::IValue(ns_coefficients_));
-  archive.write("ns_steps", c10::IValue(ns_steps_));
-  archive.write("ns_compute_dtype", c10::IValue(detail::dtype_name(ns_compute_dtype_)));
-}
-
-void Dion2Options::serialize(InputArchive& archive) {
-  lr_ = read_archived_double(archive, "lr");
-  fraction_ = read_archived_double(archive, "fraction");
-  ef_decay_ = read_archived_double(archive, "ef_decay");
-  weight_decay_ = read_archived_double(archive, "weight_decay");
-  epsilon_ = read_archived_double(archive, "epsilon");
-  adjust_lr_ = parse_dion2_adjust_lr(read_archived_string(archive, "adjust_lr"));
-  flatten_ = read_archived_bool(archive, "flatten");
-  nordion2_ = read_archived_bool(archive, "nordion2");
-  muon_beta2_ = read_archived_double(archive, "muon_beta2");
-  ns_coefficients_ = read_archived_string(archive, "ns_coefficients");
-  ns_steps_ = read_archived_int(archive, "ns_steps");
-  ns_compute_dtype_ = detail::parse_dtype(read_archived_string(archive, "ns_compute_dtype"), kWho,
-                                          "the archive's ns_compute_dtype");
-}
-
-void Dion2Options::mix_settings(SettingsDigest& mix) const {
-  mix(fraction_, ef_decay_, weight_decay_, epsilon_, static_cast<int>(adjust_lr_), flatten_,
-      nordion2_, muon_beta2_, ns_steps_, static_cast<int>(ns_compute_dtype_));
-  for (const char c : ns_coefficients_) mix(c);
-}
-
-bool operator==(const Dion2Options& a, const Dion2Options& b) {
-  return a.lr() == b.lr() && a.fraction() == b.fraction() && a.ef_decay() == b.ef_decay() &&
-         a.weight_decay() == b.weight_decay() && a.epsilon() == b.epsilon() &&
-         a.adjust_lr() == b.adjust_lr() && a.flatten() == b.flatten() &&
-         a.nordion2() == b.nordion2() && a.muon_beta2() == b.muon_beta2() &&
-         a.ns_coefficients() == b.ns_coefficients() && a.ns_steps() == b.ns_steps() &&
-         a.ns_compute_dtype() == b.ns_compute_dtype();
-}
-
-double Dion2Options::get_lr() const { return lr(); }
-
-void Dion2Options::set_lr(const double lr) { this->lr(lr); }
-
 // ---- Dion2ParamState ---------------------------------------------------------
-
-void Dion2ParamState::serialize(OutputArchive& archive) const {
-  archive.write("step", c10::IValue(step_));
-  detail::write_optional_buffer(archive, "momentum", momentum_);
-  detail::write_optional_buffer(archive, "variance", variance_);
-}
-
-void Dion2ParamState::serialize(InputArchive& archive) {
-  step_ = read_archived_int(archive, "step");
-  momentum_ = detail::read_optional_buffer(archive, "momentum");
-  variance_ = detail::read_optional_buffer(archive, "variance");
-}
-
-bool operator==(const Dion2ParamState& a, const Dion2ParamState& b) {
-  return a.step() == b.step() && detail::same_buffer(a.momentum(), b.momentum()) &&
-         detail::same_buffer(a.variance(), b.variance());
-}
 
 // ---- Dion2 -------------------------------------------------------------------
 
@@ -356,16 +282,8 @@ void Dion2::step_parameters() {
 }
 
 at::Tensor Dion2::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss = detail::loss_of(closure);
-  if (!admit_step(param_groups_, who(), [this] { check_before_step(); })) return loss;
-  // A part of a composite: the composite's step is the transaction.
-  if (is_checked_by_owner()) {
-    step_parameters();
-  } else {
-    detail::run_whole_step(*this, who(), [this] { step_parameters(); });
-  }
-  return loss;
+  return guarded_step(
+      *this, closure, who(), [this] { check_before_step(); }, [this] { step_parameters(); });
 }
 
 int64_t Dion2::state_bytes() const {

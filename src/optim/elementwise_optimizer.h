@@ -1,12 +1,11 @@
 // What the library's element-wise optimizers (muon::Lion, muon::LaProp,
 // muon::Signum, muon::SimAdEMAMix) share: the walk over the parameters a
-// step updates, their options checks, archive reads of option fields,
+// step updates, their options checks,
 // Emerging-Optimizers' weight decay methods, and save/load in LibTorch's archive layout with each
 // group's options written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
 // "<prefix>_group_size/<i>" (LibTorch's generic loader restores state
-// only), and the definitions of muon::ElementwiseParamState and
-// muon::ElementwiseOptimizer (muon/optim/elementwise.h), which each
-// optimizer's source file instantiates. Internal.
+// only), and the definitions of muon::ElementwiseOptimizer (muon/optim/elementwise.h),
+// which each optimizer's source file instantiates. Internal.
 #pragma once
 
 #include <ATen/core/grad_mode.h>
@@ -27,6 +26,8 @@
 
 #include "muon/compat.h"
 #include "muon/optim/elementwise.h"
+#include "optim/listed_fields_impl.h"
+#include "optim/option_checks.h"
 #include "muon/optim/step_guard.h"
 #include "optim/archive_kind.h"
 #include "optim/closure.h"
@@ -34,34 +35,6 @@
 #include "util/fault_injection.h"
 
 namespace muon::detail {
-
-/// The double under `key` of `archive`.
-inline double read_archived_double(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  return v.toDouble();
-}
-
-/// The bool under `key` of `archive`.
-inline bool read_archived_bool(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  return v.toBool();
-}
-
-/// The int under `key` of `archive`.
-inline int64_t read_archived_int(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  return v.toInt();
-}
-
-/// The string under `key` of `archive`.
-inline std::string read_archived_string(torch::serialize::InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  return v.toStringRef();
-}
 
 /// The weight decay methods of Emerging-Optimizers' WeightDecayMixin
 /// (emerging_optimizers/mixin.py), in order: "decoupled", "independent", "l2".
@@ -123,25 +96,6 @@ inline void accumulate_second_moment(at::Tensor& v, const at::Tensor& g, double 
 /// √v does not (e.g. v = 1e37 at the first step, bias2 = 1e-3).
 inline at::Tensor second_moment_denominator(const at::Tensor& v, double bias2, double eps) {
   return v.sqrt().div_(std::sqrt(bias2)).add_(eps);
-}
-
-/// Writes `buffer` under `key` when it is defined.
-inline void write_optional_buffer(torch::serialize::OutputArchive& archive, const char* key,
-                                  const at::Tensor& buffer) {
-  if (buffer.defined()) archive.write(key, buffer, /*is_buffer=*/true);
-}
-
-/// The buffer under `key`, or an undefined tensor when there is none.
-inline at::Tensor read_optional_buffer(torch::serialize::InputArchive& archive, const char* key) {
-  at::Tensor buffer;
-  if (archive.try_read(key, buffer, /*is_buffer=*/true)) return buffer;
-  return {};
-}
-
-/// Whether `a` and `b` are both undefined, or bit-equal.
-inline bool same_buffer(const at::Tensor& a, const at::Tensor& b) {
-  if (a.defined() != b.defined()) return false;
-  return !a.defined() || at::equal(a, b);
 }
 
 /// Raises c10::ValueError "<who>..." unless every group's options are
@@ -262,82 +216,6 @@ const char* options_name_of() {
 
 }  // namespace detail
 
-namespace detail {
-
-/// Reads the field under `key` into `field` (by its type).
-inline void read_field(torch::serialize::InputArchive& archive, const char* key, double& field) {
-  field = read_archived_double(archive, key);
-}
-inline void read_field(torch::serialize::InputArchive& archive, const char* key, bool& field) {
-  field = read_archived_bool(archive, key);
-}
-inline void read_field(torch::serialize::InputArchive& archive, const char* key, int64_t& field) {
-  field = read_archived_int(archive, key);
-}
-inline void read_field(torch::serialize::InputArchive& archive, const char* key,
-                       std::string& field) {
-  field = read_archived_string(archive, key);
-}
-
-}  // namespace detail
-
-template <typename Self>
-void ElementwiseOptions<Self>::serialize(torch::serialize::InputArchive& archive) {
-  auto fields = Self::fields(static_cast<Self&>(*this));
-  static_assert(std::tuple_size_v<decltype(fields)> == Self::kFields.size());
-  std::apply(
-      [&](auto&... field) {
-        size_t i = 0;
-        (detail::read_field(archive, Self::kFields[i++], field), ...);
-      },
-      fields);
-}
-
-template <typename Self>
-void ElementwiseOptions<Self>::serialize(torch::serialize::OutputArchive& archive) const {
-  std::apply(
-      [&](const auto&... field) {
-        size_t i = 0;
-        (archive.write(Self::kFields[i++], c10::IValue(field)), ...);
-      },
-      Self::fields(static_cast<const Self&>(*this)));
-}
-
-template <typename Self, size_t N>
-void ElementwiseParamState<Self, N>::serialize(torch::serialize::InputArchive& archive) {
-  step_ = detail::read_archived_int(archive, "step");
-  const auto buffers = static_cast<Self&>(*this).buffers();
-  for (size_t i = 0; i < N; ++i)
-    *buffers[i] = detail::read_optional_buffer(archive, Self::kBuffers[i]);
-}
-
-template <typename Self, size_t N>
-void ElementwiseParamState<Self, N>::serialize(torch::serialize::OutputArchive& archive) const {
-  archive.write("step", c10::IValue(step_));
-  const auto buffers = const_buffers();
-  for (size_t i = 0; i < N; ++i)
-    detail::write_optional_buffer(archive, Self::kBuffers[i], *buffers[i]);
-}
-
-template <typename Self, size_t N>
-std::array<const at::Tensor*, N> ElementwiseParamState<Self, N>::const_buffers() const {
-  const auto buffers = const_cast<Self&>(static_cast<const Self&>(*this)).buffers();
-  std::array<const at::Tensor*, N> out{};
-  for (size_t i = 0; i < N; ++i) out[i] = buffers[i];
-  return out;
-}
-
-template <typename Self, size_t N>
-bool ElementwiseParamState<Self, N>::equals(const Self& other) const {
-  if (step_ != other.step()) return false;
-  const auto a = const_buffers();
-  const auto b = other.const_buffers();
-  for (size_t i = 0; i < N; ++i) {
-    if (!detail::same_buffer(*a[i], *b[i])) return false;
-  }
-  return true;
-}
-
 template <typename Derived, typename Options, typename State>
 ElementwiseOptimizer<Derived, Options, State>::ElementwiseOptimizer(
     std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults)
@@ -363,30 +241,18 @@ void ElementwiseOptimizer<Derived, Options, State>::check_before_step() {
 
 template <typename Derived, typename Options, typename State>
 at::Tensor ElementwiseOptimizer<Derived, Options, State>::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss = detail::loss_of(closure);
-  // A scheduler or a direct edit may have changed options since: every group
-  // is checked before any is stepped.
-  if (!admit_step(param_groups_, detail::who_of<Derived>(), [this] { check_before_step(); }))
-    return loss;
-  const auto stepped = [this] {
-    detail::for_each_stepped<State, Options>(
-        *this,
-        [](const at::Tensor& p) {
-          auto st = std::make_unique<State>();
-          for (at::Tensor* buffer : st->buffers())
-            *buffer = at::zeros_like(p, at::MemoryFormat::Preserve);
-          return st;
-        },
-        &Derived::update);
-  };
-  // A part of a composite: the composite's step is the transaction.
-  if (is_checked_by_owner()) {
-    stepped();
-  } else {
-    detail::run_whole_step(*this, detail::who_of<Derived>(), stepped);
-  }
-  return loss;
+  return guarded_step(*this, closure, detail::who_of<Derived>(), [this] { check_before_step(); },
+                      [this] {
+                        detail::for_each_stepped<State, Options>(
+                            *this,
+                            [](const at::Tensor& p) {
+                              auto st = std::make_unique<State>();
+                              for (at::Tensor* buffer : st->buffers())
+                                *buffer = at::zeros_like(p, at::MemoryFormat::Preserve);
+                              return st;
+                            },
+                            &Derived::update);
+                      });
 }
 
 template <typename Derived, typename Options, typename State>

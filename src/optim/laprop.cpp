@@ -21,16 +21,11 @@ constexpr const char* kWho = "[muon::LaProp] ";
 LaPropOptions::LaPropOptions(double lr) : lr_(lr) {}
 
 void LaPropOptions::validate() const {
-  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
-  TORCH_CHECK_VALUE(beta1_ >= 0 && beta1_ < 1, kWho, "beta1 must be in [0, 1), got ", beta1_);
-  TORCH_CHECK_VALUE(beta2_ >= 0 && beta2_ < 1, kWho, "beta2 must be in [0, 1), got ", beta2_);
+  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_decay(kWho, "beta1", beta1_);
+  detail::check_decay(kWho, "beta2", beta2_);
   TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps_);
-  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho,
-                    "weight_decay must be >= 0, got ", weight_decay_);
-}
-
-void LaPropOptions::mix_settings(SettingsDigest& mix) const {
-  mix(beta1_, beta2_, eps_, weight_decay_, correct_bias_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
 }
 
 // One step of LaProp on `p` (the header's formula; the order and the
@@ -50,8 +45,8 @@ void LaProp::update(at::Tensor& p, const at::Tensor& grad, LaPropParamState& st,
   p.add_(m / bias1, -o.lr());
 }
 
-template struct ElementwiseOptions<LaPropOptions>;
-template struct ElementwiseParamState<LaPropParamState, 2>;
+template struct ListedOptions<LaPropOptions>;
+template struct ListedParamState<LaPropParamState, 2>;
 template class ElementwiseOptimizer<LaProp, LaPropOptions, LaPropParamState>;
 
 // Defaults are LaPropOptions' own (Emerging-Optimizers'), lr aside (the common field).

@@ -21,17 +21,14 @@ constexpr const char* kWho = "[muon::Lion] ";
 LionOptions::LionOptions(double lr) : lr_(lr) {}
 
 void LionOptions::validate() const {
-  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
-  TORCH_CHECK_VALUE(beta1_ >= 0 && beta1_ < 1, kWho, "beta1 must be in [0, 1), got ", beta1_);
-  TORCH_CHECK_VALUE(beta2_ >= 0 && beta2_ < 1, kWho, "beta2 must be in [0, 1), got ", beta2_);
-  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho,
-                    "weight_decay must be >= 0, got ", weight_decay_);
+  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_decay(kWho, "beta1", beta1_);
+  detail::check_decay(kWho, "beta2", beta2_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
 }
 
-void LionOptions::mix_settings(SettingsDigest& mix) const { mix(beta1_, beta2_, weight_decay_); }
-
-template struct ElementwiseOptions<LionOptions>;
-template struct ElementwiseParamState<LionParamState, 1>;
+template struct ListedOptions<LionOptions>;
+template struct ListedParamState<LionParamState, 1>;
 template class ElementwiseOptimizer<Lion, LionOptions, LionParamState>;
 
 void Lion::update(at::Tensor& p, const at::Tensor& grad, LionParamState& st, const LionOptions& o) {

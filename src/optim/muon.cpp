@@ -113,18 +113,8 @@ void Muon::check_group(size_t index) const {
 }
 
 at::Tensor Muon::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss = muon::detail::loss_of(closure);
-  // Options changed or groups added since, gradients, non-finite values:
-  // checked for every group before anything changes, agreed over the layout.
-  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
-  // A part of a composite: the composite's step is the transaction.
-  if (is_checked_by_owner()) {
-    step_parameters();
-  } else {
-    detail::run_whole_step(*this, kWho, [this] { step_parameters(); });
-  }
-  return loss;
+  return guarded_step(
+      *this, closure, kWho, [this] { check_before_step(); }, [this] { step_parameters(); });
 }
 
 void Muon::step_parameters() {

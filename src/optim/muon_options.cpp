@@ -12,6 +12,7 @@
 #include "optim/muon_fused.h"
 #include "util/dtype_names.h"
 #include "util/names.h"
+#include "optim/option_checks.h"
 
 namespace muon {
 namespace {
@@ -211,11 +212,9 @@ MuonOptions& MuonOptions::ns_compute_dtype(at::ScalarType dtype) {
 }
 
 void MuonOptions::validate() const {
-  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
-  TORCH_CHECK_VALUE(momentum_ >= 0 && momentum_ < 1, kWho, "momentum must be in [0, 1), got ",
-                    momentum_);
-  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho,
-                    "weight_decay must be >= 0, got ", weight_decay_);
+  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_decay(kWho, "momentum", momentum_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
   TORCH_CHECK_VALUE(std::isfinite(extra_scale_factor_) && extra_scale_factor_ > 0, kWho,
                     "extra_scale_factor must be finite and > 0, got ", extra_scale_factor_);
   TORCH_CHECK_VALUE(ns_.steps() >= kMinNsSteps && ns_.steps() < kMaxNsSteps, kWho,

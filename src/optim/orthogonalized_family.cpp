@@ -42,21 +42,16 @@ constexpr detail::EnumName<OrthogonalizedKind> kKinds[] = {
     {OrthogonalizedKind::kSpel, "spel"},
     {OrthogonalizedKind::kMuonHyperball, "muon_hyperball"}};
 
-// "[muon::PolarGrad] " etc.: the class name users know each variant by.
+// The class name users know each variant by, in OrthogonalizedKind's
+// order; also its archive kind.
+constexpr const char* kClassNames[] = {"muon::PolarGrad", "muon::Scion", "muon::MOP", "muon::SPEL",
+                                       "muon::MuonHyperball"};
+
+std::string class_name(OrthogonalizedKind kind) { return kClassNames[static_cast<size_t>(kind)]; }
+
+// "[muon::PolarGrad] " etc.
 std::string who(OrthogonalizedKind kind) {
-  switch (kind) {
-    case OrthogonalizedKind::kPolarGrad:
-      return "[muon::PolarGrad] ";
-    case OrthogonalizedKind::kScion:
-      return "[muon::Scion] ";
-    case OrthogonalizedKind::kMop:
-      return "[muon::MOP] ";
-    case OrthogonalizedKind::kSpel:
-      return "[muon::SPEL] ";
-    case OrthogonalizedKind::kMuonHyperball:
-      return "[muon::MuonHyperball] ";
-  }
-  return "[muon::OrthogonalizedVariant] ";
+  return "[" + class_name(kind) + "] ";
 }
 
 // Σ over the parts of the item's matrix of `local` (one entry), as a {1} tensor.
@@ -333,19 +328,7 @@ void OrthogonalizedVariant::rescale_to_radius() {
 }
 
 std::string OrthogonalizedVariant::archive_kind() const {
-  switch (stage_->options().kind()) {
-    case OrthogonalizedKind::kPolarGrad:
-      return "muon::PolarGrad";
-    case OrthogonalizedKind::kScion:
-      return "muon::Scion";
-    case OrthogonalizedKind::kMop:
-      return "muon::MOP";
-    case OrthogonalizedKind::kSpel:
-      return "muon::SPEL";
-    case OrthogonalizedKind::kMuonHyperball:
-      return "muon::MuonHyperball";
-  }
-  return "muon::OrthogonalizedVariant";
+  return class_name(stage_->options().kind());
 }
 
 void OrthogonalizedVariant::save(OutputArchive& archive) const {

@@ -20,17 +20,10 @@ constexpr const char* kWho = "[muon::Signum] ";
 SignumOptions::SignumOptions(double lr) : lr_(lr) {}
 
 void SignumOptions::validate() const {
-  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
-  TORCH_CHECK_VALUE(momentum_ >= 0 && momentum_ < 1, kWho, "momentum must be in [0, 1), got ",
-                    momentum_);
-  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho,
-                    "weight_decay must be >= 0, got ", weight_decay_);
+  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_decay(kWho, "momentum", momentum_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
   detail::check_weight_decay_method(kWho, weight_decay_method_);
-}
-
-void SignumOptions::mix_settings(SettingsDigest& mix) const {
-  mix(momentum_, weight_decay_, detail::weight_decay_method_code(weight_decay_method_),
-      correct_bias_, nesterov_);
 }
 
 // One step of Signum on `p` (the header's formula; the order and the
@@ -56,8 +49,8 @@ void Signum::update(at::Tensor& p, const at::Tensor& grad, SignumParamState& st,
   }
 }
 
-template struct ElementwiseOptions<SignumOptions>;
-template struct ElementwiseParamState<SignumParamState, 1>;
+template struct ListedOptions<SignumOptions>;
+template struct ListedParamState<SignumParamState, 1>;
 template class ElementwiseOptimizer<Signum, SignumOptions, SignumParamState>;
 
 // Defaults are SignumOptions' own (Emerging-Optimizers'), lr aside (the common field).

@@ -33,24 +33,17 @@ double sim_ademamix_beta(const SimAdEMAMixOptions& o, const int64_t step) {
 SimAdEMAMixOptions::SimAdEMAMixOptions(double lr) : lr_(lr) {}
 
 void SimAdEMAMixOptions::validate() const {
-  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
-  TORCH_CHECK_VALUE(beta1_ >= 0 && beta1_ < 1, kWho, "beta1 must be in [0, 1), got ", beta1_);
-  TORCH_CHECK_VALUE(beta2_ >= 0 && beta2_ < 1, kWho, "beta2 must be in [0, 1), got ", beta2_);
+  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_decay(kWho, "beta1", beta1_);
+  detail::check_decay(kWho, "beta2", beta2_);
   TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps_);
-  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho,
-                    "weight_decay must be >= 0, got ", weight_decay_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
   detail::check_weight_decay_method(kWho, weight_decay_method_);
   TORCH_CHECK_VALUE(num_beta_fast_warmup_steps_ >= 0, kWho,
                     "num_beta_fast_warmup_steps must be >= 0 (0: no warmup), got ",
                     num_beta_fast_warmup_steps_);
-  TORCH_CHECK_VALUE(min_beta_fast_ >= 0 && min_beta_fast_ < 1, kWho,
-                    "min_beta_fast must be in [0, 1), got ", min_beta_fast_);
+  detail::check_decay(kWho, "min_beta_fast", min_beta_fast_);
   TORCH_CHECK_VALUE(std::isfinite(alpha_), kWho, "alpha must be finite, got ", alpha_);
-}
-
-void SimAdEMAMixOptions::mix_settings(SettingsDigest& mix) const {
-  mix(beta1_, beta2_, eps_, weight_decay_, detail::weight_decay_method_code(weight_decay_method_),
-      correct_bias_, num_beta_fast_warmup_steps_, min_beta_fast_, alpha_);
 }
 
 // One step of Simplified AdEMAMix on `p` (the header's formula; the order
@@ -75,8 +68,8 @@ void SimAdEMAMix::update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParam
   p.add_(numer.div_(denom), -o.lr());
 }
 
-template struct ElementwiseOptions<SimAdEMAMixOptions>;
-template struct ElementwiseParamState<SimAdEMAMixParamState, 2>;
+template struct ListedOptions<SimAdEMAMixOptions>;
+template struct ListedParamState<SimAdEMAMixParamState, 2>;
 template class ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState>;
 
 // Defaults are SimAdEMAMixOptions' own (Emerging-Optimizers'), lr aside (the common field).

@@ -18,30 +18,32 @@
 #include "optim/elementwise_optimizer.h"
 #include "optim/step_transaction.h"
 #include "util/fault_injection.h"
+#include "util/names.h"
 
 namespace muon {
+
+// The archive's name of the options' enum field (muon/optim/listed_fields.h).
+template <>
+SoapWeightDecay detail::parse_listed_enum<SoapWeightDecay>(const std::string& name) {
+  return parse_soap_weight_decay(name);
+}
+
+template struct ListedOptions<SoapOptions>;
+template struct ListedParamState<SoapParamState, 6>;
+
 namespace {
 
-using detail::read_archived_double;
 using torch::optim::OptimizerParamGroup;
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::Soap] ";
+constexpr detail::EnumName<SoapWeightDecay> kWeightDecayMethods[] = {
+    {SoapWeightDecay::kDecoupled, "decoupled"},
+    {SoapWeightDecay::kIndependent, "independent"},
+    {SoapWeightDecay::kL2, "l2"}};
 // Emerging-Optimizers' _clip_update_rms_in_place epsilon.
 constexpr double kClipEps = 1e-7;
-
-int64_t read_archived_int(InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  return v.toInt();
-}
-
-bool read_archived_bool(InputArchive& archive, const char* key) {
-  c10::IValue v;
-  archive.read(key, v);
-  return v.toBool();
-}
 
 // Qᵀ·x·Q_R: into the eigenbasis (an undefined Q is the identity).
 at::Tensor to_eigenbasis(const at::Tensor& x, const at::Tensor& q_l, const at::Tensor& q_r) {
@@ -136,22 +138,11 @@ at::Tensor adam_update(const at::Tensor& g, SoapParamState& st, const SoapOption
 }  // namespace
 
 std::string to_string(const SoapWeightDecay method) {
-  switch (method) {
-    case SoapWeightDecay::kDecoupled:
-      return "decoupled";
-    case SoapWeightDecay::kIndependent:
-      return "independent";
-    case SoapWeightDecay::kL2:
-      return "l2";
-  }
-  return "?";
+  return detail::name_of(method, kWeightDecayMethods);
 }
 
 SoapWeightDecay parse_soap_weight_decay(const std::string& name) {
-  for (const auto m : {SoapWeightDecay::kDecoupled, SoapWeightDecay::kIndependent, SoapWeightDecay::kL2}) {
-    if (to_string(m) == name) return m;
-  }
-  TORCH_CHECK_VALUE(false, kWho, "weight_decay_method must be decoupled, independent or l2, got '", name, "'");
+  return detail::parse_name(name, kWeightDecayMethods, kWho, "weight_decay_method");
 }
 
 namespace detail {
@@ -240,118 +231,21 @@ SoapOptions& SoapOptions::weight_decay_method(const std::string& name) {
 }
 
 void SoapOptions::validate() const {
-  TORCH_CHECK_VALUE(std::isfinite(lr_) && lr_ >= 0, kWho, "lr must be >= 0, got ", lr_);
-  TORCH_CHECK_VALUE(beta1_ >= 0 && beta1_ < 1, kWho, "beta1 must be in [0, 1), got ", beta1_);
-  TORCH_CHECK_VALUE(beta2_ >= 0 && beta2_ < 1, kWho, "beta2 must be in [0, 1), got ", beta2_);
-  TORCH_CHECK_VALUE(shampoo_beta_ >= 0 && shampoo_beta_ < 1, kWho, "shampoo_beta must be in [0, 1), got ",
-                    shampoo_beta_);
+  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_decay(kWho, "beta1", beta1_);
+  detail::check_decay(kWho, "beta2", beta2_);
+  detail::check_decay(kWho, "shampoo_beta", shampoo_beta_);
   TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps_);
-  TORCH_CHECK_VALUE(std::isfinite(weight_decay_) && weight_decay_ >= 0, kWho, "weight_decay must be >= 0, got ",
-                    weight_decay_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
   TORCH_CHECK_VALUE(precondition_frequency_ >= 1, kWho, "precondition_frequency must be >= 1, got ",
                     precondition_frequency_);
   TORCH_CHECK_VALUE(adam_warmup_steps_ >= 0, kWho, "adam_warmup_steps must be >= 0, got ", adam_warmup_steps_);
   TORCH_CHECK_VALUE(correct_shampoo_beta_bias_ >= -1 && correct_shampoo_beta_bias_ <= 1, kWho,
                     "correct_shampoo_beta_bias must be -1 (as correct_bias), 0 or 1, got ",
                     correct_shampoo_beta_bias_);
-  TORCH_CHECK_VALUE(adaptive_update_tolerance_ >= 0 && adaptive_update_tolerance_ < 1, kWho,
-                    "adaptive_update_tolerance must be in [0, 1), got ", adaptive_update_tolerance_);
+  detail::check_decay(kWho, "adaptive_update_tolerance", adaptive_update_tolerance_);
   TORCH_CHECK_VALUE(power_iter_steps_ >= 1, kWho, "power_iter_steps must be >= 1, got ", power_iter_steps_);
-  TORCH_CHECK_VALUE(std::isfinite(max_update_rms_) && max_update_rms_ >= 0, kWho,
-                    "max_update_rms must be >= 0, got ", max_update_rms_);
-}
-
-void SoapOptions::serialize(OutputArchive& archive) const {
-  archive.write("lr", c10::IValue(lr_));
-  archive.write("beta1", c10::IValue(beta1_));
-  archive.write("beta2", c10::IValue(beta2_));
-  archive.write("shampoo_beta", c10::IValue(shampoo_beta_));
-  archive.write("eps", c10::IValue(eps_));
-  archive.write("weight_decay", c10::IValue(weight_decay_));
-  archive.write("weight_decay_method", c10::IValue(to_string(weight_decay_method_)));
-  archive.write("use_nesterov", c10::IValue(use_nesterov_));
-  archive.write("precondition_frequency", c10::IValue(precondition_frequency_));
-  archive.write("adam_warmup_steps", c10::IValue(adam_warmup_steps_));
-  archive.write("precondition_1d", c10::IValue(precondition_1d_));
-  archive.write("correct_bias", c10::IValue(correct_bias_));
-  archive.write("correct_shampoo_beta_bias", c10::IValue(correct_shampoo_beta_bias_));
-  archive.write("use_eigh", c10::IValue(use_eigh_));
-  archive.write("use_adaptive_criteria", c10::IValue(use_adaptive_criteria_));
-  archive.write("adaptive_update_tolerance", c10::IValue(adaptive_update_tolerance_));
-  archive.write("power_iter_steps", c10::IValue(power_iter_steps_));
-  archive.write("max_update_rms", c10::IValue(max_update_rms_));
-}
-
-void SoapOptions::serialize(InputArchive& archive) {
-  lr_ = read_archived_double(archive, "lr");
-  beta1_ = read_archived_double(archive, "beta1");
-  beta2_ = read_archived_double(archive, "beta2");
-  shampoo_beta_ = read_archived_double(archive, "shampoo_beta");
-  eps_ = read_archived_double(archive, "eps");
-  weight_decay_ = read_archived_double(archive, "weight_decay");
-  c10::IValue method;
-  archive.read("weight_decay_method", method);
-  weight_decay_method_ = parse_soap_weight_decay(method.toStringRef());
-  use_nesterov_ = read_archived_bool(archive, "use_nesterov");
-  precondition_frequency_ = read_archived_int(archive, "precondition_frequency");
-  adam_warmup_steps_ = read_archived_int(archive, "adam_warmup_steps");
-  precondition_1d_ = read_archived_bool(archive, "precondition_1d");
-  correct_bias_ = read_archived_bool(archive, "correct_bias");
-  correct_shampoo_beta_bias_ = read_archived_int(archive, "correct_shampoo_beta_bias");
-  use_eigh_ = read_archived_bool(archive, "use_eigh");
-  use_adaptive_criteria_ = read_archived_bool(archive, "use_adaptive_criteria");
-  adaptive_update_tolerance_ = read_archived_double(archive, "adaptive_update_tolerance");
-  power_iter_steps_ = read_archived_int(archive, "power_iter_steps");
-  max_update_rms_ = read_archived_double(archive, "max_update_rms");
-}
-
-void SoapOptions::mix_settings(SettingsDigest& mix) const {
-  mix(beta1_, beta2_, shampoo_beta_, eps_, weight_decay_, static_cast<int>(weight_decay_method_), use_nesterov_,
-      precondition_frequency_, adam_warmup_steps_, precondition_1d_, correct_bias_, correct_shampoo_beta_bias_,
-      use_eigh_, use_adaptive_criteria_, adaptive_update_tolerance_, power_iter_steps_, max_update_rms_);
-}
-
-bool operator==(const SoapOptions& a, const SoapOptions& b) {
-  return a.lr() == b.lr() && a.beta1() == b.beta1() && a.beta2() == b.beta2() &&
-         a.shampoo_beta() == b.shampoo_beta() && a.eps() == b.eps() && a.weight_decay() == b.weight_decay() &&
-         a.weight_decay_method() == b.weight_decay_method() && a.use_nesterov() == b.use_nesterov() &&
-         a.precondition_frequency() == b.precondition_frequency() &&
-         a.adam_warmup_steps() == b.adam_warmup_steps() && a.precondition_1d() == b.precondition_1d() &&
-         a.correct_bias() == b.correct_bias() && a.correct_shampoo_beta_bias() == b.correct_shampoo_beta_bias() &&
-         a.use_eigh() == b.use_eigh() && a.use_adaptive_criteria() == b.use_adaptive_criteria() &&
-         a.adaptive_update_tolerance() == b.adaptive_update_tolerance() &&
-         a.power_iter_steps() == b.power_iter_steps() && a.max_update_rms() == b.max_update_rms();
-}
-
-double SoapOptions::get_lr() const { return lr(); }
-
-void SoapOptions::set_lr(const double lr) { this->lr(lr); }
-
-void SoapParamState::serialize(OutputArchive& archive) const {
-  archive.write("step", c10::IValue(step_));
-  detail::write_optional_buffer(archive, "exp_avg", exp_avg_);
-  detail::write_optional_buffer(archive, "exp_avg_sq", exp_avg_sq_);
-  detail::write_optional_buffer(archive, "L", L_);
-  detail::write_optional_buffer(archive, "R", R_);
-  detail::write_optional_buffer(archive, "Q_L", Q_L_);
-  detail::write_optional_buffer(archive, "Q_R", Q_R_);
-}
-
-void SoapParamState::serialize(InputArchive& archive) {
-  step_ = read_archived_int(archive, "step");
-  exp_avg_ = detail::read_optional_buffer(archive, "exp_avg");
-  exp_avg_sq_ = detail::read_optional_buffer(archive, "exp_avg_sq");
-  L_ = detail::read_optional_buffer(archive, "L");
-  R_ = detail::read_optional_buffer(archive, "R");
-  Q_L_ = detail::read_optional_buffer(archive, "Q_L");
-  Q_R_ = detail::read_optional_buffer(archive, "Q_R");
-}
-
-bool operator==(const SoapParamState& a, const SoapParamState& b) {
-  return a.step() == b.step() && detail::same_buffer(a.exp_avg(), b.exp_avg()) &&
-         detail::same_buffer(a.exp_avg_sq(), b.exp_avg_sq()) && detail::same_buffer(a.L(), b.L()) &&
-         detail::same_buffer(a.R(), b.R()) && detail::same_buffer(a.Q_L(), b.Q_L()) &&
-         detail::same_buffer(a.Q_R(), b.Q_R());
+  detail::check_non_negative(kWho, "max_update_rms", max_update_rms_);
 }
 
 Soap::Soap(std::vector<OptimizerParamGroup> param_groups, SoapOptions defaults, bool check)
@@ -415,16 +309,8 @@ void Soap::step_parameters() {
 }
 
 at::Tensor Soap::step(LossClosure closure) {
-  at::NoGradGuard no_grad;
-  at::Tensor loss = detail::loss_of(closure);
-  if (!admit_step(param_groups_, kWho, [this] { check_before_step(); })) return loss;
-  // A part of a composite: the composite's step is the transaction.
-  if (is_checked_by_owner()) {
-    step_parameters();
-  } else {
-    detail::run_whole_step(*this, kWho, [this] { step_parameters(); });
-  }
-  return loss;
+  return guarded_step(
+      *this, closure, kWho, [this] { check_before_step(); }, [this] { step_parameters(); });
 }
 
 int64_t Soap::state_bytes() const {

@@ -17,6 +17,8 @@
 #include <exception>
 #include <unordered_map>
 
+#include "optim/closure.h"
+#include "optim/step_transaction.h"
 #include "util/names.h"
 #include "util/threads.h"
 
@@ -63,6 +65,24 @@ NonFinitePolicy parse_nonfinite_policy(const std::string& name) {
 std::vector<std::string> nonfinite_policy_names() { return detail::names_of(kPolicies); }
 
 std::pair<int64_t, int64_t> StepGuard::max_over_processes(int64_t code) { return {code, 0}; }
+
+at::Tensor StepGuard::guarded_step(torch::optim::Optimizer& optimizer,
+                                  const torch::optim::Optimizer::LossClosure& closure,
+                                  const char* who, const std::function<void()>& local_checks,
+                                  const std::function<void()>& update) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss = detail::loss_of(closure);
+  // Options changed or groups added since, gradients, non-finite values:
+  // checked for every group before anything changes, agreed over the layout.
+  if (!admit_step(optimizer.param_groups(), who, local_checks)) return loss;
+  // A part of a composite: the composite's step is the transaction.
+  if (is_checked_by_owner()) {
+    update();
+  } else {
+    detail::run_whole_step(optimizer, who, update);
+  }
+  return loss;
+}
 
 bool StepGuard::admit_step(const std::vector<OptimizerParamGroup>& groups, const char* who,
                            const std::function<void()>& local_checks, const Describe& describe) {

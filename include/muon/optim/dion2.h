@@ -57,9 +57,11 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "muon/newton_schulz.h"
+#include "muon/optim/listed_fields.h"
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
@@ -81,8 +83,7 @@ Dion2AdjustLr parse_dion2_adjust_lr(const std::string& name);
 /// Options of `muon::Dion2` (per parameter group), as chained setters, with
 /// Dion's names and defaults. `nordion2` selects NorDion2 (then `ef_decay`
 /// is NorDion2's `mu`); see NorDion2Options.
-struct Dion2Options : public torch::optim::OptimizerCloneableOptions<Dion2Options>,
-                      public DigestibleOptions {
+struct Dion2Options : public ListedOptions<Dion2Options> {
   /// Options with learning rate `lr` and every other field at its default.
   Dion2Options(double lr = 0.01);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -120,19 +121,17 @@ struct Dion2Options : public torch::optim::OptimizerCloneableOptions<Dion2Option
   const char* algorithm() const { return nordion2_ ? "nordion2" : "dion2"; }
   /// Checks every field; raises c10::ValueError "[muon::Dion2] <arg> must be ..., got <value>".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Mixes every field that changes a step (lr aside) into `digest`.
-  void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const Dion2Options& lhs, const Dion2Options& rhs);
-  ~Dion2Options() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
+  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
+  static constexpr std::array<const char*, 12> kFields{
+      "lr", "fraction", "ef_decay", "weight_decay", "epsilon", "adjust_lr", "flatten",
+      "nordion2", "muon_beta2", "ns_coefficients", "ns_steps", "ns_compute_dtype"};
+  /// The fields of `o` (a Dion2Options, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.fraction_, o.ef_decay_, o.weight_decay_, o.epsilon_, o.adjust_lr_,
+                    o.flatten_, o.nordion2_, o.muon_beta2_, o.ns_coefficients_, o.ns_steps_,
+                    o.ns_compute_dtype_);
+  }
 };
 
 /// NorDion2's options with NorDion2's defaults (Dion's nordion2.py): Dion2Options with nordion2 on.
@@ -143,22 +142,17 @@ Dion2Options NorDion2Options(double lr = 0.01);
 /// matrix (the parameter's shape with the last dim 1; (dim 0, 1) with
 /// flatten), in the parameter's dtype. Both split with the parameter's rows
 /// (dim 0) in the sharded layout.
-struct Dion2ParamState : public torch::optim::OptimizerCloneableParamState<Dion2ParamState> {
-  /// Steps taken on this parameter.
-  TORCH_ARG(int64_t, step) = 0;
+struct Dion2ParamState : public ListedParamState<Dion2ParamState, 2> {
   /// M, with error feedback.
   TORCH_ARG(at::Tensor, momentum);
   /// NorDion2's per-row second moment.
   TORCH_ARG(at::Tensor, variance);
 
  public:
-  /// Reads every field (absent tensors stay undefined).
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes the step and every defined tensor.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Equal step and bit-equal tensors.
-  friend bool operator==(const Dion2ParamState& lhs, const Dion2ParamState& rhs);
-  ~Dion2ParamState() override = default;
+  /// Archive keys of the buffers (muon/optim/listed_fields.h).
+  static constexpr std::array<const char*, 2> kBuffers{"momentum", "variance"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 2> buffers() { return {&momentum_, &variance_}; }
 };
 
 namespace detail {

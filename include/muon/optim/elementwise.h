@@ -4,15 +4,10 @@
 /// muon::LaProp, muon::Signum, muon::SimAdEMAMix): what they share apart
 /// from their arithmetic.
 ///
-/// `ElementwiseOptions<Self>` is a group's options: `Self` lists its fields
-/// (`kFields`, their archive keys, and `fields(o)`, references to them) and
-/// gets serialize, field-wise equality and get_lr/set_lr from the list; it
-/// writes its own `validate` and `mix_settings`.
-///
-/// `ElementwiseParamState<Self, N>` is a state of a step counter and N
-/// buffers of the parameter's shape; `Self` lists them (`kBuffers`, their
-/// archive keys, and `buffers()`, pointers to them), and gets serialize,
-/// clone and bit-equality from the list.
+/// Their options and states are muon::ListedOptions and
+/// muon::ListedParamState (muon/optim/listed_fields.h): each lists its
+/// fields or buffers once and gets its archive form, equality and settings
+/// digest from the list; the options write their own `validate`.
 ///
 /// `ElementwiseOptimizer<Derived, Options, State>` is a
 /// `torch::optim::Optimizer` whose step updates each parameter with a
@@ -42,56 +37,21 @@
 #include <tuple>
 #include <vector>
 
+#include "muon/optim/listed_fields.h"
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
 
 namespace muon {
 
-/// Options of an element-wise optimizer (per parameter group): the fields
-/// `Self` lists as `static constexpr std::array<const char*, M> kFields`
-/// (archive keys) and `template <typename O> static auto fields(O& o)`
-/// (std::tie of o's fields in that order), `lr` among them.
+/// The options of an element-wise optimizer: muon::ListedOptions
+/// (muon/optim/listed_fields.h), by the name these headers used first.
 template <typename Self>
-struct ElementwiseOptions : public torch::optim::OptimizerCloneableOptions<Self>,
-                            public DigestibleOptions {
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field under its key.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Field-wise equality.
-  friend bool operator==(const Self& lhs, const Self& rhs) {
-    return Self::fields(lhs) == Self::fields(rhs);
-  }
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override { return static_cast<const Self&>(*this).lr(); }
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override { static_cast<Self&>(*this).lr(lr); }
-  ~ElementwiseOptions() override = default;
-};
+using ElementwiseOptions = ListedOptions<Self>;
 
-/// Per-parameter state of an element-wise optimizer: `step` and the N
-/// buffers `Self` lists as `static constexpr std::array<const char*, N>
-/// kBuffers` (archive keys) and `std::array<at::Tensor*, N> buffers()`.
+/// The state of an element-wise optimizer: muon::ListedParamState.
 template <typename Self, size_t N>
-struct ElementwiseParamState : public torch::optim::OptimizerCloneableParamState<Self> {
-  /// Steps taken on this parameter.
-  TORCH_ARG(int64_t, step) = 0;
-
- public:
-  /// Reads `step` and every buffer the archive holds (an absent one is left undefined).
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes `step` and every defined buffer under its key.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// The buffers, read-only.
-  std::array<const at::Tensor*, N> const_buffers() const;
-  /// Equal step and bit-equal buffers (both undefined, or equal).
-  friend bool operator==(const Self& lhs, const Self& rhs) { return lhs.equals(rhs); }
-  ~ElementwiseParamState() override = default;
-
- private:
-  bool equals(const Self& other) const;
-};
+using ElementwiseParamState = ListedParamState<Self, N>;
 
 /// The optimizer skeleton (see the top of this header).
 template <typename Derived, typename Options, typename State>

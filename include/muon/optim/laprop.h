@@ -37,7 +37,7 @@ namespace muon {
 /// Options of `muon::LaProp` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9, β2 0.999, ε 1e-8,
 /// no weight decay, bias correction on.
-struct LaPropOptions : public ElementwiseOptions<LaPropOptions> {
+struct LaPropOptions : public ListedOptions<LaPropOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   LaPropOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -66,13 +66,11 @@ struct LaPropOptions : public ElementwiseOptions<LaPropOptions> {
   }
   /// Checks every field; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
   void validate() const;
-  /// Mixes every field that changes a step (lr aside) into `digest`.
-  void mix_settings(SettingsDigest& digest) const override;
 };
 
 /// Per-parameter state of `muon::LaProp`: `step` (steps taken on this
 /// parameter, t of the bias correction) and the two moments.
-struct LaPropParamState : public ElementwiseParamState<LaPropParamState, 2> {
+struct LaPropParamState : public ListedParamState<LaPropParamState, 2> {
   /// Momentum m of the normalized gradients: the parameter's shape, dtype
   /// and device; zeros at first use.
   TORCH_ARG(at::Tensor, exp_avg);

@@ -31,7 +31,7 @@ namespace muon {
 
 /// Options of `muon::Lion` (per parameter group), as chained setters.
 /// Defaults are the paper's: lr 1e-4, β1 0.9, β2 0.99, no weight decay.
-struct LionOptions : public ElementwiseOptions<LionOptions> {
+struct LionOptions : public ListedOptions<LionOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   LionOptions(double lr = 1e-4);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -54,13 +54,11 @@ struct LionOptions : public ElementwiseOptions<LionOptions> {
   }
   /// Checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
   void validate() const;
-  /// Mixes every field that changes a step (lr aside) into `digest`.
-  void mix_settings(SettingsDigest& digest) const override;
 };
 
 /// Per-parameter state of `muon::Lion`: `step` (steps taken on this
 /// parameter) and the momentum.
-struct LionParamState : public ElementwiseParamState<LionParamState, 1> {
+struct LionParamState : public ListedParamState<LionParamState, 1> {
   /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
   TORCH_ARG(at::Tensor, exp_avg);
 

@@ -40,7 +40,7 @@ namespace muon {
 /// Options of `muon::Signum` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight
 /// decay (method "decoupled"), bias correction on, nesterov off.
-struct SignumOptions : public ElementwiseOptions<SignumOptions> {
+struct SignumOptions : public ListedOptions<SignumOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   SignumOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -72,13 +72,11 @@ struct SignumOptions : public ElementwiseOptions<SignumOptions> {
   }
   /// Checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
   void validate() const;
-  /// Mixes every field that changes a step (lr aside) into `digest`.
-  void mix_settings(SettingsDigest& digest) const override;
 };
 
 /// Per-parameter state of `muon::Signum`: `step` (steps taken on this
 /// parameter, t of the bias correction) and the momentum.
-struct SignumParamState : public ElementwiseParamState<SignumParamState, 1> {
+struct SignumParamState : public ListedParamState<SignumParamState, 1> {
   /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
   TORCH_ARG(at::Tensor, exp_avg);
 

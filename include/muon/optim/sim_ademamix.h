@@ -45,7 +45,7 @@ namespace muon {
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9999, β2 0.999, ε 1e-8,
 /// no weight decay (method "decoupled"), bias correction on, no β warmup
 /// (min_beta_fast 0.9 when one is set), α 2.
-struct SimAdEMAMixOptions : public ElementwiseOptions<SimAdEMAMixOptions> {
+struct SimAdEMAMixOptions : public ListedOptions<SimAdEMAMixOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   SimAdEMAMixOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -88,8 +88,6 @@ struct SimAdEMAMixOptions : public ElementwiseOptions<SimAdEMAMixOptions> {
   }
   /// Checks every field; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ...".
   void validate() const;
-  /// Mixes every field that changes a step (lr aside) into `digest`.
-  void mix_settings(SettingsDigest& digest) const override;
 };
 
 /// β of step `step` (1-based) under `options`' warmup: `beta1` when
@@ -100,7 +98,7 @@ double sim_ademamix_beta(const SimAdEMAMixOptions& options, int64_t step);
 
 /// Per-parameter state of `muon::SimAdEMAMix`: `step` (steps taken on this
 /// parameter, t of the bias correction and the warmup) and the two moments.
-struct SimAdEMAMixParamState : public ElementwiseParamState<SimAdEMAMixParamState, 2> {
+struct SimAdEMAMixParamState : public ListedParamState<SimAdEMAMixParamState, 2> {
   /// Momentum m (a sum of β-discounted gradients): the parameter's shape,
   /// dtype and device; zeros at first use.
   TORCH_ARG(at::Tensor, exp_avg);

@@ -40,11 +40,14 @@
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "muon/optim/listed_fields.h"
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
@@ -66,8 +69,7 @@ SoapWeightDecay parse_soap_weight_decay(const std::string& name);
 /// Options of `muon::Soap` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults (lr aside: it has none there;
 /// 3e-3 is its earlier default).
-struct SoapOptions : public torch::optim::OptimizerCloneableOptions<SoapOptions>,
-                     public DigestibleOptions {
+struct SoapOptions : public ListedOptions<SoapOptions> {
   /// Options with learning rate `lr` and every other field at its default.
   SoapOptions(double lr = 3e-3);  // NOLINT(google-explicit-constructor): torch pattern
 
@@ -119,19 +121,21 @@ struct SoapOptions : public torch::optim::OptimizerCloneableOptions<SoapOptions>
   }
   /// Checks every field; raises c10::ValueError "[muon::Soap] <arg> must be ..., got <value>".
   void validate() const;
-  /// Reads every field written by the other overload.
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes every field.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Mixes every field that changes a step (lr aside) into `digest`.
-  void mix_settings(SettingsDigest& digest) const override;
-  /// Field-wise equality.
-  friend bool operator==(const SoapOptions& lhs, const SoapOptions& rhs);
-  ~SoapOptions() override = default;
-  /// `lr()`, for LR schedulers.
-  double get_lr() const override;
-  /// `lr(lr)`, for LR schedulers.
-  void set_lr(double lr) override;
+  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
+  static constexpr std::array<const char*, 18> kFields{
+      "lr", "beta1", "beta2", "shampoo_beta", "eps", "weight_decay", "weight_decay_method",
+      "use_nesterov", "precondition_frequency", "adam_warmup_steps", "precondition_1d",
+      "correct_bias", "correct_shampoo_beta_bias", "use_eigh", "use_adaptive_criteria",
+      "adaptive_update_tolerance", "power_iter_steps", "max_update_rms"};
+  /// The fields of `o` (a SoapOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.beta1_, o.beta2_, o.shampoo_beta_, o.eps_, o.weight_decay_,
+                    o.weight_decay_method_, o.use_nesterov_, o.precondition_frequency_,
+                    o.adam_warmup_steps_, o.precondition_1d_, o.correct_bias_,
+                    o.correct_shampoo_beta_bias_, o.use_eigh_, o.use_adaptive_criteria_,
+                    o.adaptive_update_tolerance_, o.power_iter_steps_, o.max_update_rms_);
+  }
 };
 
 /// Per-parameter state of `muon::Soap` (Emerging-Optimizers' names; its
@@ -142,9 +146,7 @@ struct SoapOptions : public torch::optim::OptimizerCloneableOptions<SoapOptions>
 /// Q_L and Q_R exist from the first eigenbasis refresh on. In the sharded
 /// layout only the owner of a matrix holds these tensors (whole); every
 /// rank counts `step`.
-struct SoapParamState : public torch::optim::OptimizerCloneableParamState<SoapParamState> {
-  /// Steps taken on this parameter.
-  TORCH_ARG(int64_t, step) = 0;
+struct SoapParamState : public ListedParamState<SoapParamState, 6> {
   /// Adam's first moment, in the eigenbasis.
   TORCH_ARG(at::Tensor, exp_avg);
   /// Adam's second moment, in the eigenbasis.
@@ -159,13 +161,10 @@ struct SoapParamState : public torch::optim::OptimizerCloneableParamState<SoapPa
   TORCH_ARG(at::Tensor, Q_R);
 
  public:
-  /// Reads every field (absent tensors stay undefined).
-  void serialize(torch::serialize::InputArchive& archive) override;
-  /// Writes the step and every defined tensor.
-  void serialize(torch::serialize::OutputArchive& archive) const override;
-  /// Equal step and bit-equal tensors.
-  friend bool operator==(const SoapParamState& lhs, const SoapParamState& rhs);
-  ~SoapParamState() override = default;
+  /// Archive keys of the buffers (muon/optim/listed_fields.h).
+  static constexpr std::array<const char*, 6> kBuffers{"exp_avg", "exp_avg_sq", "L", "R", "Q_L", "Q_R"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 6> buffers() { return {&exp_avg_, &exp_avg_sq_, &L_, &R_, &Q_L_, &Q_R_}; }
 };
 
 namespace detail {

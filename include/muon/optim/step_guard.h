@@ -119,6 +119,15 @@ class StepGuard {
   /// When `is_checked_by_owner()` or `agreed_by_layout()`, returns true at once.
   bool admit_step(const std::vector<torch::optim::OptimizerParamGroup>& groups, const char* who,
                   const std::function<void()>& local_checks, const Describe& describe = nullptr);
+  /// A step of `optimizer` (the one deriving from this guard): `closure`'s
+  /// loss, computed with gradients on; admit_step over its groups with
+  /// `local_checks`; then `update` with gradients off, whole or nothing
+  /// (a failure restores what it changed) unless `is_checked_by_owner()`,
+  /// whose owner's step is the transaction. Returns the loss.
+  at::Tensor guarded_step(torch::optim::Optimizer& optimizer,
+                          const torch::optim::Optimizer::LossClosure& closure, const char* who,
+                          const std::function<void()>& local_checks,
+                          const std::function<void()>& update);
 
  private:
   NonFinitePolicy policy_ = NonFinitePolicy::kError;

@@ -1,0 +1,150 @@
+// muon::ListedOptions (muon/optim/listed_fields.h): for every options type
+// that lists its fields, each field on its own (a) survives the archive,
+// enums and dtypes included, (b) makes the options unequal, and (c) changes
+// the settings digest, lr alone excepted (schedulers change it per step).
+// Each case changes exactly one field from the defaults, so a field written
+// but not read (or read under another key), left out of equality or of the
+// digest fails by name.
+#include <gtest/gtest.h>
+#include <torch/serialize/archive.h>
+
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include "muon/optim/dion2.h"
+#include "muon/optim/laprop.h"
+#include "muon/optim/lion.h"
+#include "muon/optim/signum.h"
+#include "muon/optim/sim_ademamix.h"
+#include "muon/optim/soap.h"
+
+namespace {
+
+using namespace muon;
+
+// Another value of `v`'s type: valid for every field of these options
+// (each enum has at least two values; the dtype is one the fields accept).
+template <typename T>
+void change(T& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    v = !v;
+  } else if constexpr (std::is_same_v<T, at::ScalarType>) {
+    v = v == at::kDouble ? at::kFloat : at::kDouble;
+  } else if constexpr (std::is_enum_v<T>) {
+    v = static_cast<T>(static_cast<int>(v) == 0 ? 1 : 0);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    v = v == "l2" ? "decoupled" : "l2";
+  } else {
+    v = v + 1;  // double and int64_t: exact, and in no case equal to v
+  }
+}
+
+// `o` with its field `i` changed.
+template <typename O, size_t I>
+O with_field_changed(O o) {
+  change(std::get<I>(O::fields(o)));
+  return o;
+}
+
+// What `out` holds, as a file of it would read.
+torch::serialize::InputArchive reopened(torch::serialize::OutputArchive& out) {
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream in_bytes(bytes.str());
+  torch::serialize::InputArchive in;
+  in.load_from(in_bytes);
+  return in;
+}
+
+template <typename O>
+O round_trip(const O& o) {
+  torch::serialize::OutputArchive out;
+  o.serialize(out);
+  auto in = reopened(out);
+  O back;  // every field at its default, then read
+  back.serialize(in);
+  return back;
+}
+
+template <typename O>
+uint64_t digest_of(const O& o) {
+  SettingsDigest d;
+  o.mix_settings(d);
+  return d.value();
+}
+
+template <typename O, size_t I>
+void check_field(const char* options_name) {
+  const O defaults;
+  const O changed = with_field_changed<O, I>(defaults);
+  const std::string field = O::kFields[I];
+  SCOPED_TRACE(std::string(options_name) + "::" + field);
+  EXPECT_FALSE(changed == defaults);
+  EXPECT_TRUE(round_trip(changed) == changed);
+  EXPECT_TRUE(round_trip(defaults) == defaults);
+  if (field == "lr") {
+    EXPECT_EQ(digest_of(changed), digest_of(defaults));
+  } else {
+    EXPECT_NE(digest_of(changed), digest_of(defaults));
+  }
+}
+
+template <typename O, size_t... I>
+void check_every_field(const char* options_name, std::index_sequence<I...>) {
+  (check_field<O, I>(options_name), ...);
+}
+
+template <typename O>
+void check_every_field(const char* options_name) {
+  check_every_field<O>(options_name, std::make_index_sequence<O::kFields.size()>());
+}
+
+TEST(ListedOptions, EveryFieldRoundTripsCountsInEqualityAndInTheDigest) {
+  check_every_field<SoapOptions>("SoapOptions");
+  check_every_field<Dion2Options>("Dion2Options");
+  check_every_field<LionOptions>("LionOptions");
+  check_every_field<LaPropOptions>("LaPropOptions");
+  check_every_field<SignumOptions>("SignumOptions");
+  check_every_field<SimAdEMAMixOptions>("SimAdEMAMixOptions");
+}
+
+TEST(ListedOptions, EnumsAndDtypesAreArchivedByTheirNames) {
+  torch::serialize::OutputArchive out;
+  Dion2Options().adjust_lr("rms_norm").ns_compute_dtype(at::kBFloat16).serialize(out);
+  c10::IValue v;
+  auto in = reopened(out);
+  in.read("adjust_lr", v);
+  EXPECT_EQ(v.toStringRef(), "rms_norm");
+  in.read("ns_compute_dtype", v);
+  EXPECT_EQ(v.toStringRef(), "bfloat16");
+
+  torch::serialize::OutputArchive soap_out;
+  SoapOptions().weight_decay_method("independent").serialize(soap_out);
+  auto soap_in = reopened(soap_out);
+  soap_in.read("weight_decay_method", v);
+  EXPECT_EQ(v.toStringRef(), "independent");
+}
+
+TEST(ListedOptions, AnUnknownEnumNameInAnArchiveRaisesNamingIt) {
+  // Dion2Options' fields in their order up to adjust_lr, which holds a name
+  // no mode has: reading stops there.
+  torch::serialize::OutputArchive out;
+  for (const char* key : {"lr", "fraction", "ef_decay", "weight_decay", "epsilon"}) {
+    out.write(key, c10::IValue(0.5));
+  }
+  out.write("adjust_lr", c10::IValue(std::string("spectral")));
+  auto in = reopened(out);
+  Dion2Options back;
+  try {
+    back.serialize(in);
+    FAIL() << "no error";
+  } catch (const c10::ValueError& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_NE(what.find("adjust_lr"), std::string::npos) << what;
+    EXPECT_NE(what.find("spectral"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
