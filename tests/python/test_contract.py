@@ -118,10 +118,7 @@ def test_add_param_group_steps_the_new_group_as_if_built_with_it(cls):
     for n, p in first:  # the state goes on bit for bit
         assert_same_state(before[n], state_of(opt_a, p))
     for step in range(1, 5):
-        grads(a, step)
-        grads(b, step)
-        opt_a.step()
-        opt_b.step()
+        step_both(a, b, opt_a, opt_b, step)
         assert_same(a, b)
     for (n, p), (_, q) in zip(a, b):
         assert_same_state(state_of(opt_a, p), state_of(opt_b, q))
@@ -181,10 +178,7 @@ def test_add_param_group_bad_settings_change_nothing(cls):
     with pytest.raises(ValueError, match="more than one parameter group"):
         opt.add_param_group({"params": [first[0][1]]})
     for step in range(3):
-        grads(first, step)
-        grads(twin, step)
-        opt.step()
-        opt_t.step()
+        step_both(first, twin, opt, opt_t, step)
     assert_same(first, twin)
 
 
@@ -425,10 +419,7 @@ def test_deepcopy(cls, with_model):
     grads(orig, 1)
     opt.step()
     for step in range(2, 5):
-        grads(orig, step)
-        grads(copies, step)
-        opt.step()
-        opt_c.step()
+        step_both(orig, copies, opt, opt_c, step)
         assert_same(orig, copies)
 
 
@@ -560,10 +551,7 @@ def test_lr_scheduler_values_reach_the_engine(cls, name):
         moms.append([g.get("momentum") for g in opt.param_groups])
         _zero(a)
         _zero(c)
-        grads(a, step)
-        grads(c, step)
-        opt.step()
-        unit.step()
+        step_both(a, c, opt, unit, step)
         for g, h in zip(opt.param_groups, unit.param_groups):
             for p, q in zip(g["params"], h["params"]):
                 # p = -lr·U, q = -1·U: one fp32 rounding each (within 1e-6 relative).
@@ -622,10 +610,7 @@ def test_scheduler_and_optimizer_resume_together(cls, name):
     sched_b.load_state_dict(saved[1])
     for step in range(3, 7):
         assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in opt_b.param_groups]
-        grads(a, step)
-        grads(b, step)
-        opt.step()
-        opt_b.step()
+        step_both(a, b, opt, opt_b, step)
         sched.step()
         sched_b.step()
         assert_same(a, b)
@@ -651,18 +636,12 @@ def test_other_classes_add_param_group_and_deepcopy(cls):
     opt_b.step()
     opt_a.add_param_group({"params": [a[1][1]]})
     for step in range(1, 4):
-        grads(a, step)
-        grads(b, step)
-        opt_a.step()
-        opt_b.step()
+        step_both(a, b, opt_a, opt_b, step)
         assert_same(a, b)
     opt_c = copy.deepcopy(opt_a)
     c = [(n, p) for grp in opt_c.param_groups for n, p in zip(grp["names"], grp["params"])]
     for step in range(4, 6):
-        grads(a, step)
-        grads(c, step)
-        opt_a.step()
-        opt_c.step()
+        step_both(a, c, opt_a, opt_c, step)
         assert_same(a, c)
     for (_, p), (_, q) in zip(a, c):
         assert_same_state(state_of(opt_a, p), state_of(opt_c, q))
