@@ -185,7 +185,18 @@ class SOAP(_OneOptimizer):
         super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
 
-class Dion2(_OneOptimizer):
+class _Dion2Family(_OneOptimizer):
+    """Dion2 and NorDion2: lr=0.01, weight_decay=0.01, and Dion's adjust_lr=None
+    read as "none"."""
+
+    def __init__(self, params, lr=0.01, weight_decay=0.01, *, layout=None, nonfinite="error",
+                 **options):
+        if "adjust_lr" in options and options["adjust_lr"] is None:
+            options["adjust_lr"] = "none"
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class Dion2(_Dion2Family):
     """Dion2 (microsoft/dion): Newton–Schulz on the top ``fraction`` of the rows
     (rows <= cols) or columns of the momentum M ← M + G by L1 norm, those slices of
     M decayed by ``ef_decay`` (error feedback), and only they updated, by
@@ -198,14 +209,8 @@ class Dion2(_OneOptimizer):
 
     _kind = "dion2"
 
-    def __init__(self, params, lr=0.01, weight_decay=0.01, *, layout=None, nonfinite="error",
-                 **options):
-        if "adjust_lr" in options and options["adjust_lr"] is None:
-            options["adjust_lr"] = "none"
-        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
-
-class NorDion2(_OneOptimizer):
+class NorDion2(_Dion2Family):
     """NorDion2 (microsoft/dion): Dion2 on rows always, with NorMuon's per-row
     normalization of the orthogonalized rows. Dion's keywords and defaults:
     fraction=0.25, mu=0.95 (error-feedback decay), muon_beta2=0.95, epsilon=1e-8,
@@ -213,12 +218,6 @@ class NorDion2(_OneOptimizer):
     variance (one value per row)."""
 
     _kind = "nordion2"
-
-    def __init__(self, params, lr=0.01, weight_decay=0.01, *, layout=None, nonfinite="error",
-                 **options):
-        if "adjust_lr" in options and options["adjust_lr"] is None:
-            options["adjust_lr"] = "none"
-        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
 
 class PolarGrad(_OneOptimizer):
