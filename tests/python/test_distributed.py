@@ -80,6 +80,12 @@ def from_rows(shards, rows, m):
     return full[:m]
 
 
+def ranks_fixture(case, world, **kwargs):
+    """A module-scoped fixture (named by the variable it is assigned to): case's
+    results from one start of world ranks (run_ranks)."""
+    return pytest.fixture(scope="module")(lambda: run_ranks(case, world, **kwargs))
+
+
 def mode_results(all_results, mode):
     """Every rank's results of `mode`, with rank 0's row counts and reference."""
     results = [r[mode] for r in all_results]
@@ -119,9 +125,7 @@ def test_a_failing_rank_fails_the_test_instead_of_hanging():
 LAYERWISE_VARIANTS = [("muon", 2), ("hybrid", 0), ("hybrid", 2), ("make", 2), ("make_lr_schedule", 2)]
 
 
-@pytest.fixture(scope="module")
-def layerwise_results():
-    return run_ranks("layerwise", 2, variants=LAYERWISE_VARIANTS)
+layerwise_results = ranks_fixture("layerwise", 2, variants=LAYERWISE_VARIANTS)
 
 
 @pytest.mark.parametrize("kind,max_in_flight", LAYERWISE_VARIANTS)
@@ -162,9 +166,7 @@ def test_layerwise_ranks_that_disagree_raise_on_every_rank():
 TP_MODES = ["duplicated", "distributed", "blockwise"]
 
 
-@pytest.fixture(scope="module")
-def tensor_parallel_results():
-    return run_ranks("tensor_parallel", 2, modes=TP_MODES)
+tensor_parallel_results = ranks_fixture("tensor_parallel", 2, modes=TP_MODES)
 
 
 @pytest.mark.parametrize("mode", TP_MODES)
@@ -211,9 +213,7 @@ def test_tensor_parallel(tensor_parallel_results, mode):
 SHARDED_MODES = ["owner_compute", "replicated"]
 
 
-@pytest.fixture(scope="module")
-def sharded_results():
-    return run_ranks("sharded", 2, modes=SHARDED_MODES)
+sharded_results = ranks_fixture("sharded", 2, modes=SHARDED_MODES)
 
 
 @pytest.mark.parametrize("mode", SHARDED_MODES)
@@ -243,10 +243,8 @@ def test_sharded_gradient_on_some_ranks_only_raises_on_every_rank():
         assert res["unchanged"] and res["state"] == 0, (r, res)
 
 
-@pytest.fixture(scope="module")
-def mesh4_results():
-    # One start of 4 processes for both 2 x 2 layouts.
-    return run_ranks("mesh4", 4)
+# One start of 4 processes for both 2 x 2 layouts.
+mesh4_results = ranks_fixture("mesh4", 4)
 
 
 def test_sharded_expert_groups(mesh4_results):
@@ -342,9 +340,7 @@ def test_layerwise_over_data_parallel_subgroups(mesh4_results):
 ADAPTIVE_MODES = ["normuon", "adamuon"]
 
 
-@pytest.fixture(scope="module")
-def adaptive_results():
-    return run_ranks("adaptive_sharded", 2, adaptive_modes=ADAPTIVE_MODES)
+adaptive_results = ranks_fixture("adaptive_sharded", 2, adaptive_modes=ADAPTIVE_MODES)
 
 
 @pytest.mark.parametrize("adaptive_mode", ADAPTIVE_MODES)
