@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist_bench_util.h"
@@ -129,6 +130,13 @@ int main(int argc, char** argv) {
                 bytes / 1e6, minimum / 1e6, minimum > 0 ? bytes / minimum : 0.0);
     std::fflush(stdout);
   };
+  // The seconds per step of opt (time_steps), then the bytes one more step sends.
+  auto time_and_bytes = [&](auto& opt) {
+    const double seconds = time_steps(group, a, [&] { opt.step(); });
+    group.reset_bytes_sent();
+    opt.step();
+    return std::make_pair(seconds, static_cast<double>(group.bytes_sent()));
+  };
 
   // Sharded: balanced row shards.
   for (const auto& [name, mode, in_flight] :
@@ -148,10 +156,7 @@ int main(int argc, char** argv) {
       shards.emplace_back(all_shapes[k], group);
     }
     muon::distributed::ShardedMuon opt(params, shards, {}, muon::distributed::ShardedOptions().mode(mode).max_in_flight(in_flight));
-    const double seconds = time_steps(group, a, [&] { opt.step(); });
-    group.reset_bytes_sent();
-    opt.step();
-    const auto bytes = static_cast<double>(group.bytes_sent());
+    const auto [seconds, bytes] = time_and_bytes(opt);
     // Minimum for owner-compute: my rows of matrices I do not own, out; the
     // other rows of those I own, back. Replicated: every other rank's rows
     // of every matrix arrive here (all-gather: my rows to W − 1 ranks).
@@ -184,10 +189,7 @@ int main(int argc, char** argv) {
           return std::make_unique<muon::Muon>(owned.values());
         },
         muon::distributed::LayerwiseOptions().max_in_flight(in_flight));
-    const double seconds = time_steps(group, a, [&] { opt.step(); });
-    group.reset_bytes_sent();
-    opt.step();
-    const auto bytes = static_cast<double>(group.bytes_sent());
+    const auto [seconds, bytes] = time_and_bytes(opt);
     // Minimum: every rank's owned parameters reach every other rank once.
     double owned = 0;
     for (size_t k = 0; k < all_shapes.size(); ++k) {
