@@ -2,9 +2,7 @@
 // LaProp, Signum, SimAdEMAMix) passes, written once and run by each
 // optimizer's test file with a case struct describing it:
 //
-//   struct Case {
-//     using Optimizer = ...; using Options = ...; using State = ...;
-//     using Other = ...;                    // another element-wise optimizer
+//   struct Case : CaseOf<Optimizer, Other> {  // Other: another element-wise optimizer
 //     static constexpr const char* kName;   // its registry entry, e.g. "laprop"
 //     static Options resumed();             // non-default options of the resumed run
 //     static Options replaced();            // other options the loader must replace
@@ -14,8 +12,13 @@
 //     static void check_config(const Options& o);  // the options that config gives
 //   };
 //
+// The shared tests are function templates named as the tests they are
+// (MUON_ELEMENTWISE_CASES at the end defines them for a case).
+//
 // Each file keeps its own independent fp64 reference of the published
-// arithmetic and the tests of options only it has.
+// arithmetic and the tests of options only it has; the helpers below check
+// its defaults (expect_fields), its invalid options (expect_invalid_options)
+// and its steps against the reference (expect_steps_equal_reference).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -28,6 +31,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "archive_util.h"
@@ -35,6 +40,7 @@
 #include "distributed/checkpoints/checkpoint_state.h"
 #include "expect_util.h"
 #include "muon/compat.h"
+#include "muon/optim/elementwise.h"
 #include "muon/registry.h"
 #include "tensor_util.h"
 
@@ -67,6 +73,25 @@ struct TwoMoments {
   int64_t t = 0;
 
   explicit TwoMoments(const at::Tensor& init) : p(doubles(init)), m(p.size(), 0.0), v(p.size(), 0.0) {}
+
+  /// The moments, in the order of the state's buffers (exp_avg, exp_avg_sq).
+  std::vector<const std::vector<double>*> moments() const { return {&m, &v}; }
+};
+
+/// What a case's Optimizer, Options, State and Other are: `Optimizer` is a
+/// muon::ElementwiseOptimizer<Optimizer, Options, State>, `Other` another one.
+template <typename Optimizer_, typename Other_>
+struct CaseOf {
+ private:
+  template <typename D, typename O, typename S>
+  static std::tuple<O, S> parts(const ElementwiseOptimizer<D, O, S>*);
+  using Parts = decltype(parts(static_cast<const Optimizer_*>(nullptr)));
+
+ public:
+  using Optimizer = Optimizer_;
+  using Options = std::tuple_element_t<0, Parts>;
+  using State = std::tuple_element_t<1, Parts>;
+  using Other = Other_;
 };
 
 /// The state of `p` in `opt`, as the case's State.
@@ -83,11 +108,97 @@ std::vector<at::Tensor> buffer_copies(const State& st) {
   return out;
 }
 
+/// Gives `p` a gradient of ones and takes one step of `opt`.
+template <typename Optimizer>
+void step_with_ones(Optimizer& opt, at::Tensor& p) {
+  p.mutable_grad() = at::ones_like(p);
+  opt.step();
+}
+
+/// The archive of an Optimizer over `p` after one step with a gradient of ones.
+template <typename Optimizer>
+std::string archive_after_a_step(at::Tensor p) {
+  Optimizer opt({p});
+  step_with_ones(opt, p);
+  return save_to_string(opt);
+}
+
+/// expect_fields, over the field indices I.
+template <typename Options, typename Want, size_t... I>
+void expect_fields_at(const Options& o, const Want& want, std::index_sequence<I...>) {
+  const auto got = Options::fields(o);
+  const auto one = [](const auto& g, const auto& w, const char* name) { EXPECT_EQ(g, w) << name; };
+  (one(std::get<I>(got), std::get<I>(want), Options::kFields[I]), ...);
+}
+
+/// Expects the fields of `o`, in Options::fields' order, to equal `want`
+/// (a failure names the field by Options::kFields).
+template <typename Options, typename... V>
+void expect_fields(const Options& o, const V&... want) {
+  static_assert(sizeof...(V) == Options::kFields.size(), "one value a field");
+  expect_fields_at(o, std::forward_as_tuple(want...), std::index_sequence_for<V...>{});
+}
+
+/// Building C::Optimizer with lr -1 raises c10::ValueError naming the
+/// optimizer, "lr" and "-1"; with the options of each row of `invalid`, one
+/// whose message holds the row's words.
+template <typename C>
+void expect_invalid_options(
+    const std::vector<std::pair<typename C::Options, std::vector<std::string>>>& invalid) {
+  auto p = leaf(at::randn({3}));
+  expect_value_error([&] { typename C::Optimizer opt({p}, typename C::Options(-1)); },
+                     {std::string("[") + C::Optimizer::kKind + "]", "lr", "-1"});
+  for (const auto& [options, words] : invalid)
+    expect_value_error([&] { typename C::Optimizer opt({p}, options); }, words);
+}
+
+/// For options with a weight_decay_method: building C::Optimizer with
+/// method "palm" raises c10::ValueError naming the methods, and so does
+/// setting the config field <kName>_weight_decay_method to it.
+template <typename C>
+void expect_weight_decay_method_checked() {
+  auto p = leaf(at::randn({3}));
+  const auto options = typename C::Options().weight_decay_method("palm");
+  expect_value_error([&] { typename C::Optimizer opt({p}, options); },
+                     {"weight_decay_method", "decoupled, independent, l2", "'palm'"});
+  OptimizerConfig c;
+  const auto field = std::string(C::kName) + "_weight_decay_method";
+  expect_value_error([&] { c.set(field, std::string("palm")); }, {field, "palm"});
+}
+
+/// `steps` steps of C::Optimizer over the fp32 parameters of `run` beside
+/// their fp64 references, with the options of `h` (`h.fields()`, in
+/// C::Options::fields' order). Expects every parameter and every buffer
+/// (C::State::kBuffers, matched with the reference's moments() in order)
+/// within `tol` of the reference, relative to its largest value, and the
+/// step count at `steps`; `what` names the setting in failures. Returns the
+/// optimizer's state_bytes().
+template <typename C, typename Reference, typename Hyper>
+int64_t expect_steps_equal_reference(ReferenceRun<Reference>& run, const Hyper& h, int steps,
+                                     double tol, const std::string& what) {
+  typename C::Options options;
+  C::Options::fields(options) = h.fields();
+  typename C::Optimizer opt(run.params, options);
+  run.run(opt, h, steps);
+  for (size_t k = 0; k < run.params.size(); ++k) {
+    const auto& st = state_of<C>(opt, run.params[k]);
+    EXPECT_EQ(st.step(), steps);
+    EXPECT_LE(relative(run.params[k], run.refs[k].p), tol) << what << " param " << k;
+    const auto buffers = st.const_buffers();
+    const auto moments = run.refs[k].moments();
+    EXPECT_EQ(moments.size(), buffers.size());
+    for (size_t i = 0; i < buffers.size() && i < moments.size(); ++i)
+      EXPECT_LE(relative(*buffers[i], *moments[i]), tol)
+          << what << " " << C::State::kBuffers[i] << " " << k;
+  }
+  return opt.state_bytes();
+}
+
 /// Six steps straight equal three, save, load into an optimizer built with
 /// other options (the archive's options replace them, field for field, lr
 /// included) and three more, bit for bit.
 template <typename C>
-void resumed_run_is_bit_identical() {
+void ResumedRunIsBitIdentical() {
   const auto data = gradient_run(1, {6, 4}, 6);
   const auto options = C::resumed();
   auto a = leaf(data.init);
@@ -113,12 +224,9 @@ void resumed_run_is_bit_identical() {
 /// Loading C::Other's archive raises c10::ValueError naming both optimizers
 /// and changes neither options nor state.
 template <typename C>
-void load_rejects_another_optimizers_archive_and_changes_nothing() {
+void LoadRejectsAnotherOptimizersArchiveAndChangesNothing() {
   auto p = leaf(at::randn({3}));
-  typename C::Other other({p});
-  p.mutable_grad() = at::ones({3});
-  other.step();
-  const auto bytes = save_to_string(other);
+  const auto bytes = archive_after_a_step<typename C::Other>(p);
   typename C::Optimizer opt({p}, typename C::Options(0.2));
   expect_value_error([&] { load_from_string(opt, bytes); },
                      {std::string("[") + C::Optimizer::kKind + "]", C::Other::kKind});
@@ -129,12 +237,8 @@ void load_rejects_another_optimizers_archive_and_changes_nothing() {
 /// Loading an archive of another group structure raises c10::ValueError
 /// and changes nothing.
 template <typename C>
-void load_rejects_other_groups_and_changes_nothing() {
-  auto p = leaf(at::randn({3}));
-  typename C::Optimizer opt({p});
-  p.mutable_grad() = at::ones({3});
-  opt.step();
-  const auto bytes = save_to_string(opt);
+void LoadRejectsOtherGroupsAndChangesNothing() {
+  const auto bytes = archive_after_a_step<typename C::Optimizer>(leaf(at::randn({3})));
   auto q = leaf(at::randn({3}));
   auto r = leaf(at::randn({3}));
   typename C::Optimizer two({q, r}, typename C::Options(0.2));
@@ -145,7 +249,7 @@ void load_rejects_other_groups_and_changes_nothing() {
 
 /// A parameter without a gradient keeps its value and gets no state.
 template <typename C>
-void parameters_without_gradient_are_skipped() {
+void ParametersWithoutGradientAreSkipped() {
   auto p = leaf(at::randn({3}));
   const auto before = p.detach().clone();
   typename C::Optimizer opt({p});
@@ -157,12 +261,11 @@ void parameters_without_gradient_are_skipped() {
 
 /// LibTorch's StepLR drives the lr through get_lr/set_lr.
 template <typename C>
-void scheduler_drives_lr() {
+void SchedulerDrivesLr() {
   auto p = leaf(at::randn({3}));
   typename C::Optimizer opt({p}, typename C::Options(1.0));
   torch::optim::StepLR sched(opt, 1, 0.5);
-  p.mutable_grad() = at::ones({3});
-  opt.step();
+  step_with_ones(opt, p);
   sched.step();  // LibTorch 1.13's StepLR changes nothing on its first call
   sched.step();
   EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.5);
@@ -171,11 +274,10 @@ void scheduler_drives_lr() {
 /// A bad edit of the options between steps (C::bad_edit, then an lr < 0) is
 /// caught by the next step, which changes neither the parameter nor its state.
 template <typename C>
-void bad_edit_between_steps_changes_nothing() {
+void BadEditBetweenStepsChangesNothing() {
   auto p = leaf(at::randn({3}));
   typename C::Optimizer opt({p});
-  p.mutable_grad() = at::ones({3});
-  opt.step();
+  step_with_ones(opt, p);
   const auto& st = state_of<C>(opt, p);
   const auto buffers_before = buffer_copies(st);
   const auto before = p.detach().clone();
@@ -199,7 +301,7 @@ void bad_edit_between_steps_changes_nothing() {
 /// fields (C::check_config), one step fills every buffer, and muon::explain
 /// lists the state schema: step and each buffer, of the parameter's shape.
 template <typename C>
-void built_from_a_config_with_its_fields_and_explained() {
+void BuiltFromAConfigWithItsFieldsAndExplained() {
   ckpt::Named named;
   named.insert("w", leaf(at::randn({8, 4})));
   named.insert("b", leaf(at::randn({8})));
@@ -233,7 +335,7 @@ void built_from_a_config_with_its_fields_and_explained() {
 /// buffers are split, gathered whole and split again; the step counter
 /// travels).
 template <typename C>
-void every_layout_equals_one_process_and_checkpoints_reshard_bit_identically() {
+void EveryLayoutEqualsOneProcessAndCheckpointsReshardBitIdentically() {
   const auto after = ckpt::one_process_after(C::kName, {1, 2, 3, 4, 5, 6, 7, 8}, [](ckpt::Rank& r) {
     const auto slots = distributed::detail::state_slots(*r.opt);
     ASSERT_EQ(slots.size(), ckpt::kModel.size());
@@ -254,7 +356,7 @@ void every_layout_equals_one_process_and_checkpoints_reshard_bit_identically() {
 /// Weight decay "l2" adds wd·p to the gradient the step uses, leaving the
 /// caller's gradient unchanged (for options with a weight_decay_method).
 template <typename C>
-void l2_decay_leaves_the_callers_gradient_unchanged() {
+void L2DecayLeavesTheCallersGradientUnchanged() {
   auto p = leaf(at::randn({4, 3}));
   typename C::Optimizer opt({p},
                             typename C::Options(0.01).weight_decay(0.5).weight_decay_method("l2"));
@@ -272,29 +374,19 @@ using elementwise::doubles;
 using elementwise::relative;
 }  // namespace muon::test
 
+/// The shared test `Name` of case `C` in GoogleTest suite `Suite`: the
+/// function template of that name above, run for C.
+#define MUON_ELEMENTWISE_CASE(Suite, C, Name) \
+  TEST(Suite, Name) { ::muon::test::elementwise::Name<C>(); }
+
 /// The shared tests of case `C` in GoogleTest suite `Suite` (the
 /// optimizer's name), under the names the optimizer's own tests had.
-#define MUON_ELEMENTWISE_CASES(Suite, C)                                                         \
-  TEST(Suite, ResumedRunIsBitIdentical) {                                                        \
-    ::muon::test::elementwise::resumed_run_is_bit_identical<C>();                                \
-  }                                                                                              \
-  TEST(Suite, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {                            \
-    ::muon::test::elementwise::load_rejects_another_optimizers_archive_and_changes_nothing<C>(); \
-  }                                                                                              \
-  TEST(Suite, LoadRejectsOtherGroupsAndChangesNothing) {                                         \
-    ::muon::test::elementwise::load_rejects_other_groups_and_changes_nothing<C>();               \
-  }                                                                                              \
-  TEST(Suite, ParametersWithoutGradientAreSkipped) {                                             \
-    ::muon::test::elementwise::parameters_without_gradient_are_skipped<C>();                     \
-  }                                                                                              \
-  TEST(Suite, SchedulerDrivesLr) { ::muon::test::elementwise::scheduler_drives_lr<C>(); }        \
-  TEST(Suite, BadEditBetweenStepsChangesNothing) {                                               \
-    ::muon::test::elementwise::bad_edit_between_steps_changes_nothing<C>();                      \
-  }                                                                                              \
-  TEST(Suite, BuiltFromAConfigWithItsFieldsAndExplained) {                                       \
-    ::muon::test::elementwise::built_from_a_config_with_its_fields_and_explained<C>();           \
-  }                                                                                              \
-  TEST(Suite, EveryLayoutEqualsOneProcessAndCheckpointsReshardBitIdentically) {                  \
-    ::muon::test::elementwise::                                                                  \
-        every_layout_equals_one_process_and_checkpoints_reshard_bit_identically<C>();            \
-  }
+#define MUON_ELEMENTWISE_CASES(Suite, C)                                                \
+  MUON_ELEMENTWISE_CASE(Suite, C, ResumedRunIsBitIdentical)                             \
+  MUON_ELEMENTWISE_CASE(Suite, C, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) \
+  MUON_ELEMENTWISE_CASE(Suite, C, LoadRejectsOtherGroupsAndChangesNothing)              \
+  MUON_ELEMENTWISE_CASE(Suite, C, ParametersWithoutGradientAreSkipped)                  \
+  MUON_ELEMENTWISE_CASE(Suite, C, SchedulerDrivesLr)                                    \
+  MUON_ELEMENTWISE_CASE(Suite, C, BadEditBetweenStepsChangesNothing)                    \
+  MUON_ELEMENTWISE_CASE(Suite, C, BuiltFromAConfigWithItsFieldsAndExplained)            \
+  MUON_ELEMENTWISE_CASE(Suite, C, EveryLayoutEqualsOneProcessAndCheckpointsReshardBitIdentically)

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "elementwise_cases.h"
@@ -22,6 +23,9 @@ namespace {
 struct Hyper {
   double lr, beta1, beta2, eps, wd;
   bool correct_bias;
+
+  /// The fields in LaPropOptions::fields' order.
+  auto fields() const { return std::tie(lr, beta1, beta2, eps, wd, correct_bias); }
 };
 
 // One parameter's plain fp64 run of LaProp as published: the update of
@@ -49,68 +53,8 @@ struct Reference : elementwise::TwoMoments {
   }
 };
 
-TEST(LaProp, FiveFp32StepsEqualThePublishedUpdate) {
-  // 2-D, tall, conv (4-D) and 1-D parameters, fp32.
-  const std::vector<std::vector<int64_t>> shapes{{5, 7}, {24, 3}, {4, 3, 3, 3}, {6}};
-  for (const bool correct_bias : {true, false}) {
-    const Hyper h{0.01, 0.8, 0.95, 1e-8, 0.1, correct_bias};
-    ReferenceRun<Reference> reference_run(shapes, 0);
-    auto& params = reference_run.params;
-    auto& refs = reference_run.refs;
-    LaProp opt(params, LaPropOptions(h.lr)
-                           .beta1(h.beta1)
-                           .beta2(h.beta2)
-                           .eps(h.eps)
-                           .weight_decay(h.wd)
-                           .correct_bias(correct_bias));
-    reference_run.run(opt, h, 5);
-    // fp32 against fp64: a few fp32 roundings (2^-24 relative) per step on
-    // values of order 1, over 5 steps: far below 1e-5 of the largest. A
-    // missing bias correction, decay or normalization moves p by > 1e-3.
-    for (size_t k = 0; k < params.size(); ++k) {
-      const auto& st =
-          static_cast<const LaPropParamState&>(*opt.state().at(compat::state_key(params[k])));
-      EXPECT_EQ(st.step(), 5);
-      EXPECT_LE(relative(params[k], refs[k].p), 1e-5)
-          << "param " << k << " correct_bias " << correct_bias;
-      EXPECT_LE(relative(st.exp_avg(), refs[k].m), 1e-5) << "exp_avg " << k;
-      EXPECT_LE(relative(st.exp_avg_sq(), refs[k].v), 1e-5) << "exp_avg_sq " << k;
-    }
-    EXPECT_EQ(opt.state_bytes(), 2 * (35 + 72 + 108 + 6) * 4);
-  }
-}
-
-TEST(LaProp, DefaultsAreEmergingOptimizers) {
-  const LaPropOptions o;
-  EXPECT_EQ(o.lr(), 1e-3);
-  EXPECT_EQ(o.beta1(), 0.9);
-  EXPECT_EQ(o.beta2(), 0.999);
-  EXPECT_EQ(o.eps(), 1e-8);
-  EXPECT_EQ(o.weight_decay(), 0.0);
-  EXPECT_TRUE(o.correct_bias());
-}
-
-TEST(LaProp, InvalidOptionsNameArgumentAndValue) {
-  auto p = leaf(at::randn({3}));
-  expect_value_error([&] { LaProp opt({p}, LaPropOptions(-1)); }, {"[muon::LaProp]", "lr", "-1"});
-  expect_value_error([&] { LaProp opt({p}, LaPropOptions().beta1(1.0)); },
-                     {"beta1", "[0, 1)", "1"});
-  expect_value_error([&] { LaProp opt({p}, LaPropOptions().beta2(-0.1)); }, {"beta2", "-0.1"});
-  expect_value_error([&] { LaProp opt({p}, LaPropOptions().eps(-1e-3)); }, {"eps", "-0.001"});
-  expect_value_error([&] { LaProp opt({p}, LaPropOptions().weight_decay(-2)); },
-                     {"weight_decay", "-2"});
-  // The config's fields are checked when set.
-  OptimizerConfig c;
-  expect_value_error([&] { c.set("laprop_eps", -1.0); }, {"laprop_eps", "-1"});
-  expect_value_error([&] { c.set("laprop_beta1", 1.0); }, {"laprop_beta1", "1"});
-}
-
 // LaProp in the tests every element-wise optimizer passes (elementwise_cases.h).
-struct LaPropCase {
-  using Optimizer = LaProp;
-  using Options = LaPropOptions;
-  using State = LaPropParamState;
-  using Other = Lion;
+struct LaPropCase : elementwise::CaseOf<LaProp, Lion> {
   static constexpr const char* kName = "laprop";
   static Options resumed() { return LaPropOptions(0.01).weight_decay(0.1).beta2(0.9); }
   static Options replaced() { return LaPropOptions(0.5).correct_bias(false); }
@@ -126,6 +70,38 @@ struct LaPropCase {
     EXPECT_FALSE(o.correct_bias());
   }
 };
+
+TEST(LaProp, FiveFp32StepsEqualThePublishedUpdate) {
+  // 2-D, tall, conv (4-D) and 1-D parameters, fp32.
+  const std::vector<std::vector<int64_t>> shapes{{5, 7}, {24, 3}, {4, 3, 3, 3}, {6}};
+  for (const bool correct_bias : {true, false}) {
+    const Hyper h{0.01, 0.8, 0.95, 1e-8, 0.1, correct_bias};
+    ReferenceRun<Reference> run(shapes, 0);
+    // fp32 against fp64: a few fp32 roundings (2^-24 relative) per step on
+    // values of order 1, over 5 steps: far below 1e-5 of the largest. A
+    // missing bias correction, decay or normalization moves p by > 1e-3.
+    const auto bytes = elementwise::expect_steps_equal_reference<LaPropCase>(
+        run, h, 5, 1e-5, correct_bias ? "correct_bias" : "no correct_bias");
+    EXPECT_EQ(bytes, 2 * (35 + 72 + 108 + 6) * 4);
+  }
+}
+
+TEST(LaProp, DefaultsAreEmergingOptimizers) {
+  // lr, beta1, beta2, eps, weight_decay, correct_bias
+  elementwise::expect_fields(LaPropOptions(), 1e-3, 0.9, 0.999, 1e-8, 0.0, true);
+}
+
+TEST(LaProp, InvalidOptionsNameArgumentAndValue) {
+  using O = LaPropOptions;
+  elementwise::expect_invalid_options<LaPropCase>({{O().beta1(1.0), {"beta1", "[0, 1)", "1"}},
+                                                   {O().beta2(-0.1), {"beta2", "-0.1"}},
+                                                   {O().eps(-1e-3), {"eps", "-0.001"}},
+                                                   {O().weight_decay(-2), {"weight_decay", "-2"}}});
+  // The config's fields are checked when set.
+  OptimizerConfig c;
+  expect_value_error([&] { c.set("laprop_eps", -1.0); }, {"laprop_eps", "-1"});
+  expect_value_error([&] { c.set("laprop_beta1", 1.0); }, {"laprop_beta1", "1"});
+}
 
 MUON_ELEMENTWISE_CASES(LaProp, LaPropCase)
 

@@ -27,6 +27,22 @@ void reference_step(at::Tensor& p, at::Tensor& m, const at::Tensor& g, double lr
   m = b2 * m + (1 - b2) * g;
 }
 
+// Lion in the tests every element-wise optimizer passes (elementwise_cases.h).
+struct LionCase : elementwise::CaseOf<Lion, LaProp> {
+  static constexpr const char* kName = "lion";
+  static Options resumed() { return LionOptions(0.01).weight_decay(0.1); }
+  static Options replaced() { return LionOptions(0.5); }
+  static void bad_edit(Options& o) { o.beta1(1.0); }
+  static std::vector<std::string> bad_edit_words() { return {"[muon::Lion]", "beta1", "1"}; }
+  static constexpr const char* kConfig = R"({"optimizer": "lion", "lr": 0.01, "lion_beta2": 0.98})";
+  static void check_config(const Options& o) {
+    EXPECT_EQ(o.lr(), 0.01);
+    EXPECT_EQ(o.beta1(), 0.9);
+    EXPECT_EQ(o.beta2(), 0.98);
+    EXPECT_EQ(o.weight_decay(), 0.0);
+  }
+};
+
 TEST(Lion, StepsEqualThePaperFormula) {
   at::manual_seed(0);
   const double lr = 0.01;
@@ -69,11 +85,10 @@ TEST(Lion, EveryCoordinateMovesByLr) {
 }
 
 TEST(Lion, InvalidOptionsNameArgumentAndValue) {
-  auto p = leaf(at::randn({3}));
-  expect_value_error([&] { Lion opt({p}, LionOptions(-1)); }, {"[muon::Lion]", "lr", "-1"});
-  expect_value_error([&] { Lion opt({p}, LionOptions().beta1(1.0)); }, {"beta1", "[0, 1)", "1"});
-  expect_value_error([&] { Lion opt({p}, LionOptions().beta2(-0.1)); }, {"beta2", "-0.1"});
-  expect_value_error([&] { Lion opt({p}, LionOptions().weight_decay(-2)); }, {"weight_decay", "-2"});
+  using O = LionOptions;
+  elementwise::expect_invalid_options<LionCase>({{O().beta1(1.0), {"beta1", "[0, 1)", "1"}},
+                                                 {O().beta2(-0.1), {"beta2", "-0.1"}},
+                                                 {O().weight_decay(-2), {"weight_decay", "-2"}}});
 }
 
 TEST(Lion, LowersTheLossOfALeastSquaresProblem) {
@@ -93,26 +108,6 @@ TEST(Lion, LowersTheLossOfALeastSquaresProblem) {
   // Sign steps of size lr hover within ~lr of the optimum: the loss ends far below its start.
   EXPECT_LT(loss_fn().item<double>(), 0.01 * initial);
 }
-
-// Lion in the tests every element-wise optimizer passes (elementwise_cases.h).
-struct LionCase {
-  using Optimizer = Lion;
-  using Options = LionOptions;
-  using State = LionParamState;
-  using Other = LaProp;
-  static constexpr const char* kName = "lion";
-  static Options resumed() { return LionOptions(0.01).weight_decay(0.1); }
-  static Options replaced() { return LionOptions(0.5); }
-  static void bad_edit(Options& o) { o.beta1(1.0); }
-  static std::vector<std::string> bad_edit_words() { return {"[muon::Lion]", "beta1", "1"}; }
-  static constexpr const char* kConfig = R"({"optimizer": "lion", "lr": 0.01, "lion_beta2": 0.98})";
-  static void check_config(const Options& o) {
-    EXPECT_EQ(o.lr(), 0.01);
-    EXPECT_EQ(o.beta1(), 0.9);
-    EXPECT_EQ(o.beta2(), 0.98);
-    EXPECT_EQ(o.weight_decay(), 0.0);
-  }
-};
 
 MUON_ELEMENTWISE_CASES(Lion, LionCase)
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "elementwise_cases.h"
@@ -25,6 +26,9 @@ struct Hyper {
   double lr, momentum, wd;
   std::string method;
   bool correct_bias, nesterov;
+
+  /// The fields in SignumOptions::fields' order.
+  auto fields() const { return std::tie(lr, momentum, wd, method, correct_bias, nesterov); }
 };
 
 // One parameter's plain fp64 run of Signum as published: NVIDIA-NeMo/
@@ -44,6 +48,8 @@ struct Reference {
 
   explicit Reference(const at::Tensor& init) : p(doubles(init)), m(p.size(), 0.0) {}
 
+  /// The moment, as the state's buffer (exp_avg).
+  std::vector<const std::vector<double>*> moments() const { return {&m}; }
 
   void step(const at::Tensor& grad, const Hyper& h) {
     auto g = doubles(grad);
@@ -69,88 +75,8 @@ struct Reference {
   }
 };
 
-TEST(Signum, FiveFp32StepsEqualThePublishedUpdate) {
-  // 2-D, tall, conv (4-D), stacked experts (3-D) and 1-D parameters, fp32.
-  const std::vector<std::vector<int64_t>> shapes{{5, 7}, {24, 3}, {4, 3, 3, 3}, {3, 4, 5}, {6}};
-  std::vector<std::vector<double>> finals;  // every parameter after 5 steps, per setting
-  for (const std::string method : {"decoupled", "independent", "l2"}) {
-    for (const bool nesterov : {false, true}) {
-      for (const bool correct_bias : {true, false}) {
-        const Hyper h{0.01, 0.8, 0.1, method, correct_bias, nesterov};
-        ReferenceRun<Reference> reference_run(shapes, 0);
-        auto& params = reference_run.params;
-        auto& refs = reference_run.refs;
-        Signum opt(params, SignumOptions(h.lr)
-                               .momentum(h.momentum)
-                               .weight_decay(h.wd)
-                               .weight_decay_method(method)
-                               .correct_bias(correct_bias)
-                               .nesterov(nesterov));
-        reference_run.run(opt, h, 5);
-        const std::string what = method + (nesterov ? " nesterov" : "") +
-                                 (correct_bias ? " correct_bias" : "");
-        // fp32 against fp64: each step rounds p and m a few times (2^-24
-        // relative, O(10) operations per element), far below 1e-5 of the
-        // largest value. The sign is exact while its argument stays clear
-        // of 0: the seeded run keeps every |u| above 1e-5 of the largest
-        // (checked), ~100x the fp32 rounding of m's O(10) operations. A wrong sign,
-        // decay or bias correction moves an element by 2·lr = 2e-2.
-        for (size_t k = 0; k < params.size(); ++k) {
-          ASSERT_GT(refs[k].closest, 1e-5) << what << " param " << k;
-          const auto& st =
-              static_cast<const SignumParamState&>(*opt.state().at(compat::state_key(params[k])));
-          EXPECT_EQ(st.step(), 5);
-          EXPECT_LE(relative(params[k], refs[k].p), 1e-5) << what << " param " << k;
-          EXPECT_LE(relative(st.exp_avg(), refs[k].m), 1e-5) << what << " exp_avg " << k;
-        }
-        EXPECT_EQ(opt.state_bytes(), (35 + 72 + 108 + 60 + 6) * 4);
-        finals.push_back(reference_run.values());
-      }
-    }
-  }
-  // Each setting changes the result: the reference is not blind to them.
-  // Order: method-major, then nesterov, then correct_bias.
-  EXPECT_NE(finals[0], finals[4]);  // decoupled vs independent
-  EXPECT_NE(finals[0], finals[8]);  // decoupled vs l2
-  EXPECT_NE(finals[0], finals[2]);  // nesterov
-  EXPECT_NE(finals[2], finals[3]);  // bias correction under nesterov
-  EXPECT_EQ(finals[0], finals[1]);  // without nesterov, c(t) > 0 keeps the sign
-}
-
-TEST(Signum, DefaultsAreEmergingOptimizers) {
-  const SignumOptions o;
-  EXPECT_EQ(o.lr(), 1e-3);
-  EXPECT_EQ(o.momentum(), 0.9);
-  EXPECT_EQ(o.weight_decay(), 0.0);
-  EXPECT_EQ(o.weight_decay_method(), "decoupled");
-  EXPECT_TRUE(o.correct_bias());
-  EXPECT_FALSE(o.nesterov());
-}
-
-TEST(Signum, InvalidOptionsNameArgumentAndValue) {
-  auto p = leaf(at::randn({3}));
-  expect_value_error([&] { Signum opt({p}, SignumOptions(-1)); }, {"[muon::Signum]", "lr", "-1"});
-  expect_value_error([&] { Signum opt({p}, SignumOptions().momentum(1.0)); },
-                     {"momentum", "[0, 1)", "1"});
-  expect_value_error([&] { Signum opt({p}, SignumOptions().momentum(-0.5)); },
-                     {"momentum", "-0.5"});
-  expect_value_error([&] { Signum opt({p}, SignumOptions().weight_decay(-2)); },
-                     {"weight_decay", "-2"});
-  expect_value_error([&] { Signum opt({p}, SignumOptions().weight_decay_method("palm")); },
-                     {"weight_decay_method", "decoupled, independent, l2", "'palm'"});
-  // The config's fields are checked when set.
-  OptimizerConfig c;
-  expect_value_error([&] { c.set("signum_momentum", 1.0); }, {"signum_momentum", "1"});
-  expect_value_error([&] { c.set("signum_weight_decay_method", std::string("palm")); },
-                     {"signum_weight_decay_method", "palm"});
-}
-
 // Signum in the tests every element-wise optimizer passes (elementwise_cases.h).
-struct SignumCase {
-  using Optimizer = Signum;
-  using Options = SignumOptions;
-  using State = SignumParamState;
-  using Other = LaProp;
+struct SignumCase : elementwise::CaseOf<Signum, LaProp> {
   static constexpr const char* kName = "signum";
   static Options resumed() {
     return SignumOptions(0.01).weight_decay(0.1).momentum(0.7).nesterov(true).weight_decay_method(
@@ -173,11 +99,61 @@ struct SignumCase {
   }
 };
 
-MUON_ELEMENTWISE_CASES(Signum, SignumCase)
-
-TEST(Signum, L2DecayLeavesTheCallersGradientUnchanged) {
-  elementwise::l2_decay_leaves_the_callers_gradient_unchanged<SignumCase>();
+TEST(Signum, FiveFp32StepsEqualThePublishedUpdate) {
+  // 2-D, tall, conv (4-D), stacked experts (3-D) and 1-D parameters, fp32.
+  const std::vector<std::vector<int64_t>> shapes{{5, 7}, {24, 3}, {4, 3, 3, 3}, {3, 4, 5}, {6}};
+  std::vector<std::vector<double>> finals;  // every parameter after 5 steps, per setting
+  for (const std::string method : {"decoupled", "independent", "l2"}) {
+    for (const bool nesterov : {false, true}) {
+      for (const bool correct_bias : {true, false}) {
+        const Hyper h{0.01, 0.8, 0.1, method, correct_bias, nesterov};
+        ReferenceRun<Reference> run(shapes, 0);
+        const std::string what = method + (nesterov ? " nesterov" : "") +
+                                 (correct_bias ? " correct_bias" : "");
+        // fp32 against fp64: each step rounds p and m a few times (2^-24
+        // relative, O(10) operations per element), far below 1e-5 of the
+        // largest value. The sign is exact while its argument stays clear
+        // of 0: the seeded run keeps every |u| above 1e-5 of the largest
+        // (checked), ~100x the fp32 rounding of m's O(10) operations. A wrong sign,
+        // decay or bias correction moves an element by 2·lr = 2e-2.
+        const auto bytes =
+            elementwise::expect_steps_equal_reference<SignumCase>(run, h, 5, 1e-5, what);
+        for (size_t k = 0; k < shapes.size(); ++k)
+          ASSERT_GT(run.refs[k].closest, 1e-5) << what << " param " << k;
+        EXPECT_EQ(bytes, (35 + 72 + 108 + 60 + 6) * 4);
+        finals.push_back(run.values());
+      }
+    }
+  }
+  // Each setting changes the result: the reference is not blind to them.
+  // Order: method-major, then nesterov, then correct_bias.
+  EXPECT_NE(finals[0], finals[4]);  // decoupled vs independent
+  EXPECT_NE(finals[0], finals[8]);  // decoupled vs l2
+  EXPECT_NE(finals[0], finals[2]);  // nesterov
+  EXPECT_NE(finals[2], finals[3]);  // bias correction under nesterov
+  EXPECT_EQ(finals[0], finals[1]);  // without nesterov, c(t) > 0 keeps the sign
 }
+
+TEST(Signum, DefaultsAreEmergingOptimizers) {
+  // lr, momentum, weight_decay, weight_decay_method, correct_bias, nesterov
+  elementwise::expect_fields(SignumOptions(), 1e-3, 0.9, 0.0, "decoupled", true, false);
+}
+
+TEST(Signum, InvalidOptionsNameArgumentAndValue) {
+  using O = SignumOptions;
+  elementwise::expect_invalid_options<SignumCase>({{O().momentum(1.0), {"momentum", "[0, 1)", "1"}},
+                                                   {O().momentum(-0.5), {"momentum", "-0.5"}},
+                                                   {O().weight_decay(-2), {"weight_decay", "-2"}}});
+  // The config's fields are checked when set.
+  OptimizerConfig c;
+  expect_value_error([&] { c.set("signum_momentum", 1.0); }, {"signum_momentum", "1"});
+  // weight_decay_method, in the options and in the config.
+  elementwise::expect_weight_decay_method_checked<SignumCase>();
+}
+
+MUON_ELEMENTWISE_CASES(Signum, SignumCase)
+// Options with a weight_decay_method also pass:
+MUON_ELEMENTWISE_CASE(Signum, SignumCase, L2DecayLeavesTheCallersGradientUnchanged)
 
 }  // namespace
 }  // namespace muon::test

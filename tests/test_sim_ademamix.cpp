@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "elementwise_cases.h"
@@ -28,6 +29,11 @@ struct Hyper {
   bool correct_bias;
   int64_t warmup;
   double min_beta, alpha;
+
+  /// The fields in SimAdEMAMixOptions::fields' order.
+  auto fields() const {
+    return std::tie(lr, beta1, beta2, eps, wd, method, correct_bias, warmup, min_beta, alpha);
+  }
 };
 
 // β of step t: Emerging-Optimizers' _linear_half_life_warmup_scheduler
@@ -72,6 +78,38 @@ struct Reference : elementwise::TwoMoments {
   }
 };
 
+// SimAdEMAMix in the tests every element-wise optimizer passes (elementwise_cases.h).
+struct SimAdEMAMixCase : elementwise::CaseOf<SimAdEMAMix, Signum> {
+  static constexpr const char* kName = "sim_ademamix";
+  static Options resumed() {
+    return SimAdEMAMixOptions(0.01)
+        .weight_decay(0.1)
+        .beta1(0.95)
+        .beta2(0.9)
+        .num_beta_fast_warmup_steps(5)
+        .alpha(1.0)
+        .weight_decay_method("l2");
+  }
+  static Options replaced() { return SimAdEMAMixOptions(0.5).correct_bias(false); }
+  static void bad_edit(Options& o) { o.min_beta_fast(-0.25); }
+  static std::vector<std::string> bad_edit_words() {
+    return {"[muon::SimAdEMAMix]", "min_beta_fast", "-0.25"};
+  }
+  static constexpr const char* kConfig =
+      R"({"optimizer": "sim_ademamix", "lr": 0.01, "sim_ademamix_beta2": 0.98,
+          "sim_ademamix_num_beta_fast_warmup_steps": 100,
+          "sim_ademamix_alpha": 0.5, "sim_ademamix_correct_bias": false})";
+  static void check_config(const Options& o) {
+    EXPECT_EQ(o.lr(), 0.01);
+    EXPECT_EQ(o.beta1(), 0.9999);
+    EXPECT_EQ(o.beta2(), 0.98);
+    EXPECT_EQ(o.num_beta_fast_warmup_steps(), 100);
+    EXPECT_EQ(o.min_beta_fast(), 0.9);
+    EXPECT_EQ(o.alpha(), 0.5);
+    EXPECT_FALSE(o.correct_bias());
+  }
+};
+
 TEST(SimAdEMAMix, FiveFp32StepsEqualThePublishedUpdate) {
   // 2-D, tall, conv (4-D), stacked experts (3-D) and 1-D parameters, fp32.
   const std::vector<std::vector<int64_t>> shapes{{5, 7}, {24, 3}, {4, 3, 3, 3}, {3, 4, 5}, {6}};
@@ -80,20 +118,7 @@ TEST(SimAdEMAMix, FiveFp32StepsEqualThePublishedUpdate) {
     for (const int64_t warmup : {int64_t{0}, int64_t{4}}) {
       for (const bool correct_bias : {true, false}) {
         const Hyper h{0.01, 0.95, 0.9, 1e-8, 0.1, method, correct_bias, warmup, 0.5, 1.5};
-        ReferenceRun<Reference> reference_run(shapes, 0);
-        auto& params = reference_run.params;
-        auto& refs = reference_run.refs;
-        SimAdEMAMix opt(params, SimAdEMAMixOptions(h.lr)
-                                    .beta1(h.beta1)
-                                    .beta2(h.beta2)
-                                    .eps(h.eps)
-                                    .weight_decay(h.wd)
-                                    .weight_decay_method(method)
-                                    .correct_bias(correct_bias)
-                                    .num_beta_fast_warmup_steps(warmup)
-                                    .min_beta_fast(h.min_beta)
-                                    .alpha(h.alpha));
-        reference_run.run(opt, h, 5);
+        ReferenceRun<Reference> run(shapes, 0);
         const std::string what = method + " warmup " + std::to_string(warmup) +
                                  (correct_bias ? " correct_bias" : "");
         // fp32 against fp64: each step rounds p and the moments O(10–20)
@@ -101,16 +126,10 @@ TEST(SimAdEMAMix, FiveFp32StepsEqualThePublishedUpdate) {
         // values of order 1 (|g| / √v̂ is at most a few), so over 5 steps
         // every value stays far below 1e-5 of the largest. A wrong β, decay,
         // α or bias correction moves p by > 1e-3.
-        for (size_t k = 0; k < params.size(); ++k) {
-          const auto& st = static_cast<const SimAdEMAMixParamState&>(
-              *opt.state().at(compat::state_key(params[k])));
-          EXPECT_EQ(st.step(), 5);
-          EXPECT_LE(relative(params[k], refs[k].p), 1e-5) << what << " param " << k;
-          EXPECT_LE(relative(st.exp_avg(), refs[k].m), 1e-5) << what << " exp_avg " << k;
-          EXPECT_LE(relative(st.exp_avg_sq(), refs[k].v), 1e-5) << what << " exp_avg_sq " << k;
-        }
-        EXPECT_EQ(opt.state_bytes(), 2 * (35 + 72 + 108 + 60 + 6) * 4);
-        finals.push_back(reference_run.values());
+        const auto bytes =
+            elementwise::expect_steps_equal_reference<SimAdEMAMixCase>(run, h, 5, 1e-5, what);
+        EXPECT_EQ(bytes, 2 * (35 + 72 + 108 + 60 + 6) * 4);
+        finals.push_back(run.values());
       }
     }
   }
@@ -145,85 +164,35 @@ TEST(SimAdEMAMix, BetaWarmupFollowsTheHalfLifeSchedule) {
 }
 
 TEST(SimAdEMAMix, DefaultsAreEmergingOptimizers) {
-  const SimAdEMAMixOptions o;
-  EXPECT_EQ(o.lr(), 1e-3);
-  EXPECT_EQ(o.beta1(), 0.9999);
-  EXPECT_EQ(o.beta2(), 0.999);
-  EXPECT_EQ(o.eps(), 1e-8);
-  EXPECT_EQ(o.weight_decay(), 0.0);
-  EXPECT_EQ(o.weight_decay_method(), "decoupled");
-  EXPECT_TRUE(o.correct_bias());
-  EXPECT_EQ(o.num_beta_fast_warmup_steps(), 0);
-  EXPECT_EQ(o.min_beta_fast(), 0.9);
-  EXPECT_EQ(o.alpha(), 2.0);
+  // lr, beta1, beta2, eps, weight_decay, weight_decay_method, correct_bias,
+  // num_beta_fast_warmup_steps, min_beta_fast, alpha
+  elementwise::expect_fields(SimAdEMAMixOptions(), 1e-3, 0.9999, 0.999, 1e-8, 0.0, "decoupled",
+                             true, int64_t{0}, 0.9, 2.0);
 }
 
 TEST(SimAdEMAMix, InvalidOptionsNameArgumentAndValue) {
-  auto p = leaf(at::randn({3}));
   using O = SimAdEMAMixOptions;
-  expect_value_error([&] { SimAdEMAMix opt({p}, O(-1)); }, {"[muon::SimAdEMAMix]", "lr", "-1"});
-  expect_value_error([&] { SimAdEMAMix opt({p}, O().beta1(1.0)); }, {"beta1", "[0, 1)", "1"});
-  expect_value_error([&] { SimAdEMAMix opt({p}, O().beta2(-0.1)); }, {"beta2", "-0.1"});
-  expect_value_error([&] { SimAdEMAMix opt({p}, O().eps(-1e-3)); }, {"eps", "-0.001"});
-  expect_value_error([&] { SimAdEMAMix opt({p}, O().weight_decay(-2)); }, {"weight_decay", "-2"});
-  expect_value_error([&] { SimAdEMAMix opt({p}, O().weight_decay_method("palm")); },
-                     {"weight_decay_method", "decoupled, independent, l2", "'palm'"});
-  expect_value_error([&] { SimAdEMAMix opt({p}, O().num_beta_fast_warmup_steps(-3)); },
-                     {"num_beta_fast_warmup_steps", "-3"});
-  expect_value_error([&] { SimAdEMAMix opt({p}, O().min_beta_fast(1.5)); },
-                     {"min_beta_fast", "[0, 1)", "1.5"});
-  expect_value_error([&] { SimAdEMAMix opt({p}, O().alpha(std::nan(""))); }, {"alpha", "nan"});
+  elementwise::expect_invalid_options<SimAdEMAMixCase>(
+      {{O().beta1(1.0), {"beta1", "[0, 1)", "1"}},
+       {O().beta2(-0.1), {"beta2", "-0.1"}},
+       {O().eps(-1e-3), {"eps", "-0.001"}},
+       {O().weight_decay(-2), {"weight_decay", "-2"}},
+       {O().num_beta_fast_warmup_steps(-3), {"num_beta_fast_warmup_steps", "-3"}},
+       {O().min_beta_fast(1.5), {"min_beta_fast", "[0, 1)", "1.5"}},
+       {O().alpha(std::nan("")), {"alpha", "nan"}}});
   // The config's fields are checked when set.
   OptimizerConfig c;
   expect_value_error([&] { c.set("sim_ademamix_eps", -1.0); }, {"sim_ademamix_eps", "-1"});
   expect_value_error([&] { c.set("sim_ademamix_beta1", 1.0); }, {"sim_ademamix_beta1", "1"});
   expect_value_error([&] { c.set("sim_ademamix_num_beta_fast_warmup_steps", int64_t{-1}); },
                      {"sim_ademamix_num_beta_fast_warmup_steps", "-1"});
-  expect_value_error([&] { c.set("sim_ademamix_weight_decay_method", std::string("palm")); },
-                     {"sim_ademamix_weight_decay_method", "palm"});
+  // weight_decay_method, in the options and in the config.
+  elementwise::expect_weight_decay_method_checked<SimAdEMAMixCase>();
 }
-
-// SimAdEMAMix in the tests every element-wise optimizer passes (elementwise_cases.h).
-struct SimAdEMAMixCase {
-  using Optimizer = SimAdEMAMix;
-  using Options = SimAdEMAMixOptions;
-  using State = SimAdEMAMixParamState;
-  using Other = Signum;
-  static constexpr const char* kName = "sim_ademamix";
-  static Options resumed() {
-    return SimAdEMAMixOptions(0.01)
-        .weight_decay(0.1)
-        .beta1(0.95)
-        .beta2(0.9)
-        .num_beta_fast_warmup_steps(5)
-        .alpha(1.0)
-        .weight_decay_method("l2");
-  }
-  static Options replaced() { return SimAdEMAMixOptions(0.5).correct_bias(false); }
-  static void bad_edit(Options& o) { o.min_beta_fast(-0.25); }
-  static std::vector<std::string> bad_edit_words() {
-    return {"[muon::SimAdEMAMix]", "min_beta_fast", "-0.25"};
-  }
-  static constexpr const char* kConfig =
-      R"({"optimizer": "sim_ademamix", "lr": 0.01, "sim_ademamix_beta2": 0.98,
-          "sim_ademamix_num_beta_fast_warmup_steps": 100,
-          "sim_ademamix_alpha": 0.5, "sim_ademamix_correct_bias": false})";
-  static void check_config(const Options& o) {
-    EXPECT_EQ(o.lr(), 0.01);
-    EXPECT_EQ(o.beta1(), 0.9999);
-    EXPECT_EQ(o.beta2(), 0.98);
-    EXPECT_EQ(o.num_beta_fast_warmup_steps(), 100);
-    EXPECT_EQ(o.min_beta_fast(), 0.9);
-    EXPECT_EQ(o.alpha(), 0.5);
-    EXPECT_FALSE(o.correct_bias());
-  }
-};
 
 MUON_ELEMENTWISE_CASES(SimAdEMAMix, SimAdEMAMixCase)
-
-TEST(SimAdEMAMix, L2DecayLeavesTheCallersGradientUnchanged) {
-  elementwise::l2_decay_leaves_the_callers_gradient_unchanged<SimAdEMAMixCase>();
-}
+// Options with a weight_decay_method also pass:
+MUON_ELEMENTWISE_CASE(SimAdEMAMix, SimAdEMAMixCase, L2DecayLeavesTheCallersGradientUnchanged)
 
 }  // namespace
 }  // namespace muon::test
