@@ -87,13 +87,20 @@ TEST(TrainGptData, GlobalBatchIsTheSameForEveryWorldSize) {
   EXPECT_THROW(train_gpt::train_batch(tokens, 0, 10, 16, 0, 3, 3), c10::ValueError);
 }
 
-TEST(TrainGptModel, ShapesNamesAndCausality) {
+// The model of the TrainGptModel tests: a vocabulary of 11, context 8, 2
+// blocks of width 16 with `heads` heads.
+train_gpt::GptConfig small_config(int64_t heads) {
   train_gpt::GptConfig c;
   c.vocab_size = 11;
   c.context = 8;
   c.layers = 2;
   c.width = 16;
-  c.heads = 2;
+  c.heads = heads;
+  return c;
+}
+
+TEST(TrainGptModel, ShapesNamesAndCausality) {
+  auto c = small_config(2);
   at::manual_seed(0);
   train_gpt::Gpt model(c);
   const auto tokens = at::randint(0, 11, {3, 8}, at::kLong);
@@ -131,12 +138,7 @@ TEST(TrainGptModel, ShapesNamesAndCausality) {
 // the model and the clip agree on the rows. In fp64 (the model cast) the
 // comparisons hold to ~1e-15 relative; 1e-9 leaves room for any BLAS order.
 TEST(TrainGptModel, MaxLogitsAndQkClipOfTheFusedWeight) {
-  train_gpt::GptConfig c;
-  c.vocab_size = 11;
-  c.context = 8;
-  c.layers = 2;
-  c.width = 16;
-  c.heads = 4;
+  const auto c = small_config(4);
   at::manual_seed(0);
   train_gpt::Gpt model(c);
   model->to(at::kDouble);
