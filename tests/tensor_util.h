@@ -4,6 +4,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace muon::test {
@@ -13,6 +14,14 @@ inline at::Tensor leaf(const at::Tensor& values) {
   auto t = values.detach().clone();
   t.set_requires_grad(true);
   return t;
+}
+
+/// A `Module` (a torch::nn module holder) built from `args` right after
+/// at::manual_seed(seed): the same initial values for the same seed.
+template <typename Module, typename... Args>
+Module seeded_module(uint64_t seed, Args&&... args) {
+  at::manual_seed(seed);
+  return Module(std::forward<Args>(args)...);
 }
 
 /// A start and the gradients of a short run, for the tests that resume a run

@@ -19,6 +19,7 @@
 #include "expect_util.h"
 #include "muon/compat.h"
 #include "muon/optim/hybrid.h"
+#include "tensor_util.h"
 
 namespace muon::test {
 namespace {
@@ -56,10 +57,7 @@ TORCH_MODULE(TinyLm);
 constexpr int64_t kVocab = 32;
 constexpr int64_t kDim = 16;
 
-TinyLm make_model(uint64_t seed) {
-  at::manual_seed(seed);
-  return TinyLm(kVocab, kDim);
-}
+TinyLm make_model(uint64_t seed) { return seeded_module<TinyLm>(seed, kVocab, kDim); }
 
 // Copies every parameter value of `from` into `to` (same architecture).
 void copy_params(const TinyLm& from, TinyLm& to) {

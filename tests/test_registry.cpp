@@ -29,6 +29,7 @@
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
 #include "option_fields.h"
+#include "tensor_util.h"
 
 namespace muon::test {
 namespace {
@@ -61,10 +62,7 @@ TORCH_MODULE(TinyLm);
 constexpr int64_t kVocab = 32;
 constexpr int64_t kDim = 16;
 
-TinyLm make_model(uint64_t seed) {
-  at::manual_seed(seed);
-  return TinyLm(kVocab, kDim);
-}
+TinyLm make_model(uint64_t seed) { return seeded_module<TinyLm>(seed, kVocab, kDim); }
 
 std::map<std::string, std::string> optimizer_by_name(const std::vector<muon::ResolvedParameter>& rs) {
   std::map<std::string, std::string> out;
