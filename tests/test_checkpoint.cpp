@@ -45,6 +45,21 @@ Named whole_after(int64_t steps, const std::string& optimizer = "muon") {
   return out;
 }
 
+// `world` thread ranks of layout `kind` train from step 0 and save a
+// checkpoint into `dir` (keeping the newest `keep`) after each step of `saves`.
+void train_saving(const fs::path& dir, const std::string& kind, int world,
+                  const std::vector<int64_t>& saves, int64_t keep = 2) {
+  muon::test::run_ranks(world, [&](Group& group) {
+    Rank r(kind, group);
+    int64_t step = 0;
+    for (const int64_t s : saves) {
+      r.train(step, s);
+      r.save(dir.string(), s, keep);
+      step = s;
+    }
+  });
+}
+
 // Largest difference relative to the largest element (absolute where the
 // expected part is all zeros: a shard of padding rows only).
 double relative(const at::Tensor& got, const at::Tensor& expected) {
@@ -398,15 +413,7 @@ TEST(Checkpoint, DamageIsAnErrorNamingTheFileAndTensorAndChangesNothingOnAnyRank
 // not a checkpoint and is passed over without a word.
 TEST(Checkpoint, VerifyFindsTheNewestCheckpointThatIsNotDamaged) {
   const auto dir = fresh_dir("verify");
-  muon::test::run_ranks(2, [&](Group& group) {
-    Rank r("sharded", group);
-    r.train(0, 2);
-    r.save(dir.string(), 2, 3);
-    r.train(2, 3);
-    r.save(dir.string(), 3, 3);
-    r.train(3, 4);
-    r.save(dir.string(), 4, 3);
-  });
+  train_saving(dir, "sharded", 2, {2, 3, 4}, 3);
   const auto key = std::string("model/blocks.0.fc1.weight");
   for (int64_t step : {2, 3, 4}) {
     EXPECT_EQ(muon::distributed::verify_checkpoint((dir / ("step-0000000" + std::to_string(step))).string()).step, step);
@@ -458,11 +465,7 @@ TEST(Checkpoint, VerifyFindsTheNewestCheckpointThatIsNotDamaged) {
 
 TEST(Checkpoint, AnotherModelOrOptimizerIsAnErrorNamingTheFirstDifference) {
   const auto dir = fresh_dir("other_model");
-  muon::test::run_ranks(1, [&](Group& group) {
-    Rank r("none", group);
-    r.train(0, 1);
-    r.save(dir.string(), 1);
-  });
+  train_saving(dir, "none", 1, {1});
   auto load_into = [&](const Named& named, const std::string& optimizer) {
     auto opt = muon::make_optimizer(named, config("none", optimizer));
     const auto before = named[kModel[0].first].detach().clone();
@@ -586,13 +589,7 @@ TEST(Checkpoint, RandomBitFlipsNeverLoadADifferentState) {
 
 TEST(Checkpoint, KeepsTheNewestKAndIgnoresUnfinishedSaves) {
   const auto dir = fresh_dir("keep");
-  muon::test::run_ranks(2, [&](Group& group) {
-    Rank r("layerwise", group);
-    for (int64_t s = 0; s < 5; ++s) {
-      r.train(s, s + 1);
-      r.save(dir.string(), s + 1, 2);
-    }
-  });
+  train_saving(dir, "layerwise", 2, {1, 2, 3, 4, 5}, 2);
   auto steps = [&]() {
     std::vector<std::string> out;
     for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
