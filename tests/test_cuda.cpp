@@ -160,21 +160,32 @@ struct Shape {
 const std::vector<Shape> kShapes = {{1, 1024, 1024}, {1, 2048, 512}, {1, 512, 2048},
                                     {1, 1536, 1024}, {8, 256, 256},  {1, 64, 2048}};
 
+// For each of kShapes: `body(shape, x, opts, want)` with x a spread matrix
+// of that shape (seed `seed`), opts Newton–Schulz computing in `dtype`, and
+// want the fp64 reference of newton_schulz(x, opts).
+template <typename Body>
+void for_every_shape(uint64_t seed, at::ScalarType dtype, const Body& body) {
+  for (const auto& sh : kShapes) {
+    const auto x = spread_matrix(sh.batch, sh.rows, sh.cols, seed);
+    const auto opts = NewtonSchulzOptions().compute_dtype(dtype);
+    body(sh, x, opts, muon::test::reference_newton_schulz(x, opts));
+  }
+}
+
 // fp32: the GPU runs the CPU's products with fp32 sums in another order;
 // their errors against fp64 are the same arithmetic's, so within 2× of each
 // other plus a few units of fp32 rounding.
 TEST(CudaNewtonSchulz, Fp32MatchesTheCpuAgainstFp64OnEveryShape) {
   MUON_NEEDS_GPU();
-  for (const auto& sh : kShapes) {
-    const auto x = spread_matrix(sh.batch, sh.rows, sh.cols, 11);
-    const auto opts = NewtonSchulzOptions().compute_dtype(at::kFloat);
-    const auto want = muon::test::reference_newton_schulz(x, opts);
-    const double cpu = rel_err(muon::newton_schulz(x, opts), want);
-    const auto gpu_out = muon::newton_schulz(x.cuda(), opts);
-    ASSERT_TRUE(gpu_out.is_cuda());
-    const double gpu = rel_err(gpu_out, want);
-    EXPECT_LE(gpu, 2 * cpu + 1e-6) << sh.rows << "x" << sh.cols << " cpu " << cpu;
-  }
+  for_every_shape(11, at::kFloat,
+                  [](const Shape& sh, const at::Tensor& x, const NewtonSchulzOptions& opts,
+                     const at::Tensor& want) {
+                    const double cpu = rel_err(muon::newton_schulz(x, opts), want);
+                    const auto gpu_out = muon::newton_schulz(x.cuda(), opts);
+                    ASSERT_TRUE(gpu_out.is_cuda());
+                    const double gpu = rel_err(gpu_out, want);
+                    EXPECT_LE(gpu, 2 * cpu + 1e-6) << sh.rows << "x" << sh.cols << " cpu " << cpu;
+                  });
 }
 
 // bf16: no worse than the plain formula in bf16 run by LibTorch on the same
@@ -182,15 +193,14 @@ TEST(CudaNewtonSchulz, Fp32MatchesTheCpuAgainstFp64OnEveryShape) {
 // for the two's different roundings of the same terms.
 TEST(CudaNewtonSchulz, Bf16NoWorseThanThePlainFormulaOnTheGpu) {
   MUON_NEEDS_GPU();
-  for (const auto& sh : kShapes) {
-    const auto x = spread_matrix(sh.batch, sh.rows, sh.cols, 12);
-    const auto opts = NewtonSchulzOptions().compute_dtype(at::kBFloat16);
-    const auto want = muon::test::reference_newton_schulz(x, opts);
-    const auto plain =
-        muon::test::reference_newton_schulz(x.cuda(), opts, at::kBFloat16);  // LibTorch's bf16 ops
-    const double ours = rel_err(muon::newton_schulz(x.cuda(), opts), want);
-    EXPECT_LE(ours, 1.1 * rel_err(plain, want)) << sh.rows << "x" << sh.cols;
-  }
+  for_every_shape(12, at::kBFloat16,
+                  [](const Shape& sh, const at::Tensor& x, const NewtonSchulzOptions& opts,
+                     const at::Tensor& want) {
+                    const auto plain = muon::test::reference_newton_schulz(
+                        x.cuda(), opts, at::kBFloat16);  // LibTorch's bf16 ops
+                    const double ours = rel_err(muon::newton_schulz(x.cuda(), opts), want);
+                    EXPECT_LE(ours, 1.1 * rel_err(plain, want)) << sh.rows << "x" << sh.cols;
+                  });
 }
 
 TEST(CudaNewtonSchulz, EveryCoefficientSetAndBothMethods) {
