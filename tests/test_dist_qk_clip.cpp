@@ -28,7 +28,6 @@ namespace {
 using muon::distributed::Group;
 using muon::distributed::Layout;
 using muon::distributed::LayoutGroups;
-using muon::distributed::QkClipParam;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
 
 constexpr int64_t kWidth = 10;

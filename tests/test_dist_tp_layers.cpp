@@ -33,6 +33,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -47,10 +49,8 @@ namespace muon::test {
 namespace {
 
 using muon::distributed::ColumnParallelLinear;
-using muon::distributed::ColumnParallelLinearImpl;
 using muon::distributed::Group;
 using muon::distributed::RowParallelLinear;
-using muon::distributed::RowParallelLinearImpl;
 using muon::distributed::TensorParallelShard;
 
 constexpr double kUnit = 5.9604644775390625e-08;  // 2^-24
@@ -115,6 +115,12 @@ at::Tensor flat(const at::Tensor& t) { return t.reshape({-1, t.size(-1)}); }
 // Leaf tensors requiring grad, copies of `t`.
 at::Tensor leaf(const at::Tensor& t) { return t.clone().requires_grad_(true); }
 
+// Leaf copies of each of `ts`, for std::tie.
+template <typename... T>
+auto leaves(const T&... ts) {
+  return std::make_tuple(leaf(ts)...);
+}
+
 // ---- 1. single layers ------------------------------------------------------------
 
 // One process's linear layer on whole data: weight, bias, input, the
@@ -127,9 +133,8 @@ struct LinearReference {
         g(seeded_randn({2, 5, out}, seed + 3)),
         y(at::linear(x, w, b)),
         n(x.numel() / in) {
-    auto xr = leaf(x);
-    auto wr = leaf(w);
-    auto br = leaf(b);
+    at::Tensor xr, wr, br;
+    std::tie(xr, wr, br) = leaves(x, w, b);
     at::linear(xr, wr, br).backward(g);
     dx = xr.grad();
     dw = wr.grad();
@@ -174,56 +179,65 @@ void run_uneven_layer(const LinearReference& ref, int64_t split_dim, const Body&
   }
 }
 
-TEST(TensorParallelLayers, ColumnParallelEqualsLinearOnTheWholeWeight) {
-  constexpr int64_t kIn = 7;
-  constexpr int64_t kOut = 10;
-  const LinearReference ref(kIn, kOut, 1);
+// At 2 and 3 ranks (run_uneven_layer), a ColumnParallelLinear or a
+// RowParallelLinear of `in` → `out` features loaded with a LinearReference's
+// whole weight and bias: its output and the input, weight and bias gradients
+// of its backward equal at::linear's on the whole weight within check_sum's
+// bound, each cut to the rank's block where the layer cuts it.
+template <typename Layer>
+void expect_layer_equals_linear(int64_t in, int64_t out, uint64_t seed) {
+  constexpr bool kColumn = std::is_same_v<Layer, ColumnParallelLinear>;
+  const LinearReference ref(in, out, seed);
   Worst worst;
-  run_uneven_layer<ColumnParallelLinear>(ref, /*split_dim=*/0, [&](ColumnParallelLinear& layer,
-                                                                    const RankBlock& block) {
-    const auto& [w, b, x0, g, y_ref, n, dx_ref, dw_ref, db_ref] = ref;
-    const auto& [rows, off, r, where] = block;
-    ASSERT_EQ(layer->rows_per_rank(), rows);
-    auto x = leaf(x0);
-    auto y = layer(x);
-    const auto g_r = g.narrow(-1, off, r);
-    y.backward(g_r);
-    check_sum(y, y_ref.narrow(-1, off, r),
-              at::linear(x0.abs(), w.abs(), b.abs()).narrow(-1, off, r), kIn + 1, "output" + where, worst);
-    // The whole input gradient Σ_r g_r·W_r (the all-reduce of the backward).
-    check_sum(x.grad(), dx_ref, at::matmul(g.abs(), w.abs()), kOut, "input grad" + where, worst);
-    check_sum(layer->weight.grad(), dw_ref.narrow(0, off, r),
-              at::matmul(flat(g_r).abs().t(), flat(x0).abs()), n, "weight grad" + where, worst);
-    check_sum(layer->bias.grad(), db_ref.narrow(0, off, r), flat(g_r).abs().sum(0), n,
-              "bias grad" + where, worst);
-  });
+  run_uneven_layer<Layer>(
+      ref, /*split_dim=*/kColumn ? 0 : 1, [&](Layer& layer, const RankBlock& block) {
+        const auto& [w, b, x0, g, y_ref, n, dx_ref, dw_ref, db_ref] = ref;
+        const auto& [sizes, off, r, where] = block;
+        if constexpr (kColumn) {
+          ASSERT_EQ(layer->rows_per_rank(), sizes);
+          auto x = leaf(x0);
+          auto y = layer(x);
+          const auto g_r = g.narrow(-1, off, r);
+          y.backward(g_r);
+          check_sum(y, y_ref.narrow(-1, off, r),
+                    at::linear(x0.abs(), w.abs(), b.abs()).narrow(-1, off, r), in + 1,
+                    "output" + where, worst);
+          // The whole input gradient Σ_r g_r·W_r (the all-reduce of the backward).
+          check_sum(x.grad(), dx_ref, at::matmul(g.abs(), w.abs()), out, "input grad" + where,
+                    worst);
+          check_sum(layer->weight.grad(), dw_ref.narrow(0, off, r),
+                    at::matmul(flat(g_r).abs().t(), flat(x0).abs()), n, "weight grad" + where,
+                    worst);
+          check_sum(layer->bias.grad(), db_ref.narrow(0, off, r), flat(g_r).abs().sum(0), n,
+                    "bias grad" + where, worst);
+        } else {
+          ASSERT_EQ(layer->cols_per_rank(), sizes);
+          ASSERT_EQ(layer->bias.sizes(), (std::vector<int64_t>{out}));
+          auto x = leaf(x0.narrow(-1, off, r));
+          auto y = layer(x);
+          y.backward(g);
+          // The whole output: partial products summed over the ranks, bias once.
+          check_sum(y, y_ref, at::linear(x0.abs(), w.abs(), b.abs()), in + 1, "output" + where,
+                    worst);
+          check_sum(x.grad(), dx_ref.narrow(-1, off, r),
+                    at::matmul(g.abs(), w.abs()).narrow(-1, off, r), out, "input grad" + where,
+                    worst);
+          check_sum(layer->weight.grad(), dw_ref.narrow(1, off, r),
+                    at::matmul(flat(g).abs().t(), flat(x0).abs()).narrow(1, off, r), n,
+                    "weight grad" + where, worst);
+          check_sum(layer->bias.grad(), db_ref, flat(g).abs().sum(0), n, "bias grad" + where,
+                    worst);
+        }
+      });
   std::printf("measured: largest |diff| / bound %.3g\n", worst.value());
 }
 
+TEST(TensorParallelLayers, ColumnParallelEqualsLinearOnTheWholeWeight) {
+  expect_layer_equals_linear<ColumnParallelLinear>(/*in=*/7, /*out=*/10, /*seed=*/1);
+}
+
 TEST(TensorParallelLayers, RowParallelEqualsLinearOnTheWholeWeight) {
-  constexpr int64_t kIn = 10;
-  constexpr int64_t kOut = 7;
-  const LinearReference ref(kIn, kOut, 11);
-  Worst worst;
-  run_uneven_layer<RowParallelLinear>(ref, /*split_dim=*/1, [&](RowParallelLinear& layer,
-                                                                 const RankBlock& block) {
-    const auto& [w, b, x0, g, y_ref, n, dx_ref, dw_ref, db_ref] = ref;
-    const auto& [cols, off, c, where] = block;
-    ASSERT_EQ(layer->cols_per_rank(), cols);
-    ASSERT_EQ(layer->bias.sizes(), (std::vector<int64_t>{kOut}));
-    auto x = leaf(x0.narrow(-1, off, c));
-    auto y = layer(x);
-    y.backward(g);
-    // The whole output: partial products summed over the ranks, bias once.
-    check_sum(y, y_ref, at::linear(x0.abs(), w.abs(), b.abs()), kIn + 1, "output" + where, worst);
-    check_sum(x.grad(), dx_ref.narrow(-1, off, c), at::matmul(g.abs(), w.abs()).narrow(-1, off, c),
-              kOut, "input grad" + where, worst);
-    check_sum(layer->weight.grad(), dw_ref.narrow(1, off, c),
-              at::matmul(flat(g).abs().t(), flat(x0).abs()).narrow(1, off, c), n, "weight grad" + where,
-              worst);
-    check_sum(layer->bias.grad(), db_ref, flat(g).abs().sum(0), n, "bias grad" + where, worst);
-  });
-  std::printf("measured: largest |diff| / bound %.3g\n", worst.value());
+  expect_layer_equals_linear<RowParallelLinear>(/*in=*/10, /*out=*/7, /*seed=*/11);
 }
 
 // ---- 2. MLP and fused-QKV attention ----------------------------------------------
@@ -251,11 +265,8 @@ TEST(TensorParallelLayers, MlpEqualsSingleProcess) {
   const auto b2 = seeded_randn({kD}, 24) * 0.1;
   const auto x0 = seeded_randn({2, 5, kD}, 25);
   const auto g = seeded_randn({2, 5, kD}, 26);
-  auto xr = leaf(x0);
-  auto w1r = leaf(w1);
-  auto b1r = leaf(b1);
-  auto w2r = leaf(w2);
-  auto b2r = leaf(b2);
+  at::Tensor xr, w1r, b1r, w2r, b2r;
+  std::tie(xr, w1r, b1r, w2r, b2r) = leaves(x0, w1, b1, w2, b2);
   const auto y_ref = at::linear(at::gelu(at::linear(xr, w1r, b1r)), w2r, b2r);
   y_ref.backward(g);
   Worst worst;
@@ -299,11 +310,8 @@ TEST(TensorParallelLayers, FusedQkvAttentionSplitPerHeadEqualsSingleProcess) {
     const auto bo = seeded_randn({d}, 34) * 0.1;
     const auto x0 = seeded_randn({2, 6, d}, 35);
     const auto g = seeded_randn({2, 6, d}, 36);
-    auto xr = leaf(x0);
-    auto wqkvr = leaf(wqkv);
-    auto bqkvr = leaf(bqkv);
-    auto wor = leaf(wo);
-    auto bor = leaf(bo);
+    at::Tensor xr, wqkvr, bqkvr, wor, bor;
+    std::tie(xr, wqkvr, bqkvr, wor, bor) = leaves(x0, wqkv, bqkv, wo, bo);
     const auto y_ref = at::linear(attention(at::linear(xr, wqkvr, bqkvr), heads, kHeadDim), wor, bor);
     y_ref.backward(g);
     run_ranks(world, [&](Group& tp) {
@@ -407,10 +415,10 @@ void load_whole(Model& model) {
                                 std::sqrt(static_cast<double>(in)),
                             seeded_randn({out}, static_cast<uint64_t>(200 + k)) * 0.1);
     };
-    if (auto* col = item.value()->as<ColumnParallelLinearImpl>()) {
+    if (auto* col = item.value()->as<muon::distributed::ColumnParallelLinearImpl>()) {
       const auto [w, b] = full(col->out_features(), col->in_features());
       col->load_full(w, col->bias.defined() ? b : at::Tensor());
-    } else if (auto* row = item.value()->as<RowParallelLinearImpl>()) {
+    } else if (auto* row = item.value()->as<muon::distributed::RowParallelLinearImpl>()) {
       const auto [w, b] = full(row->out_features(), row->in_features());
       row->load_full(w, b);
     } else if (auto* lin = item.value()->as<torch::nn::LinearImpl>()) {
@@ -594,7 +602,7 @@ TEST(TensorParallelLayers, InitializationTilesTorchLinearWithTheSameSeed) {
 }
 
 TEST(TensorParallelLayers, ShardsOfARootLayerAndOfOneNotHeldByASharedPtr) {
-  ColumnParallelLinearImpl col(4, 6, Group::single());
+  muon::distributed::ColumnParallelLinearImpl col(4, 6, Group::single());
   const auto shards = muon::distributed::tensor_parallel_shards(col);
   ASSERT_EQ(shards.size(), 2U);
   EXPECT_EQ(shards.at("weight").global_shape(), (std::vector<int64_t>{6, 4}));
