@@ -52,6 +52,14 @@ void set_grads(Named& named, int64_t step) {
   }
 }
 
+// Steps [from, to) of `opt`, which holds `named`, each with set_grads' gradient.
+void train(Named& named, torch::optim::Optimizer& opt, int64_t from, int64_t to) {
+  for (int64_t s = from; s < to; ++s) {
+    set_grads(named, s);
+    opt.step();
+  }
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_hybrid(const Named& owned) {
   muon::MuonWithAdamWOptions o;
   o.muon(muon::MuonOptions(0.02).weight_decay(0.1));
@@ -74,10 +82,7 @@ double max_relative_difference(const Named& a, const Named& b) {
 Named reference_after(const std::vector<ParamSpec>& specs, int64_t steps) {
   auto named = make_params(specs);
   auto opt = make_hybrid(named);
-  for (int64_t s = 0; s < steps; ++s) {
-    set_grads(named, s);
-    opt->step();
-  }
+  train(named, *opt, 0, steps);
   return named;
 }
 
@@ -85,18 +90,14 @@ class LayerwiseEquality : public ::testing::TestWithParam<std::tuple<int, int64_
 
 TEST_P(LayerwiseEquality, EqualsSingleProcessHybrid) {
   const auto [world, in_flight] = GetParam();
-  const auto specs = hybrid_model();
   constexpr int64_t kSteps = 4;
-  const auto reference = reference_after(specs, kSteps);
+  const auto reference = reference_after(hybrid_model(), kSteps);
   muon::test::run_ranks(world, [&](Group& group) {
-    auto named = make_params(specs);
+    auto named = make_params(hybrid_model());
     // Small buckets: several per rank, so the overlap path runs.
     LayerwiseOptimizer opt(named, group, make_hybrid,
                            LayerwiseOptions().bucket_bytes(4096).max_in_flight(in_flight));
-    for (int64_t s = 0; s < kSteps; ++s) {
-      set_grads(named, s);
-      opt.step();
-    }
+    train(named, opt, 0, kSteps);
     // The owner runs the single-process code on the same data and the gather
     // copies bytes; 1e-5 (the bound) leaves room only for BLAS
     // summation order, which can differ with the threads a rank gets.
@@ -117,10 +118,7 @@ TEST(Layerwise, FewerParametersThanRanks) {
     EXPECT_EQ(opt.inner() == nullptr, group.rank() >= 2);  // two owners, two idle ranks
     // Idle ranks hold only the group of other ranks' parameters.
     EXPECT_EQ(opt.param_groups().size(), group.rank() >= 2 ? 1u : 2u);
-    for (int64_t s = 0; s < 3; ++s) {
-      set_grads(named, s);
-      opt.step();
-    }
+    train(named, opt, 0, 3);
     EXPECT_LE(max_relative_difference(named, reference), 1e-5);
   });
 }
@@ -208,26 +206,17 @@ TEST(Layerwise, SaveLoadResumesBitIdentically) {
   muon::test::run_ranks(3, [&](Group& group) {
     auto straight = make_params(specs);
     LayerwiseOptimizer a(straight, group, make_hybrid, LayerwiseOptions().bucket_bytes(4096));
-    for (int64_t s = 0; s < 4; ++s) {
-      set_grads(straight, s);
-      a.step();
-    }
+    train(straight, a, 0, 4);
     auto resumed = make_params(specs);
     std::string archive;
     {
       LayerwiseOptimizer b(resumed, group, make_hybrid, LayerwiseOptions().bucket_bytes(4096));
-      for (int64_t s = 0; s < 2; ++s) {
-        set_grads(resumed, s);
-        b.step();
-      }
+      train(resumed, b, 0, 2);
       archive = muon::test::save_to_string(b);
     }
     LayerwiseOptimizer c(resumed, group, make_hybrid, LayerwiseOptions().bucket_bytes(4096));
     muon::test::load_from_string(c, archive);
-    for (int64_t s = 2; s < 4; ++s) {
-      set_grads(resumed, s);
-      c.step();
-    }
+    train(resumed, c, 2, 4);
     for (const auto& item : straight) {
       EXPECT_TRUE(at::equal(item.value(), resumed[item.key()])) << item.key();
     }
