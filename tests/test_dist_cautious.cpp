@@ -107,27 +107,42 @@ void expect_parts_equal(Named& named, const Part& part, const std::vector<at::Te
   }
 }
 
+// This rank's `part` of the model, trained by run_steps with `config` under
+// `layout`, equals that part of `reference` (expect_parts_equal).
+void expect_trained_part(const std::vector<at::Tensor>& reference, const Part& part,
+                         const muon::distributed::DistributedLayout& layout,
+                         const OptimizerConfig& config, const std::string& what) {
+  auto named = named_model(part);
+  auto opt = muon::distributed::make_optimizer(named, config, layout);
+  run_steps(*opt, named, part);
+  expect_parts_equal(named, part, reference, what);
+}
+
+// body(group, world, mode) on every rank of 2, 3 and 4 thread ranks, for
+// each of `modes`.
+void for_modes_at_2_to_4_ranks(const std::vector<std::string>& modes,
+                               const std::function<void(Group&, int, const std::string&)>& body) {
+  for (const auto& mode : modes) {
+    for (int world = 2; world <= 4; ++world) {
+      run_ranks(world, [&](Group& group) { body(group, world, mode); });
+    }
+  }
+}
+
 class CautiousLayouts : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CautiousLayouts, TensorParallelEqualsOneProcess) {
   const auto name = GetParam();
   const auto reference = single_process(name);
-  for (const std::string tp_mode : {"duplicated", "distributed"}) {
-    for (int world = 2; world <= 4; ++world) {
-      run_ranks(world, [&](Group& group) {
-        const Part part = layouts::tensor_parallel_part(kModel, group.rank(), world);
-        auto named = named_model(part);
-        auto layout = tensor_parallel_layout(group);
+  for_modes_at_2_to_4_ranks(
+      {"duplicated", "distributed"}, [&](Group& group, int world, const std::string& tp_mode) {
         auto config = config_of(name, "tensor_parallel");
         config.set("muon_tp_mode", tp_mode);
-        auto opt = muon::distributed::make_optimizer(named, config, layout);
-        run_steps(*opt, named, part);
-        expect_parts_equal(named, part, reference,
-                           name + " tp " + tp_mode + " world " + std::to_string(world) + " rank " +
-                               std::to_string(group.rank()));
+        expect_trained_part(reference, layouts::tensor_parallel_part(kModel, group.rank(), world),
+                            tensor_parallel_layout(group), config,
+                            name + " tp " + tp_mode + " world " + std::to_string(world) + " rank " +
+                                std::to_string(group.rank()));
       });
-    }
-  }
 }
 
 // Blockwise: each rank's block is a matrix of its own, so one process that
@@ -177,27 +192,22 @@ TEST_P(CautiousLayouts, BlockwiseEqualsOneProcessOnTheBlocks) {
 TEST_P(CautiousLayouts, RowShardsEqualOneProcess) {
   const auto name = GetParam();
   const auto reference = single_process(name);
-  for (const std::string sharded_mode : {"owner_compute", "replicated"}) {
-    for (int world = 2; world <= 4; ++world) {
-      run_ranks(world, [&](Group& group) {
+  for_modes_at_2_to_4_ranks(
+      {"owner_compute", "replicated"},
+      [&](Group& group, int world, const std::string& sharded_mode) {
         const Part part = [&](size_t k, const at::Tensor& t) {
           return muon::distributed::local_rows(
               t, muon::distributed::balanced_split_sizes(kModel[k].shape[0], world), group.rank());
         };
-        auto named = named_model(part);
         muon::distributed::DistributedLayout layout;
         for (size_t k = 0; k < kModel.size(); ++k)
           layout.row_shards.emplace(name_of(k), RowShard(kModel[k].shape, group));
         auto config = config_of(name, "sharded");
         config.set("layout_sharded_mode", sharded_mode);
-        auto opt = muon::distributed::make_optimizer(named, config, layout);
-        run_steps(*opt, named, part);
-        expect_parts_equal(named, part, reference,
-                           name + " " + sharded_mode + " world " + std::to_string(world) +
-                               " rank " + std::to_string(group.rank()));
+        expect_trained_part(reference, part, layout, config,
+                            name + " " + sharded_mode + " world " + std::to_string(world) +
+                                " rank " + std::to_string(group.rank()));
       });
-    }
-  }
 }
 
 TEST_P(CautiousLayouts, TwoDimensionalEqualsOneProcess) {
@@ -205,16 +215,14 @@ TEST_P(CautiousLayouts, TwoDimensionalEqualsOneProcess) {
   const auto reference = single_process(name);
   run_ranks(4, [&](Group& world) {
     const auto [dp, tp] = world.mesh(2, 2);
-    const Part part = layouts::two_d_part(kModel, dp, tp);
-    auto named = named_model(part);
     muon::distributed::DistributedLayout layout;
     for (size_t k = 0; k < kModel.size(); ++k) {
       layout.row_shards.emplace(
           name_of(k), layouts::two_d_shard(kModel[k], dp, tp, muon::distributed::TensorParallelMode::kDistributed));
     }
-    auto opt = muon::distributed::make_optimizer(named, config_of(name, "sharded"), layout);
-    run_steps(*opt, named, part);
-    expect_parts_equal(named, part, reference, name + " 2-D rank " + std::to_string(world.rank()));
+    expect_trained_part(reference, layouts::two_d_part(kModel, dp, tp), layout,
+                        config_of(name, "sharded"),
+                        name + " 2-D rank " + std::to_string(world.rank()));
   });
 }
 
