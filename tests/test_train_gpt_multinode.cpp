@@ -121,6 +121,20 @@ std::string restartable(int steps, const fs::path& save, const fs::path& out,
          " --resume auto --out " + out.string() + " " + extra;
 }
 
+// The curve a restarted run wrote in `out` (muon.csv) is within `tolerance`
+// of `reference`; prints "<killed> after checkpoint <saved>, <continued>
+// from step <from>: <difference> from <against>".
+void expect_restart_on_curve(const fs::path& out, const train_gpt::RunLog& reference,
+                             double tolerance, const std::string& killed, int64_t saved,
+                             const std::string& continued, int64_t from,
+                             const std::string& against) {
+  const double d = largest_difference(train_gpt::read_csv((out / "muon.csv").string()), reference);
+  std::printf("%s after checkpoint %lld, %s from step %lld: %.2e from %s\n", killed.c_str(),
+              static_cast<long long>(saved), continued.c_str(), static_cast<long long>(from), d,
+              against.c_str());
+  EXPECT_LE(d, tolerance);
+}
+
 // The step rank 0's first "--resume auto: continuing from step N" line of
 // `text` names; checked to be at or after the checkpoint `saved` that was
 // complete when the rank or node died, and before the run's end (a kill
@@ -243,11 +257,8 @@ TEST(TrainGptMultiNode, KilledRankRestartsFromTheNewestCheckpointOnTheUninterrup
   EXPECT_NE(text.find("--resume auto: no checkpoint"), std::string::npos) << text;
   const auto second = text.substr(text.find("--resume auto: no checkpoint") + 1);
   const int64_t from = continued_from(second, saved, steps);
-  const double d = largest_difference(train_gpt::read_csv((out / "muon.csv").string()), uninterrupted);
-  std::printf("killed rank 1 after checkpoint %lld, continued from step %lld: %.2e from the "
-              "uninterrupted curve\n",
-              static_cast<long long>(saved), static_cast<long long>(from), d);
-  EXPECT_LE(d, kSameWorldTolerance);
+  expect_restart_on_curve(out, uninterrupted, kSameWorldTolerance, "killed rank 1", saved,
+                          "continued", from, "the uninterrupted curve");
   fs::remove_all(dir);
 }
 
@@ -278,10 +289,7 @@ TEST(TrainGptMultiNode, NodeDyingRestartsAtTheSmallerWorldOnTheSameCurve) {
   EXPECT_NE(a.output().find("muon-train-gpt: 2 rank(s)"), std::string::npos) << a.output();
   const int64_t from = continued_from(a.output(), saved, steps);
   EXPECT_NE(a.output().find("written by 4 ranks"), std::string::npos) << a.output();
-  const double d = largest_difference(train_gpt::read_csv((out / "muon.csv").string()), one);
-  std::printf("node of 2 ranks killed after checkpoint %lld; 2 ranks continued from step %lld: "
-              "%.2e from one process\n",
-              static_cast<long long>(saved), static_cast<long long>(from), d);
-  EXPECT_LE(d, kCurveTolerance);
+  expect_restart_on_curve(out, one, kCurveTolerance, "node of 2 ranks killed", saved,
+                          "2 ranks continued", from, "one process");
   fs::remove_all(dir);
 }
