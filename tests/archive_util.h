@@ -24,4 +24,12 @@ inline void load_from_string(torch::optim::Optimizer& opt, const std::string& by
   opt.load(archive);
 }
 
+/// Reads into `in` what `out` holds, through its bytes.
+inline void read_back(torch::serialize::OutputArchive& out, torch::serialize::InputArchive& in) {
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  std::istringstream in_bytes(bytes.str());
+  in.load_from(in_bytes);
+}
+
 }  // namespace muon::test

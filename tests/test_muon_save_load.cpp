@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <torch/serialize/archive.h>
 
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -87,11 +86,8 @@ TEST(MuonSaveLoad, ResumedRunIsBitIdentical) {
 
 // The MuonOptions an archive holds, after a trip through bytes.
 MuonOptions read_options(torch::serialize::OutputArchive& out) {
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  std::istringstream in_bytes(bytes.str());
   torch::serialize::InputArchive in;
-  in.load_from(in_bytes);
+  read_back(out, in);
   MuonOptions back(0);
   back.serialize(in);
   return back;
