@@ -7,6 +7,8 @@
 #include <sstream>
 #include <string>
 
+#include "tensor_util.h"
+
 namespace muon::test {
 
 inline std::string save_to_string(const torch::optim::Optimizer& opt) {
@@ -22,6 +24,14 @@ inline void load_from_string(torch::optim::Optimizer& opt, const std::string& by
   torch::serialize::InputArchive archive;
   archive.load_from(in);
   opt.load(archive);
+}
+
+/// The archive of an Optimizer over `p` after one step with a gradient of ones.
+template <typename Optimizer>
+std::string archive_after_a_step(at::Tensor p) {
+  Optimizer opt({p});
+  step_with_ones(opt, p);
+  return save_to_string(opt);
 }
 
 /// Reads into `in` what `out` holds, through its bytes.

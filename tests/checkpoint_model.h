@@ -19,6 +19,7 @@
 #include "muon/distributed/layouts/make.h"
 #include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/distributed/layouts/tensor_parallel_shard.h"
+#include "tensor_util.h"
 
 namespace muon::test::checkpoint {
 
@@ -27,6 +28,16 @@ using muon::distributed::CheckpointOptions;
 using muon::distributed::DistributedLayout;
 using muon::distributed::Group;
 using Named = torch::OrderedDict<std::string, at::Tensor>;
+
+/// A matrix "w" (8, 4) and a bias "b" (8), leaves drawn from the global
+/// generator in that order: the model of the tests that build an optimizer
+/// from a config.
+inline Named matrix_and_bias() {
+  Named named;
+  named.insert("w", leaf(at::randn({8, 4})));
+  named.insert("b", leaf(at::randn({8})));
+  return named;
+}
 
 // Matrices go to Muon, vectors and embeddings to AdamW (the hybrid).
 inline const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{

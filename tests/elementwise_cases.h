@@ -108,21 +108,6 @@ std::vector<at::Tensor> buffer_copies(const State& st) {
   return out;
 }
 
-/// Gives `p` a gradient of ones and takes one step of `opt`.
-template <typename Optimizer>
-void step_with_ones(Optimizer& opt, at::Tensor& p) {
-  p.mutable_grad() = at::ones_like(p);
-  opt.step();
-}
-
-/// The archive of an Optimizer over `p` after one step with a gradient of ones.
-template <typename Optimizer>
-std::string archive_after_a_step(at::Tensor p) {
-  Optimizer opt({p});
-  step_with_ones(opt, p);
-  return save_to_string(opt);
-}
-
 /// expect_fields, over the field indices I.
 template <typename Options, typename Want, size_t... I>
 void expect_fields_at(const Options& o, const Want& want, std::index_sequence<I...>) {
@@ -302,9 +287,7 @@ void BadEditBetweenStepsChangesNothing() {
 /// lists the state schema: step and each buffer, of the parameter's shape.
 template <typename C>
 void BuiltFromAConfigWithItsFieldsAndExplained() {
-  ckpt::Named named;
-  named.insert("w", leaf(at::randn({8, 4})));
-  named.insert("b", leaf(at::randn({8})));
+  auto named = ckpt::matrix_and_bias();
   OptimizerConfig config;
   apply_config_json(config, C::kConfig);
   auto opt = muon::make_optimizer(named, config);

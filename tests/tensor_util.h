@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "expect_util.h"
+
 namespace muon::test {
 
 /// A parameter: a fresh copy of `values` that requires grad.
@@ -22,6 +24,27 @@ template <typename Module, typename... Args>
 Module seeded_module(uint64_t seed, Args&&... args) {
   at::manual_seed(seed);
   return Module(std::forward<Args>(args)...);
+}
+
+/// Gives `p` a gradient of ones and takes one step of `opt`.
+template <typename Optimizer>
+void step_with_ones(Optimizer& opt, at::Tensor& p) {
+  p.mutable_grad() = at::ones_like(p);
+  opt.step();
+}
+
+/// An lr of -0.5 set between steps of an Optimizer over `p` is caught by the
+/// next step, which raises c10::ValueError naming it and changes neither `p`
+/// nor the (empty) state.
+template <typename Optimizer>
+void expect_negative_lr_edit_caught(at::Tensor p) {
+  Optimizer opt({p});
+  opt.param_groups()[0].options().set_lr(-0.5);
+  p.mutable_grad() = at::ones_like(p);
+  const auto before = p.detach().clone();
+  expect_value_error([&] { opt.step(); }, {"lr", "-0.5"});
+  EXPECT_TRUE(at::equal(p.detach(), before));
+  EXPECT_TRUE(opt.state().empty());
 }
 
 /// A start and the gradients of a short run, for the tests that resume a run

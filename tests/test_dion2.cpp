@@ -313,13 +313,7 @@ TEST(Dion2, InvalidOptionsNameArgumentAndValue) {
   expect_value_error([&] { Dion2 opt(groups, Dion2Options()); },
                      {"nordion2 true", "one algorithm"});
   // A bad edit between steps is caught by the next step, which changes nothing.
-  Dion2 opt({p});
-  opt.param_groups()[0].options().set_lr(-0.5);
-  p.mutable_grad() = at::ones({3, 4});
-  const auto before = p.detach().clone();
-  expect_value_error([&] { opt.step(); }, {"lr", "-0.5"});
-  EXPECT_TRUE(at::equal(p.detach(), before));
-  EXPECT_TRUE(opt.state().empty());
+  expect_negative_lr_edit_caught<Dion2>(p);
   OptimizerConfig c;
   expect_value_error([&] { c.set("dion2_fraction", 0.0); }, {"dion2_fraction", "0"});
   expect_value_error([&] { c.set("dion2_adjust_lr", "spectral"); },
@@ -354,12 +348,9 @@ TEST(Dion2, ResumedRunIsBitIdentical) {
 
 TEST(Dion2, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
   auto p = leaf(at::randn({3, 2}));
-  LaProp laprop({p});
-  p.mutable_grad() = at::ones({3, 2});
-  laprop.step();
+  const auto laprop = archive_after_a_step<LaProp>(p);  // p keeps its gradient of ones
   Dion2 opt({p}, Dion2Options(0.2));
-  expect_value_error([&] { load_from_string(opt, save_to_string(laprop)); },
-                     {"[muon::Dion2]", "muon::LaProp"});
+  expect_value_error([&] { load_from_string(opt, laprop); }, {"[muon::Dion2]", "muon::LaProp"});
   Dion2 nor({p}, NorDion2Options(0.3));
   nor.step();
   expect_value_error([&] { load_from_string(opt, save_to_string(nor)); },
@@ -370,9 +361,7 @@ TEST(Dion2, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
 
 TEST(Dion2, BuiltFromAConfigWithItsFieldsAndExplained) {
   for (const bool nor : {false, true}) {
-    ckpt::Named named;
-    named.insert("w", leaf(at::randn({8, 4})));
-    named.insert("b", leaf(at::randn({8})));
+    auto named = ckpt::matrix_and_bias();
     OptimizerConfig config;
     if (nor) {
       apply_config_json(config, R"({"optimizer": "nordion2", "lr": 0.01, "nordion2_fraction": 0.5,

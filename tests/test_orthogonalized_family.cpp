@@ -301,9 +301,7 @@ TEST(OrthogonalizedFamily, InvalidOptionsNameArgumentAndValue) {
 // true) is refused by name; it used to be replaced by 1/decoupled/false
 // silently, so that explain and the groups showed a value that did not run.
 TEST(OrthogonalizedFamily, ScionRefusesWhatItFixesAndShowsWhatRuns) {
-  ckpt::Named named;
-  named.insert("w", leaf(at::randn({8, 4})));
-  named.insert("b", leaf(at::randn({8})));
+  auto named = ckpt::matrix_and_bias();
   OptimizerConfig config;
   config.set("optimizer", "scion").set("lr", 0.01).set("weight_decay", 0.1);
   auto opt = muon::make_optimizer(named, config);
@@ -384,9 +382,7 @@ TEST(OrthogonalizedFamily, MopNeedsWholeMatrices) {
 // and explain from the schema.
 TEST(OrthogonalizedFamily, BuiltFromAConfigWithItsFieldsAndExplained) {
   for (const std::string name : {"polargrad", "scion", "mop", "spel", "muon_hyperball"}) {
-    ckpt::Named named;
-    named.insert("w", leaf(at::randn({8, 4})));
-    named.insert("b", leaf(at::randn({8})));
+    auto named = ckpt::matrix_and_bias();
     OptimizerConfig config;
     config.set("optimizer", name).set("lr", 0.01).set("muon_coefficient_type", std::string("polar_express"));
     if (name == "scion") config.set("scion_spectral_radius", 3.0);

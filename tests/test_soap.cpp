@@ -265,13 +265,7 @@ TEST(Soap, InvalidOptionsNameArgumentAndValue) {
                      {"adaptive_update_tolerance", "1"});
   expect_value_error([&] { SoapOptions().weight_decay_method("palm"); }, {"weight_decay_method", "palm"});
   // A bad edit between steps is caught by the next step, which changes nothing.
-  Soap opt({p});
-  opt.param_groups()[0].options().set_lr(-0.5);
-  p.mutable_grad() = at::ones({3, 2});
-  const auto before = p.detach().clone();
-  expect_value_error([&] { opt.step(); }, {"lr", "-0.5"});
-  EXPECT_TRUE(at::equal(p.detach(), before));
-  EXPECT_TRUE(opt.state().empty());
+  expect_negative_lr_edit_caught<Soap>(p);
   OptimizerConfig c;
   expect_value_error([&] { c.set("soap_shampoo_beta", 1.0); }, {"soap_shampoo_beta", "1"});
   expect_value_error([&] { c.set("soap_precondition_frequency", 0); }, {"soap_precondition_frequency", "0"});
@@ -301,10 +295,7 @@ TEST(Soap, ResumedRunIsBitIdentical) {
 
 TEST(Soap, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
   auto p = leaf(at::randn({3, 2}));
-  LaProp laprop({p});
-  p.mutable_grad() = at::ones({3, 2});
-  laprop.step();
-  const auto bytes = save_to_string(laprop);
+  const auto bytes = archive_after_a_step<LaProp>(p);
   Soap opt({p}, SoapOptions(0.2));
   expect_value_error([&] { load_from_string(opt, bytes); }, {"[muon::Soap]", "muon::LaProp"});
   EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
@@ -312,9 +303,7 @@ TEST(Soap, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
 }
 
 TEST(Soap, BuiltFromAConfigWithItsFieldsAndExplained) {
-  ckpt::Named named;
-  named.insert("w", leaf(at::randn({8, 4})));
-  named.insert("b", leaf(at::randn({8})));
+  auto named = ckpt::matrix_and_bias();
   OptimizerConfig config;
   apply_config_json(config, R"({"optimizer": "soap", "lr": 0.01, "soap_shampoo_beta": 0.9,
                                 "soap_precondition_frequency": 5, "soap_use_eigh": true,
