@@ -1,5 +1,6 @@
 #pragma once
 // Round-trips an optimizer through a torch::serialize archive in memory.
+#include <gtest/gtest.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
@@ -32,6 +33,35 @@ std::string archive_after_a_step(at::Tensor p) {
   Optimizer opt({p});
   step_with_ones(opt, p);
   return save_to_string(opt);
+}
+
+/// `data` run straight through by an Optimizer built with `options`, and
+/// again for its first `split` steps, saved, loaded into an Optimizer built
+/// with `other` (the archive's options replace them) and run to the end:
+/// the loaded options equal `options`, the loaded state (`state_of(opt, p)`)
+/// equals the saved one, and both runs end bit-identical. `what` names the
+/// case in the last failure.
+template <typename Optimizer, typename Options, typename StateOf>
+void expect_resumed_run_bit_identical(const GradientRun& data, int split, const Options& options,
+                                      const Options& other, const StateOf& state_of,
+                                      const std::string& what = "") {
+  const int steps = static_cast<int>(data.grads.size());
+  auto a = leaf(data.init);
+  Optimizer straight({a}, options);
+  data.run(a, straight, 0, steps);
+
+  auto b = leaf(data.init);
+  Optimizer first({b}, options);
+  data.run(b, first, 0, split);
+  const auto bytes = save_to_string(first);
+  auto c = leaf(b.detach());
+  Optimizer second({c}, other);
+  load_from_string(second, bytes);
+  const auto& o = static_cast<const Options&>(second.param_groups()[0].options());
+  EXPECT_TRUE(o == options);
+  EXPECT_TRUE(state_of(second, c) == state_of(first, b));
+  data.run(c, second, split, steps);
+  EXPECT_TRUE(at::equal(a.detach(), c.detach())) << what;
 }
 
 /// Reads into `in` what `out` holds, through its bytes.

@@ -39,6 +39,21 @@ inline Named matrix_and_bias() {
   return named;
 }
 
+/// Part `name` of `opt`, built over matrix_and_bias() `named` in two parts:
+/// a T whose one group holds "w" alone. nullptr, after a failure, otherwise.
+template <typename T, typename Composite>
+T* part_holding_w(Composite& opt, const std::string& name, Named& named) {
+  EXPECT_EQ(opt.num_parts(), 2u);
+  auto* part = dynamic_cast<T*>(opt.find_part(name));
+  EXPECT_NE(part, nullptr) << name;
+  if (part == nullptr) return nullptr;
+  const auto& params = part->param_groups()[0].params();
+  EXPECT_EQ(params.size(), 1u) << name;
+  if (params.size() != 1) return nullptr;
+  EXPECT_TRUE(params[0].is_same(named["w"])) << name;
+  return part;
+}
+
 // Matrices go to Muon, vectors and embeddings to AdamW (the hybrid).
 inline const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{
     {"wte.weight", {40, 16}},       {"blocks.0.qkv.weight", {48, 16}}, {"blocks.0.norm.weight", {16}},
