@@ -13,6 +13,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "archive_util.h"
 #include "muon/optim/dion2.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
@@ -50,11 +51,8 @@ O with_field_changed(O o) {
 
 // What `out` holds, as a file of it would read.
 torch::serialize::InputArchive reopened(torch::serialize::OutputArchive& out) {
-  std::ostringstream bytes;
-  out.save_to(bytes);
-  std::istringstream in_bytes(bytes.str());
   torch::serialize::InputArchive in;
-  in.load_from(in_bytes);
+  muon::test::read_back(out, in);
   return in;
 }
 
