@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -110,7 +111,7 @@ void write_field(torch::serialize::OutputArchive& archive, const char* key, cons
 /// lr is left out.
 template <typename T>
 void mix_field(SettingsDigest& digest, const char* key, const T& field) {
-  if (std::string(key) == "lr") return;
+  if (std::strcmp(key, "lr") == 0) return;
   if constexpr (std::is_same_v<T, std::string>) {
     digest(field.size());
     for (const char c : field) digest(c);

@@ -345,7 +345,7 @@ void detail::register_soap(OptimizerRegistry& registry) {
           F::real("eps", &O::eps, d.eps(), "added to the square root of Adam's second moment", 0.0).exclusive_min(),
           F::common("weight_decay", &O::weight_decay),
           F::text("weight_decay_method", &O::weight_decay_method, to_string(d.weight_decay_method()),
-                  "how weight decay enters the step", {"decoupled", "independent", "l2"}),
+                  "how weight decay enters the step", detail::weight_decay_method_names()),
           F::boolean("use_nesterov", &O::use_nesterov, d.use_nesterov(), "Nesterov momentum in the inner Adam"),
           F::integer("precondition_frequency", &O::precondition_frequency, d.precondition_frequency(),
                      "steps between eigenbasis refreshes", 1.0),

@@ -48,11 +48,7 @@ inline constexpr size_t kShown = 160;
 
 inline std::string shown(const std::string& text) { return clip(text, kShown); }
 
-inline std::string shape_text(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
+inline std::string shape_text(const Shape& s) { return muon::detail::shape_text(s); }
 
 inline int64_t volume(const Shape& s) {
   int64_t v = 1;
