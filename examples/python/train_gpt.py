@@ -51,6 +51,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import time
 
 RUNS = ("adamw", "muon")
@@ -831,3 +832,12 @@ def main(args):
 
 if __name__ == "__main__":
     main(ARGS)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # A multi-rank run leaves without finalizing the interpreter: torch
+        # 2.11's gloo worker thread may still be releasing the last
+        # collective's tensors when finalization starts, and that aborts the
+        # process ("terminate called without an active exception";
+        # pytorch/pytorch#117762). Everything is written and flushed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
