@@ -828,11 +828,11 @@ def main(args):
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
+    return world
 
 
 if __name__ == "__main__":
-    main(ARGS)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if main(ARGS) > 1:
         # A multi-rank run leaves without finalizing the interpreter: torch
         # 2.11's gloo worker thread may still be releasing the last
         # collective's tensors when finalization starts, and that aborts the
