@@ -32,6 +32,8 @@ void register_sim_ademamix(OptimizerRegistry& registry);
 void register_soap(OptimizerRegistry& registry);
 /// dion2, then nordion2 (src/optim/dion2.cpp).
 void register_dion2(OptimizerRegistry& registry);
+/// dion (src/optim/dion.cpp).
+void register_dion(OptimizerRegistry& registry);
 /// polargrad, scion, mop, spel, then muon_hyperball (src/optim/orthogonalized_family.cpp).
 void register_orthogonalized_family(OptimizerRegistry& registry);
 

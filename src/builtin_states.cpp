@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include "muon/optim/adaptive_muon.h"
+#include "muon/optim/dion.h"
 #include "muon/optim/dion2.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/signum.h"
@@ -180,6 +181,33 @@ StateSchema dion2_state(const bool nordion2) {
     };
     s.add(std::move(v));
   }
+  return s;
+}
+
+StateSchema dion_state() {
+  using S = DionParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<Dion>();
+  s.add(step_of<S>());
+  // Both of the whole matrix (Dion::whole_matrix_dims), held by the process
+  // that steps it (the owner in the sharded layout); Q is drawn by the first step.
+  const auto whole = [](std::string name, auto get, bool factor, StateInit init) {
+    auto f = StateField::tensor_of<S>(std::move(name), get, init);
+    f.shape = StateShape::kWhole;
+    f.split = StateSplit::kOwner;
+    f.held = [](const Optimizer& opt, const at::Tensor& param) {
+      return static_cast<const Dion&>(opt).holds_whole_state(param);
+    };
+    f.whole_shape = [factor](const Optimizer& opt, const at::Tensor& param) {
+      const auto& d = static_cast<const Dion&>(opt);
+      if (factor) return d.q_shape(param);
+      const auto [rows, cols] = d.whole_matrix_dims(param);
+      return std::vector<int64_t>{rows, cols};
+    };
+    return f;
+  };
+  s.add(whole("momentum", [](S& st) -> at::Tensor& { return st.momentum(); }, false, StateInit::kZeros));
+  s.add(whole("Q", [](S& st) -> at::Tensor& { return st.Q(); }, true, StateInit::kOnFirstUse));
   return s;
 }
 

@@ -80,6 +80,7 @@ if _C is not None:
     )
     from .optim import (  # noqa: F401
         AdaptiveMuon,
+        Dion,
         Dion2,
         LaProp,
         Lion,

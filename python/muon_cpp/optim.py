@@ -33,7 +33,7 @@ from ._optim_common import (  # noqa: F401
 )
 
 __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "SimAdEMAMix", "SOAP",
-           "PolarGrad", "Scion", "MOP", "SPEL", "MuonHyperball", "MuonWithAdamW", "make_optimizer",
+           "Dion", "PolarGrad", "Scion", "MOP", "SPEL", "MuonHyperball", "MuonWithAdamW", "make_optimizer",
            "explain", "option_fields"]
 
 
@@ -218,6 +218,25 @@ class NorDion2(_Dion2Family):
     variance (one value per row)."""
 
     _kind = "nordion2"
+
+
+class Dion(_OneOptimizer):
+    """Dion (microsoft/dion): low-rank orthonormal updates by power iteration on
+    the momentum M ← M + G with a warm-started right factor Q, QR of P = M·Q
+    (randomized Cholesky QR, ``qr_method="rcqr"``, or Householder ``"qr"``), error
+    feedback M ← M − (1 − mu)·P·Rᵀ and Q ← R with unit columns; the update is
+    lr·sqrt(rows/cols)·P·Qᵀ with decoupled weight decay. Dion's keywords and
+    defaults: mu=0.95, rank_fraction=1.0, rank_multiple_of=1, epsilon=1e-8,
+    power_iters=1, rcqr_oversample=1.25; plus seed=0 (Q's start and the sketches).
+    Parameters of 3 or more dims are one matrix (dim 0 by the rest). State per
+    parameter: step, momentum, Q."""
+
+    _kind = "dion"
+
+    def __init__(self, params, lr=0.01, mu=0.95, weight_decay=0.01, *, layout=None,
+                 nonfinite="error", **options):
+        options["mu"] = mu
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
 
 class PolarGrad(_OneOptimizer):

@@ -18,7 +18,7 @@ const std::vector<std::string>& builtin_names() {
   static const std::vector<std::string> names{
       "muon",      "adaptive_muon", "adam",         "adamw", "sgd",           "lion",
       "laprop",    "signum",        "sim_ademamix", "soap",  "dion2",         "nordion2",
-      "polargrad", "scion",         "mop",          "spel",  "muon_hyperball"};
+      "dion",      "polargrad",     "scion",        "mop",   "spel",          "muon_hyperball"};
   return names;
 }
 

@@ -17,6 +17,7 @@
 #include "muon/compat.h"
 #include "muon/distributed/layouts/layerwise.h"
 #include "muon/distributed/layouts/sharded_muon.h"
+#include "muon/distributed/layouts/sharded_dion.h"
 #include "muon/distributed/layouts/sharded_dion2.h"
 #include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/distributed/layouts/tensor_parallel.h"
@@ -82,6 +83,11 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
   context.factories["soap"] = [kind](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
       -> std::unique_ptr<torch::optim::Optimizer> {
     TORCH_CHECK_VALUE(false, kWho, "optimizer 'soap' preconditions whole matrices and does not run in layout '",
+                      kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
+  };
+  context.factories["dion"] = [kind](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
+      -> std::unique_ptr<torch::optim::Optimizer> {
+    TORCH_CHECK_VALUE(false, kWho, "optimizer 'dion' orthonormalizes whole matrices and does not run in layout '",
                       kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
   };
   for (const char* name : {"dion2", "nordion2"}) {
@@ -189,11 +195,13 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
         }
         return sharded_options(groups, "Muon");
       });
-  // SOAP, Dion2 and NorDion2 by owner-compute (ShardedSoap, ShardedDion2);
+  // SOAP, Dion, Dion2 and NorDion2 by owner-compute (ShardedSoap, ShardedDion, ShardedDion2);
   // the 2-D layout's tensor-parallel blocks split their matrices, which they
   // refuse as the tensor_parallel layout does.
   context.factories["soap"] = owner_compute_factory<ShardedSoap, SoapOptions>(
       sharded_options, "soap", "preconditions whole matrices");
+  context.factories["dion"] = owner_compute_factory<ShardedDion, DionOptions>(
+      sharded_options, "dion", "orthonormalizes whole matrices");
   for (const char* name : {"dion2", "nordion2"}) {
     context.factories[name] = owner_compute_factory<ShardedDion2, Dion2Options>(
         sharded_options, name, "selects rows or columns of whole matrices");

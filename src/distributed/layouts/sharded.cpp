@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <numeric>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "distributed/layouts/sharded_internal.h"
@@ -69,6 +70,29 @@ ShardedOptions detail::with_shards(const char* who, ShardedOptions options, cons
                     params.size(), " parameters");
   for (const auto i : c10::irange(params.size())) options.shard(params[i], std::move(shards[i]));
   return options;
+}
+
+void detail::check_owner_compute_shards(const ShardedOptions& options, const std::vector<OptimizerParamGroup>& groups,
+                                        const char* who, const char* optimizer, const char* state,
+                                        const char* needs) {
+  TORCH_CHECK_VALUE(options.mode() == ShardedMode::kOwnerCompute, who, "optimizer '", optimizer,
+                    "' runs in the sharded layout in mode owner_compute only, got '", to_string(options.mode()),
+                    "' (each matrix's ", state, " stays with one owner)");
+  std::unordered_map<const void*, const RowShard*> shard_of;
+  for (const auto& [param, shard] : options.shards()) shard_of.emplace(param.unsafeGetTensorImpl(), &shard);
+  for (const auto g : c10::irange(groups.size())) {
+    for (const auto j : c10::irange(groups[g].params().size())) {
+      const auto it = shard_of.find(groups[g].params()[j].unsafeGetTensorImpl());
+      if (it == shard_of.end()) continue;  // named by the strategy's own check
+      const auto& shard = *it->second;
+      TORCH_CHECK_VALUE(shard.global_shape().size() >= 2, who, "parameter ", j, " of group ", g, " has global shape ",
+                        c10::IntArrayRef(shard.global_shape()), "; '", optimizer,
+                        "' steps matrices (give 1-D parameters to the scalar optimizer)");
+      TORCH_CHECK_VALUE(!shard.has_tensor_parallel(), who, "parameter ", j, " of group ", g,
+                        " is a tensor-parallel block (the 2-D layout); optimizer '", optimizer, "' ", needs,
+                        " and does not run on them");
+    }
+  }
 }
 
 ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,

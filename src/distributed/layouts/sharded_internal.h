@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <torch/optim/optimizer.h>
+
 #include "muon/distributed/layouts/sharded_muon.h"
 
 namespace muon::distributed::detail {
@@ -22,5 +24,14 @@ at::Tensor rows_padded(const at::Tensor& matrix, int64_t offset, int64_t count);
 /// their lengths differ.
 ShardedOptions with_shards(const char* who, ShardedOptions options, const std::vector<at::Tensor>& params,
                            std::vector<RowShard> shards);
+
+/// What an owner-compute optimizer of whole matrices (ShardedSoap,
+/// ShardedDion) cannot step, refused before any collective with messages
+/// prefixed by `who`: a mode other than owner_compute, parameters of fewer
+/// than 2 global dims, tensor-parallel blocks. `optimizer` is the registry
+/// name; `state` says what one owner keeps, `needs` why whole matrices.
+void check_owner_compute_shards(const ShardedOptions& options,
+                                const std::vector<torch::optim::OptimizerParamGroup>& groups, const char* who,
+                                const char* optimizer, const char* state, const char* needs);
 
 }  // namespace muon::distributed::detail

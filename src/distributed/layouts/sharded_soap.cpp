@@ -5,7 +5,6 @@
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
-#include <unordered_map>
 #include <utility>
 
 #include "distributed/layouts/sharded_internal.h"
@@ -18,35 +17,12 @@ constexpr const char* kWho = "[muon::distributed::ShardedSoap] ";
 
 using torch::optim::OptimizerParamGroup;
 
-// What owner-compute SOAP cannot step, refused before any collective: the
-// replicated mode, 1-D parameters and tensor-parallel blocks.
-void check_shards(const ShardedOptions& options, const std::vector<OptimizerParamGroup>& groups) {
-  TORCH_CHECK_VALUE(options.mode() == ShardedMode::kOwnerCompute, kWho,
-                    "optimizer 'soap' runs in the sharded layout in mode owner_compute only, got '",
-                    to_string(options.mode()), "' (each matrix's SOAP state lives with one owner)");
-  std::unordered_map<const void*, const RowShard*> shard_of;
-  for (const auto& [param, shard] : options.shards()) shard_of.emplace(param.unsafeGetTensorImpl(), &shard);
-  for (const auto g : c10::irange(groups.size())) {
-    for (const auto j : c10::irange(groups[g].params().size())) {
-      const auto it = shard_of.find(groups[g].params()[j].unsafeGetTensorImpl());
-      if (it == shard_of.end()) continue;  // named by the strategy's own check
-      const auto& shard = *it->second;
-      TORCH_CHECK_VALUE(shard.global_shape().size() >= 2, kWho, "parameter ", j, " of group ", g,
-                        " has global shape ", c10::IntArrayRef(shard.global_shape()),
-                        "; sharded SOAP steps matrices (give 1-D parameters to the scalar optimizer)");
-      TORCH_CHECK_VALUE(!shard.has_tensor_parallel(), kWho, "parameter ", j, " of group ", g,
-                        " is a tensor-parallel block (the 2-D layout); optimizer 'soap' preconditions whole "
-                        "matrices and does not run on them");
-    }
-  }
-}
-
 }  // namespace
 
 ShardedSoap::ShardedSoap(std::vector<OptimizerParamGroup> param_groups, SoapOptions defaults,
                          ShardedOptions options)
     : Soap(std::move(param_groups), std::move(defaults), /*check=*/true) {
-  check_shards(options, param_groups_);
+  detail::check_owner_compute_shards(options, param_groups_, kWho, "soap", "SOAP state", "preconditions whole matrices");
   strategy_ = make_orthogonalizer(std::move(options));
   strategy_->attach(param_groups_);
 }

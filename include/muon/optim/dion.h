@@ -1,0 +1,182 @@
+#pragma once
+
+/// Dion on `torch::optim`: low-rank orthonormalized updates by power
+/// iteration with error feedback (Ahn et al. 2025, "Dion: Distributed
+/// Orthonormalized Updates", arXiv:2504.05295), with the arithmetic and
+/// defaults of microsoft/dion (dion/dion.py, dion/dion_reference.py at
+/// commit 0a059a4542e5aa74b40dcd1dce363836c7afcd48).
+///
+/// A parameter X of rows m and cols n (one matrix: dim 0 × the product of the
+/// others, as muon::Soap sees it) keeps a momentum M (m × n) and a right
+/// factor Q (min(m, n) × r), r = min(rank_multiple_of·⌈rank_fraction·min(m,n) /
+/// rank_multiple_of⌉, m, n). B is M when m >= n, else Mᵀ (B tall, n' its
+/// columns). One step with gradient G:
+///
+///   1. M ← M + G                                  (no decay here)
+///   2. power_iters times: P = orth(B·Q); Q ← Bᵀ·P  (R = the last Bᵀ·P)
+///   3. B all zero: P ← 0, R ← Q (the old Q); else NaNs of P and R → 0
+///   4. M ← M − (1 − mu)·P·Rᵀ (transposed back)      (error feedback)
+///   5. Q ← R / (‖R[:, j]‖₂ + epsilon)             (column norms, fp32)
+///   6. X ← X·(1 − lr·weight_decay) − lr·√(m/n)·P·Qᵀ (transposed back)
+///
+/// orth(P) of P (m' × r), in fp32 (fp64 for fp64 parameters): Householder QR
+/// when m' <= r or `qr_method` is "qr"; otherwise ("rcqr", Dion's default)
+/// randomized Cholesky QR: S (k × m', k = 128·⌈rcqr_oversample·r/128⌉) of
+/// N(0, 1/k) entries, R₁ = qr(S·P).R, P ← P·R₁⁻¹, then R₂ = chol(PᵀP) (upper),
+/// P ← P·R₂⁻¹. In exact arithmetic both give P's orthonormal basis up to
+/// the sign of each column, which step 6 does not see (P·Qᵀ keeps its sign).
+///
+/// Randomness: Q starts as N(0, 1) entries and RCQR draws S every step,
+/// both from a CPU generator seeded by (seed, m, n) and, for S, the step and
+/// the power iteration: a pure function of the options and the whole
+/// matrix's shape, so every layout and device draws what one process does
+/// (Dion draws from the global generator and broadcasts Q).
+///
+/// Deviations from Dion: parameters of 3 or more dims are stepped as one
+/// matrix (Dion refuses them); the generator above; Dion's `cqr` method
+/// (Cholesky QR falling back to RCQR) is not offered. 1-D, embedding and
+/// head parameters go to the scalar optimizer (Dion's param groups with
+/// algorithm "adamw" or "lion"): the registry entry routes them.
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "muon/optim/listed_fields.h"
+#include "muon/optim/settings_digest.h"
+#include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
+
+namespace muon {
+
+/// Options of `muon::Dion` (per parameter group), as chained setters, with
+/// Dion's names and defaults.
+struct DionOptions : public ListedOptions<DionOptions> {
+  /// Options with learning rate `lr` and every other field at its default.
+  DionOptions(double lr = 0.01);  // NOLINT(google-explicit-constructor): torch pattern
+
+  /// Learning rate, >= 0.
+  TORCH_ARG(double, lr) = 0.01;
+  /// Error-feedback decay: M ← M − (1 − mu)·P·Rᵀ, in [0, 1].
+  TORCH_ARG(double, mu) = 0.95;
+  /// Rank r as a fraction of min(rows, cols), in (0, 1].
+  TORCH_ARG(double, rank_fraction) = 1.0;
+  /// r rounded up to a multiple of this, >= 1 (then capped at min(rows, cols)).
+  TORCH_ARG(int64_t, rank_multiple_of) = 1;
+  /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
+  TORCH_ARG(double, weight_decay) = 0.01;
+  /// Column normalization epsilon, > 0.
+  TORCH_ARG(double, epsilon) = 1e-8;
+  /// Power iterations per step, in [1, 16].
+  TORCH_ARG(int64_t, power_iters) = 1;
+  /// "rcqr" (randomized Cholesky QR, Dion's) | "qr" (Householder).
+  TORCH_ARG(std::string, qr_method) = "rcqr";
+  /// RCQR's sketch oversampling, in [1, 8].
+  TORCH_ARG(double, rcqr_oversample) = 1.25;
+  /// Seed of Q's start and RCQR's sketches, >= 0.
+  TORCH_ARG(int64_t, seed) = 0;
+
+ public:
+  /// Checks every field; raises c10::ValueError "[muon::Dion] <arg> must be ..., got <value>".
+  void validate() const;
+  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
+  static constexpr std::array<const char*, 10> kFields{
+      "lr",           "mu",        "rank_fraction", "rank_multiple_of", "weight_decay",
+      "epsilon",      "power_iters", "qr_method",   "rcqr_oversample",  "seed"};
+  /// The fields of `o` (a DionOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.mu_, o.rank_fraction_, o.rank_multiple_of_, o.weight_decay_,
+                    o.epsilon_, o.power_iters_, o.qr_method_, o.rcqr_oversample_, o.seed_);
+  }
+};
+
+/// Per-parameter state of `muon::Dion`: `momentum` M (rows × cols of the
+/// whole matrix, the parameter's dtype) and the right factor `Q`
+/// (min(rows, cols) × r, the parameter's dtype), both held whole by the
+/// process that steps the whole matrix.
+struct DionParamState : public ListedParamState<DionParamState, 2> {
+  /// M, with error feedback.
+  TORCH_ARG(at::Tensor, momentum);
+  /// Q, the normalized right factor of the last step (N(0, 1) at first).
+  TORCH_ARG(at::Tensor, Q);
+
+ public:
+  /// Archive keys of the buffers (muon/optim/listed_fields.h).
+  static constexpr std::array<const char*, 2> kBuffers{"momentum", "Q"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 2> buffers() { return {&momentum_, &Q_}; }
+};
+
+namespace detail {
+
+/// Dion's rank r for a rows × cols matrix.
+int64_t dion_rank(int64_t rows, int64_t cols, const DionOptions& options);
+/// Q's start for a rows × cols matrix: N(0, 1) entries, min(rows, cols) × r,
+/// in `options`' dtype and device (drawn on the CPU from the seed).
+at::Tensor dion_initial_q(int64_t rows, int64_t cols, const DionOptions& o,
+                          const at::TensorOptions& options);
+/// orth(P) as the top of this header says (fp32, fp64 for fp64 P), in P's dtype;
+/// `draw` seeds RCQR's sketch.
+at::Tensor dion_orthogonalize(const at::Tensor& p, const DionOptions& o, uint64_t draw);
+/// Dion's step on one whole matrix `grad` (rows × cols), steps 1–5 of the
+/// top of this header, creating the state at its first step; returns the
+/// update U = P·Qᵀ (rows × cols; X ← X·(1 − lr·wd) − lr·√(rows/cols)·U is
+/// the rest). Every layout runs it on whole matrices.
+at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& state,
+                              const DionOptions& options);
+
+}  // namespace detail
+
+/// Dion: a `torch::optim::Optimizer` for parameters of at least 2 dims
+/// (see the top of this header).
+///
+///     muon::Dion opt(model->parameters(), muon::DionOptions(0.01).rank_fraction(0.25));
+///
+/// `save`/`load` in LibTorch's optimizer archive layout with the options
+/// beside it; an archive of another optimizer is refused.
+class Dion : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+ public:
+  /// Over `param_groups`; groups without options get `defaults`.
+  explicit Dion(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                DionOptions defaults = {});
+  /// Over one group of `params`.
+  explicit Dion(std::vector<at::Tensor> params, DionOptions defaults = {});
+
+  /// One step on every parameter with a gradient; `closure`, if given, runs
+  /// first with grad mode enabled and its loss is returned. The checks of
+  /// muon/optim/step_guard.h run first.
+  at::Tensor step(LossClosure closure = nullptr) override;
+  /// Validates every group's options and parameters; raises c10::ValueError.
+  void check_before_step() override;
+  /// Writes options and state.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores what `save` wrote into a Dion with the same group structure
+  /// (raises otherwise, changing nothing).
+  void load(torch::serialize::InputArchive& archive) override;
+  /// Bytes held in the state tensors.
+  int64_t state_bytes() const override;
+
+  /// The (rows, cols) of the whole matrix `param` is (a part of).
+  virtual std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const;
+  /// Whether this process holds the whole-matrix state of `param` (every
+  /// parameter here; the owner in the sharded layout).
+  virtual bool holds_whole_state(const at::Tensor& param) const;
+  /// Q's shape for `param` (min(rows, cols) × r of its whole matrix, r by its group's options).
+  std::vector<int64_t> q_shape(const at::Tensor& param) const;
+
+ protected:
+  /// For layouts: builds the optimizer and checks it.
+  Dion(std::vector<torch::optim::OptimizerParamGroup> param_groups, DionOptions defaults,
+       bool check);
+  /// Steps every parameter with a gradient (after the step's checks).
+  virtual void step_parameters();
+};
+
+}  // namespace muon

@@ -1,0 +1,265 @@
+// Dion: options, the whole-matrix step, save/load and the registry entry.
+#include "muon/optim/dion.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
+#include "muon/compat.h"
+#include "optim/closure.h"
+#include "optim/elementwise_optimizer.h"
+#include "optim/step_transaction.h"
+#include "util/fault_injection.h"
+#include "util/names.h"
+#include "util/scale.h"
+
+namespace muon {
+
+template struct ListedOptions<DionOptions>;
+template struct ListedParamState<DionParamState, 2>;
+
+namespace {
+
+using torch::optim::OptimizerParamGroup;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr const char* kWho = "[muon::Dion] ";
+constexpr int64_t kMaxPowerIters = 16;
+
+// splitmix64: one well-mixed 64-bit value from `x`.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The seed of a draw for a rows × cols matrix: the options' seed, the shape and `draw`.
+uint64_t draw_seed(const DionOptions& o, int64_t rows, int64_t cols, uint64_t draw) {
+  auto s = mix(static_cast<uint64_t>(o.seed()));
+  s = mix(s ^ static_cast<uint64_t>(rows));
+  s = mix(s ^ static_cast<uint64_t>(cols));
+  return mix(s ^ draw);
+}
+
+// N(0, 1) entries of `sizes`, fp32 on the CPU, from the generator seeded by `seed`.
+at::Tensor cpu_randn(at::IntArrayRef sizes, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(sizes, gen, at::TensorOptions().dtype(at::kFloat));
+}
+
+// The dtype orth(P) and the column norms compute in: fp32, fp64 for fp64.
+at::ScalarType wide(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+}  // namespace
+
+namespace detail {
+
+int64_t dion_rank(int64_t rows, int64_t cols, const DionOptions& o) {
+  const auto small = std::min(rows, cols);
+  const auto multiple = o.rank_multiple_of();
+  const auto want = std::ceil(o.rank_fraction() * static_cast<double>(small) / static_cast<double>(multiple));
+  return std::min(multiple * static_cast<int64_t>(want), small);
+}
+
+at::Tensor dion_initial_q(int64_t rows, int64_t cols, const DionOptions& o, const at::TensorOptions& options) {
+  const auto r = dion_rank(rows, cols, o);
+  return cpu_randn({std::min(rows, cols), r}, draw_seed(o, rows, cols, 0)).to(options);
+}
+
+at::Tensor dion_orthogonalize(const at::Tensor& p, const DionOptions& o, uint64_t draw) {
+  fault_point("Dion's orthogonalization");
+  const auto dtype = wide(p.scalar_type());
+  const auto pw = p.to(dtype);
+  const int64_t rows = p.size(0);
+  const int64_t r = p.size(1);
+  if (rows <= r || o.qr_method() == "qr") return std::get<0>(at::linalg_qr(pw)).to(p.scalar_type());
+  // Randomized Cholesky QR (Dion's orthogonalize): a sketch's R, then one Cholesky QR pass.
+  const auto k = 128 * static_cast<int64_t>(std::ceil(o.rcqr_oversample() * static_cast<double>(r) / 128.0));
+  const auto s = cpu_randn({k, rows}, draw).mul_(std::sqrt(1.0 / static_cast<double>(k))).to(pw.options());
+  const auto r1 = std::get<1>(at::linalg_qr(at::matmul(s, pw), "r"));
+  auto q = at::linalg_solve_triangular(r1, pw, /*upper=*/true, /*left=*/false);
+  const auto r2 = std::get<0>(at::linalg_cholesky_ex(at::matmul(q.t(), q), /*upper=*/true));
+  q = at::linalg_solve_triangular(r2, q, /*upper=*/true, /*left=*/false);
+  return q.to(p.scalar_type());
+}
+
+at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& st, const DionOptions& o) {
+  const int64_t rows = grad.size(0);
+  const int64_t cols = grad.size(1);
+  if (!st.momentum().defined()) st.momentum(at::zeros_like(grad, at::MemoryFormat::Contiguous));
+  if (!st.Q().defined()) st.Q(dion_initial_q(rows, cols, o, grad.options()));
+  st.step(st.step() + 1);
+  auto& m = st.momentum();
+  m.add_(grad.to(m.scalar_type()));
+  // B is tall: M, or Mᵀ when M is wide.
+  const bool transposed = rows < cols;
+  const auto b = transposed ? m.t() : m;
+  const auto q_old = st.Q().to(m.scalar_type());
+  auto q = q_old;
+  at::Tensor p;
+  for (const auto i : c10::irange(o.power_iters())) {
+    const uint64_t draw = 1 + static_cast<uint64_t>(st.step()) * kMaxPowerIters + static_cast<uint64_t>(i);
+    p = dion_orthogonalize(at::matmul(b, q), o, draw_seed(o, rows, cols, draw));
+    q = at::matmul(b.t(), p);
+  }
+  // All-zero B: no update and the old Q; otherwise NaNs become 0 (Dion's fix_all_zero_or_nan).
+  const auto zero = b.eq(0).all();
+  const auto keep = zero.logical_not().to(p.scalar_type());
+  p = p.nan_to_num() * keep;
+  const auto r = q.nan_to_num() * keep + q_old * zero.to(q.scalar_type());
+  // Error feedback, then Q ← R with unit columns.
+  const auto pr = at::matmul(p, r.t());
+  m.sub_(transposed ? pr.t() : pr, 1 - o.mu());
+  const auto rw = r.to(wide(r.scalar_type()));
+  const auto q_new = rw / (at::linalg_vector_norm(rw, 2, {0}, /*keepdim=*/true) + o.epsilon());
+  st.Q(q_new.to(st.Q().scalar_type()));
+  const auto u = at::matmul(p, st.Q().to(p.scalar_type()).t());
+  return transposed ? u.t().contiguous() : u;
+}
+
+}  // namespace detail
+
+// ---- DionOptions ---------------------------------------------------------------
+
+DionOptions::DionOptions(double lr) : lr_(lr) {}
+
+void DionOptions::validate() const {
+  detail::check_non_negative(kWho, "lr", lr_);
+  // M ← M − (1 − mu)·P·Rᵀ: outside [0, 1] the feedback adds to M or removes more than P·Rᵀ.
+  TORCH_CHECK_VALUE(mu_ >= 0 && mu_ <= 1, kWho, "mu must be in [0, 1], got ", mu_);
+  TORCH_CHECK_VALUE(rank_fraction_ > 0 && rank_fraction_ <= 1, kWho, "rank_fraction must be in (0, 1], got ",
+                    rank_fraction_);
+  TORCH_CHECK_VALUE(rank_multiple_of_ >= 1, kWho, "rank_multiple_of must be >= 1, got ", rank_multiple_of_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  TORCH_CHECK_VALUE(std::isfinite(epsilon_) && epsilon_ > 0, kWho, "epsilon must be > 0, got ", epsilon_);
+  TORCH_CHECK_VALUE(power_iters_ >= 1 && power_iters_ <= kMaxPowerIters, kWho, "power_iters must be in [1, ",
+                    kMaxPowerIters, "], got ", power_iters_);
+  detail::check_name(qr_method_, {"rcqr", "qr"}, kWho, "qr_method");
+  TORCH_CHECK_VALUE(rcqr_oversample_ >= 1 && rcqr_oversample_ <= 8, kWho,
+                    "rcqr_oversample must be in [1, 8], got ", rcqr_oversample_);
+  TORCH_CHECK_VALUE(seed_ >= 0, kWho, "seed must be >= 0, got ", seed_);
+}
+
+// ---- Dion ----------------------------------------------------------------------
+
+Dion::Dion(std::vector<OptimizerParamGroup> param_groups, DionOptions defaults, bool check)
+    : Optimizer(param_groups, std::make_unique<DionOptions>(defaults)) {
+  defaults.validate();
+  compat::reapply_group_options(*this, param_groups);
+  if (check) check_before_step();
+}
+
+Dion::Dion(std::vector<OptimizerParamGroup> param_groups, DionOptions defaults)
+    : Dion(std::move(param_groups), std::move(defaults), true) {}
+
+Dion::Dion(std::vector<at::Tensor> params, DionOptions defaults)
+    : Dion(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+void Dion::check_before_step() {
+  detail::check_group_options<DionOptions>(param_groups_, kWho, "muon::DionOptions");
+  for (const auto g : c10::irange(param_groups_.size())) {
+    for (const auto& p : param_groups_[g].params()) {
+      TORCH_CHECK_VALUE(p.dim() >= 2, kWho, "parameter of group ", g, " has ", p.dim(),
+                        " dims; Dion steps matrices (give 0-d and 1-d parameters to another optimizer)");
+    }
+  }
+}
+
+std::pair<int64_t, int64_t> Dion::whole_matrix_dims(const at::Tensor& param) const {
+  return {param.size(0), param.numel() == 0 ? 0 : param.numel() / param.size(0)};
+}
+
+bool Dion::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
+
+std::vector<int64_t> Dion::q_shape(const at::Tensor& param) const {
+  const auto [rows, cols] = whole_matrix_dims(param);
+  for (const auto& group : param_groups()) {
+    for (const auto& p : group.params()) {
+      if (p.is_same(param)) {
+        return {std::min(rows, cols), detail::dion_rank(rows, cols, static_cast<const DionOptions&>(group.options()))};
+      }
+    }
+  }
+  TORCH_CHECK_VALUE(false, kWho, "q_shape: the parameter is not one of this optimizer's");
+}
+
+void Dion::step_parameters() {
+  auto& states = state();
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const DionOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = std::make_unique<DionParamState>();
+      auto& st = static_cast<DionParamState&>(*slot);
+      const auto [rows, cols] = whole_matrix_dims(p);
+      const auto u = detail::dion_matrix_update(p.grad().reshape({rows, cols}), st, o);
+      muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
+      p.add_(u.view(p.sizes()), -o.lr() * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)));
+    }
+  }
+}
+
+at::Tensor Dion::step(LossClosure closure) {
+  return guarded_step(
+      *this, closure, kWho, [this] { check_before_step(); }, [this] { step_parameters(); });
+}
+
+int64_t Dion::state_bytes() const {
+  return detail::buffer_bytes<DionParamState>(
+      *this, [](const DionParamState& s) { return std::array<const at::Tensor*, 2>{&s.momentum(), &s.Q()}; });
+}
+
+void Dion::save(OutputArchive& archive) const {
+  detail::save_with_options<DionParamState, DionOptions>(*this, archive, "dion", "muon::Dion");
+}
+
+void Dion::load(InputArchive& archive) {
+  detail::load_with_options<DionParamState, DionOptions>(*this, archive, "dion", kWho, "muon::Dion");
+}
+
+// Dion's entry (muon::Dion): defaults are Dion's, lr and weight_decay aside
+// (the common fields). Dion steps matrices: 1-D, embedding and head
+// parameters go to scalar_optimizer (Dion's "adamw" / "lion" groups).
+void detail::register_dion(OptimizerRegistry& registry) {
+  using O = DionOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  auto e = detail::options_entry<Dion, O>(
+      "dion", detail::dion_state(),
+      "Dion (muon::Dion): low-rank orthonormal updates by power iteration with QR and error feedback; "
+      "1-D, embedding and head parameters go to scalar_optimizer",
+      {
+          F::real("mu", &O::mu, d.mu(), "error-feedback decay: M -= (1 - mu)·P·Rᵀ", 0.0, 1.0),
+          F::real("rank_fraction", &O::rank_fraction, d.rank_fraction(), "rank r as a fraction of min(rows, cols)",
+                  0.0, 1.0)
+              .exclusive_min(),
+          F::integer("rank_multiple_of", &O::rank_multiple_of, d.rank_multiple_of(),
+                     "r rounded up to a multiple of this", 1.0),
+          F::common("weight_decay", &O::weight_decay),
+          F::real("epsilon", &O::epsilon, d.epsilon(), "column normalization epsilon", 0.0).exclusive_min(),
+          F::integer("power_iters", &O::power_iters, d.power_iters(), "power iterations per step", 1.0,
+                     static_cast<double>(kMaxPowerIters)),
+          F::text("qr_method", &O::qr_method, d.qr_method(), "rcqr (randomized Cholesky QR) | qr (Householder)",
+                  {"rcqr", "qr"}),
+          F::real("rcqr_oversample", &O::rcqr_oversample, d.rcqr_oversample(), "RCQR's sketch oversampling", 1.0,
+                  8.0),
+          F::integer("seed", &O::seed, d.seed(), "seed of Q's start and RCQR's sketches", 0.0),
+      });
+  e.default_overrides = detail::scalar_defaults("dion");
+  registry.add(std::move(e));
+}
+
+}  // namespace muon

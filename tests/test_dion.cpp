@@ -1,0 +1,392 @@
+// Tests of muon::Dion: values against an independent fp64 reference of
+// microsoft/dion's arithmetic, options and their errors, save/load, the
+// registry entry (config fields, make_optimizer, explain), and the layouts
+// (layer-wise and sharded owner-compute, muon::distributed::ShardedDion,
+// equal to one process bit for bit; checkpoints resharded across them;
+// tensor_parallel and 2-D refused), with the bytes each step sends beside Muon's.
+#include <gtest/gtest.h>
+
+#include "archive_util.h"
+#include "expect_util.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "checkpoint_model.h"
+#include "layout_harness.h"
+#include "muon/compat.h"
+#include "muon/distributed/layouts/sharded_dion.h"
+#include "muon/optim/composite.h"
+#include "muon/optim/dion.h"
+#include "muon/optim/laprop.h"
+#include "muon/registry.h"
+#include "tensor_util.h"
+
+namespace muon::test {
+namespace {
+
+namespace ckpt = muon::test::checkpoint;
+
+// ---- an fp64 reference of Dion's arithmetic -------------------------------------
+
+// One parameter's plain fp64 run of Dion as microsoft/dion writes it
+// (dion/dion.py dion_update_ddp with one process, orthogonalize,
+// fix_all_zero_or_nan, column_normalize; dion/dion_reference.py
+// power_iteration for power_iters > 1; commit 0a059a45), with Householder QR
+// for orth (P's orthonormal basis: RCQR's in exact arithmetic, up to column
+// signs, which P·Qᵀ and P·Rᵀ do not see). Q starts from the library's
+// seeded draw (an input, as the gradients are). It records the largest
+// condition number of any B·Q it orthogonalized, which bounds how far fp32
+// rounding can move P.
+struct RefDion {
+  DionOptions o;
+  at::Tensor x, m, q;
+  int64_t rows, cols;
+  double max_cond = 0;
+
+  RefDion(const DionOptions& options, const at::Tensor& init) : o(options), x(init.to(at::kDouble)) {
+    rows = init.size(0);
+    cols = init.numel() / rows;
+    m = at::zeros({rows, cols}, at::kDouble);
+    q = detail::dion_initial_q(rows, cols, o, at::TensorOptions().dtype(at::kDouble));
+  }
+  void step(const at::Tensor& grad) {
+    m += grad.to(at::kDouble).reshape({rows, cols});
+    const bool transposed = rows < cols;
+    const auto b = transposed ? m.t() : m;
+    const auto q_old = q;
+    at::Tensor p, r = q;
+    for (int64_t i = 0; i < o.power_iters(); ++i) {
+      const auto bq = b.mm(r);
+      const auto sv = at::linalg_svdvals(bq);
+      max_cond = std::max(max_cond, (sv.max() / sv.min()).item<double>());
+      p = std::get<0>(at::linalg_qr(bq));
+      r = b.t().mm(p);
+    }
+    if (b.eq(0).all().item<bool>()) {
+      p = at::zeros_like(p);
+      r = q_old;
+    }
+    const auto pr = p.mm(r.t());
+    m -= (1 - o.mu()) * (transposed ? pr.t() : pr);
+    q = r / (r.norm(2, {0}, /*keepdim=*/true) + o.epsilon());
+    const auto u = p.mm(q.t());
+    x = x * (1 - o.lr() * o.weight_decay()) -
+        o.lr() * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)) *
+            (transposed ? u.t() : u).reshape(x.sizes());
+  }
+};
+
+// Largest |got − want| relative to the largest |want|.
+double relative(const at::Tensor& got, const at::Tensor& want) {
+  const auto w = want.to(at::kDouble);
+  return (got.to(at::kDouble).reshape(w.sizes()) - w).abs().max().item<double>() / w.abs().max().item<double>();
+}
+
+// `got` with each column's sign turned to agree with `want`'s.
+at::Tensor signs_aligned(const at::Tensor& got, const at::Tensor& want) {
+  const auto g = got.to(at::kDouble);
+  const auto s = (g * want).sum(0, /*keepdim=*/true).sign();
+  return g * at::where(s.eq(0), at::ones_like(s), s);
+}
+
+const DionParamState& state_of(const torch::optim::Optimizer& opt, const at::Tensor& p) {
+  return static_cast<const DionParamState&>(*opt.state().at(compat::state_key(p)));
+}
+
+// Runs 5 fp32 steps of `o` on a parameter of `shape` beside the fp64
+// reference and compares the parameter, M and Q (up to column signs).
+// Tolerance: 5·d·κ·u, u = 2^-24 (fp32's unit roundoff), d the longest
+// dimension, κ the largest condition number of a B·Q the reference
+// orthogonalized. Each step's fp32 products B·Q and Bᵀ·P carry relative
+// error up to d·u, and the orthonormal factor of a QR moves by at most κ
+// times its input's relative perturbation to first order (Householder's
+// backward error and RCQR's triangular solves and Cholesky pass, on the
+// sketched and so well-conditioned P·R₁⁻¹, are of the same d·u order); the
+// error feedback and the warm start carry each step's error into the next:
+// 5 steps. The errors measured sit 10–1000× below the bound; a wrong
+// formula (mu, a transpose, the scale, the sign of the feedback) moves the
+// values by 1e-2 or more. κ must stay below 1000 for the bound to mean something.
+void expect_matches_reference(const std::vector<int64_t>& shape, const DionOptions& o, uint64_t seed) {
+  const auto data = gradient_run(seed, shape, 5);
+  RefDion ref(o, data.init);
+  auto p = leaf(data.init.clone());
+  Dion opt({p}, o);
+  for (int s = 0; s < 5; ++s) {
+    ref.step(data.grads[static_cast<size_t>(s)]);
+    data.run(p, opt, s, s + 1);
+  }
+  const auto what = "shape " + c10::str(c10::IntArrayRef(shape)) + " qr_method " + o.qr_method() + " rank_fraction " +
+                    std::to_string(o.rank_fraction()) + " power_iters " + std::to_string(o.power_iters());
+  ASSERT_LT(ref.max_cond, 1000.0) << what << ": B·Q too ill-conditioned for the bound";
+  const double d = static_cast<double>(std::max(ref.rows, ref.cols));
+  const double tol = std::ldexp(1.0, -24) * 5 * d * ref.max_cond;
+  EXPECT_LT(relative(p.detach(), ref.x), tol) << what;
+  const auto& st = state_of(opt, p);
+  EXPECT_EQ(st.step(), 5) << what;
+  EXPECT_LT(relative(st.momentum(), ref.m), tol) << what;
+  ASSERT_EQ(st.Q().sizes(), ref.q.sizes()) << what;
+  EXPECT_LT(relative(signs_aligned(st.Q(), ref.q), ref.q), tol) << what;
+}
+
+TEST(Dion, FiveFp32StepsEqualDionArithmetic) {
+  for (const std::string method : {"rcqr", "qr"}) {
+    auto o = DionOptions(0.02).weight_decay(0.1).mu(0.9).qr_method(method);
+    expect_matches_reference({12, 5}, o, 1);       // tall: B = M
+    expect_matches_reference({6, 10}, o, 2);       // wide: B = Mᵀ
+    expect_matches_reference({7, 7}, o, 3);        // square, full rank: Householder QR
+    expect_matches_reference({4, 3, 3, 3}, o, 4);  // conv: one 4×27 matrix
+    o.rank_fraction(0.5).rank_multiple_of(2);      // r = 2·⌈0.5·12/2⌉ = 6 of 12
+    expect_matches_reference({16, 12}, o, 5);
+    o.rank_fraction(0.3).rank_multiple_of(1).power_iters(2);
+    expect_matches_reference({10, 18}, o, 6);
+  }
+}
+
+TEST(Dion, RankIsDions) {
+  const auto r = [](int64_t rows, int64_t cols, double fraction, int64_t multiple) {
+    return detail::dion_rank(rows, cols, DionOptions().rank_fraction(fraction).rank_multiple_of(multiple));
+  };
+  EXPECT_EQ(r(64, 32, 1.0, 1), 32);
+  EXPECT_EQ(r(64, 32, 0.25, 1), 8);
+  EXPECT_EQ(r(64, 30, 0.25, 1), 8);   // ⌈7.5⌉
+  EXPECT_EQ(r(64, 30, 0.25, 16), 16); // rounded up to the multiple
+  EXPECT_EQ(r(64, 30, 0.6, 16), 30);  // 16·⌈18/16⌉ = 32, capped at min(rows, cols)
+}
+
+TEST(Dion, AnAllZeroMomentumStepsOnlyTheWeightDecayAndKeepsQ) {
+  auto p = leaf(at::randn({6, 4}));
+  const auto before = p.detach().clone();
+  const auto o = DionOptions(0.1).weight_decay(0.5);
+  Dion opt({p}, o);
+  p.mutable_grad() = at::zeros({6, 4});
+  opt.step();
+  EXPECT_TRUE(at::allclose(p.detach(), before * (1 - 0.05), 0, 0));
+  const auto& st = state_of(opt, p);
+  EXPECT_TRUE(at::equal(st.momentum(), at::zeros({6, 4})));
+  // Q ← the old Q with unit columns (Dion's fix_all_zero_or_nan, then column_normalize).
+  const auto q0 = detail::dion_initial_q(6, 4, o, at::TensorOptions());
+  EXPECT_TRUE(at::allclose(st.Q(), q0 / (q0.norm(2, {0}, true) + 1e-8), 1e-6, 0));
+}
+
+TEST(Dion, QIsTheSameDrawInEveryOptimizerAndDevice) {
+  const auto o = DionOptions().rank_fraction(0.5);
+  const auto a = detail::dion_initial_q(8, 6, o, at::TensorOptions());
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{6, 3}));
+  EXPECT_TRUE(at::equal(a, detail::dion_initial_q(8, 6, o, at::TensorOptions())));
+  EXPECT_FALSE(at::equal(a, detail::dion_initial_q(8, 6, DionOptions(o).seed(1), at::TensorOptions())));
+  // Unit normal entries: mean and spread of the 18 draws within 4 standard errors.
+  EXPECT_LT(std::abs(a.mean().item<double>()), 4 / std::sqrt(18.0));
+}
+
+TEST(Dion, DefaultsAreDions) {
+  // dion/dion.py Dion.__init__: lr 0.01, mu 0.95, rank_fraction 1.0,
+  // rank_multiple_of 1, weight_decay 0.01, epsilon 1e-8, power_iters 1,
+  // qr_method "rcqr", rcqr_oversample 1.25.
+  const DionOptions o;
+  EXPECT_EQ(o.lr(), 0.01);
+  EXPECT_EQ(o.mu(), 0.95);
+  EXPECT_EQ(o.rank_fraction(), 1.0);
+  EXPECT_EQ(o.rank_multiple_of(), 1);
+  EXPECT_EQ(o.weight_decay(), 0.01);
+  EXPECT_EQ(o.epsilon(), 1e-8);
+  EXPECT_EQ(o.power_iters(), 1);
+  EXPECT_EQ(o.qr_method(), "rcqr");
+  EXPECT_EQ(o.rcqr_oversample(), 1.25);
+}
+
+TEST(Dion, InvalidOptionsNameArgumentAndValue) {
+  auto p = leaf(at::randn({4, 3}));
+  const auto bad = [&](DionOptions o, std::vector<std::string> parts) {
+    expect_value_error([&] { Dion opt({p}, o); }, parts);
+  };
+  bad(DionOptions(-1), {"[muon::Dion]", "lr", "-1"});
+  bad(DionOptions().mu(1.5), {"mu", "1.5"});
+  bad(DionOptions().rank_fraction(0), {"rank_fraction", "0"});
+  bad(DionOptions().rank_multiple_of(0), {"rank_multiple_of", "0"});
+  bad(DionOptions().weight_decay(-0.1), {"weight_decay", "-0.1"});
+  bad(DionOptions().epsilon(0), {"epsilon", "0"});
+  bad(DionOptions().power_iters(0), {"power_iters", "0"});
+  bad(DionOptions().qr_method("cqr"), {"qr_method", "'cqr'", "rcqr"});
+  bad(DionOptions().rcqr_oversample(0.5), {"rcqr_oversample", "0.5"});
+  bad(DionOptions().seed(-2), {"seed", "-2"});
+  auto v = leaf(at::randn({5}));
+  expect_value_error([&] { Dion opt({v}); }, {"[muon::Dion]", "1 dims", "matrices"});
+  // An edit of a group's options is caught at the step, changing nothing.
+  Dion opt({p}, DionOptions(0.1));
+  static_cast<DionOptions&>(opt.param_groups()[0].options()).power_iters(-3);
+  p.mutable_grad() = at::ones_like(p);
+  const auto before = p.detach().clone();
+  expect_value_error([&] { opt.step(); }, {"power_iters", "-3"});
+  EXPECT_TRUE(at::equal(p.detach(), before));
+  EXPECT_TRUE(opt.state().empty());
+}
+
+TEST(Dion, ResumedRunIsBitIdentical) {
+  for (const auto& options : {DionOptions(0.02).weight_decay(0.1), DionOptions(0.02).rank_fraction(0.5).qr_method("qr")}) {
+    // 7 steps straight against 3, saved, loaded into other options, and 4 more.
+    expect_resumed_run_bit_identical<Dion>(gradient_run(1, {6, 4}, 7), 3, options, DionOptions(0.5), state_of,
+                                           options.qr_method());
+  }
+}
+
+TEST(Dion, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
+  auto p = leaf(at::randn({3, 2}));
+  const auto laprop = archive_after_a_step<LaProp>(p);
+  Dion opt({p}, DionOptions(0.2));
+  expect_value_error([&] { load_from_string(opt, laprop); }, {"[muon::Dion]", "muon::LaProp"});
+  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
+  EXPECT_TRUE(opt.state().empty());
+}
+
+TEST(Dion, BuiltFromAConfigWithItsFieldsAndExplained) {
+  auto named = ckpt::matrix_and_bias();
+  OptimizerConfig config;
+  apply_config_json(config, R"({"optimizer": "dion", "lr": 0.01, "dion_mu": 0.9, "dion_rank_fraction": 0.5,
+                                "dion_rank_multiple_of": 2, "weight_decay": 0.05, "dion_epsilon": 1e-7,
+                                "dion_power_iters": 2, "dion_qr_method": "qr", "dion_rcqr_oversample": 2.0,
+                                "dion_seed": 7})");
+  auto opt = muon::make_optimizer(named, config);
+  auto* d = ckpt::part_holding_w<Dion>(*opt, "dion", named);
+  ASSERT_NE(d, nullptr);
+  const auto& o = static_cast<const DionOptions&>(d->param_groups()[0].options());
+  EXPECT_EQ(o.lr(), 0.01);
+  EXPECT_EQ(o.mu(), 0.9);
+  EXPECT_EQ(o.rank_fraction(), 0.5);
+  EXPECT_EQ(o.rank_multiple_of(), 2);
+  EXPECT_EQ(o.weight_decay(), 0.05);
+  EXPECT_EQ(o.epsilon(), 1e-7);
+  EXPECT_EQ(o.power_iters(), 2);
+  EXPECT_EQ(o.qr_method(), "qr");
+  EXPECT_EQ(o.rcqr_oversample(), 2.0);
+  EXPECT_EQ(o.seed(), 7);
+  for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
+  opt->step();
+  // w 8×4: momentum 8×4 and Q 4×r, r = 2·⌈0.5·4/2⌉ = 2, fp32.
+  EXPECT_EQ(d->state_bytes(), 4 * (32 + 8));
+  const auto text = muon::explain(named, config);
+  EXPECT_NE(text.find("state of dion: step [counter], momentum ["), std::string::npos) << text;
+  expect_value_error([&] { apply_config_json(config, R"({"dion_qr_method": "householder"})"); },
+                     {"dion_qr_method", "householder"});
+}
+
+// ---- layouts ---------------------------------------------------------------------
+
+TEST(Dion, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
+  const auto single = ckpt::one_process_after("dion", {4}).at(4);
+  ckpt::expect_layouts_equal(
+      "dion", 4, single,
+      {{"layerwise", 2}, {"layerwise", 3}, {"sharded", 2}, {"sharded", 3}, {"sharded", 4}, {"padded", 3}}, "dion",
+      [&](ckpt::Rank& r, const std::string& kind) {
+        if (kind != "layerwise") {
+          auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
+          ASSERT_NE(composite, nullptr);
+          EXPECT_NE(dynamic_cast<distributed::ShardedDion*>(composite->find_part("dion")), nullptr) << kind;
+        }
+      });
+}
+
+// Why bit for bit: the owner receives the whole gradient as one process has
+// it, and runs muon::detail::dion_matrix_update, the function one process
+// runs, with the same seeded draws; the weight decay and the update's rows
+// are element-wise on each rank's rows. Wide, tall, conv and a 2-row matrix
+// (empty shards at 3 and 4 ranks); rows split unevenly.
+const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {13, 5}, {6, 2, 2, 3}, {2, 9}};
+
+at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 70 + k); }
+at::Tensor sharded_grad(size_t k, int64_t step) {
+  return seeded_randn(kShardedShapes[k], 300 + 11 * static_cast<uint64_t>(step) + k);
+}
+
+TEST(ShardedDion, OwnerComputeEqualsOneProcessBitForBit) {
+  const std::vector<DionOptions> sets{DionOptions(0.02).weight_decay(0.1),
+                                      DionOptions(0.02).rank_fraction(0.5).power_iters(2).qr_method("qr")};
+  for (size_t hs = 0; hs < sets.size(); ++hs) {
+    layouts::row_parts_against_one_process<Dion, distributed::ShardedDion>(
+        kShardedShapes, sharded_init, sharded_grad, 5, sets[hs], {1, 2, 3, 4}, "set " + std::to_string(hs),
+        [&](distributed::ShardedDion& opt, layouts::RowParts& parts, Dion& single, std::vector<at::Tensor>& whole,
+            const std::string& what) {
+          auto& params = parts.params;
+          for (size_t k = 0; k < params.size(); ++k) {
+            EXPECT_TRUE(at::equal(params[k].detach(), parts.local(k, whole[k].detach()))) << what << " param " << k;
+            const auto& st = state_of(opt, params[k]);
+            EXPECT_EQ(st.step(), 5) << what;
+            // The owner holds one process's M and Q, bit for bit; the others hold none.
+            const auto& want = state_of(single, whole[k]);
+            if (opt.holds_whole_state(params[k])) {
+              EXPECT_TRUE(at::equal(st.momentum(), want.momentum())) << what << " momentum of param " << k;
+              EXPECT_TRUE(at::equal(st.Q(), want.Q())) << what << " Q of param " << k;
+            } else {
+              EXPECT_FALSE(st.Q().defined()) << what;
+            }
+          }
+        });
+  }
+}
+
+TEST(ShardedDion, CheckpointsReshardBitIdentically) {
+  // Sharded at 2 ranks → one process → sharded at 3 ranks → layer-wise: the
+  // owner writes each matrix's M and Q once; a load gives them to the new
+  // owner, and training on equals never stopping, bit for bit.
+  ckpt::reshard_chain("dion", "dion_chain",
+                      {{"sharded", 2, 2, "dion sharded W=2"},
+                       {"none", 1, 3, "dion single from sharded W=2"},
+                       {"sharded", 3, 5, "dion sharded W=3 from single"},
+                       {"layerwise", 2, 6, "dion layerwise W=2 from sharded W=3"}},
+                      ckpt::one_process_after("dion", {2, 3, 5, 6}));
+}
+
+TEST(ShardedDion, SplittingLayoutsAreRefusedNamingTheOptimizer) {
+  run_ranks(2, [&](distributed::Group& g) {
+    expect_value_error([&] { ckpt::Rank r("tp", g, "dion"); }, {"'dion'", "'tensor_parallel'"});
+    auto p = leaf(at::randn({3, 4}));
+    expect_value_error(
+        [&] {
+          distributed::ShardedDion opt({p}, {distributed::RowShard({6, 4}, g)}, DionOptions(),
+                                       distributed::ShardedOptions().mode("replicated"));
+        },
+        {"[muon::distributed::ShardedDion]", "'dion'", "owner_compute", "'replicated'"});
+  });
+  run_ranks(4, [&](distributed::Group& g) {
+    expect_value_error([&] { ckpt::Rank r("2d", g, "dion"); }, {"'dion'", "2-D"});
+  });
+}
+
+// Group::bytes_sent of one optimizer step (the 4th) on rank 0 of the
+// checkpoint model in `kind` at `world` ranks.
+int64_t bytes_of_step(const std::string& optimizer, const std::string& kind, int world) {
+  int64_t bytes = 0;
+  run_ranks(world, [&](distributed::Group& g) {
+    ckpt::Rank r(kind, g, optimizer);
+    r.train(0, 3);
+    g.reset_bytes_sent();
+    r.train(3, 4);
+    if (g.rank() == 0) bytes = g.bytes_sent();
+  });
+  return bytes;
+}
+
+// Owner-compute Dion moves what Muon's owner-compute moves (each rank's rows
+// of the gradient to the owner, the update's rows back); layer-wise, every
+// optimizer moves the updated parameters. Printed as the table in
+// docs/distributed.md.
+TEST(ShardedDion, BytesSentPerStepBesideMuons) {
+  std::printf("| layout | ranks | muon | dion |\n|---|---|---|---|\n");
+  for (const auto& [kind, world] : {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 4),
+                                    std::make_pair(std::string("layerwise"), 2),
+                                    std::make_pair(std::string("layerwise"), 4)}) {
+    const auto muon = bytes_of_step("muon", kind, world);
+    const auto dion = bytes_of_step("dion", kind, world);
+    std::printf("| %s | %d | %lld | %lld (%.2f) |\n", kind.c_str(), world, static_cast<long long>(muon),
+                static_cast<long long>(dion), static_cast<double>(dion) / static_cast<double>(muon));
+    EXPECT_GT(muon, 0) << kind << " W=" << world;
+    EXPECT_EQ(dion, muon) << kind << " W=" << world;
+  }
+}
+
+}  // namespace
+}  // namespace muon::test
