@@ -246,6 +246,20 @@ inline void expect_layouts_equal(const std::string& optimizer, int64_t steps, co
   }
 }
 
+/// Group::bytes_sent of one optimizer step (the 4th) on rank 0 of the
+/// model in layout `kind` at `world` ranks, with `optimizer` for its matrices.
+inline int64_t bytes_of_step(const std::string& optimizer, const std::string& kind, int world) {
+  int64_t bytes = 0;
+  run_ranks(world, [&](distributed::Group& g) {
+    Rank r(kind, g, optimizer);
+    r.train(0, 3);
+    g.reset_bytes_sent();
+    r.train(3, 4);
+    if (g.rank() == 0) bytes = g.bytes_sent();
+  });
+  return bytes;
+}
+
 /// A leg of a reshard chain: `kind` at `world` ranks trains to step `to`;
 /// its parts must equal one process after `to` (when that is known) within
 /// `tolerance` (0: bit for bit).

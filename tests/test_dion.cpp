@@ -356,20 +356,6 @@ TEST(ShardedDion, SplittingLayoutsAreRefusedNamingTheOptimizer) {
   });
 }
 
-// Group::bytes_sent of one optimizer step (the 4th) on rank 0 of the
-// checkpoint model in `kind` at `world` ranks.
-int64_t bytes_of_step(const std::string& optimizer, const std::string& kind, int world) {
-  int64_t bytes = 0;
-  run_ranks(world, [&](distributed::Group& g) {
-    ckpt::Rank r(kind, g, optimizer);
-    r.train(0, 3);
-    g.reset_bytes_sent();
-    r.train(3, 4);
-    if (g.rank() == 0) bytes = g.bytes_sent();
-  });
-  return bytes;
-}
-
 // Owner-compute Dion moves what Muon's owner-compute moves (each rank's rows
 // of the gradient to the owner, the update's rows back); layer-wise, every
 // optimizer moves the updated parameters. Printed as the table in
@@ -379,8 +365,8 @@ TEST(ShardedDion, BytesSentPerStepBesideMuons) {
   for (const auto& [kind, world] : {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 4),
                                     std::make_pair(std::string("layerwise"), 2),
                                     std::make_pair(std::string("layerwise"), 4)}) {
-    const auto muon = bytes_of_step("muon", kind, world);
-    const auto dion = bytes_of_step("dion", kind, world);
+    const auto muon = ckpt::bytes_of_step("muon", kind, world);
+    const auto dion = ckpt::bytes_of_step("dion", kind, world);
     std::printf("| %s | %d | %lld | %lld (%.2f) |\n", kind.c_str(), world, static_cast<long long>(muon),
                 static_cast<long long>(dion), static_cast<double>(dion) / static_cast<double>(muon));
     EXPECT_GT(muon, 0) << kind << " W=" << world;

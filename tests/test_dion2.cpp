@@ -491,20 +491,6 @@ TEST(ShardedDion2, SplittingLayoutsAreRefusedNamingTheOptimizer) {
 
 // ---- bytes sent per step ---------------------------------------------------------
 
-// Group::bytes_sent of one optimizer step (the 4th) on rank 0 of the
-// checkpoint model in `kind` at `world` ranks.
-int64_t bytes_of_step(const std::string& optimizer, const std::string& kind, int world) {
-  int64_t bytes = 0;
-  run_ranks(world, [&](distributed::Group& g) {
-    ckpt::Rank r(kind, g, optimizer);
-    r.train(0, 3);
-    g.reset_bytes_sent();
-    r.train(3, 4);
-    if (g.rank() == 0) bytes = g.bytes_sent();
-  });
-  return bytes;
-}
-
 // In the sharded layout Dion2 and NorDion2 move the selected slices to each
 // matrix's owner and back, plus the norms; Muon's owner-compute moves every
 // rank's rows of each matrix there and back: with fraction 0.25 Dion2 sends
@@ -515,9 +501,9 @@ TEST(ShardedDion2, BytesSentPerStepBesideMuons) {
   for (const auto& [kind, world] :
        {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 4),
         std::make_pair(std::string("layerwise"), 2), std::make_pair(std::string("layerwise"), 4)}) {
-    const auto muon = bytes_of_step("muon", kind, world);
-    const auto dion2 = bytes_of_step("dion2", kind, world);
-    const auto nordion2 = bytes_of_step("nordion2", kind, world);
+    const auto muon = ckpt::bytes_of_step("muon", kind, world);
+    const auto dion2 = ckpt::bytes_of_step("dion2", kind, world);
+    const auto nordion2 = ckpt::bytes_of_step("nordion2", kind, world);
     std::printf("| %s | %d | %lld | %lld (%.2f) | %lld (%.2f) |\n", kind.c_str(), world,
                 static_cast<long long>(muon), static_cast<long long>(dion2),
                 static_cast<double>(dion2) / static_cast<double>(muon),
