@@ -189,25 +189,20 @@ StateSchema dion_state() {
   auto s = StateSchema::of<S>();
   s.is_kind = StateSchema::is_a<Dion>();
   s.add(step_of<S>());
-  // Both of the whole matrix (Dion::whole_matrix_dims), held by the process
-  // that steps it (the owner in the sharded layout); Q is drawn by the first step.
-  const auto whole = [](std::string name, auto get, bool factor, StateInit init) {
-    auto f = StateField::tensor_of<S>(std::move(name), get, init);
-    f.shape = StateShape::kWhole;
-    f.split = StateSplit::kOwner;
-    f.held = [](const Optimizer& opt, const at::Tensor& param) {
-      return static_cast<const Dion&>(opt).holds_whole_state(param);
-    };
-    f.whole_shape = [factor](const Optimizer& opt, const at::Tensor& param) {
-      const auto& d = static_cast<const Dion&>(opt);
-      if (factor) return d.q_shape(param);
-      const auto [rows, cols] = d.whole_matrix_dims(param);
-      return std::vector<int64_t>{rows, cols};
-    };
-    return f;
+  // M splits with the parameter's rows; Q is of the whole matrix
+  // (Dion::q_shape), held by one process (the owner in the sharded layout)
+  // and drawn by the first step.
+  s.add(StateField::tensor_of<S>("momentum", [](S& st) -> at::Tensor& { return st.momentum(); }));
+  auto q = StateField::tensor_of<S>("Q", [](S& st) -> at::Tensor& { return st.Q(); }, StateInit::kOnFirstUse);
+  q.shape = StateShape::kWhole;
+  q.split = StateSplit::kOwner;
+  q.held = [](const Optimizer& opt, const at::Tensor& param) {
+    return static_cast<const Dion&>(opt).holds_whole_state(param);
   };
-  s.add(whole("momentum", [](S& st) -> at::Tensor& { return st.momentum(); }, false, StateInit::kZeros));
-  s.add(whole("Q", [](S& st) -> at::Tensor& { return st.Q(); }, true, StateInit::kOnFirstUse));
+  q.whole_shape = [](const Optimizer& opt, const at::Tensor& param) {
+    return static_cast<const Dion&>(opt).q_shape(param);
+  };
+  s.add(std::move(q));
   return s;
 }
 

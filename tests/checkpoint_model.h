@@ -63,12 +63,18 @@ inline const std::vector<std::pair<std::string, std::vector<int64_t>>> kModel{
 inline at::Tensor full_param(size_t k) { return muon::test::seeded_randn(kModel[k].second, 10 + k); }
 inline at::Tensor full_grad(size_t k, int64_t step) { return muon::test::seeded_randn(kModel[k].second, 500 + 13 * step + k); }
 
-// `optimizer` is a registry name, or "adaptive_muon/<mode>" for AdaptiveMuon in that mode.
+// `optimizer` is a registry name, "adaptive_muon/<mode>" for AdaptiveMuon in
+// that mode, or "dion/<rank_fraction>" for Dion at that rank fraction.
 inline OptimizerConfig config(const std::string& layout, const std::string& optimizer = "muon") {
   OptimizerConfig c;
   const auto slash = optimizer.find('/');
-  c.set("optimizer", optimizer.substr(0, slash)).set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
-  if (slash != std::string::npos) c.set("adaptive_muon_mode", optimizer.substr(slash + 1));
+  const auto name = optimizer.substr(0, slash);
+  c.set("optimizer", name).set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
+  if (slash != std::string::npos && name == "dion") {
+    c.set("dion_rank_fraction", std::stod(optimizer.substr(slash + 1)));
+  } else if (slash != std::string::npos) {
+    c.set("adaptive_muon_mode", optimizer.substr(slash + 1));
+  }
   return c;
 }
 
@@ -231,17 +237,20 @@ inline std::map<int64_t, Named> one_process_after(const std::string& optimizer, 
 }
 
 /// `optimizer` in each layout (kind, world) trained `steps` steps equals one
-/// process's `single` (parts, bit for bit); `built(r, kind)`, when given,
-/// checks each rank's optimizer before it trains.
+/// process's `single` (parts, bit for bit; within `tolerance(kind)` of the
+/// largest |value| where that is given and not 0); `built(r, kind)`, when
+/// given, checks each rank's optimizer before it trains.
 inline void expect_layouts_equal(const std::string& optimizer, int64_t steps, const Named& single,
                                  const std::vector<std::pair<std::string, int>>& layouts, const std::string& what,
-                                 const std::function<void(Rank&, const std::string&)>& built = nullptr) {
+                                 const std::function<void(Rank&, const std::string&)>& built = nullptr,
+                                 const std::function<double(const std::string&)>& tolerance = nullptr) {
   for (const auto& [kind, world] : layouts) {
     muon::test::run_ranks(world, [&, kind = kind, world = world](Group& g) {
       Rank r(kind, g, optimizer);
       if (built) built(r, kind);
       r.train(0, steps);
-      expect_parts_equal(r, single, what + " " + kind + " W=" + std::to_string(world), g.rank());
+      expect_parts_equal(r, single, what + " " + kind + " W=" + std::to_string(world), g.rank(),
+                         tolerance ? tolerance(kind) : 0.0);
     });
   }
 }

@@ -1,8 +1,9 @@
 // Tests of muon::Dion: values against an independent fp64 reference of
 // microsoft/dion's arithmetic, options and their errors, save/load, the
 // registry entry (config fields, make_optimizer, explain), and the layouts
-// (layer-wise and sharded owner-compute, muon::distributed::ShardedDion,
-// equal to one process bit for bit; checkpoints resharded across them;
+// (layer-wise equal to one process bit for bit, and sharded with the
+// low-rank factors exchanged, muon::distributed::ShardedDion, to rounding;
+// checkpoints resharded across them;
 // tensor_parallel and 2-D refused), with the bytes each step sends beside Muon's.
 #include <gtest/gtest.h>
 
@@ -276,6 +277,15 @@ TEST(Dion, BuiltFromAConfigWithItsFieldsAndExplained) {
 
 // ---- layouts ---------------------------------------------------------------------
 
+// The sharded layout's distance from one process: its sums (Σ Mᵢᵀ·Pᵢ or
+// Σ Mᵢᵀ·Qᵢ over the ranks) run in another order than one process's
+// products, d·u relative each (d ≤ 64 here, u = 2^-24), which the QR
+// amplifies by at most κ(B·Q) (below 50 for these matrices: the fp64
+// reference test's bound, 5·d·κ·u, over 5 steps): 5·64·50·2^-24 ≈ 1e-3;
+// a wrong exchange (a missing rank's part, a transposed factor) moves the
+// values by 1e-1 or more.
+constexpr double kShardedTolerance = 1e-3;
+
 TEST(Dion, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
   const auto single = ckpt::one_process_after("dion", {4}).at(4);
   ckpt::expect_layouts_equal(
@@ -287,14 +297,13 @@ TEST(Dion, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
           ASSERT_NE(composite, nullptr);
           EXPECT_NE(dynamic_cast<distributed::ShardedDion*>(composite->find_part("dion")), nullptr) << kind;
         }
-      });
+      },
+      [](const std::string& kind) { return kind == "layerwise" ? 0.0 : kShardedTolerance; });
 }
 
-// Why bit for bit: the owner receives the whole gradient as one process has
-// it, and runs muon::detail::dion_matrix_update, the function one process
-// runs, with the same seeded draws; the weight decay and the update's rows
-// are element-wise on each rank's rows. Wide, tall, conv and a 2-row matrix
-// (empty shards at 3 and 4 ranks); rows split unevenly.
+// Wide (B = Mᵀ: P all-reduced), tall (B = M: P's rows gathered, R
+// all-reduced), conv and a 2-row matrix (empty shards at 3 and 4 ranks);
+// rows split unevenly. Layer-wise is bit for bit (whole matrices).
 const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {13, 5}, {6, 2, 2, 3}, {2, 9}};
 
 at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 70 + k); }
@@ -302,7 +311,7 @@ at::Tensor sharded_grad(size_t k, int64_t step) {
   return seeded_randn(kShardedShapes[k], 300 + 11 * static_cast<uint64_t>(step) + k);
 }
 
-TEST(ShardedDion, OwnerComputeEqualsOneProcessBitForBit) {
+TEST(ShardedDion, LowRankExchangeEqualsOneProcessToRounding) {
   const std::vector<DionOptions> sets{DionOptions(0.02).weight_decay(0.1),
                                       DionOptions(0.02).rank_fraction(0.5).power_iters(2).qr_method("qr")};
   for (size_t hs = 0; hs < sets.size(); ++hs) {
@@ -312,14 +321,26 @@ TEST(ShardedDion, OwnerComputeEqualsOneProcessBitForBit) {
             const std::string& what) {
           auto& params = parts.params;
           for (size_t k = 0; k < params.size(); ++k) {
-            EXPECT_TRUE(at::equal(params[k].detach(), parts.local(k, whole[k].detach()))) << what << " param " << k;
+            const auto want = parts.local(k, whole[k].detach());
+            if (want.numel() > 0) {
+              EXPECT_LT(relative(params[k].detach(), want) * want.abs().max().item<double>() /
+                            whole[k].abs().max().item<double>(),
+                        kShardedTolerance)
+                  << what << " param " << k;
+            }
             const auto& st = state_of(opt, params[k]);
             EXPECT_EQ(st.step(), 5) << what;
-            // The owner holds one process's M and Q, bit for bit; the others hold none.
-            const auto& want = state_of(single, whole[k]);
+            const auto& one = state_of(single, whole[k]);
+            const auto m = parts.local(k, one.momentum());
+            if (m.numel() > 0) {
+              EXPECT_LT((st.momentum() - m).abs().max().item<double>() / one.momentum().abs().max().item<double>(),
+                        kShardedTolerance)
+                  << what << " momentum of param " << k;
+            }
+            // Q lives with the owner alone.
             if (opt.holds_whole_state(params[k])) {
-              EXPECT_TRUE(at::equal(st.momentum(), want.momentum())) << what << " momentum of param " << k;
-              EXPECT_TRUE(at::equal(st.Q(), want.Q())) << what << " Q of param " << k;
+              EXPECT_LT(relative(signs_aligned(st.Q(), one.Q().to(at::kDouble)), one.Q()), kShardedTolerance)
+                  << what << " Q of param " << k;
             } else {
               EXPECT_FALSE(st.Q().defined()) << what;
             }
@@ -328,15 +349,16 @@ TEST(ShardedDion, OwnerComputeEqualsOneProcessBitForBit) {
   }
 }
 
-TEST(ShardedDion, CheckpointsReshardBitIdentically) {
-  // Sharded at 2 ranks → one process → sharded at 3 ranks → layer-wise: the
-  // owner writes each matrix's M and Q once; a load gives them to the new
-  // owner, and training on equals never stopping, bit for bit.
+TEST(ShardedDion, CheckpointsReshard) {
+  // Sharded at 2 ranks → one process → sharded at 3 ranks → layer-wise: M
+  // splits with the rows, the owner writes Q once and a load gives it to the
+  // new owner; training on equals never stopping, to the sharded layout's
+  // rounding (a lost or misplaced M or Q moves the values far more).
   ckpt::reshard_chain("dion", "dion_chain",
-                      {{"sharded", 2, 2, "dion sharded W=2"},
-                       {"none", 1, 3, "dion single from sharded W=2"},
-                       {"sharded", 3, 5, "dion sharded W=3 from single"},
-                       {"layerwise", 2, 6, "dion layerwise W=2 from sharded W=3"}},
+                      {{"sharded", 2, 2, "dion sharded W=2", kShardedTolerance},
+                       {"none", 1, 3, "dion single from sharded W=2", kShardedTolerance},
+                       {"sharded", 3, 5, "dion sharded W=3 from single", kShardedTolerance},
+                       {"layerwise", 2, 6, "dion layerwise W=2 from sharded W=3", kShardedTolerance}},
                       ckpt::one_process_after("dion", {2, 3, 5, 6}));
 }
 
@@ -356,21 +378,31 @@ TEST(ShardedDion, SplittingLayoutsAreRefusedNamingTheOptimizer) {
   });
 }
 
-// Owner-compute Dion moves what Muon's owner-compute moves (each rank's rows
-// of the gradient to the owner, the update's rows back); layer-wise, every
-// optimizer moves the updated parameters. Printed as the table in
-// docs/distributed.md.
+// Sharded Dion moves the low-rank factors (Q, P or its rows, R or its rows:
+// about (m + 2n)·r elements per matrix) where Muon's owner-compute moves
+// each rank's rows of every matrix to the owner and back (about m·n): at
+// rank_fraction 1 (r = min(m, n) = 16 on these 16-wide matrices) Dion moves
+// more, at 1/4 less. Layer-wise, every optimizer moves the updated
+// parameters. Printed as the table in docs/distributed.md.
 TEST(ShardedDion, BytesSentPerStepBesideMuons) {
-  std::printf("| layout | ranks | muon | dion |\n|---|---|---|---|\n");
+  std::printf("| layout | ranks | muon | dion (rank_fraction 1) | dion (rank_fraction 1/4) |\n|---|---|---|---|---|\n");
   for (const auto& [kind, world] : {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 4),
                                     std::make_pair(std::string("layerwise"), 2),
                                     std::make_pair(std::string("layerwise"), 4)}) {
     const auto muon = ckpt::bytes_of_step("muon", kind, world);
-    const auto dion = ckpt::bytes_of_step("dion", kind, world);
-    std::printf("| %s | %d | %lld | %lld (%.2f) |\n", kind.c_str(), world, static_cast<long long>(muon),
-                static_cast<long long>(dion), static_cast<double>(dion) / static_cast<double>(muon));
+    const auto full = ckpt::bytes_of_step("dion", kind, world);
+    const auto quarter = ckpt::bytes_of_step("dion/0.25", kind, world);
+    const auto ratio = [&](int64_t b) { return static_cast<double>(b) / static_cast<double>(muon); };
+    std::printf("| %s | %d | %lld | %lld (%.2f) | %lld (%.2f) |\n", kind.c_str(), world, static_cast<long long>(muon),
+                static_cast<long long>(full), ratio(full), static_cast<long long>(quarter), ratio(quarter));
     EXPECT_GT(muon, 0) << kind << " W=" << world;
-    EXPECT_EQ(dion, muon) << kind << " W=" << world;
+    if (kind == "sharded") {
+      EXPECT_GT(full, muon) << kind << " W=" << world;
+      EXPECT_LT(quarter, muon) << kind << " W=" << world;
+    } else {
+      EXPECT_EQ(full, muon) << kind << " W=" << world;
+      EXPECT_EQ(quarter, muon) << kind << " W=" << world;
+    }
   }
 }
 

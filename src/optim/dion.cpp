@@ -78,6 +78,17 @@ at::Tensor dion_initial_q(int64_t rows, int64_t cols, const DionOptions& o, cons
   return cpu_randn({std::min(rows, cols), r}, draw_seed(o, rows, cols, 0)).to(options);
 }
 
+uint64_t dion_sketch_seed(const DionOptions& o, int64_t rows, int64_t cols, int64_t step, int64_t iteration) {
+  return draw_seed(o, rows, cols, 1 + static_cast<uint64_t>(step) * kMaxPowerIters + static_cast<uint64_t>(iteration));
+}
+
+at::Tensor dion_next_q(const at::Tensor& r, const at::Tensor& q_old, const at::Tensor& zero, const DionOptions& o,
+                       at::ScalarType dtype) {
+  const auto rr = r.nan_to_num() * zero.logical_not().to(r.scalar_type()) + q_old * zero.to(r.scalar_type());
+  const auto rw = rr.to(wide(rr.scalar_type()));
+  return (rw / (at::linalg_vector_norm(rw, 2, {0}, /*keepdim=*/true) + o.epsilon())).to(dtype);
+}
+
 at::Tensor dion_orthogonalize(const at::Tensor& p, const DionOptions& o, uint64_t draw) {
   fault_point("Dion's orthogonalization");
   const auto dtype = wide(p.scalar_type());
@@ -98,10 +109,9 @@ at::Tensor dion_orthogonalize(const at::Tensor& p, const DionOptions& o, uint64_
 at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& st, const DionOptions& o) {
   const int64_t rows = grad.size(0);
   const int64_t cols = grad.size(1);
-  if (!st.momentum().defined()) st.momentum(at::zeros_like(grad, at::MemoryFormat::Contiguous));
   if (!st.Q().defined()) st.Q(dion_initial_q(rows, cols, o, grad.options()));
   st.step(st.step() + 1);
-  auto& m = st.momentum();
+  auto m = st.momentum().view({rows, cols});
   m.add_(grad.to(m.scalar_type()));
   // B is tall: M, or Mᵀ when M is wide.
   const bool transposed = rows < cols;
@@ -110,21 +120,17 @@ at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& st, const 
   auto q = q_old;
   at::Tensor p;
   for (const auto i : c10::irange(o.power_iters())) {
-    const uint64_t draw = 1 + static_cast<uint64_t>(st.step()) * kMaxPowerIters + static_cast<uint64_t>(i);
-    p = dion_orthogonalize(at::matmul(b, q), o, draw_seed(o, rows, cols, draw));
+    p = dion_orthogonalize(at::matmul(b, q), o, dion_sketch_seed(o, rows, cols, st.step(), i));
     q = at::matmul(b.t(), p);
   }
   // All-zero B: no update and the old Q; otherwise NaNs become 0 (Dion's fix_all_zero_or_nan).
   const auto zero = b.eq(0).all();
-  const auto keep = zero.logical_not().to(p.scalar_type());
-  p = p.nan_to_num() * keep;
-  const auto r = q.nan_to_num() * keep + q_old * zero.to(q.scalar_type());
+  p = p.nan_to_num() * zero.logical_not().to(p.scalar_type());
+  const auto r = q.nan_to_num() * zero.logical_not().to(q.scalar_type()) + q_old * zero.to(q.scalar_type());
   // Error feedback, then Q ← R with unit columns.
   const auto pr = at::matmul(p, r.t());
   m.sub_(transposed ? pr.t() : pr, 1 - o.mu());
-  const auto rw = r.to(wide(r.scalar_type()));
-  const auto q_new = rw / (at::linalg_vector_norm(rw, 2, {0}, /*keepdim=*/true) + o.epsilon());
-  st.Q(q_new.to(st.Q().scalar_type()));
+  st.Q(dion_next_q(r, q_old, zero, o, st.Q().scalar_type()));
   const auto u = at::matmul(p, st.Q().to(p.scalar_type()).t());
   return transposed ? u.t().contiguous() : u;
 }
@@ -204,6 +210,7 @@ void Dion::step_parameters() {
       auto& slot = states[compat::state_key(p)];
       if (!slot) slot = std::make_unique<DionParamState>();
       auto& st = static_cast<DionParamState&>(*slot);
+      if (!st.momentum().defined()) st.momentum(at::zeros_like(p, at::MemoryFormat::Contiguous));
       const auto [rows, cols] = whole_matrix_dims(p);
       const auto u = detail::dion_matrix_update(p.grad().reshape({rows, cols}), st, o);
       muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());

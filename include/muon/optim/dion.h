@@ -97,10 +97,10 @@ struct DionOptions : public ListedOptions<DionOptions> {
   }
 };
 
-/// Per-parameter state of `muon::Dion`: `momentum` M (rows × cols of the
-/// whole matrix, the parameter's dtype) and the right factor `Q`
-/// (min(rows, cols) × r, the parameter's dtype), both held whole by the
-/// process that steps the whole matrix.
+/// Per-parameter state of `muon::Dion`: `momentum` M (the parameter's shape
+/// and dtype, split with its rows in the sharded layout) and the right
+/// factor `Q` (min(rows, cols) × r of the whole matrix, the parameter's
+/// dtype), held whole by one process (the matrix's owner in the sharded layout).
 struct DionParamState : public ListedParamState<DionParamState, 2> {
   /// M, with error feedback.
   TORCH_ARG(at::Tensor, momentum);
@@ -122,11 +122,18 @@ int64_t dion_rank(int64_t rows, int64_t cols, const DionOptions& options);
 /// in `options`' dtype and device (drawn on the CPU from the seed).
 at::Tensor dion_initial_q(int64_t rows, int64_t cols, const DionOptions& o,
                           const at::TensorOptions& options);
+/// The seed of RCQR's sketch at `step` (1-based) and power `iteration` of a rows × cols matrix.
+uint64_t dion_sketch_seed(const DionOptions& o, int64_t rows, int64_t cols, int64_t step, int64_t iteration);
+/// Q ← R with unit columns (step 5), R's NaNs as 0, and `q_old` where `zero`
+/// (a bool scalar: B is all zero), in `dtype`.
+at::Tensor dion_next_q(const at::Tensor& r, const at::Tensor& q_old, const at::Tensor& zero, const DionOptions& o,
+                       at::ScalarType dtype);
 /// orth(P) as the top of this header says (fp32, fp64 for fp64 P), in P's dtype;
 /// `draw` seeds RCQR's sketch.
 at::Tensor dion_orthogonalize(const at::Tensor& p, const DionOptions& o, uint64_t draw);
 /// Dion's step on one whole matrix `grad` (rows × cols), steps 1–5 of the
-/// top of this header, creating the state at its first step; returns the
+/// top of this header, on `state`'s momentum (of rows·cols elements, made
+/// by the caller) and Q (drawn at the first step); returns the
 /// update U = P·Qᵀ (rows × cols; X ← X·(1 − lr·wd) − lr·√(rows/cols)·U is
 /// the rest). Every layout runs it on whole matrices.
 at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& state,

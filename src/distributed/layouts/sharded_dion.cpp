@@ -1,10 +1,11 @@
-// Dion over row shards by owner-compute: ShardedOrthogonalizer's exchange
-// around Dion's whole-matrix step (muon/distributed/layouts/sharded_dion.h).
+// Dion over row shards, exchanging the low-rank factors
+// (muon/distributed/layouts/sharded_dion.h).
 #include "muon/distributed/layouts/sharded_dion.h"
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -24,7 +25,8 @@ using torch::optim::OptimizerParamGroup;
 ShardedDion::ShardedDion(std::vector<OptimizerParamGroup> param_groups, DionOptions defaults,
                          ShardedOptions options)
     : Dion(std::move(param_groups), std::move(defaults), /*check=*/true) {
-  detail::check_owner_compute_shards(options, param_groups_, kWho, "dion", "M and Q", "orthonormalizes whole matrices");
+  detail::check_owner_compute_shards(options, param_groups_, kWho, "dion", "Q", "orthonormalizes whole matrices");
+  for (const auto& [param, shard] : options.shards()) groups_.emplace(param.unsafeGetTensorImpl(), shard.group());
   strategy_ = make_orthogonalizer(std::move(options));
   strategy_->attach(param_groups_);
 }
@@ -44,42 +46,97 @@ std::pair<int64_t, int64_t> ShardedDion::max_over_processes(int64_t code) {
   return strategy_->max_over_processes(code);
 }
 
+// One matrix's part on this rank: its rows [offset, offset + real) of the
+// whole rows × cols matrix (padding rows past `rows` excluded), its group
+// and the group rank of its owner.
+struct ShardedDion::Part {
+  Group group;
+  int64_t rows, cols, offset, real, owner;
+};
+
+ShardedDion::Part ShardedDion::part_of(const at::Tensor& param, size_t flat) const {
+  const auto [rows, cols] = whole_matrix_dims(param);
+  const auto& per_rank = strategy_->rows_per_rank(flat);
+  const auto& group = groups_.at(param.unsafeGetTensorImpl());
+  int64_t offset = 0;
+  for (int k = 0; k < group.rank(); ++k) offset += per_rank[static_cast<size_t>(k)];
+  const auto real = std::max<int64_t>(0, std::min(rows, offset + per_rank[static_cast<size_t>(group.rank())]) - offset);
+  return {group, rows, cols, std::min(offset, rows), real, strategy_->owners().at(flat)};
+}
+
+// Dion's step on one row-sharded matrix, exchanging the low-rank factors
+// (the top of muon/distributed/layouts/sharded_dion.h); returns this rank's
+// rows of P·Qᵀ (real rows × cols).
+at::Tensor ShardedDion::matrix_update(const at::Tensor& grad, DionParamState& st, const DionOptions& o,
+                                      const Part& part) {
+  const auto& g = part.group;
+  const bool owner = g.rank() == part.owner;
+  // Q from its owner (drawn there at the first step).
+  if (owner && !st.Q().defined()) st.Q(muon::detail::dion_initial_q(part.rows, part.cols, o, grad.options()));
+  auto q = owner ? st.Q().contiguous() : at::empty(q_dims(part, o), grad.options());
+  g.broadcast_(q, static_cast<int>(part.owner));
+  st.step(st.step() + 1);
+  auto m = st.momentum().view({-1, part.cols}).narrow(0, 0, part.real);
+  m.add_(grad.narrow(0, 0, part.real).to(m.scalar_type()));
+  const auto q_old = q.to(m.scalar_type());
+  const bool transposed = part.rows < part.cols;
+  auto r = q_old;
+  at::Tensor p;
+  for (const auto i : c10::irange(o.power_iters())) {
+    const auto seed = muon::detail::dion_sketch_seed(o, part.rows, part.cols, st.step(), i);
+    if (transposed) {
+      // B = Mᵀ: its columns are the ranks' rows. P = Σ Mᵢᵀ·Qᵢ; R = M·P, each rank its rows.
+      auto partial = at::matmul(m.t(), r.narrow(0, part.offset, part.real)).contiguous();
+      g.all_reduce_(partial);
+      p = muon::detail::dion_orthogonalize(partial, o, seed);
+      r = at::cat(g.all_gather_uneven(at::matmul(m, p).contiguous()), 0);
+    } else {
+      // B = M: its rows are the ranks' rows. P = M·Q gathered; R = Σ Mᵢᵀ·Pᵢ.
+      p = muon::detail::dion_orthogonalize(at::cat(g.all_gather_uneven(at::matmul(m, r).contiguous()), 0), o, seed);
+      r = at::matmul(m.t(), p.narrow(0, part.offset, part.real)).contiguous();
+      g.all_reduce_(r);
+    }
+  }
+  // B all zero on every rank: no update and the old Q (Dion's fix_all_zero_or_nan).
+  auto nonzero = m.ne(0).any().to(at::kFloat).reshape({1});
+  g.all_reduce_(nonzero);
+  const auto zero = nonzero.eq(0).squeeze();
+  p = p.nan_to_num() * zero.logical_not().to(p.scalar_type());
+  const auto rr = r.nan_to_num() * zero.logical_not().to(r.scalar_type()) + q_old * zero.to(r.scalar_type());
+  const auto q_new = muon::detail::dion_next_q(r, q_old, zero, o, q.scalar_type());
+  // This rank's rows of the error feedback and of the update.
+  const auto pq = q_new.to(p.scalar_type());
+  if (transposed) {
+    m.sub_(at::matmul(rr.narrow(0, part.offset, part.real), p.t()), 1 - o.mu());
+  } else {
+    m.sub_(at::matmul(p.narrow(0, part.offset, part.real), rr.t()), 1 - o.mu());
+  }
+  st.Q(owner ? q_new : at::Tensor());
+  return transposed ? at::matmul(pq.narrow(0, part.offset, part.real), p.t()) : at::matmul(p.narrow(0, part.offset, part.real), pq.t());
+}
+
+std::vector<int64_t> ShardedDion::q_dims(const Part& part, const DionOptions& o) {
+  return {std::min(part.rows, part.cols), muon::detail::dion_rank(part.rows, part.cols, o)};
+}
+
 void ShardedDion::step_parameters() {
   if (!agreed_by_layout()) strategy_->begin_step(param_groups_);
-  using Item = ShardedOrthogonalizer::OwnerComputeItem;
   auto& states = state();
-  std::vector<Item> items;
-  std::vector<const DionOptions*> options;  // per item
+  size_t flat = 0;
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const DionOptions&>(group.options());
     for (auto& p : group.params()) {
+      const auto index = flat++;
       if (!p.grad().defined()) continue;
       auto& slot = states[compat::state_key(p)];
       if (!slot) slot = std::make_unique<DionParamState>();
-      items.push_back({p, p.grad().reshape({p.size(0), whole_matrix_dims(p).second}), {}});
-      options.push_back(&o);
+      auto& st = static_cast<DionParamState&>(*slot);
+      if (!st.momentum().defined()) st.momentum(at::zeros_like(p, at::MemoryFormat::Contiguous));
+      const auto part = part_of(p, index);
+      const auto u = matrix_update(p.grad().reshape({p.size(0), part.cols}), st, o, part);
+      muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
+      p.view({-1, part.cols}).narrow(0, 0, part.real).add_(u, -o.lr() * std::sqrt(static_cast<double>(part.rows) / static_cast<double>(part.cols)));
     }
-  }
-  // At each owner: Dion's step on the whole matrices, from the whole gradient as one process has it.
-  strategy_->owner_compute(items, [&](const std::vector<const Item*>& mine, const std::vector<at::Tensor>& wholes) {
-    std::vector<at::Tensor> updates;
-    for (const auto k : c10::irange(mine.size())) {
-      const auto& o = *options[static_cast<size_t>(mine[k] - items.data())];
-      auto& st = static_cast<DionParamState&>(*states.at(compat::state_key(mine[k]->param)));
-      updates.push_back(muon::detail::dion_matrix_update(wholes[k].contiguous(), st, o));
-    }
-    return updates;
-  });
-  // Every rank: its rows of the update, after weight decay on its rows, as one process.
-  for (const auto k : c10::irange(items.size())) {
-    auto& p = items[k].param;
-    const auto& o = *options[k];
-    auto& st = static_cast<DionParamState&>(*states.at(compat::state_key(p)));
-    if (!holds_whole_state(p)) st.step(st.step() + 1);  // the owner's step counted it
-    const auto [rows, cols] = whole_matrix_dims(p);
-    muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
-    p.add_(items[k].result.view(p.sizes()),
-           -o.lr() * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)));
   }
 }
 
