@@ -34,6 +34,8 @@ void register_soap(OptimizerRegistry& registry);
 void register_dion2(OptimizerRegistry& registry);
 /// dion (src/optim/dion.cpp).
 void register_dion(OptimizerRegistry& registry);
+/// iso (src/optim/iso.cpp).
+void register_iso(OptimizerRegistry& registry);
 /// polargrad, scion, mop, spel, then muon_hyperball (src/optim/orthogonalized_family.cpp).
 void register_orthogonalized_family(OptimizerRegistry& registry);
 

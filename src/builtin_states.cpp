@@ -1,6 +1,8 @@
 // The state schemas of the built-in optimizers.
 #include "builtin_states.h"
 
+#include <algorithm>
+
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -8,6 +10,7 @@
 #include "muon/optim/adaptive_muon.h"
 #include "muon/optim/dion.h"
 #include "muon/optim/dion2.h"
+#include "muon/optim/iso.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
@@ -203,6 +206,38 @@ StateSchema dion_state() {
     return static_cast<const Dion&>(opt).q_shape(param);
   };
   s.add(std::move(q));
+  return s;
+}
+
+StateSchema iso_state() {
+  using S = IsoParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<Iso>();
+  s.add(step_of<S>());
+  // Every tensor is of the whole matrix (Iso::whole_matrix_dims: m × n,
+  // k = min(m, n)), held by the process that steps it, made by the first step.
+  enum Side { kLeft, kSigma, kRight };
+  const auto whole = [](std::string name, auto get, Side side) {
+    auto f = StateField::tensor_of<S>(std::move(name), get, StateInit::kOnFirstUse);
+    f.shape = StateShape::kWhole;
+    f.dtype = StateDtype::kFloat32Wide;
+    f.split = StateSplit::kOwner;
+    f.held = [](const Optimizer& opt, const at::Tensor& param) {
+      return static_cast<const Iso&>(opt).holds_whole_state(param);
+    };
+    f.whole_shape = [side](const Optimizer& opt, const at::Tensor& param) {
+      const auto [rows, cols] = static_cast<const Iso&>(opt).whole_matrix_dims(param);
+      const auto k = std::min(rows, cols);
+      if (side == kSigma) return std::vector<int64_t>{k};
+      return std::vector<int64_t>{side == kLeft ? rows : cols, k};
+    };
+    return f;
+  };
+  s.add(whole("u", [](S& st) -> at::Tensor& { return st.u(); }, kLeft));
+  s.add(whole("sigma", [](S& st) -> at::Tensor& { return st.sigma(); }, kSigma));
+  s.add(whole("v", [](S& st) -> at::Tensor& { return st.v(); }, kRight));
+  s.add(whole("momentum_u", [](S& st) -> at::Tensor& { return st.momentum_u(); }, kLeft));
+  s.add(whole("momentum_v", [](S& st) -> at::Tensor& { return st.momentum_v(); }, kRight));
   return s;
 }
 

@@ -20,6 +20,7 @@ StateSchema soap_state();
 /// Dion2's (nordion2 false) or NorDion2's (true).
 StateSchema dion2_state(bool nordion2);
 StateSchema dion_state();
+StateSchema iso_state();
 /// The orthogonalized family's (polargrad, scion, mop, spel, muon_hyperball): Muon's.
 StateSchema orthogonalized_state(OrthogonalizedKind kind);
 

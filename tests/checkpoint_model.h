@@ -69,7 +69,8 @@ inline OptimizerConfig config(const std::string& layout, const std::string& opti
   OptimizerConfig c;
   const auto slash = optimizer.find('/');
   const auto name = optimizer.substr(0, slash);
-  c.set("optimizer", name).set("lr", 0.02).set("weight_decay", 0.1).set("layout", layout);
+  // Iso has no weight decay.
+  c.set("optimizer", name).set("lr", 0.02).set("weight_decay", name == "iso" ? 0.0 : 0.1).set("layout", layout);
   if (slash != std::string::npos && name == "dion") {
     c.set("dion_rank_fraction", std::stod(optimizer.substr(slash + 1)));
   } else if (slash != std::string::npos) {

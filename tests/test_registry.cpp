@@ -75,8 +75,8 @@ std::map<std::string, std::string> optimizer_by_name(const std::vector<muon::Res
 TEST(Registry, BuiltinsInOnePlace) {
   const auto keys = OptimizerRegistry::global().keys();
   for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "signum",
-                            "sim_ademamix", "soap", "dion2", "nordion2", "dion", "polargrad", "scion", "mop",
-                            "spel", "muon_hyperball"}) {
+                            "sim_ademamix", "soap", "dion2", "nordion2", "dion", "iso", "polargrad", "scion",
+                            "mop", "spel", "muon_hyperball"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     EXPECT_TRUE(OptimizerRegistry::global().has(name));
   }
@@ -85,7 +85,7 @@ TEST(Registry, BuiltinsInOnePlace) {
   expect_value_error([] { OptimizerRegistry::global().at("moun"); },
                      {"unknown optimizer 'moun'", "did you mean 'muon'",
                       "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix, soap, "
-                      "dion2, nordion2, dion, polargrad, scion, mop, spel, muon_hyperball"});
+                      "dion2, nordion2, dion, iso, polargrad, scion, mop, spel, muon_hyperball"});
 }
 
 TEST(Registry, AddErrors) {
@@ -123,7 +123,7 @@ TEST(Registry, AddErrors) {
   auto uses_unknown = entry("z");
   uses_unknown.uses_fields_of = {"shampoo"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'shampoo', which is not registered"});
-  EXPECT_EQ(r.keys().size(), 18u);  // the built-ins: nothing was added
+  EXPECT_EQ(r.keys().size(), 19u);  // the built-ins: nothing was added
 }
 
 TEST(Registry, ExtensionsAddFieldsAndChecks) {
@@ -252,6 +252,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"dion2", {{"lr", 0.01}}, {"adamw", "dion2"}},
         Case{"nordion2", {{"lr", 0.01}}, {"adamw", "nordion2"}},
         Case{"dion", {{"lr", 0.01}}, {"adamw", "dion"}},
+        Case{"iso", {{"lr", 0.01}, {"weight_decay", 0.0}}, {"adamw", "iso"}},
         Case{"polargrad", {{"lr", 0.005}}, {"adamw", "polargrad"}},
         Case{"scion", {{"lr", 0.02}, {"scion_spectral_radius", 3.0}}, {"adamw", "scion"}},
         Case{"mop", {{"lr", 0.01}}, {"adamw", "mop"}},

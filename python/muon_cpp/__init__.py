@@ -82,6 +82,7 @@ if _C is not None:
         AdaptiveMuon,
         Dion,
         Dion2,
+        Iso,
         LaProp,
         Lion,
         MOP,

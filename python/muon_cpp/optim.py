@@ -33,7 +33,7 @@ from ._optim_common import (  # noqa: F401
 )
 
 __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "SimAdEMAMix", "SOAP",
-           "Dion", "PolarGrad", "Scion", "MOP", "SPEL", "MuonHyperball", "MuonWithAdamW", "make_optimizer",
+           "Dion", "Iso", "PolarGrad", "Scion", "MOP", "SPEL", "MuonHyperball", "MuonWithAdamW", "make_optimizer",
            "explain", "option_fields"]
 
 
@@ -237,6 +237,25 @@ class Dion(_OneOptimizer):
                  nonfinite="error", **options):
         options["mu"] = mu
         super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class Iso(_OneOptimizer):
+    """Iso (Emerging-Optimizers' isospectral optimizer): each matrix kept as
+    U·diag(σ)·Vᵀ from its SVD at the first step; the gradients of the Stiefel
+    factors, G·V·diag(σ) and Gᵀ·U·diag(σ), drive heavy-ball momenta, the factors
+    are retracted (``retraction="qr"`` | ``"polar"`` | ``"cayley"``) and the
+    parameter is overwritten with U·diag(σ)·Vᵀ (σ fixed). Emerging-Optimizers'
+    keywords and defaults: lr=1e-3, momentum=0.9, retraction="qr"; no weight
+    decay. Parameters of 3 or more dims are one matrix (dim 0 by the rest).
+    State per parameter: step, u, sigma, v, momentum_u, momentum_v."""
+
+    _kind = "iso"
+
+    def __init__(self, params, lr=1e-3, momentum=0.9, retraction="qr", *, layout=None,
+                 nonfinite="error", **options):
+        options["momentum"] = momentum
+        options["retraction"] = retraction
+        super().__init__(params, lr, 0.0, layout, nonfinite, options)
 
 
 class PolarGrad(_OneOptimizer):

@@ -18,7 +18,8 @@ const std::vector<std::string>& builtin_names() {
   static const std::vector<std::string> names{
       "muon",      "adaptive_muon", "adam",         "adamw", "sgd",           "lion",
       "laprop",    "signum",        "sim_ademamix", "soap",  "dion2",         "nordion2",
-      "dion",      "polargrad",     "scion",        "mop",   "spel",          "muon_hyperball"};
+      "dion",      "iso",           "polargrad",    "scion", "mop",           "spel",
+      "muon_hyperball"};
   return names;
 }
 

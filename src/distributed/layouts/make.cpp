@@ -19,6 +19,7 @@
 #include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/distributed/layouts/sharded_dion.h"
 #include "muon/distributed/layouts/sharded_dion2.h"
+#include "muon/distributed/layouts/sharded_iso.h"
 #include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/distributed/layouts/tensor_parallel.h"
 #include "muon/optim/muon.h"
@@ -85,11 +86,14 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
     TORCH_CHECK_VALUE(false, kWho, "optimizer 'soap' preconditions whole matrices and does not run in layout '",
                       kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
   };
-  context.factories["dion"] = [kind](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
-      -> std::unique_ptr<torch::optim::Optimizer> {
-    TORCH_CHECK_VALUE(false, kWho, "optimizer 'dion' orthonormalizes whole matrices and does not run in layout '",
-                      kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
-  };
+  for (const auto& [name, needs] : {std::make_pair("dion", "orthonormalizes"), std::make_pair("iso", "factorizes")}) {
+    context.factories[name] = [kind, name = std::string(name), needs = std::string(needs)](
+                                  std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
+        -> std::unique_ptr<torch::optim::Optimizer> {
+      TORCH_CHECK_VALUE(false, kWho, "optimizer '", name, "' ", needs, " whole matrices and does not run in layout '",
+                        kind, "', which splits them; use layout 'sharded', 'layerwise' (or 'none')");
+    };
+  }
   for (const char* name : {"dion2", "nordion2"}) {
     context.factories[name] = [kind, name](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
         -> std::unique_ptr<torch::optim::Optimizer> {
@@ -195,13 +199,15 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
         }
         return sharded_options(groups, "Muon");
       });
-  // SOAP, Dion, Dion2 and NorDion2 by owner-compute (ShardedSoap, ShardedDion, ShardedDion2);
+  // SOAP, Dion, Iso, Dion2 and NorDion2 (ShardedSoap, ShardedDion, ShardedIso, ShardedDion2);
   // the 2-D layout's tensor-parallel blocks split their matrices, which they
   // refuse as the tensor_parallel layout does.
   context.factories["soap"] = owner_compute_factory<ShardedSoap, SoapOptions>(
       sharded_options, "soap", "preconditions whole matrices");
   context.factories["dion"] = owner_compute_factory<ShardedDion, DionOptions>(
       sharded_options, "dion", "orthonormalizes whole matrices");
+  context.factories["iso"] = owner_compute_factory<ShardedIso, IsoOptions>(sharded_options, "iso",
+                                                                           "factorizes whole matrices");
   for (const char* name : {"dion2", "nordion2"}) {
     context.factories[name] = owner_compute_factory<ShardedDion2, Dion2Options>(
         sharded_options, name, "selects rows or columns of whole matrices");

@@ -1,0 +1,146 @@
+#pragma once
+
+/// Iso, the isospectral optimizer, on `torch::optim`, with the arithmetic
+/// and defaults of Emerging-Optimizers (emerging_optimizers/
+/// riemannian_optimizers/isospectral.py at commit fd77292; "ISO: An
+/// RLVR-Native Optimization Stack", arXiv:2607.19331).
+///
+/// Iso keeps each matrix X (rows m × cols n; a parameter of 3 or more dims
+/// is one matrix, dim 0 × the product of the others) as U·diag(σ)·Vᵀ, from
+/// the SVD of X at its first step (k = min(m, n)), and moves the Stiefel
+/// factors U (m × k) and V (n × k) while σ stays fixed. One step with
+/// gradient G:
+///
+///   gU = (G·V)·diag(σ),  gV = (Gᵀ·U)·diag(σ)   (no tangent projection)
+///   Mu ← momentum·Mu + gU,  Mv ← momentum·Mv + gV   (heavy ball)
+///   U ← retract(U, Mu),  V ← retract(V, Mv)
+///   X ← U·diag(σ)·Vᵀ                           (overwrites X)
+///
+/// retract(Y, M), with Z = Y − lr·M: "qr" (default) the Q of Z's QR with
+/// each column's sign that of R's diagonal (0 as +1); "polar" U·Vᵀ of Z's
+/// SVD; "cayley" solve(I − ½lr·S, (I + ½lr·S)·Y) with S = D·Yᵀ − Y·Dᵀ, D = −M.
+/// Iso has no weight decay. Since X is rebuilt from the factors, an edit of
+/// X between steps is lost at the next step (Emerging-Optimizers' behavior).
+///
+/// The factors and momenta are fp32 (fp64 for fp64 parameters; Emerging-
+/// Optimizers keeps them fp32 always). An SVD's singular vectors are defined
+/// up to a sign per pair (u_j, v_j), which X = U·diag(σ)·Vᵀ and every later
+/// step carry along unseen.
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "muon/optim/listed_fields.h"
+#include "muon/optim/settings_digest.h"
+#include "muon/optim/state_bytes.h"
+#include "muon/optim/step_guard.h"
+
+namespace muon {
+
+/// Options of `muon::Iso` (per parameter group), as chained setters, with
+/// Emerging-Optimizers' names and defaults.
+struct IsoOptions : public ListedOptions<IsoOptions> {
+  /// Options with learning rate `lr` and every other field at its default.
+  IsoOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
+
+  /// Learning rate, >= 0.
+  TORCH_ARG(double, lr) = 1e-3;
+  /// Heavy-ball momentum of the factors' gradients, in [0, 1).
+  TORCH_ARG(double, momentum) = 0.9;
+  /// "qr" | "polar" | "cayley".
+  TORCH_ARG(std::string, retraction) = "qr";
+  /// Iso has no weight decay: must be 0 (the registry's common field).
+  TORCH_ARG(double, weight_decay) = 0.0;
+
+ public:
+  /// Checks every field; raises c10::ValueError "[muon::Iso] <arg> must be ..., got <value>".
+  void validate() const;
+  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
+  static constexpr std::array<const char*, 4> kFields{"lr", "momentum", "retraction", "weight_decay"};
+  /// The fields of `o` (an IsoOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.momentum_, o.retraction_, o.weight_decay_);
+  }
+};
+
+/// Per-parameter state of `muon::Iso`, all of the whole matrix and held by
+/// the process that steps it (the owner in the sharded layout), made by the
+/// first step: `u` (m × k), `sigma` (k), `v` (n × k), `momentum_u`,
+/// `momentum_v`.
+struct IsoParamState : public ListedParamState<IsoParamState, 5> {
+  /// U, the left Stiefel factor.
+  TORCH_ARG(at::Tensor, u);
+  /// σ, the singular values (fixed).
+  TORCH_ARG(at::Tensor, sigma);
+  /// V, the right Stiefel factor.
+  TORCH_ARG(at::Tensor, v);
+  /// Mu, U's momentum.
+  TORCH_ARG(at::Tensor, momentum_u);
+  /// Mv, V's momentum.
+  TORCH_ARG(at::Tensor, momentum_v);
+
+ public:
+  /// Archive keys of the buffers (muon/optim/listed_fields.h).
+  static constexpr std::array<const char*, 5> kBuffers{"u", "sigma", "v", "momentum_u", "momentum_v"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 5> buffers() { return {&u_, &sigma_, &v_, &momentum_u_, &momentum_v_}; }
+};
+
+namespace detail {
+
+/// Iso's step on one whole matrix: `param` (m × n, read at the first step
+/// for the SVD) and `grad`; creates the state at its first step and returns
+/// the new values of X (m × n, the gradient's dtype). Every layout runs it
+/// on whole matrices.
+at::Tensor iso_matrix_update(const at::Tensor& param, const at::Tensor& grad, IsoParamState& state,
+                             const IsoOptions& options);
+
+}  // namespace detail
+
+/// Iso: a `torch::optim::Optimizer` for parameters of at least 2 dims (see
+/// the top of this header).
+///
+///     muon::Iso opt(model->parameters(), muon::IsoOptions(1e-3).retraction("cayley"));
+class Iso : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+ public:
+  /// Over `param_groups`; groups without options get `defaults`.
+  explicit Iso(std::vector<torch::optim::OptimizerParamGroup> param_groups, IsoOptions defaults = {});
+  /// Over one group of `params`.
+  explicit Iso(std::vector<at::Tensor> params, IsoOptions defaults = {});
+
+  /// One step on every parameter with a gradient; `closure`, if given, runs
+  /// first with grad mode enabled and its loss is returned. The checks of
+  /// muon/optim/step_guard.h run first.
+  at::Tensor step(LossClosure closure = nullptr) override;
+  /// Validates every group's options and parameters; raises c10::ValueError.
+  void check_before_step() override;
+  /// Writes options and state.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  /// Restores what `save` wrote into an Iso with the same group structure
+  /// (raises otherwise, changing nothing).
+  void load(torch::serialize::InputArchive& archive) override;
+  /// Bytes held in the state tensors.
+  int64_t state_bytes() const override;
+
+  /// The (rows, cols) of the whole matrix `param` is (a part of).
+  virtual std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const;
+  /// Whether this process holds the whole-matrix state of `param` (every
+  /// parameter here; the owner in the sharded layout).
+  virtual bool holds_whole_state(const at::Tensor& param) const;
+
+ protected:
+  /// For layouts: builds the optimizer and checks it.
+  Iso(std::vector<torch::optim::OptimizerParamGroup> param_groups, IsoOptions defaults, bool check);
+  /// Steps every parameter with a gradient (after the step's checks).
+  virtual void step_parameters();
+};
+
+}  // namespace muon

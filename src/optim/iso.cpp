@@ -1,0 +1,179 @@
+// Iso: options, the whole-matrix step, save/load and the registry entry.
+#include "muon/optim/iso.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <array>
+#include <cmath>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
+#include "muon/compat.h"
+#include "optim/closure.h"
+#include "optim/elementwise_optimizer.h"
+#include "optim/step_transaction.h"
+#include "util/fault_injection.h"
+#include "util/names.h"
+
+namespace muon {
+
+template struct ListedOptions<IsoOptions>;
+template struct ListedParamState<IsoParamState, 5>;
+
+namespace {
+
+using torch::optim::OptimizerParamGroup;
+using torch::serialize::InputArchive;
+using torch::serialize::OutputArchive;
+
+constexpr const char* kWho = "[muon::Iso] ";
+
+// Y − lr·M retracted onto the Stiefel manifold (the top of muon/optim/iso.h).
+at::Tensor retract(const at::Tensor& y, const at::Tensor& m, double lr, const std::string& how) {
+  if (how == "cayley") {
+    const auto d = -m;
+    const auto skew = at::matmul(d, y.t()) - at::matmul(y, d.t());
+    const auto eye = at::eye(y.size(0), y.options());
+    return at::linalg_solve(eye - 0.5 * lr * skew, at::matmul(eye + 0.5 * lr * skew, y));
+  }
+  const auto z = y - lr * m;
+  if (how == "polar") {
+    const auto [u, s, vh] = at::linalg_svd(z, /*full_matrices=*/false);
+    return at::matmul(u, vh);
+  }
+  const auto [q, r] = at::linalg_qr(z);
+  auto signs = r.diagonal().sign();
+  signs.masked_fill_(signs.eq(0), 1);
+  return q * signs;
+}
+
+}  // namespace
+
+at::Tensor detail::iso_matrix_update(const at::Tensor& param, const at::Tensor& grad, IsoParamState& st,
+                                     const IsoOptions& o) {
+  fault_point("Iso's retraction");
+  const auto dtype = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  if (!st.u().defined()) {
+    const auto [u, s, vh] = at::linalg_svd(param.to(dtype), /*full_matrices=*/false);
+    st.u(u.contiguous());
+    st.sigma(s.contiguous());
+    st.v(vh.t().contiguous());
+    st.momentum_u(at::zeros_like(st.u()));
+    st.momentum_v(at::zeros_like(st.v()));
+  }
+  st.step(st.step() + 1);
+  const auto g = grad.to(dtype);
+  const auto sigma = st.sigma().unsqueeze(0);
+  st.momentum_u().mul_(o.momentum()).add_(at::matmul(g, st.v()) * sigma);
+  st.momentum_v().mul_(o.momentum()).add_(at::matmul(g.t(), st.u()) * sigma);
+  st.u(retract(st.u(), st.momentum_u(), o.lr(), o.retraction()).contiguous());
+  st.v(retract(st.v(), st.momentum_v(), o.lr(), o.retraction()).contiguous());
+  return at::matmul(st.u() * sigma, st.v().t()).to(grad.scalar_type());
+}
+
+// ---- IsoOptions ----------------------------------------------------------------
+
+IsoOptions::IsoOptions(double lr) : lr_(lr) {}
+
+void IsoOptions::validate() const {
+  detail::check_non_negative(kWho, "lr", lr_);
+  // Mu ← momentum·Mu + gU: at 1 or above the momentum never decays.
+  detail::check_decay(kWho, "momentum", momentum_);
+  detail::check_name(retraction_, {"qr", "polar", "cayley"}, kWho, "retraction");
+  TORCH_CHECK_VALUE(weight_decay_ == 0, kWho, "weight_decay must be 0 (Iso keeps the singular values and has no ",
+                    "weight decay), got ", weight_decay_);
+}
+
+// ---- Iso -----------------------------------------------------------------------
+
+Iso::Iso(std::vector<OptimizerParamGroup> param_groups, IsoOptions defaults, bool check)
+    : Optimizer(param_groups, std::make_unique<IsoOptions>(defaults)) {
+  defaults.validate();
+  compat::reapply_group_options(*this, param_groups);
+  if (check) check_before_step();
+}
+
+Iso::Iso(std::vector<OptimizerParamGroup> param_groups, IsoOptions defaults)
+    : Iso(std::move(param_groups), std::move(defaults), true) {}
+
+Iso::Iso(std::vector<at::Tensor> params, IsoOptions defaults)
+    : Iso(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
+
+void Iso::check_before_step() {
+  detail::check_group_options<IsoOptions>(param_groups_, kWho, "muon::IsoOptions");
+  for (const auto g : c10::irange(param_groups_.size())) {
+    for (const auto& p : param_groups_[g].params()) {
+      TORCH_CHECK_VALUE(p.dim() >= 2, kWho, "parameter of group ", g, " has ", p.dim(),
+                        " dims; Iso steps matrices (give 0-d and 1-d parameters to another optimizer)");
+    }
+  }
+}
+
+std::pair<int64_t, int64_t> Iso::whole_matrix_dims(const at::Tensor& param) const {
+  return {param.size(0), param.numel() == 0 ? 0 : param.numel() / param.size(0)};
+}
+
+bool Iso::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
+
+void Iso::step_parameters() {
+  auto& states = state();
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const IsoOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = std::make_unique<IsoParamState>();
+      const auto [rows, cols] = whole_matrix_dims(p);
+      const auto x = detail::iso_matrix_update(p.detach().reshape({rows, cols}), p.grad().reshape({rows, cols}),
+                                               static_cast<IsoParamState&>(*slot), o);
+      p.detach().copy_(x.view(p.sizes()));
+    }
+  }
+}
+
+at::Tensor Iso::step(LossClosure closure) {
+  return guarded_step(
+      *this, closure, kWho, [this] { check_before_step(); }, [this] { step_parameters(); });
+}
+
+int64_t Iso::state_bytes() const {
+  return detail::buffer_bytes<IsoParamState>(*this, [](const IsoParamState& s) {
+    return std::array<const at::Tensor*, 5>{&s.u(), &s.sigma(), &s.v(), &s.momentum_u(), &s.momentum_v()};
+  });
+}
+
+void Iso::save(OutputArchive& archive) const {
+  detail::save_with_options<IsoParamState, IsoOptions>(*this, archive, "iso", "muon::Iso");
+}
+
+void Iso::load(InputArchive& archive) {
+  detail::load_with_options<IsoParamState, IsoOptions>(*this, archive, "iso", kWho, "muon::Iso");
+}
+
+// Iso's entry (muon::Iso): defaults are Emerging-Optimizers', lr aside (the
+// common field); weight_decay must stay 0. Iso steps matrices: 1-D,
+// embedding and head parameters go to scalar_optimizer.
+void detail::register_iso(OptimizerRegistry& registry) {
+  using O = IsoOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  auto e = detail::options_entry<Iso, O>(
+      "iso", detail::iso_state(),
+      "Iso (muon::Iso): the Stiefel factors of each matrix's SVD moved by heavy-ball momentum and "
+      "retracted, the singular values fixed; 1-D, embedding and head parameters go to scalar_optimizer",
+      {
+          F::real("momentum", &O::momentum, d.momentum(), "heavy-ball momentum of the factors' gradients", 0.0, 1.0)
+              .exclusive_max(),
+          F::text("retraction", &O::retraction, d.retraction(), "qr | polar | cayley", {"qr", "polar", "cayley"}),
+          F::common("weight_decay", &O::weight_decay),
+      });
+  e.default_overrides = detail::scalar_defaults("iso");
+  registry.add(std::move(e));
+}
+
+}  // namespace muon
