@@ -49,6 +49,7 @@
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/state_schema.h"
 #include "muon/optim/step_guard.h"
+#include "muon/optim/whole_matrix.h"
 #include "muon/plan.h"
 #include "muon/plugin.h"
 #include "muon/qk_clip.h"

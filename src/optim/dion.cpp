@@ -18,6 +18,7 @@
 #include "muon/compat.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/whole_matrix_optimizer.h"
 #include "optim/step_transaction.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
@@ -26,6 +27,7 @@
 namespace muon {
 
 template struct ListedOptions<DionOptions>;
+template class WholeMatrixOptimizer<Dion, DionOptions, DionParamState>;
 template struct ListedParamState<DionParamState, 2>;
 
 namespace {
@@ -160,35 +162,6 @@ void DionOptions::validate() const {
 
 // ---- Dion ----------------------------------------------------------------------
 
-Dion::Dion(std::vector<OptimizerParamGroup> param_groups, DionOptions defaults, bool check)
-    : Optimizer(param_groups, std::make_unique<DionOptions>(defaults)) {
-  defaults.validate();
-  compat::reapply_group_options(*this, param_groups);
-  if (check) check_before_step();
-}
-
-Dion::Dion(std::vector<OptimizerParamGroup> param_groups, DionOptions defaults)
-    : Dion(std::move(param_groups), std::move(defaults), true) {}
-
-Dion::Dion(std::vector<at::Tensor> params, DionOptions defaults)
-    : Dion(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-void Dion::check_before_step() {
-  detail::check_group_options<DionOptions>(param_groups_, kWho, "muon::DionOptions");
-  for (const auto g : c10::irange(param_groups_.size())) {
-    for (const auto& p : param_groups_[g].params()) {
-      TORCH_CHECK_VALUE(p.dim() >= 2, kWho, "parameter of group ", g, " has ", p.dim(),
-                        " dims; Dion steps matrices (give 0-d and 1-d parameters to another optimizer)");
-    }
-  }
-}
-
-std::pair<int64_t, int64_t> Dion::whole_matrix_dims(const at::Tensor& param) const {
-  return {param.size(0), param.numel() == 0 ? 0 : param.numel() / param.size(0)};
-}
-
-bool Dion::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
-
 std::vector<int64_t> Dion::q_shape(const at::Tensor& param) const {
   const auto [rows, cols] = whole_matrix_dims(param);
   for (const auto& group : param_groups()) {
@@ -217,24 +190,6 @@ void Dion::step_parameters() {
       p.add_(u.view(p.sizes()), -o.lr() * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)));
     }
   }
-}
-
-at::Tensor Dion::step(LossClosure closure) {
-  return guarded_step(
-      *this, closure, kWho, [this] { check_before_step(); }, [this] { step_parameters(); });
-}
-
-int64_t Dion::state_bytes() const {
-  return detail::buffer_bytes<DionParamState>(
-      *this, [](const DionParamState& s) { return std::array<const at::Tensor*, 2>{&s.momentum(), &s.Q()}; });
-}
-
-void Dion::save(OutputArchive& archive) const {
-  detail::save_with_options<DionParamState, DionOptions>(*this, archive, "dion", "muon::Dion");
-}
-
-void Dion::load(InputArchive& archive) {
-  detail::load_with_options<DionParamState, DionOptions>(*this, archive, "dion", kWho, "muon::Dion");
 }
 
 // Dion's entry (muon::Dion): defaults are Dion's, lr and weight_decay aside

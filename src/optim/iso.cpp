@@ -16,6 +16,7 @@
 #include "muon/compat.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/whole_matrix_optimizer.h"
 #include "optim/step_transaction.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
@@ -23,6 +24,7 @@
 namespace muon {
 
 template struct ListedOptions<IsoOptions>;
+template class WholeMatrixOptimizer<Iso, IsoOptions, IsoParamState>;
 template struct ListedParamState<IsoParamState, 5>;
 
 namespace {
@@ -91,35 +93,6 @@ void IsoOptions::validate() const {
 
 // ---- Iso -----------------------------------------------------------------------
 
-Iso::Iso(std::vector<OptimizerParamGroup> param_groups, IsoOptions defaults, bool check)
-    : Optimizer(param_groups, std::make_unique<IsoOptions>(defaults)) {
-  defaults.validate();
-  compat::reapply_group_options(*this, param_groups);
-  if (check) check_before_step();
-}
-
-Iso::Iso(std::vector<OptimizerParamGroup> param_groups, IsoOptions defaults)
-    : Iso(std::move(param_groups), std::move(defaults), true) {}
-
-Iso::Iso(std::vector<at::Tensor> params, IsoOptions defaults)
-    : Iso(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-void Iso::check_before_step() {
-  detail::check_group_options<IsoOptions>(param_groups_, kWho, "muon::IsoOptions");
-  for (const auto g : c10::irange(param_groups_.size())) {
-    for (const auto& p : param_groups_[g].params()) {
-      TORCH_CHECK_VALUE(p.dim() >= 2, kWho, "parameter of group ", g, " has ", p.dim(),
-                        " dims; Iso steps matrices (give 0-d and 1-d parameters to another optimizer)");
-    }
-  }
-}
-
-std::pair<int64_t, int64_t> Iso::whole_matrix_dims(const at::Tensor& param) const {
-  return {param.size(0), param.numel() == 0 ? 0 : param.numel() / param.size(0)};
-}
-
-bool Iso::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
-
 void Iso::step_parameters() {
   auto& states = state();
   for (auto& group : param_groups()) {
@@ -134,25 +107,6 @@ void Iso::step_parameters() {
       p.detach().copy_(x.view(p.sizes()));
     }
   }
-}
-
-at::Tensor Iso::step(LossClosure closure) {
-  return guarded_step(
-      *this, closure, kWho, [this] { check_before_step(); }, [this] { step_parameters(); });
-}
-
-int64_t Iso::state_bytes() const {
-  return detail::buffer_bytes<IsoParamState>(*this, [](const IsoParamState& s) {
-    return std::array<const at::Tensor*, 5>{&s.u(), &s.sigma(), &s.v(), &s.momentum_u(), &s.momentum_v()};
-  });
-}
-
-void Iso::save(OutputArchive& archive) const {
-  detail::save_with_options<IsoParamState, IsoOptions>(*this, archive, "iso", "muon::Iso");
-}
-
-void Iso::load(InputArchive& archive) {
-  detail::load_with_options<IsoParamState, IsoOptions>(*this, archive, "iso", kWho, "muon::Iso");
 }
 
 // Iso's entry (muon::Iso): defaults are Emerging-Optimizers', lr aside (the

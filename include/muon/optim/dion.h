@@ -52,6 +52,7 @@
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
+#include "muon/optim/whole_matrix.h"
 
 namespace muon {
 
@@ -148,42 +149,21 @@ at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& state,
 ///
 /// `save`/`load` in LibTorch's optimizer archive layout with the options
 /// beside it; an archive of another optimizer is refused.
-class Dion : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+class Dion : public WholeMatrixOptimizer<Dion, DionOptions, DionParamState> {
  public:
-  /// Over `param_groups`; groups without options get `defaults`.
-  explicit Dion(std::vector<torch::optim::OptimizerParamGroup> param_groups,
-                DionOptions defaults = {});
-  /// Over one group of `params`.
-  explicit Dion(std::vector<at::Tensor> params, DionOptions defaults = {});
+  using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first.
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Validates every group's options and parameters; raises c10::ValueError.
-  void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores what `save` wrote into a Dion with the same group structure
-  /// (raises otherwise, changing nothing).
-  void load(torch::serialize::InputArchive& archive) override;
-  /// Bytes held in the state tensors.
-  int64_t state_bytes() const override;
-
-  /// The (rows, cols) of the whole matrix `param` is (a part of).
-  virtual std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const;
-  /// Whether this process holds the whole-matrix state of `param` (every
-  /// parameter here; the owner in the sharded layout).
-  virtual bool holds_whole_state(const at::Tensor& param) const;
+  /// Messages say "[muon::Dion] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::Dion";
+  /// Archive keys "dion_groups", "dion_options/<i>", ...
+  static constexpr const char* kPrefix = "dion";
   /// Q's shape for `param` (min(rows, cols) × r of its whole matrix, r by its group's options).
   std::vector<int64_t> q_shape(const at::Tensor& param) const;
 
  protected:
-  /// For layouts: builds the optimizer and checks it.
-  Dion(std::vector<torch::optim::OptimizerParamGroup> param_groups, DionOptions defaults,
-       bool check);
+  friend class WholeMatrixOptimizer<Dion, DionOptions, DionParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
-  virtual void step_parameters();
+  void step_parameters() override;
 };
 
 }  // namespace muon

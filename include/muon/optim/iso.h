@@ -41,6 +41,7 @@
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
+#include "muon/optim/whole_matrix.h"
 
 namespace muon {
 
@@ -109,38 +110,19 @@ at::Tensor iso_matrix_update(const at::Tensor& param, const at::Tensor& grad, Is
 /// the top of this header).
 ///
 ///     muon::Iso opt(model->parameters(), muon::IsoOptions(1e-3).retraction("cayley"));
-class Iso : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+class Iso : public WholeMatrixOptimizer<Iso, IsoOptions, IsoParamState> {
  public:
-  /// Over `param_groups`; groups without options get `defaults`.
-  explicit Iso(std::vector<torch::optim::OptimizerParamGroup> param_groups, IsoOptions defaults = {});
-  /// Over one group of `params`.
-  explicit Iso(std::vector<at::Tensor> params, IsoOptions defaults = {});
+  using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first.
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Validates every group's options and parameters; raises c10::ValueError.
-  void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores what `save` wrote into an Iso with the same group structure
-  /// (raises otherwise, changing nothing).
-  void load(torch::serialize::InputArchive& archive) override;
-  /// Bytes held in the state tensors.
-  int64_t state_bytes() const override;
-
-  /// The (rows, cols) of the whole matrix `param` is (a part of).
-  virtual std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const;
-  /// Whether this process holds the whole-matrix state of `param` (every
-  /// parameter here; the owner in the sharded layout).
-  virtual bool holds_whole_state(const at::Tensor& param) const;
+  /// Messages say "[muon::Iso] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::Iso";
+  /// Archive keys "iso_groups", "iso_options/<i>", ...
+  static constexpr const char* kPrefix = "iso";
 
  protected:
-  /// For layouts: builds the optimizer and checks it.
-  Iso(std::vector<torch::optim::OptimizerParamGroup> param_groups, IsoOptions defaults, bool check);
+  friend class WholeMatrixOptimizer<Iso, IsoOptions, IsoParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
-  virtual void step_parameters();
+  void step_parameters() override;
 };
 
 }  // namespace muon

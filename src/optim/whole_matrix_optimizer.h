@@ -1,0 +1,86 @@
+// muon::WholeMatrixOptimizer's members (muon/optim/whole_matrix.h), for the
+// source files that instantiate it. Not installed.
+#pragma once
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "muon/compat.h"
+#include "muon/optim/whole_matrix.h"
+#include "optim/closure.h"
+#include "optim/elementwise_optimizer.h"
+
+namespace muon {
+
+template <typename Derived, typename Options, typename State>
+WholeMatrixOptimizer<Derived, Options, State>::WholeMatrixOptimizer(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults, bool check)
+    : Optimizer(param_groups, std::make_unique<Options>(defaults)) {
+  defaults.validate();
+  compat::reapply_group_options(*this, param_groups);
+  if (check) check_before_step();
+}
+
+template <typename Derived, typename Options, typename State>
+WholeMatrixOptimizer<Derived, Options, State>::WholeMatrixOptimizer(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults)
+    : WholeMatrixOptimizer(std::move(param_groups), std::move(defaults), true) {}
+
+template <typename Derived, typename Options, typename State>
+WholeMatrixOptimizer<Derived, Options, State>::WholeMatrixOptimizer(std::vector<at::Tensor> params,
+                                                                    Options defaults)
+    : WholeMatrixOptimizer(
+          std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
+          std::move(defaults)) {}
+
+template <typename Derived, typename Options, typename State>
+void WholeMatrixOptimizer<Derived, Options, State>::check_before_step() {
+  const char* who = detail::who_of<Derived>();
+  detail::check_group_options<Options>(param_groups_, who, detail::options_name_of<Derived>());
+  for (const auto g : c10::irange(param_groups_.size())) {
+    for (const auto& p : param_groups_[g].params()) {
+      TORCH_CHECK_VALUE(p.dim() >= 2, who, "parameter of group ", g, " has ", p.dim(), " dims; ", Derived::kKind,
+                        " steps matrices (give 0-d and 1-d parameters to another optimizer)");
+    }
+  }
+}
+
+template <typename Derived, typename Options, typename State>
+std::pair<int64_t, int64_t> WholeMatrixOptimizer<Derived, Options, State>::whole_matrix_dims(
+    const at::Tensor& param) const {
+  return {param.size(0), param.numel() == 0 ? 0 : param.numel() / param.size(0)};
+}
+
+template <typename Derived, typename Options, typename State>
+bool WholeMatrixOptimizer<Derived, Options, State>::holds_whole_state(const at::Tensor& /*param*/) const {
+  return true;
+}
+
+template <typename Derived, typename Options, typename State>
+at::Tensor WholeMatrixOptimizer<Derived, Options, State>::step(LossClosure closure) {
+  return guarded_step(
+      *this, closure, detail::who_of<Derived>(), [this] { check_before_step(); }, [this] { step_parameters(); });
+}
+
+template <typename Derived, typename Options, typename State>
+int64_t WholeMatrixOptimizer<Derived, Options, State>::state_bytes() const {
+  return detail::buffer_bytes<State>(*this, [](const State& s) { return s.const_buffers(); });
+}
+
+template <typename Derived, typename Options, typename State>
+void WholeMatrixOptimizer<Derived, Options, State>::save(torch::serialize::OutputArchive& archive) const {
+  detail::save_with_options<State, Options>(*this, archive, Derived::kPrefix, Derived::kKind);
+}
+
+template <typename Derived, typename Options, typename State>
+void WholeMatrixOptimizer<Derived, Options, State>::load(torch::serialize::InputArchive& archive) {
+  detail::load_with_options<State, Options>(*this, archive, Derived::kPrefix, detail::who_of<Derived>(),
+                                            Derived::kKind);
+}
+
+}  // namespace muon
