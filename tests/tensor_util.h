@@ -18,6 +18,21 @@ inline at::Tensor leaf(const at::Tensor& values) {
   return t;
 }
 
+/// Largest |got − want| relative to the largest |want|, in fp64 (got
+/// reshaped to want's shape).
+inline double relative(const at::Tensor& got, const at::Tensor& want) {
+  const auto w = want.to(at::kDouble);
+  return (got.to(at::kDouble).reshape(w.sizes()) - w).abs().max().item<double>() / w.abs().max().item<double>();
+}
+
+/// `got` in fp64 with each column's sign turned to agree with `want`'s: for
+/// factors defined up to the sign of each column (QR, SVD, eigenvectors).
+inline at::Tensor signs_aligned(const at::Tensor& got, const at::Tensor& want) {
+  const auto g = got.to(at::kDouble);
+  const auto s = (g * want.to(at::kDouble)).sum(0, /*keepdim=*/true).sign();
+  return g * at::where(s.eq(0), at::ones_like(s), s);
+}
+
 /// A `Module` (a torch::nn module holder) built from `args` right after
 /// at::manual_seed(seed): the same initial values for the same seed.
 template <typename Module, typename... Args>

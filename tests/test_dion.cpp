@@ -82,19 +82,6 @@ struct RefDion {
   }
 };
 
-// Largest |got − want| relative to the largest |want|.
-double relative(const at::Tensor& got, const at::Tensor& want) {
-  const auto w = want.to(at::kDouble);
-  return (got.to(at::kDouble).reshape(w.sizes()) - w).abs().max().item<double>() / w.abs().max().item<double>();
-}
-
-// `got` with each column's sign turned to agree with `want`'s.
-at::Tensor signs_aligned(const at::Tensor& got, const at::Tensor& want) {
-  const auto g = got.to(at::kDouble);
-  const auto s = (g * want).sum(0, /*keepdim=*/true).sign();
-  return g * at::where(s.eq(0), at::ones_like(s), s);
-}
-
 const DionParamState& state_of(const torch::optim::Optimizer& opt, const at::Tensor& p) {
   return static_cast<const DionParamState&>(*opt.state().at(compat::state_key(p)));
 }

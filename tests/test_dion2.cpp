@@ -160,13 +160,6 @@ struct RefDion2 {
   }
 };
 
-// Largest |got − want| relative to the largest |want|.
-double relative(const at::Tensor& got, const at::Tensor& want) {
-  const auto w = want.to(at::kDouble);
-  return (got.to(at::kDouble).reshape(w.sizes()) - w).abs().max().item<double>() /
-         w.abs().max().item<double>();
-}
-
 const Dion2ParamState& state_of(const torch::optim::Optimizer& opt, const at::Tensor& p) {
   return static_cast<const Dion2ParamState&>(*opt.state().at(compat::state_key(p)));
 }

@@ -140,12 +140,6 @@ struct Reference {
   }
 };
 
-// Largest |got − want| relative to the largest |want|.
-double relative(const at::Tensor& got, const at::Tensor& want) {
-  const auto w = want.to(at::kDouble);
-  return (got.to(at::kDouble).reshape(w.sizes()) - w).abs().max().item<double>() / w.abs().max().item<double>();
-}
-
 const SoapParamState& state_of(const torch::optim::Optimizer& opt, const at::Tensor& p) {
   return static_cast<const SoapParamState&>(*opt.state().at(compat::state_key(p)));
 }
