@@ -34,6 +34,7 @@ double preset_lr(const std::string& run) {
       {"sim_ademamix", 3e-4}, {"soap", 4e-3},         {"polargrad", 0.3},  {"scion", 0.08},
       {"mop", 4e-3},      {"spel", 0.08},             {"muon_hyperball", 0.1},
       {"dion2", 0.03},    {"nordion2", 0.03},       {"dion", 0.03},
+      {"iso", 1.0},
   };
   const auto it = lr.find(run);
   return it == lr.end() ? -1.0 : it->second;
