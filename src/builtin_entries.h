@@ -28,6 +28,8 @@ void register_laprop(OptimizerRegistry& registry);
 void register_signum(OptimizerRegistry& registry);
 /// sim_ademamix (src/optim/sim_ademamix.cpp).
 void register_sim_ademamix(OptimizerRegistry& registry);
+/// oblique_sgd, then oblique_adam (src/optim/oblique.cpp).
+void register_oblique(OptimizerRegistry& registry);
 /// soap (src/optim/soap.cpp).
 void register_soap(OptimizerRegistry& registry);
 /// dion2, then nordion2 (src/optim/dion2.cpp).

@@ -12,6 +12,7 @@
 #include "muon/optim/dion2.h"
 #include "muon/optim/iso.h"
 #include "muon/optim/laprop.h"
+#include "muon/optim/oblique.h"
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
 #include "muon/optim/lion.h"
@@ -115,6 +116,10 @@ StateSchema sgd_state() {
 StateSchema lion_state() { return listed_state<LionParamState, Lion>(); }
 
 StateSchema laprop_state() { return listed_state<LaPropParamState, LaProp>(); }
+
+StateSchema oblique_sgd_state() { return listed_state<ObliqueSGDParamState, ObliqueSGD>(); }
+
+StateSchema oblique_adam_state() { return listed_state<ObliqueAdamParamState, ObliqueAdam>(); }
 
 StateSchema signum_state() { return listed_state<SignumParamState, Signum>(); }
 

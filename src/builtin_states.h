@@ -14,6 +14,8 @@ StateSchema adamw_state();
 StateSchema sgd_state();
 StateSchema lion_state();
 StateSchema laprop_state();
+StateSchema oblique_sgd_state();
+StateSchema oblique_adam_state();
 StateSchema signum_state();
 StateSchema sim_ademamix_state();
 StateSchema soap_state();

@@ -75,8 +75,8 @@ std::map<std::string, std::string> optimizer_by_name(const std::vector<muon::Res
 TEST(Registry, BuiltinsInOnePlace) {
   const auto keys = OptimizerRegistry::global().keys();
   for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "signum",
-                            "sim_ademamix", "soap", "dion2", "nordion2", "dion", "iso", "polargrad", "scion",
-                            "mop", "spel", "muon_hyperball"}) {
+                            "sim_ademamix", "soap", "dion2", "nordion2", "dion", "iso", "oblique_sgd",
+                            "oblique_adam", "polargrad", "scion", "mop", "spel", "muon_hyperball"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     EXPECT_TRUE(OptimizerRegistry::global().has(name));
   }

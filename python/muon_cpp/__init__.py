@@ -90,6 +90,8 @@ if _C is not None:
         MuonHyperball,
         MuonWithAdamW,
         NorDion2,
+        ObliqueAdam,
+        ObliqueSGD,
         Optimizer,
         PolarGrad,
         SOAP,

@@ -32,7 +32,8 @@ from ._optim_common import (  # noqa: F401
     _split_named,
 )
 
-__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "SimAdEMAMix", "SOAP",
+__all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "ObliqueSGD",
+           "ObliqueAdam", "SimAdEMAMix", "SOAP",
            "Dion", "Iso", "PolarGrad", "Scion", "MOP", "SPEL", "MuonHyperball", "MuonWithAdamW", "make_optimizer",
            "explain", "option_fields"]
 
@@ -149,6 +150,43 @@ class Signum(_OneOptimizer):
 
     def __init__(self, params, lr=1e-3, weight_decay=0.0, *, layout=None, nonfinite="error",
                  **options):
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class ObliqueSGD(_OneOptimizer):
+    """Riemannian SGD with momentum on the oblique manifold: the slices of each
+    parameter along ``dim`` are kept at unit L2 norm (Emerging-Optimizers'
+    ObliqueSGD: u = g + momentum·u, projected on the tangent space, weight
+    decay by weight_decay_method ("decoupled" | "independent" | "l2"), a step
+    of lr, then renormalized with eps). Parameters need at least one dimension."""
+
+    _kind = "oblique_sgd"
+
+    def __init__(self, params, lr=1e-3, momentum=0.9, weight_decay=0.0, *,
+                 weight_decay_method="decoupled", dim=0, eps=1e-8, layout=None,
+                 nonfinite="error"):
+        options = {"momentum": momentum, "weight_decay_method": weight_decay_method, "dim": dim,
+                   "eps": eps}
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
+
+
+class ObliqueAdam(_OneOptimizer):
+    """Riemannian Adam on the oblique manifold (Emerging-Optimizers'
+    ObliqueAdam): as ObliqueSGD with u = (m / c1) / (sqrt(v) / c2 + eps), the
+    moments' decays ``betas=(beta1, beta2)`` and c_i = 1 - beta_i^t with
+    correct_bias (else 1). sqrt(v) is divided by c2, not sqrt(c2), as
+    Emerging-Optimizers does."""
+
+    _kind = "oblique_adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, *,
+                 weight_decay_method="decoupled", dim=0, eps=1e-8, correct_bias=True,
+                 layout=None, nonfinite="error"):
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        options = {"beta1": betas[0], "beta2": betas[1],
+                   "weight_decay_method": weight_decay_method, "dim": dim, "eps": eps,
+                   "correct_bias": correct_bias}
         super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
 

@@ -104,6 +104,21 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
   }
 }
 
+// Optimizers that normalize slices of each parameter along an option `dim`
+// (oblique_sgd, oblique_adam): the layout `kind` (tensor_parallel, sharded)
+// splits parameters, so a slice's norm would span ranks; building one
+// raises, naming it and the layout.
+void refuse_normalizing_optimizers(BuildContext& context, const std::string& kind) {
+  for (const char* name : {"oblique_sgd", "oblique_adam"}) {
+    context.factories[name] = [kind, name](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
+        -> std::unique_ptr<torch::optim::Optimizer> {
+      TORCH_CHECK_VALUE(false, kWho, "optimizer '", name, "' normalizes whole slices of each parameter along ",
+                        "its dim and does not run in layout '", kind,
+                        "', which splits parameters; use layout 'layerwise' (or 'none')");
+    };
+  }
+}
+
 // The layer-wise layout's options from the config's layout fields.
 // The factory of optimizer `name` by owner-compute (Sharded over Options),
 // its row shards from `shards(groups, name)`; refused where a row shard has
@@ -145,6 +160,7 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
   const auto names = names_of(named);
   if (kind == "tensor_parallel") {
     refuse_whole_matrix_optimizers(context, kind);
+    refuse_normalizing_optimizers(context, kind);
     check_names(layout.tensor_parallel, named, "DistributedLayout::tensor_parallel");
     add_strategy_factories<TensorParallelOptions, TensorParallelMuon>(
         context, registry, [&layout, names](const std::vector<OptimizerParamGroup>& groups,
@@ -169,6 +185,7 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
   }
 
   if (kind != "sharded") return context;
+  refuse_normalizing_optimizers(context, kind);
   check_names(layout.row_shards, named, "DistributedLayout::row_shards");
   const auto mode = config.get_string("layout_sharded_mode");
   const auto in_flight = config.get_int("layout_max_in_flight");

@@ -1,0 +1,185 @@
+#pragma once
+
+/// Riemannian SGD and Adam on the oblique manifold (tensors whose slices
+/// along `dim` have unit L2 norm; for a matrix with dim 0, unit-norm columns),
+/// with the arithmetic and defaults of NVIDIA-NeMo/Emerging-Optimizers'
+/// ObliqueSGD and ObliqueAdam (registered as "oblique_sgd" and
+/// "oblique_adam" in emerging_optimizers/riemannian_optimizers/
+/// normalized_optimizer.py at commit fd77292, weight decay by
+/// emerging_optimizers/mixin.py's WeightDecayMixin).
+///
+/// One step t (1-based) on p with gradient g, ⟨a, b⟩ the sum of a⊙b along
+/// `dim` (kept as a size-1 dimension):
+///
+///   oblique_sgd    u ← g + μ·u                     (theory-style momentum)
+///   oblique_adam   m ← β1·m + (1 − β1)·g;  v ← β2·v + (1 − β2)·g²
+///                  u = (m / c1) / (√v / c2 + eps), c_i = 1 − β_i^t with
+///                  `correct_bias` (else 1)
+///   r = u − p·⟨p, u⟩                               (tangent projection)
+///   weight decay   decoupled: p ← p − lr·wd·p; independent: p ← p − wd·p;
+///                  l2: r ← r + wd·p
+///   p ← p − lr·r
+///   p ← p / max(‖p‖_dim, eps)                      (retraction)
+///
+/// ObliqueAdam divides √v by c2 itself, not by √c2 as Adam does:
+/// Emerging-Optimizers' arithmetic, kept so that results match it.
+/// Emerging-Optimizers accepts 2-D parameters only; these accept any
+/// parameter with at least one dimension, `dim` in [−ndim, ndim).
+#include <ATen/ATen.h>
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "muon/optim/elementwise.h"
+#include "muon/optim/settings_digest.h"
+
+namespace muon {
+
+/// Options of `muon::ObliqueSGD` (per parameter group), as chained setters.
+/// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight decay
+/// (method "decoupled"), dim 0, eps 1e-8.
+struct ObliqueSGDOptions : public ListedOptions<ObliqueSGDOptions> {
+  /// Options with learning rate `lr` and every other field at its default.
+  ObliqueSGDOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
+
+  /// Learning rate, >= 0.
+  TORCH_ARG(double, lr) = 1e-3;
+  /// Momentum μ, in [0, 1): u ← g + μ·u.
+  TORCH_ARG(double, momentum) = 0.9;
+  /// Weight decay, >= 0, applied as `weight_decay_method` says.
+  TORCH_ARG(double, weight_decay) = 0.0;
+  /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+  /// (wd·p added to the projected gradient), Emerging-Optimizers' methods.
+  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
+  /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
+  TORCH_ARG(int64_t, dim) = 0;
+  /// Lower bound of the norm the retraction divides by, > 0.
+  TORCH_ARG(double, eps) = 1e-8;
+
+ public:
+  /// Archive keys of the fields, in `fields`' order.
+  static constexpr std::array<const char*, 6> kFields{"lr",  "momentum", "weight_decay",
+                                                      "weight_decay_method", "dim", "eps"};
+  /// The fields of `o` (an ObliqueSGDOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.momentum_, o.weight_decay_, o.weight_decay_method_, o.dim_, o.eps_);
+  }
+  /// Checks every field; raises c10::ValueError "[muon::ObliqueSGD] <arg> must be ..., got <value>".
+  void validate() const;
+};
+
+/// Per-parameter state of `muon::ObliqueSGD`: `step` and the momentum buffer.
+struct ObliqueSGDParamState : public ListedParamState<ObliqueSGDParamState, 1> {
+  /// Momentum u: the parameter's shape, dtype and device; zeros at first use.
+  TORCH_ARG(at::Tensor, momentum_buffer);
+
+ public:
+  /// Archive keys of the buffers.
+  static constexpr std::array<const char*, 1> kBuffers{"momentum_buffer"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 1> buffers() { return {&momentum_buffer_}; }
+};
+
+/// Riemannian SGD with momentum on the oblique manifold: a
+/// `torch::optim::Optimizer` for parameters with at least one dimension.
+///
+///     muon::ObliqueSGD opt(model->parameters(), muon::ObliqueSGDOptions(1e-2).dim(1));
+///
+/// Per-group options, `get_lr`/`set_lr`, `save`/`load` and `state_bytes`
+/// are muon::ElementwiseOptimizer's (muon/optim/elementwise.h). A step
+/// raises c10::ValueError, changing nothing, where `dim` is out of a
+/// parameter's range.
+class ObliqueSGD : public ElementwiseOptimizer<ObliqueSGD, ObliqueSGDOptions, ObliqueSGDParamState> {
+ public:
+  /// ObliqueSGD over `param_groups` or over one group of parameters.
+  using ElementwiseOptimizer::ElementwiseOptimizer;
+
+  /// Messages say "[muon::ObliqueSGD] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::ObliqueSGD";
+  /// Archive keys "oblique_sgd_groups", ...
+  static constexpr const char* kPrefix = "oblique_sgd";
+  /// The options' checks, then `dim` against every parameter's ndim.
+  void check_before_step() override;
+  /// One step on `param` (the header's formula).
+  static void update(at::Tensor& param, const at::Tensor& grad, ObliqueSGDParamState& state,
+                     const ObliqueSGDOptions& options);
+};
+
+/// Options of `muon::ObliqueAdam` (per parameter group), as chained setters.
+/// Defaults are Emerging-Optimizers': lr 1e-3, betas (0.9, 0.99), no weight
+/// decay (method "decoupled"), dim 0, eps 1e-8, bias correction on.
+struct ObliqueAdamOptions : public ListedOptions<ObliqueAdamOptions> {
+  /// Options with learning rate `lr` and every other field at its default.
+  ObliqueAdamOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
+
+  /// Learning rate, >= 0.
+  TORCH_ARG(double, lr) = 1e-3;
+  /// First-moment decay β1, in [0, 1).
+  TORCH_ARG(double, beta1) = 0.9;
+  /// Second-moment decay β2, in [0, 1).
+  TORCH_ARG(double, beta2) = 0.99;
+  /// Weight decay, >= 0, applied as `weight_decay_method` says.
+  TORCH_ARG(double, weight_decay) = 0.0;
+  /// "decoupled", "independent" or "l2", as ObliqueSGDOptions'.
+  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
+  /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
+  TORCH_ARG(int64_t, dim) = 0;
+  /// Added to √v / c2, and the lower bound of the retraction's norm; > 0.
+  TORCH_ARG(double, eps) = 1e-8;
+  /// c_i = 1 − β_i^t (else 1).
+  TORCH_ARG(bool, correct_bias) = true;
+
+ public:
+  /// Archive keys of the fields, in `fields`' order.
+  static constexpr std::array<const char*, 8> kFields{
+      "lr", "beta1", "beta2", "weight_decay", "weight_decay_method", "dim", "eps", "correct_bias"};
+  /// The fields of `o` (an ObliqueAdamOptions, const or not), as a std::tie.
+  template <typename O>
+  static auto fields(O& o) {
+    return std::tie(o.lr_, o.beta1_, o.beta2_, o.weight_decay_, o.weight_decay_method_, o.dim_,
+                    o.eps_, o.correct_bias_);
+  }
+  /// Checks every field; raises c10::ValueError "[muon::ObliqueAdam] <arg> must be ..., got <value>".
+  void validate() const;
+};
+
+/// Per-parameter state of `muon::ObliqueAdam`: `step` (t) and both moments.
+struct ObliqueAdamParamState : public ListedParamState<ObliqueAdamParamState, 2> {
+  /// First moment m; zeros at first use.
+  TORCH_ARG(at::Tensor, exp_avg);
+  /// Second moment v; zeros at first use.
+  TORCH_ARG(at::Tensor, exp_avg_sq);
+
+ public:
+  /// Archive keys of the buffers.
+  static constexpr std::array<const char*, 2> kBuffers{"exp_avg", "exp_avg_sq"};
+  /// The buffers, in `kBuffers`' order.
+  std::array<at::Tensor*, 2> buffers() { return {&exp_avg_, &exp_avg_sq_}; }
+};
+
+/// Riemannian Adam on the oblique manifold: a `torch::optim::Optimizer` for
+/// parameters with at least one dimension; as muon::ObliqueSGD otherwise.
+class ObliqueAdam
+    : public ElementwiseOptimizer<ObliqueAdam, ObliqueAdamOptions, ObliqueAdamParamState> {
+ public:
+  /// ObliqueAdam over `param_groups` or over one group of parameters.
+  using ElementwiseOptimizer::ElementwiseOptimizer;
+
+  /// Messages say "[muon::ObliqueAdam] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::ObliqueAdam";
+  /// Archive keys "oblique_adam_groups", ...
+  static constexpr const char* kPrefix = "oblique_adam";
+  /// The options' checks, then `dim` against every parameter's ndim.
+  void check_before_step() override;
+  /// One step on `param` (the header's formula).
+  static void update(at::Tensor& param, const at::Tensor& grad, ObliqueAdamParamState& state,
+                     const ObliqueAdamOptions& options);
+};
+
+}  // namespace muon

@@ -1,0 +1,159 @@
+// ObliqueSGD and ObliqueAdam: options, the `dim` check and the updates (the
+// rest is muon::ElementwiseOptimizer).
+#include "muon/optim/oblique.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <cmath>
+
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
+#include "optim/elementwise_optimizer.h"
+
+namespace muon {
+namespace {
+
+constexpr const char* kSgd = "[muon::ObliqueSGD] ";
+constexpr const char* kAdam = "[muon::ObliqueAdam] ";
+
+void check_eps(const char* who, double eps) {
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, who, "eps must be > 0, got ", eps);
+}
+
+// Raises c10::ValueError unless every parameter of every group has at least
+// one dimension and the group's `dim` names one of them.
+template <typename Options>
+void check_dims(const std::vector<torch::optim::OptimizerParamGroup>& groups, const char* who) {
+  for (const auto i : c10::irange(groups.size())) {
+    const auto dim = static_cast<const Options&>(groups[i].options()).dim();
+    for (const auto& p : groups[i].params()) {
+      const int64_t n = p.dim();
+      TORCH_CHECK_VALUE(n >= 1, who, "parameters must have at least one dimension, got a 0-d "
+                                     "parameter in param group ", i);
+      TORCH_CHECK_VALUE(dim >= -n && dim < n, who, "dim must be in [", -n, ", ", n,
+                        ") for a parameter of shape ", p.sizes(), " (param group ", i, "), got ",
+                        dim);
+    }
+  }
+}
+
+// r = u − p·⟨p, u⟩_dim, weight decay on (p, r), p ← p − lr·r, then p's slices
+// along `dim` scaled to unit norm: Emerging-Optimizers' _compute_riemannian_grad,
+// _apply_weight_decay_inplace, add_ and torch.nn.functional.normalize, in order.
+void project_step_retract(at::Tensor& p, const at::Tensor& u, const std::string& method, double lr,
+                          double wd, int64_t dim, double eps) {
+  const auto inner = (p * u).sum(dim, /*keepdim=*/true);
+  auto r = u - p * inner;
+  r = detail::apply_weight_decay(p, r, method, lr, wd);
+  p.add_(r, -lr);
+  const auto norm = p.norm(2, dim, /*keepdim=*/true).clamp_min_(eps);
+  p.div_(norm);
+}
+
+}  // namespace
+
+ObliqueSGDOptions::ObliqueSGDOptions(double lr) : lr_(lr) {}
+
+void ObliqueSGDOptions::validate() const {
+  detail::check_non_negative(kSgd, "lr", lr_);
+  detail::check_decay(kSgd, "momentum", momentum_);
+  detail::check_non_negative(kSgd, "weight_decay", weight_decay_);
+  detail::check_weight_decay_method(kSgd, weight_decay_method_);
+  check_eps(kSgd, eps_);
+}
+
+void ObliqueSGD::check_before_step() {
+  ElementwiseOptimizer::check_before_step();
+  check_dims<ObliqueSGDOptions>(param_groups_, kSgd);
+}
+
+void ObliqueSGD::update(at::Tensor& p, const at::Tensor& grad, ObliqueSGDParamState& st,
+                        const ObliqueSGDOptions& o) {
+  st.step(st.step() + 1);
+  auto& u = st.momentum_buffer();
+  u.mul_(o.momentum()).add_(grad);
+  project_step_retract(p, u, o.weight_decay_method(), o.lr(), o.weight_decay(), o.dim(), o.eps());
+}
+
+ObliqueAdamOptions::ObliqueAdamOptions(double lr) : lr_(lr) {}
+
+void ObliqueAdamOptions::validate() const {
+  detail::check_non_negative(kAdam, "lr", lr_);
+  detail::check_decay(kAdam, "beta1", beta1_);
+  detail::check_decay(kAdam, "beta2", beta2_);
+  detail::check_non_negative(kAdam, "weight_decay", weight_decay_);
+  detail::check_weight_decay_method(kAdam, weight_decay_method_);
+  check_eps(kAdam, eps_);
+}
+
+void ObliqueAdam::check_before_step() {
+  ElementwiseOptimizer::check_before_step();
+  check_dims<ObliqueAdamOptions>(param_groups_, kAdam);
+}
+
+// √v is divided by c2, not √c2: Emerging-Optimizers' ObliqueAdam.
+void ObliqueAdam::update(at::Tensor& p, const at::Tensor& grad, ObliqueAdamParamState& st,
+                         const ObliqueAdamOptions& o) {
+  st.step(st.step() + 1);
+  const auto t = static_cast<double>(st.step());
+  auto& m = st.exp_avg();
+  auto& v = st.exp_avg_sq();
+  m.mul_(o.beta1()).add_(grad, 1 - o.beta1());
+  v.mul_(o.beta2()).addcmul_(grad, grad, 1 - o.beta2());
+  const double c1 = o.correct_bias() ? 1 - std::pow(o.beta1(), t) : 1.0;
+  const double c2 = o.correct_bias() ? 1 - std::pow(o.beta2(), t) : 1.0;
+  const auto u = (m / c1).div_(v.sqrt().div_(c2).add_(o.eps()));
+  project_step_retract(p, u, o.weight_decay_method(), o.lr(), o.weight_decay(), o.dim(), o.eps());
+}
+
+template struct ListedOptions<ObliqueSGDOptions>;
+template struct ListedParamState<ObliqueSGDParamState, 1>;
+template class ElementwiseOptimizer<ObliqueSGD, ObliqueSGDOptions, ObliqueSGDParamState>;
+template struct ListedOptions<ObliqueAdamOptions>;
+template struct ListedParamState<ObliqueAdamParamState, 2>;
+template class ElementwiseOptimizer<ObliqueAdam, ObliqueAdamOptions, ObliqueAdamParamState>;
+
+// Defaults are the options' own (Emerging-Optimizers'), lr aside (the common field).
+void detail::register_oblique(OptimizerRegistry& registry) {
+  {
+    using O = ObliqueSGDOptions;
+    using F = detail::OptionFields<O>;
+    const O d;
+    registry.add(detail::options_entry<ObliqueSGD, O>(
+        "oblique_sgd", detail::oblique_sgd_state(),
+        "ObliqueSGD (muon::ObliqueSGD): Riemannian SGD with momentum on unit-norm slices along dim",
+        {
+            F::real("momentum", &O::momentum, d.momentum(), "momentum μ (u ← g + μ·u)", 0.0, 1.0)
+                .exclusive_max(),
+            F::common("weight_decay", &O::weight_decay),
+            F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
+                    "how weight decay enters the step", detail::weight_decay_method_names()),
+            F::integer("dim", &O::dim, d.dim(), "the dimension the norms are taken along"),
+            F::real("eps", &O::eps, d.eps(), "lower bound of the retraction's norm", 0.0)
+                .exclusive_min(),
+        }));
+  }
+  using O = ObliqueAdamOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  registry.add(detail::options_entry<ObliqueAdam, O>(
+      "oblique_adam", detail::oblique_adam_state(),
+      "ObliqueAdam (muon::ObliqueAdam): Riemannian Adam on unit-norm slices along dim",
+      {
+          F::real("beta1", &O::beta1, d.beta1(), "first-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("beta2", &O::beta2, d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
+          F::common("weight_decay", &O::weight_decay),
+          F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
+                  "how weight decay enters the step", detail::weight_decay_method_names()),
+          F::integer("dim", &O::dim, d.dim(), "the dimension the norms are taken along"),
+          F::real("eps", &O::eps, d.eps(), "added to √v / c2; lower bound of the retraction's norm",
+                  0.0)
+              .exclusive_min(),
+          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
+                     "bias correction of both moments"),
+      }));
+}
+
+}  // namespace muon
