@@ -39,6 +39,7 @@
 #include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/oblique.h"
 #include "muon/optim/orthogonalized_family.h"
 #include "muon/optim/orthogonalizer.h"
 #include "muon/optim/routing.h"
