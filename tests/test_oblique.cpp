@@ -130,8 +130,10 @@ struct SgdCase : elementwise::CaseOf<ObliqueSGD, Lion> {
   static Options replaced() { return ObliqueSGDOptions(0.5).momentum(0.5); }
   static void bad_edit(Options& o) { o.eps(-1e-3); }
   static std::vector<std::string> bad_edit_words() { return {"[muon::ObliqueSGD]", "eps", "-0.001"}; }
+  // The bias too (the entry sends 1-D parameters to scalar_optimizer).
   static constexpr const char* kConfig =
-      R"({"optimizer": "oblique_sgd", "lr": 0.01, "oblique_sgd_momentum": 0.5, "oblique_sgd_dim": -1})";
+      R"({"optimizer": "oblique_sgd", "scalar_optimizer": "oblique_sgd", )"
+      R"("lr": 0.01, "oblique_sgd_momentum": 0.5, "oblique_sgd_dim": -1})";
   static void check_config(const Options& o) {
     EXPECT_EQ(o.lr(), 0.01);
     EXPECT_EQ(o.momentum(), 0.5);
@@ -147,8 +149,10 @@ struct AdamCase : elementwise::CaseOf<ObliqueAdam, Lion> {
   static Options replaced() { return ObliqueAdamOptions(0.5).correct_bias(false).dim(1); }
   static void bad_edit(Options& o) { o.eps(-1e-3); }
   static std::vector<std::string> bad_edit_words() { return {"[muon::ObliqueAdam]", "eps", "-0.001"}; }
+  // The bias too (the entry sends 1-D parameters to scalar_optimizer).
   static constexpr const char* kConfig =
-      R"({"optimizer": "oblique_adam", "lr": 0.01, "oblique_adam_beta2": 0.98, "oblique_adam_correct_bias": false})";
+      R"({"optimizer": "oblique_adam", "scalar_optimizer": "oblique_adam", )"
+      R"("lr": 0.01, "oblique_adam_beta2": 0.98, "oblique_adam_correct_bias": false})";
   static void check_config(const Options& o) {
     EXPECT_EQ(o.lr(), 0.01);
     EXPECT_EQ(o.beta1(), 0.9);

@@ -254,6 +254,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"nordion2", {{"lr", 0.01}}, {"adamw", "nordion2"}},
         Case{"dion", {{"lr", 0.01}}, {"adamw", "dion"}},
         Case{"iso", {{"lr", 0.01}, {"weight_decay", 0.0}}, {"adamw", "iso"}},
+        Case{"oblique_sgd", {{"lr", 0.05}}, {"adamw", "oblique_sgd"}},
+        Case{"oblique_adam", {{"lr", 0.01}}, {"adamw", "oblique_adam"}},
         Case{"polargrad", {{"lr", 0.005}}, {"adamw", "polargrad"}},
         Case{"scion", {{"lr", 0.02}, {"scion_spectral_radius", 3.0}}, {"adamw", "scion"}},
         Case{"mop", {{"lr", 0.01}}, {"adamw", "mop"}},

@@ -6,6 +6,7 @@
 #include <c10/util/irange.h>
 
 #include <cmath>
+#include <utility>
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
@@ -115,13 +116,15 @@ template struct ListedOptions<ObliqueAdamOptions>;
 template struct ListedParamState<ObliqueAdamParamState, 2>;
 template class ElementwiseOptimizer<ObliqueAdam, ObliqueAdamOptions, ObliqueAdamParamState>;
 
-// Defaults are the options' own (Emerging-Optimizers'), lr aside (the common field).
+// Defaults are the options' own (Emerging-Optimizers'), lr aside (the common
+// field). Emerging-Optimizers steps matrices with these: 1-D, embedding and
+// head parameters go to scalar_optimizer, as Iso's and Dion's entries send them.
 void detail::register_oblique(OptimizerRegistry& registry) {
   {
     using O = ObliqueSGDOptions;
     using F = detail::OptionFields<O>;
     const O d;
-    registry.add(detail::options_entry<ObliqueSGD, O>(
+    auto e = detail::options_entry<ObliqueSGD, O>(
         "oblique_sgd", detail::oblique_sgd_state(),
         "ObliqueSGD (muon::ObliqueSGD): Riemannian SGD with momentum on unit-norm slices along dim",
         {
@@ -133,12 +136,14 @@ void detail::register_oblique(OptimizerRegistry& registry) {
             F::integer("dim", &O::dim, d.dim(), "the dimension the norms are taken along"),
             F::real("eps", &O::eps, d.eps(), "lower bound of the retraction's norm", 0.0)
                 .exclusive_min(),
-        }));
+        });
+    e.default_overrides = detail::scalar_defaults("oblique_sgd");
+    registry.add(std::move(e));
   }
   using O = ObliqueAdamOptions;
   using F = detail::OptionFields<O>;
   const O d;
-  registry.add(detail::options_entry<ObliqueAdam, O>(
+  auto e = detail::options_entry<ObliqueAdam, O>(
       "oblique_adam", detail::oblique_adam_state(),
       "ObliqueAdam (muon::ObliqueAdam): Riemannian Adam on unit-norm slices along dim",
       {
@@ -153,7 +158,9 @@ void detail::register_oblique(OptimizerRegistry& registry) {
               .exclusive_min(),
           F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
                      "bias correction of both moments"),
-      }));
+      });
+  e.default_overrides = detail::scalar_defaults("oblique_adam");
+  registry.add(std::move(e));
 }
 
 }  // namespace muon
