@@ -2,6 +2,9 @@
 #include "builtin_states.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -16,6 +19,7 @@
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
 #include "muon/optim/lion.h"
+#include "muon/optim/moso.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/soap.h"
 #include "muon/scaling.h"
@@ -29,6 +33,35 @@ using torch::optim::OptimizerOptions;
 template <typename S>
 StateField step_of() {
   return StateField::counter_of<S>("step", [](S& s) -> int64_t& { return s.step(); });
+}
+
+// A field of the whole matrix (Opt::whole_matrix_dims: rows m, cols n; its
+// shape `shape(m, n)`), held whole by the process that steps it (the owner
+// in the sharded layout: Opt::holds_whole_state).
+template <typename S, typename Opt, typename Get, typename Shape>
+StateField owner_field(std::string name, Get get, Shape shape, StateDtype dtype, StateInit init) {
+  auto f = StateField::tensor_of<S>(std::move(name), get, init);
+  f.shape = StateShape::kWhole;
+  f.dtype = dtype;
+  f.split = StateSplit::kOwner;
+  f.held = [](const Optimizer& opt, const at::Tensor& param) {
+    return static_cast<const Opt&>(opt).holds_whole_state(param);
+  };
+  f.whole_shape = [shape](const Optimizer& opt, const at::Tensor& param) {
+    const auto [rows, cols] = static_cast<const Opt&>(opt).whole_matrix_dims(param);
+    return shape(rows, cols);
+  };
+  return f;
+}
+
+// Shapes of owner_field: the matrix, its rows' or columns' square, and the
+// square of its smaller side.
+std::vector<int64_t> matrix_shape(int64_t rows, int64_t cols) { return {rows, cols}; }
+std::vector<int64_t> rows_square(int64_t rows, int64_t /*cols*/) { return {rows, rows}; }
+std::vector<int64_t> cols_square(int64_t /*rows*/, int64_t cols) { return {cols, cols}; }
+std::vector<int64_t> smaller_square(int64_t rows, int64_t cols) {
+  const auto k = std::min(rows, cols);
+  return {k, k};
 }
 
 // The state of an element-wise optimizer Opt: its step and the buffers its
@@ -130,39 +163,22 @@ StateSchema soap_state() {
   auto s = StateSchema::of<S>();
   s.is_kind = StateSchema::is_a<Soap>();
   s.add(step_of<S>());
-  // Every tensor is of the whole matrix (rows m, cols n: Soap::whole_matrix_dims),
-  // held whole by the process that computes it (the owner in the sharded layout).
-  enum Side { kMatrix, kRowsSquare, kColsSquare };
-  const auto whole = [](std::string name, auto get, Side side, StateDtype dtype, StateInit init) {
-    auto f = StateField::tensor_of<S>(std::move(name), get, init);
-    f.shape = StateShape::kWhole;
-    f.dtype = dtype;
-    f.split = StateSplit::kOwner;
-    f.held = [](const Optimizer& opt, const at::Tensor& param) {
-      return static_cast<const Soap&>(opt).holds_whole_state(param);
-    };
-    f.whole_shape = [side](const Optimizer& opt, const at::Tensor& param) {
-      const auto [rows, cols] = static_cast<const Soap&>(opt).whole_matrix_dims(param);
-      if (side == kRowsSquare) return std::vector<int64_t>{rows, rows};
-      if (side == kColsSquare) return std::vector<int64_t>{cols, cols};
-      return std::vector<int64_t>{rows, cols};
-    };
-    return f;
+  // Every tensor is of the whole matrix (Soap::whole_matrix_dims). L and R
+  // exist for matrices (L alone for a 1-D parameter with precondition_1d):
+  // made by the first step, as the bases by the first refresh.
+  const auto whole = [](std::string name, auto get, auto shape, StateDtype dtype, StateInit init) {
+    return owner_field<S, Soap>(std::move(name), get, shape, dtype, init);
   };
-  // L and R exist for matrices (L alone for a 1-D parameter with
-  // precondition_1d): made by the first step, as the bases by the first refresh.
-  s.add(whole("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }, kMatrix, StateDtype::kParam,
+  const auto wide = StateDtype::kFloat32Wide;
+  const auto later = StateInit::kOnFirstUse;
+  s.add(whole("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }, matrix_shape, StateDtype::kParam,
               StateInit::kZeros));
-  s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, kMatrix, StateDtype::kParam,
+  s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, matrix_shape, StateDtype::kParam,
               StateInit::kZeros));
-  s.add(whole("L", [](S& st) -> at::Tensor& { return st.L(); }, kRowsSquare, StateDtype::kFloat32Wide,
-              StateInit::kOnFirstUse));
-  s.add(whole("R", [](S& st) -> at::Tensor& { return st.R(); }, kColsSquare, StateDtype::kFloat32Wide,
-              StateInit::kOnFirstUse));
-  s.add(whole("Q_L", [](S& st) -> at::Tensor& { return st.Q_L(); }, kRowsSquare, StateDtype::kFloat32Wide,
-              StateInit::kOnFirstUse));
-  s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, kColsSquare, StateDtype::kFloat32Wide,
-              StateInit::kOnFirstUse));
+  s.add(whole("L", [](S& st) -> at::Tensor& { return st.L(); }, rows_square, wide, later));
+  s.add(whole("R", [](S& st) -> at::Tensor& { return st.R(); }, cols_square, wide, later));
+  s.add(whole("Q_L", [](S& st) -> at::Tensor& { return st.Q_L(); }, rows_square, wide, later));
+  s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, cols_square, wide, later));
   return s;
 }
 
@@ -220,29 +236,35 @@ StateSchema iso_state() {
   s.is_kind = StateSchema::is_a<Iso>();
   s.add(step_of<S>());
   // Every tensor is of the whole matrix (Iso::whole_matrix_dims: m × n,
-  // k = min(m, n)), held by the process that steps it, made by the first step.
-  enum Side { kLeft, kSigma, kRight };
-  const auto whole = [](std::string name, auto get, Side side) {
-    auto f = StateField::tensor_of<S>(std::move(name), get, StateInit::kOnFirstUse);
-    f.shape = StateShape::kWhole;
-    f.dtype = StateDtype::kFloat32Wide;
-    f.split = StateSplit::kOwner;
-    f.held = [](const Optimizer& opt, const at::Tensor& param) {
-      return static_cast<const Iso&>(opt).holds_whole_state(param);
-    };
-    f.whole_shape = [side](const Optimizer& opt, const at::Tensor& param) {
-      const auto [rows, cols] = static_cast<const Iso&>(opt).whole_matrix_dims(param);
-      const auto k = std::min(rows, cols);
-      if (side == kSigma) return std::vector<int64_t>{k};
-      return std::vector<int64_t>{side == kLeft ? rows : cols, k};
-    };
-    return f;
+  // k = min(m, n)), fp32 or wider, made by the first step.
+  const auto whole = [](std::string name, auto get, auto shape) {
+    return owner_field<S, Iso>(std::move(name), get, shape, StateDtype::kFloat32Wide, StateInit::kOnFirstUse);
   };
-  s.add(whole("u", [](S& st) -> at::Tensor& { return st.u(); }, kLeft));
-  s.add(whole("sigma", [](S& st) -> at::Tensor& { return st.sigma(); }, kSigma));
-  s.add(whole("v", [](S& st) -> at::Tensor& { return st.v(); }, kRight));
-  s.add(whole("momentum_u", [](S& st) -> at::Tensor& { return st.momentum_u(); }, kLeft));
-  s.add(whole("momentum_v", [](S& st) -> at::Tensor& { return st.momentum_v(); }, kRight));
+  const auto left = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{rows, std::min(rows, cols)}; };
+  const auto right = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{cols, std::min(rows, cols)}; };
+  const auto sigma = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{std::min(rows, cols)}; };
+  s.add(whole("u", [](S& st) -> at::Tensor& { return st.u(); }, left));
+  s.add(whole("sigma", [](S& st) -> at::Tensor& { return st.sigma(); }, sigma));
+  s.add(whole("v", [](S& st) -> at::Tensor& { return st.v(); }, right));
+  s.add(whole("momentum_u", [](S& st) -> at::Tensor& { return st.momentum_u(); }, left));
+  s.add(whole("momentum_v", [](S& st) -> at::Tensor& { return st.momentum_v(); }, right));
+  return s;
+}
+
+StateSchema moso_state() {
+  using S = MosoParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<Moso>();
+  s.add(step_of<S>());
+  // Every tensor is of the whole matrix (Moso::whole_matrix_dims: m × n; M
+  // and Q_M of its smaller side), fp32 or wider, made by the first step.
+  const auto whole = [](std::string name, auto get, auto shape) {
+    return owner_field<S, Moso>(std::move(name), get, shape, StateDtype::kFloat32Wide, StateInit::kOnFirstUse);
+  };
+  s.add(whole("momentum_buffer", [](S& st) -> at::Tensor& { return st.momentum_buffer(); }, matrix_shape));
+  s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, matrix_shape));
+  s.add(whole("M", [](S& st) -> at::Tensor& { return st.M(); }, smaller_square));
+  s.add(whole("Q_M", [](S& st) -> at::Tensor& { return st.Q_M(); }, smaller_square));
   return s;
 }
 

@@ -23,6 +23,7 @@ StateSchema soap_state();
 StateSchema dion2_state(bool nordion2);
 StateSchema dion_state();
 StateSchema iso_state();
+StateSchema moso_state();
 /// The orthogonalized family's (polargrad, scion, mop, spel, muon_hyperball): Muon's.
 StateSchema orthogonalized_state(OrthogonalizedKind kind);
 

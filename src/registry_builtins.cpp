@@ -1,7 +1,7 @@
 // The global registry and the built-ins' registration: each built-in entry
 // (muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix,
-// soap, dion2, nordion2, dion, iso, oblique_sgd, oblique_adam, polargrad, scion,
-// mop, spel, muon_hyperball) lives in its optimizer's source file
+// soap, dion2, nordion2, dion, iso, oblique_sgd, oblique_adam, moso, polargrad,
+// scion, mop, spel, muon_hyperball) lives in its optimizer's source file
 // (src/builtin_entries.h); register_builtins calls them explicitly, in the
 // registry's order.
 #include <string>
@@ -62,6 +62,7 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
   detail::register_dion(registry);
   detail::register_iso(registry);
   detail::register_oblique(registry);                // oblique_sgd, oblique_adam
+  detail::register_moso(registry);
   detail::register_orthogonalized_family(registry);  // polargrad, scion, mop, spel, muon_hyperball
 }
 

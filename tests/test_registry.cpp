@@ -76,7 +76,7 @@ TEST(Registry, BuiltinsInOnePlace) {
   const auto keys = OptimizerRegistry::global().keys();
   for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "signum",
                             "sim_ademamix", "soap", "dion2", "nordion2", "dion", "iso", "oblique_sgd",
-                            "oblique_adam", "polargrad", "scion", "mop", "spel", "muon_hyperball"}) {
+                            "oblique_adam", "moso", "polargrad", "scion", "mop", "spel", "muon_hyperball"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     EXPECT_TRUE(OptimizerRegistry::global().has(name));
   }
@@ -85,8 +85,8 @@ TEST(Registry, BuiltinsInOnePlace) {
   expect_value_error([] { OptimizerRegistry::global().at("moun"); },
                      {"unknown optimizer 'moun'", "did you mean 'muon'",
                       "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix, soap, "
-                      "dion2, nordion2, dion, iso, oblique_sgd, oblique_adam, polargrad, scion, mop, spel, "
-                      "muon_hyperball"});
+                      "dion2, nordion2, dion, iso, oblique_sgd, oblique_adam, moso, polargrad, scion, mop, "
+                      "spel, muon_hyperball"});
 }
 
 TEST(Registry, AddErrors) {
@@ -124,7 +124,7 @@ TEST(Registry, AddErrors) {
   auto uses_unknown = entry("z");
   uses_unknown.uses_fields_of = {"shampoo"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'shampoo', which is not registered"});
-  EXPECT_EQ(r.keys().size(), 21u);  // the built-ins: nothing was added
+  EXPECT_EQ(r.keys().size(), 22u);  // the built-ins: nothing was added
 }
 
 TEST(Registry, ExtensionsAddFieldsAndChecks) {
@@ -256,6 +256,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"iso", {{"lr", 0.01}, {"weight_decay", 0.0}}, {"adamw", "iso"}},
         Case{"oblique_sgd", {{"lr", 0.05}}, {"adamw", "oblique_sgd"}},
         Case{"oblique_adam", {{"lr", 0.01}}, {"adamw", "oblique_adam"}},
+        Case{"moso", {{"lr", 0.01}}, {"adamw", "moso"}},
         Case{"polargrad", {{"lr", 0.005}}, {"adamw", "polargrad"}},
         Case{"scion", {{"lr", 0.02}, {"scion_spectral_radius", 3.0}}, {"adamw", "scion"}},
         Case{"mop", {{"lr", 0.01}}, {"adamw", "mop"}},

@@ -31,8 +31,10 @@ declare -A lrs=(
   [polargrad]="0.03 0.3 3" [scion]="0.005 0.02 0.08" [spel]="0.01 0.04 0.15"
   [muon_hyperball]="0.01 0.03 0.1" [dion2]="0.01 0.03 0.1" [nordion2]="0.01 0.03 0.1"
   [dion]="0.003 0.01 0.03 0.1" [iso]="0.001 0.003 0.01 0.03"
+  [oblique_sgd]="0.003 0.01 0.03 0.1" [oblique_adam]="0.0003 0.001 0.003 0.01"
+  [moso]="0.001 0.003 0.01 0.03"
 )
-for name in ${ENTRIES-lion signum laprop sim_ademamix soap polargrad scion mop spel muon_hyperball dion2 nordion2 dion iso}; do
+for name in ${ENTRIES-lion signum laprop sim_ademamix soap polargrad scion mop spel muon_hyperball dion2 nordion2 dion iso oblique_sgd oblique_adam moso}; do
   var="LRS_$name"
   for lr in ${!var:-${lrs[$name]}}; do run "$name" "$lr" "$@"; done
 done

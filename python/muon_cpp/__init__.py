@@ -86,6 +86,7 @@ if _C is not None:
         LaProp,
         Lion,
         MOP,
+        MOSO,
         Muon,
         MuonHyperball,
         MuonWithAdamW,

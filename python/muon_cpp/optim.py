@@ -34,7 +34,7 @@ from ._optim_common import (  # noqa: F401
 
 __all__ = ["Optimizer", "Muon", "AdaptiveMuon", "Lion", "LaProp", "Signum", "ObliqueSGD",
            "ObliqueAdam", "SimAdEMAMix", "SOAP",
-           "Dion", "Iso", "PolarGrad", "Scion", "MOP", "SPEL", "MuonHyperball", "MuonWithAdamW", "make_optimizer",
+           "Dion", "Iso", "MOSO", "PolarGrad", "Scion", "MOP", "SPEL", "MuonHyperball", "MuonWithAdamW", "make_optimizer",
            "explain", "option_fields"]
 
 
@@ -294,6 +294,24 @@ class Iso(_OneOptimizer):
         options["momentum"] = momentum
         options["retraction"] = retraction
         super().__init__(params, lr, 0.0, layout, nonfinite, options)
+
+
+class MOSO(_OneOptimizer):
+    """MOSO (Emerging-Optimizers' Momentum One-Sided SOAP): Muon's momentum B,
+    the covariance of B on its smaller side (bias-corrected EMA), its eigenbasis
+    Q (eigh at the first step, then one orthogonal iteration), and RMSprop of
+    Qᵀ·B in that basis rotated back; decoupled weight decay. Emerging-Optimizers'
+    keywords and defaults: lr=3e-4, momentum=0.95, rms_beta=0.95,
+    shampoo_beta=0.95, eps=1e-8, weight_decay=0.01, max_update_rms=0.0.
+    Parameters of 3 or more dims are one matrix (dim 0 by the rest). State per
+    parameter: step, momentum_buffer, exp_avg_sq, M, Q_M."""
+
+    _kind = "moso"
+
+    def __init__(self, params, lr=3e-4, momentum=0.95, rms_beta=0.95, shampoo_beta=0.95,
+                 eps=1e-8, weight_decay=0.01, *, layout=None, nonfinite="error", **options):
+        options.update(momentum=momentum, rms_beta=rms_beta, shampoo_beta=shampoo_beta, eps=eps)
+        super().__init__(params, lr, weight_decay, layout, nonfinite, options)
 
 
 class PolarGrad(_OneOptimizer):

@@ -13,6 +13,7 @@
 #include "builtin_entries.h"
 #include "builtin_states.h"
 #include "option_fields.h"
+#include "optim/eigenbasis.h"
 #include "muon/compat.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
@@ -42,8 +43,6 @@ constexpr detail::EnumName<SoapWeightDecay> kWeightDecayMethods[] = {
     {SoapWeightDecay::kDecoupled, "decoupled"},
     {SoapWeightDecay::kIndependent, "independent"},
     {SoapWeightDecay::kL2, "l2"}};
-// Emerging-Optimizers' _clip_update_rms_in_place epsilon.
-constexpr double kClipEps = 1e-7;
 
 // Qᵀ·x·Q_R: into the eigenbasis (an undefined Q is the identity).
 at::Tensor to_eigenbasis(const at::Tensor& x, const at::Tensor& q_l, const at::Tensor& q_r) {
@@ -213,10 +212,7 @@ at::Tensor soap_matrix_update(const at::Tensor& grad, const at::Tensor& adam_gra
   } else {
     update = adam_update(adam_grad, st, o, t);
   }
-  if (o.max_update_rms() != 0) {
-    const auto rms = update.square().mean().sqrt();
-    update.mul_((o.max_update_rms() / (rms + kClipEps)).clamp_max(1.0));
-  }
+  clip_update_rms(update, o.max_update_rms());
   st.step(s + 1);
   return update;
 }

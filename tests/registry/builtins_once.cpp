@@ -18,8 +18,8 @@ const std::vector<std::string>& builtin_names() {
   static const std::vector<std::string> names{
       "muon",      "adaptive_muon", "adam",         "adamw",       "sgd",          "lion",
       "laprop",    "signum",        "sim_ademamix", "soap",        "dion2",        "nordion2",
-      "dion",      "iso",           "oblique_sgd",  "oblique_adam", "polargrad",   "scion",
-      "mop",       "spel",          "muon_hyperball"};
+      "dion",      "iso",           "oblique_sgd",  "oblique_adam", "moso",        "polargrad",
+      "scion",     "mop",           "spel",         "muon_hyperball"};
   return names;
 }
 

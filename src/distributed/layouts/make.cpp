@@ -20,6 +20,7 @@
 #include "muon/distributed/layouts/sharded_dion.h"
 #include "muon/distributed/layouts/sharded_dion2.h"
 #include "muon/distributed/layouts/sharded_iso.h"
+#include "muon/distributed/layouts/sharded_moso.h"
 #include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/distributed/layouts/tensor_parallel.h"
 #include "muon/optim/muon.h"
@@ -86,7 +87,8 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
     TORCH_CHECK_VALUE(false, kWho, "optimizer 'soap' preconditions whole matrices and does not run in layout '",
                       kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
   };
-  for (const auto& [name, needs] : {std::make_pair("dion", "orthonormalizes"), std::make_pair("iso", "factorizes")}) {
+  for (const auto& [name, needs] : {std::make_pair("dion", "orthonormalizes"), std::make_pair("iso", "factorizes"),
+                                    std::make_pair("moso", "preconditions")}) {
     context.factories[name] = [kind, name = std::string(name), needs = std::string(needs)](
                                   std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
         -> std::unique_ptr<torch::optim::Optimizer> {
@@ -216,7 +218,8 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
         }
         return sharded_options(groups, "Muon");
       });
-  // SOAP, Dion, Iso, Dion2 and NorDion2 (ShardedSoap, ShardedDion, ShardedIso, ShardedDion2);
+  // SOAP, Dion, Iso, MOSO, Dion2 and NorDion2 (ShardedSoap, ShardedDion,
+  // ShardedIso, ShardedMoso, ShardedDion2);
   // the 2-D layout's tensor-parallel blocks split their matrices, which they
   // refuse as the tensor_parallel layout does.
   context.factories["soap"] = owner_compute_factory<ShardedSoap, SoapOptions>(
@@ -225,6 +228,8 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
       sharded_options, "dion", "orthonormalizes whole matrices");
   context.factories["iso"] = owner_compute_factory<ShardedIso, IsoOptions>(sharded_options, "iso",
                                                                            "factorizes whole matrices");
+  context.factories["moso"] = owner_compute_factory<ShardedMoso, MosoOptions>(sharded_options, "moso",
+                                                                             "preconditions whole matrices");
   for (const char* name : {"dion2", "nordion2"}) {
     context.factories[name] = owner_compute_factory<ShardedDion2, Dion2Options>(
         sharded_options, name, "selects rows or columns of whole matrices");

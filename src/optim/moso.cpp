@@ -1,0 +1,143 @@
+// MOSO: options, the whole-matrix step, save/load and the registry entry.
+#include "muon/optim/moso.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
+#include "muon/compat.h"
+#include "optim/closure.h"
+#include "optim/eigenbasis.h"
+#include "optim/elementwise_optimizer.h"
+#include "optim/step_transaction.h"
+#include "optim/whole_matrix_optimizer.h"
+#include "util/names.h"
+
+namespace muon {
+
+template struct ListedOptions<MosoOptions>;
+template class WholeMatrixOptimizer<Moso, MosoOptions, MosoParamState>;
+template struct ListedParamState<MosoParamState, 4>;
+
+namespace {
+
+constexpr const char* kWho = "[muon::Moso] ";
+
+}  // namespace
+
+at::Tensor detail::moso_matrix_update(const at::Tensor& grad, MosoParamState& st, const MosoOptions& o) {
+  const auto wide = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const bool left = grad.size(0) <= grad.size(1);
+  const int64_t side = std::min(grad.size(0), grad.size(1));
+  if (!st.momentum_buffer().defined()) {
+    st.momentum_buffer(at::zeros(grad.sizes(), grad.options().dtype(wide)));
+    st.exp_avg_sq(at::zeros(grad.sizes(), grad.options().dtype(wide)));
+    st.M(at::zeros({side, side}, grad.options().dtype(wide)));
+    st.Q_M(at::eye(side, grad.options().dtype(wide)));
+  }
+  const int64_t s = st.step();
+  const double t = static_cast<double>(s + 1);
+  auto& b = st.momentum_buffer();
+  b.lerp_(grad.to(wide), 1 - o.momentum());
+
+  // The covariance of B on its smaller side, its factor bias-corrected.
+  const double shampoo_beta = 1 - (1 - o.shampoo_beta()) / (1 - std::pow(o.shampoo_beta(), t));
+  const auto x = left ? b : b.t();
+  st.M().lerp_(at::mm(x, x.t()), 1 - shampoo_beta);
+  // A covariance beyond the range of its dtype has no eigenbasis: eigh fails
+  // or returns NaN. Raised as c10::Error: the step names the parameter and
+  // restores what it changed.
+  TORCH_CHECK(all_finite(st.M()), "its covariance M (", st.M().scalar_type(),
+              ") is not finite: momentum entries up to ", b.abs().max().item<double>(),
+              " make B·Bᵀ larger than the dtype holds");
+  st.Q_M(s == 0 ? detail::eigh_descending(st.M()) : detail::orthogonal_iteration(st.M(), st.Q_M(), 1));
+
+  // RMSprop in the eigenbasis, and back.
+  const auto& q = st.Q_M();
+  const auto projected = left ? at::mm(q.t(), b) : at::mm(b, q);
+  auto& v = st.exp_avg_sq();
+  v.lerp_(projected.square(), 1 - o.rms_beta());
+  const auto rms_step = projected / (v.sqrt() + o.eps());
+  auto update = (left ? at::mm(q, rms_step) : at::mm(rms_step, q.t())).to(grad.scalar_type());
+  detail::clip_update_rms(update, o.max_update_rms());
+  st.step(s + 1);
+  return update;
+}
+
+// ---- MosoOptions ---------------------------------------------------------------
+
+MosoOptions::MosoOptions(double lr) : lr_(lr) {}
+
+void MosoOptions::validate() const {
+  detail::check_non_negative(kWho, "lr", lr_);
+  // Each decay at 1 or above never forgets (or, above, diverges).
+  detail::check_decay(kWho, "momentum", momentum_);
+  detail::check_decay(kWho, "rms_beta", rms_beta_);
+  detail::check_decay(kWho, "shampoo_beta", shampoo_beta_);
+  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be > 0, got ", eps_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  detail::check_non_negative(kWho, "max_update_rms", max_update_rms_);
+}
+
+// ---- Moso ----------------------------------------------------------------------
+
+void Moso::step_parameters() {
+  auto& states = state();
+  for (const auto g : c10::irange(param_groups().size())) {
+    auto& group = param_groups()[g];
+    const auto& o = static_cast<const MosoOptions&>(group.options());
+    for (const auto i : c10::irange(group.params().size())) {
+      auto& p = group.params()[i];
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = std::make_unique<MosoParamState>();
+      const auto [rows, cols] = whole_matrix_dims(p);
+      at::Tensor u;
+      detail::name_step_failure(
+          kWho, [&] { return detail::describe_param(p, g, i); },
+          [&] {
+            u = detail::moso_matrix_update(p.grad().reshape({rows, cols}), static_cast<MosoParamState&>(*slot), o);
+          });
+      if (o.weight_decay() != 0) p.detach().add_(p.detach(), -o.lr() * o.weight_decay());
+      p.detach().add_(u.view(p.sizes()), -o.lr());
+    }
+  }
+}
+
+// MOSO's entry (muon::Moso): defaults are Emerging-Optimizers', lr and
+// weight_decay aside (the common fields). MOSO steps matrices: 1-D,
+// embedding and head parameters go to scalar_optimizer.
+void detail::register_moso(OptimizerRegistry& registry) {
+  using O = MosoOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  auto e = detail::options_entry<Moso, O>(
+      "moso", detail::moso_state(),
+      "MOSO (muon::Moso): Muon's momentum preconditioned by RMSprop in the eigenbasis of its smaller side's "
+      "covariance; 1-D, embedding and head parameters go to scalar_optimizer",
+      {
+          F::real("momentum", &O::momentum, d.momentum(), "decay of Muon's momentum", 0.0, 1.0).exclusive_max(),
+          F::real("rms_beta", &O::rms_beta, d.rms_beta(), "decay of RMSprop's second moment", 0.0, 1.0)
+              .exclusive_max(),
+          F::real("shampoo_beta", &O::shampoo_beta, d.shampoo_beta(), "decay of the covariance (bias-corrected)",
+                  0.0, 1.0)
+              .exclusive_max(),
+          F::real("eps", &O::eps, d.eps(), "added to RMSprop's √v", 0.0).exclusive_min(),
+          F::common("weight_decay", &O::weight_decay),
+          F::real("max_update_rms", &O::max_update_rms, d.max_update_rms(),
+                  "clip the update's RMS to this (0: no clipping)", 0.0),
+      });
+  e.default_overrides = detail::scalar_defaults("moso");
+  registry.add(std::move(e));
+}
+
+}  // namespace muon
