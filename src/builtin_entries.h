@@ -38,6 +38,8 @@ void register_dion2(OptimizerRegistry& registry);
 void register_dion(OptimizerRegistry& registry);
 /// iso (src/optim/iso.cpp).
 void register_iso(OptimizerRegistry& registry);
+/// kl_soap, kl_m_soap, rekls, rekls_v3, stacked_soap (src/optim/kl_soap.cpp).
+void register_kl_soap(OptimizerRegistry& registry);
 /// moso (src/optim/moso.cpp).
 void register_moso(OptimizerRegistry& registry);
 /// polargrad, scion, mop, spel, then muon_hyperball (src/optim/orthogonalized_family.cpp).

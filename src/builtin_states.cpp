@@ -14,6 +14,7 @@
 #include "muon/optim/dion.h"
 #include "muon/optim/dion2.h"
 #include "muon/optim/iso.h"
+#include "muon/optim/kl_soap.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/oblique.h"
 #include "muon/optim/signum.h"
@@ -265,6 +266,44 @@ StateSchema moso_state() {
   s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, matrix_shape));
   s.add(whole("M", [](S& st) -> at::Tensor& { return st.M(); }, smaller_square));
   s.add(whole("Q_M", [](S& st) -> at::Tensor& { return st.Q_M(); }, smaller_square));
+  return s;
+}
+
+StateSchema kl_soap_state(const std::string& kind) {
+  using S = KlSoapParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = [kind](const Optimizer& opt) {
+    const auto* k = dynamic_cast<const KlSoap*>(&opt);
+    return k != nullptr && static_cast<const KlSoapOptions&>(k->defaults()).kind() == kind;
+  };
+  s.add(step_of<S>());
+  // Every tensor is of the preconditioned matrix m × n (KlSoap::
+  // preconditioned_dims: stacked_soap's stack of a 3-D parameter), fp32 or
+  // wider, made by the first step.
+  enum Side { kMatrix, kLeftSquare, kRightSquare, kLeft, kRight };
+  const auto whole = [](std::string name, auto get, Side side) {
+    auto f = owner_field<S, KlSoap>(std::move(name), get, matrix_shape, StateDtype::kFloat32Wide,
+                                    StateInit::kOnFirstUse);
+    f.whole_shape = [side](const Optimizer& opt, const at::Tensor& param) {
+      const auto [m, n] = static_cast<const KlSoap&>(opt).preconditioned_dims(param);
+      switch (side) {
+        case kLeftSquare: return std::vector<int64_t>{m, m};
+        case kRightSquare: return std::vector<int64_t>{n, n};
+        case kLeft: return std::vector<int64_t>{m};
+        case kRight: return std::vector<int64_t>{n};
+        default: return std::vector<int64_t>{m, n};
+      }
+    };
+    return f;
+  };
+  s.add(whole("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }, kMatrix));
+  s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, kMatrix));
+  s.add(whole("L", [](S& st) -> at::Tensor& { return st.L(); }, kLeftSquare));
+  s.add(whole("R", [](S& st) -> at::Tensor& { return st.R(); }, kRightSquare));
+  s.add(whole("Q_L", [](S& st) -> at::Tensor& { return st.Q_L(); }, kLeftSquare));
+  s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, kRightSquare));
+  s.add(whole("eigvals_L", [](S& st) -> at::Tensor& { return st.eigvals_L(); }, kLeft));
+  s.add(whole("eigvals_R", [](S& st) -> at::Tensor& { return st.eigvals_R(); }, kRight));
   return s;
 }
 

@@ -2,6 +2,8 @@
 // file puts its own on its entry: src/builtin_entries.h).
 #pragma once
 
+#include <string>
+
 #include "muon/optim/orthogonalized_family.h"
 #include "muon/optim/state_schema.h"
 
@@ -24,6 +26,8 @@ StateSchema dion2_state(bool nordion2);
 StateSchema dion_state();
 StateSchema iso_state();
 StateSchema moso_state();
+/// The KL-SOAP family's entry `kind` (kl_soap, kl_m_soap, rekls, rekls_v3, stacked_soap).
+StateSchema kl_soap_state(const std::string& kind);
 /// The orthogonalized family's (polargrad, scion, mop, spel, muon_hyperball): Muon's.
 StateSchema orthogonalized_state(OrthogonalizedKind kind);
 

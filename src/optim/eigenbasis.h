@@ -7,18 +7,21 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace muon::detail {
 
-/// The eigenvectors of the symmetric `k` as columns, by descending
-/// eigenvalue (eigh_with_fallback: torch's eigh, again in fp64 when it
-/// fails; no shift is added). Row-major (contiguous), as a checkpoint
-/// loads it, so that a resumed run multiplies it as the uninterrupted one.
-at::Tensor eigh_descending(const at::Tensor& k);
+/// The eigenvalues of the symmetric `k`, descending, and its eigenvectors
+/// as columns in that order (eigh_with_fallback: torch's eigh, again in
+/// fp64 when it fails; no shift is added). Q is row-major (contiguous), as
+/// a checkpoint loads it, so that a resumed run multiplies it as the
+/// uninterrupted one.
+std::pair<at::Tensor, at::Tensor> eigh_descending(const at::Tensor& k);
 
-/// `steps` rounds of Q ← qr(k·Q).Q from `q`, then Q's columns sorted by
-/// descending diag(Qᵀ·k·Q) (orthogonal_iteration). Row-major.
-at::Tensor orthogonal_iteration(const at::Tensor& k, const at::Tensor& q, int64_t steps);
+/// `steps` rounds of Q ← qr(k·Q).Q from `q`, then the approximate
+/// eigenvalues diag(Qᵀ·k·Q) descending and Q's columns in that order
+/// (orthogonal_iteration). Q is row-major.
+std::pair<at::Tensor, at::Tensor> orthogonal_iteration(const at::Tensor& k, const at::Tensor& q, int64_t steps);
 
 /// u·min(1, max_rms / (rms(u) + 1e-7)) in place, rms(u) = √mean(u²); nothing
 /// when max_rms is 0 (legacy_soap/soap.py _clip_update_rms_in_place).

@@ -59,7 +59,8 @@ at::Tensor detail::moso_matrix_update(const at::Tensor& grad, MosoParamState& st
   TORCH_CHECK(all_finite(st.M()), "its covariance M (", st.M().scalar_type(),
               ") is not finite: momentum entries up to ", b.abs().max().item<double>(),
               " make B·Bᵀ larger than the dtype holds");
-  st.Q_M(s == 0 ? detail::eigh_descending(st.M()) : detail::orthogonal_iteration(st.M(), st.Q_M(), 1));
+  st.Q_M(s == 0 ? detail::eigh_descending(st.M()).second
+                : detail::orthogonal_iteration(st.M(), st.Q_M(), 1).second);
 
   // RMSprop in the eigenbasis, and back.
   const auto& q = st.Q_M();

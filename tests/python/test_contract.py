@@ -619,7 +619,9 @@ def test_scheduler_and_optimizer_resume_together(cls, name):
 # ---- every other class: add_param_group and deepcopy through the shared base ----------
 
 OTHERS = [muon_cpp.LaProp, muon_cpp.Signum, muon_cpp.SimAdEMAMix, muon_cpp.SOAP, muon_cpp.Dion2,
-          muon_cpp.NorDion2, muon_cpp.Dion, muon_cpp.Iso, muon_cpp.MOSO, muon_cpp.ObliqueSGD, muon_cpp.ObliqueAdam,
+          muon_cpp.NorDion2, muon_cpp.Dion, muon_cpp.Iso, muon_cpp.MOSO, muon_cpp.KlSoap,
+          muon_cpp.KlMSoap, muon_cpp.REKLS, muon_cpp.ReklsV3, muon_cpp.StackedSoap,
+          muon_cpp.ObliqueSGD, muon_cpp.ObliqueAdam,
           muon_cpp.PolarGrad, muon_cpp.Scion, muon_cpp.MOP, muon_cpp.SPEL, muon_cpp.MuonHyperball]
 
 

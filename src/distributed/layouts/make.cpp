@@ -20,6 +20,7 @@
 #include "muon/distributed/layouts/sharded_dion.h"
 #include "muon/distributed/layouts/sharded_dion2.h"
 #include "muon/distributed/layouts/sharded_iso.h"
+#include "muon/distributed/layouts/sharded_kl_soap.h"
 #include "muon/distributed/layouts/sharded_moso.h"
 #include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/distributed/layouts/tensor_parallel.h"
@@ -88,7 +89,10 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
                       kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
   };
   for (const auto& [name, needs] : {std::make_pair("dion", "orthonormalizes"), std::make_pair("iso", "factorizes"),
-                                    std::make_pair("moso", "preconditions")}) {
+                                    std::make_pair("moso", "preconditions"), std::make_pair("kl_soap", "preconditions"),
+                                    std::make_pair("kl_m_soap", "preconditions"), std::make_pair("rekls", "preconditions"),
+                                    std::make_pair("rekls_v3", "preconditions"),
+                                    std::make_pair("stacked_soap", "preconditions")}) {
     context.factories[name] = [kind, name = std::string(name), needs = std::string(needs)](
                                   std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
         -> std::unique_ptr<torch::optim::Optimizer> {
@@ -218,8 +222,8 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
         }
         return sharded_options(groups, "Muon");
       });
-  // SOAP, Dion, Iso, MOSO, Dion2 and NorDion2 (ShardedSoap, ShardedDion,
-  // ShardedIso, ShardedMoso, ShardedDion2);
+  // SOAP, the KL-SOAP family, Dion, Iso, MOSO, Dion2 and NorDion2
+  // (ShardedSoap, ShardedKlSoap, ShardedDion, ShardedIso, ShardedMoso, ShardedDion2);
   // the 2-D layout's tensor-parallel blocks split their matrices, which they
   // refuse as the tensor_parallel layout does.
   context.factories["soap"] = owner_compute_factory<ShardedSoap, SoapOptions>(
@@ -230,6 +234,10 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
                                                                            "factorizes whole matrices");
   context.factories["moso"] = owner_compute_factory<ShardedMoso, MosoOptions>(sharded_options, "moso",
                                                                              "preconditions whole matrices");
+  for (const char* name : {"kl_soap", "kl_m_soap", "rekls", "rekls_v3", "stacked_soap"}) {
+    context.factories[name] = owner_compute_factory<ShardedKlSoap, KlSoapOptions>(sharded_options, name,
+                                                                                  "preconditions whole matrices");
+  }
   for (const char* name : {"dion2", "nordion2"}) {
     context.factories[name] = owner_compute_factory<ShardedDion2, Dion2Options>(
         sharded_options, name, "selects rows or columns of whole matrices");

@@ -1,0 +1,260 @@
+// The KL-Shampoo SOAP family: options, the whole-parameter step, and the
+// registry entries kl_soap, kl_m_soap, rekls, rekls_v3 and stacked_soap.
+#include "muon/optim/kl_soap.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <array>
+#include <cmath>
+#include <memory>
+#include <tuple>
+#include <utility>
+
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "option_fields.h"
+#include "muon/compat.h"
+#include "optim/closure.h"
+#include "optim/eigenbasis.h"
+#include "optim/elementwise_optimizer.h"
+#include "optim/step_transaction.h"
+#include "optim/whole_matrix_optimizer.h"
+#include "util/names.h"
+
+namespace muon {
+
+template struct ListedOptions<KlSoapOptions>;
+template class WholeMatrixOptimizer<KlSoap, KlSoapOptions, KlSoapParamState>;
+template struct ListedParamState<KlSoapParamState, 8>;
+
+namespace {
+
+constexpr const char* kWho = "[muon::KlSoap] ";
+// MAdam's √s for scale_log2 16 (soap_v3.py KlMSoap): a power of two, exact.
+constexpr double kMadamScale = 256.0;
+
+bool stacks(const std::string& kind, at::IntArrayRef trailing) {
+  return kind == "stacked_soap" && trailing.size() == 2;
+}
+
+// The (stacked) matrix of a rows × prod(trailing) tensor, and back.
+at::Tensor to_matrix(const at::Tensor& x, const std::string& kind, at::IntArrayRef trailing) {
+  if (!stacks(kind, trailing)) return x;
+  const int64_t b = x.size(0), m = trailing[0], n = trailing[1];
+  if (n <= m) return x.reshape({b, m, n}).permute({1, 0, 2}).reshape({m, b * n});
+  return x.reshape({b * m, n});
+}
+
+at::Tensor from_matrix(const at::Tensor& x, const std::string& kind, at::IntArrayRef trailing, int64_t rows) {
+  if (!stacks(kind, trailing)) return x;
+  const int64_t m = trailing[0], n = trailing[1];
+  if (n <= m) return x.reshape({m, rows, n}).permute({1, 0, 2}).reshape({rows, m * n});
+  return x.reshape({rows, m * n});
+}
+
+// (1/d)·Gᵀ-side conjugate of Q·diag(max(λ, eps)⁻¹)·Qᵀ: `g` is G for L's
+// update (Q, λ of R, d = n) or Gᵀ for R's (Q, λ of L, d = m).
+at::Tensor kl_term(const at::Tensor& g, const at::Tensor& q, const at::Tensor& eigvals, double eps) {
+  const auto scale = eigvals.clamp_min(eps).reciprocal() / static_cast<double>(g.size(1));
+  const auto correction = at::mm(q * scale.unsqueeze(0), q.t());
+  return at::mm(at::mm(g, correction), g.t());
+}
+
+// The inner step on the projected gradient: Adam (kl_soap, rekls, rekls_v3,
+// stacked_soap) or MAdam (kl_m_soap); the moments updated in place.
+at::Tensor inner_step(const at::Tensor& g, KlSoapParamState& st, const KlSoapOptions& o, double t) {
+  auto& m = st.exp_avg();
+  auto& v = st.exp_avg_sq();
+  const double c1 = 1 - std::pow(o.beta1(), t);
+  const double c2 = 1 - std::pow(o.beta2(), t);
+  m.lerp_(g, 1 - o.beta1());
+  if (o.kind() == "kl_m_soap") {
+    v.lerp_((g * kMadamScale).square(), 1 - o.beta2());
+    auto u = (m / c1) / (v / c2).sqrt() * kMadamScale;
+    return u.masked_fill_(m.eq(0), 0.0);
+  }
+  v.lerp_(g.square(), 1 - o.beta2());
+  return (m / c1) / ((v / c2).sqrt() + o.eps());
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> detail::kl_soap_matrix_dims(const std::string& kind, int64_t rows,
+                                                         at::IntArrayRef trailing) {
+  if (stacks(kind, trailing)) {
+    const int64_t m = trailing[0], n = trailing[1];
+    return n <= m ? std::make_pair(m, rows * n) : std::make_pair(rows * m, n);
+  }
+  int64_t cols = 1;
+  for (const auto d : trailing) cols *= d;
+  return {rows, cols};
+}
+
+at::Tensor detail::kl_soap_update(const at::Tensor& grad, const at::Tensor& inner_grad, at::IntArrayRef trailing,
+                                  KlSoapParamState& st, const KlSoapOptions& o) {
+  const auto wide = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto g = to_matrix(grad, o.kind(), trailing).to(wide);
+  const int64_t m = g.size(0), n = g.size(1);
+  if (!st.exp_avg().defined()) {
+    const auto options = g.options();
+    st.exp_avg(at::zeros({m, n}, options));
+    st.exp_avg_sq(at::zeros({m, n}, options));
+    st.L(at::zeros({m, m}, options));
+    st.R(at::zeros({n, n}, options));
+    st.Q_L(at::eye(m, options));
+    st.Q_R(at::eye(n, options));
+    st.eigvals_L(at::zeros({m}, options));
+    st.eigvals_R(at::zeros({n}, options));
+  }
+  const int64_t s = st.step();
+  const double t = static_cast<double>(s + 1);
+
+  // The KL factors, each corrected by the other's stored eigenbasis.
+  const double beta = 1 - (1 - o.shampoo_beta()) / (1 - std::pow(o.shampoo_beta(), t));
+  const auto to_l = kl_term(g, st.Q_R(), st.eigvals_R(), o.eps());
+  const auto to_r = kl_term(g.t(), st.Q_L(), st.eigvals_L(), o.eps());
+  st.L().lerp_(to_l, 1 - beta);
+  st.R().lerp_(to_r, 1 - beta);
+  // A factor beyond the range of its dtype has no eigenbasis. Raised as
+  // c10::Error: the step names the parameter and restores what it changed.
+  for (const auto* factor : {&st.L(), &st.R()}) {
+    TORCH_CHECK(all_finite(*factor), "its Kronecker factor ", factor == &st.L() ? "L" : "R", " (",
+                factor->scalar_type(), ") is not finite: gradient entries up to ", grad.abs().max().item<double>(),
+                " over eigenvalues down to eps ", o.eps(), " make it larger than the dtype holds");
+  }
+
+  // The eigenbases; m carried from the old basis into the new one.
+  const auto momentum = at::mm(at::mm(st.Q_L(), st.exp_avg()), st.Q_R().t());
+  const bool eigh = s == 0 || o.kind() == "rekls" || o.kind() == "rekls_v3";
+  auto [wl, ql] = eigh ? detail::eigh_descending(st.L()) : detail::orthogonal_iteration(st.L(), st.Q_L(), 1);
+  auto [wr, qr] = eigh ? detail::eigh_descending(st.R()) : detail::orthogonal_iteration(st.R(), st.Q_R(), 1);
+  st.Q_L(ql);
+  st.Q_R(qr);
+  st.eigvals_L(wl);
+  st.eigvals_R(wr);
+  st.exp_avg(at::mm(at::mm(ql.t(), momentum), qr).contiguous());
+
+  // The inner step in the eigenbasis, and back.
+  const auto inner = inner_grad.is_same(grad) ? g : to_matrix(inner_grad, o.kind(), trailing).to(wide);
+  const auto u = inner_step(at::mm(at::mm(ql.t(), inner), qr), st, o, t);
+  const auto update = at::mm(at::mm(ql, u), qr.t());
+  st.step(s + 1);
+  return from_matrix(update, o.kind(), trailing, grad.size(0)).to(grad.scalar_type());
+}
+
+// ---- KlSoapOptions ----------------------------------------------------------------
+
+KlSoapOptions::KlSoapOptions(double lr) : lr_(lr) {}
+
+void KlSoapOptions::validate() const {
+  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_decay(kWho, "beta1", beta1_);
+  detail::check_decay(kWho, "beta2", beta2_);
+  detail::check_decay(kWho, "shampoo_beta", shampoo_beta_);
+  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be > 0, got ", eps_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  detail::check_name(kind_, {"kl_soap", "kl_m_soap", "rekls", "rekls_v3", "stacked_soap"}, kWho, "kind");
+  if (kind_ == "rekls") {
+    detail::check_weight_decay_method(kWho, weight_decay_method_);
+  } else {
+    TORCH_CHECK_VALUE(weight_decay_method_ == "decoupled", kWho, "weight_decay_method must be 'decoupled' for ",
+                      kind_, " (Emerging-Optimizers fixes it; rekls takes others), got '", weight_decay_method_, "'");
+  }
+}
+
+// ---- KlSoap ---------------------------------------------------------------------
+
+void KlSoap::check_before_step() {
+  WholeMatrixOptimizer::check_before_step();
+  for (const auto g : c10::irange(param_groups_.size())) {
+    const auto& o = static_cast<const KlSoapOptions&>(param_groups_[g].options());
+    if (o.kind() != "stacked_soap") continue;
+    for (const auto& p : param_groups_[g].params()) {
+      TORCH_CHECK_VALUE(p.dim() <= 3, kWho, "parameter of group ", g, " has ", p.dim(),
+                        " dims; stacked_soap steps 2-D matrices and 3-D stacks of them");
+    }
+  }
+}
+
+std::pair<int64_t, int64_t> KlSoap::preconditioned_dims(const at::Tensor& param) const {
+  const auto& o = static_cast<const KlSoapOptions&>(defaults());
+  return detail::kl_soap_matrix_dims(o.kind(), whole_matrix_dims(param).first, param.sizes().slice(1));
+}
+
+void KlSoap::step_parameters() {
+  auto& states = state();
+  for (const auto g : c10::irange(param_groups().size())) {
+    auto& group = param_groups()[g];
+    const auto& o = static_cast<const KlSoapOptions&>(group.options());
+    for (const auto i : c10::irange(group.params().size())) {
+      auto& p = group.params()[i];
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = std::make_unique<KlSoapParamState>();
+      const auto [rows, cols] = whole_matrix_dims(p);
+      const auto grad = p.grad().reshape({rows, cols});
+      auto inner = grad;
+      if (o.weight_decay() != 0 && o.weight_decay_method() == "l2") {
+        inner = grad.add(p.detach().reshape({rows, cols}), o.weight_decay());
+      }
+      at::Tensor u;
+      detail::name_step_failure(
+          kWho, [&] { return detail::describe_param(p, g, i); },
+          [&] {
+            u = detail::kl_soap_update(grad, inner, p.sizes().slice(1), static_cast<KlSoapParamState&>(*slot), o);
+          });
+      // Decoupled or independent weight decay on p (l2 entered the inner step).
+      if (o.weight_decay_method() != "l2") {
+        detail::apply_weight_decay(p, p.grad(), o.weight_decay_method(), o.lr(), o.weight_decay());
+      }
+      p.detach().add_(u.view(p.sizes()), -o.lr());
+    }
+  }
+}
+
+// ---- the registry entries -------------------------------------------------------
+
+// The family's entries (muon::KlSoap with its kind fixed): defaults are
+// Emerging-Optimizers', lr and weight_decay aside (the common fields); rekls
+// alone takes weight_decay_method. They step matrices: 1-D, embedding and
+// head parameters go to scalar_optimizer.
+void detail::register_kl_soap(OptimizerRegistry& registry) {
+  using O = KlSoapOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  const std::array<std::pair<const char*, const char*>, 5> kinds{{
+      {"kl_soap", "KL-SOAP (muon::KlSoap): Adam in the eigenbasis of KL-Shampoo's factors, one orthogonal "
+                  "iteration a step (Emerging-Optimizers' KlSoapV3)"},
+      {"kl_m_soap", "KL-M-SOAP (muon::KlSoap): kl_soap with MAdam (no eps, scaled second moment) inside"},
+      {"rekls", "REKLS (muon::KlSoap): KL-Shampoo's factors, their eigenbases by eigh every step, Adam inside "
+                "(Emerging-Optimizers' legacy REKLS)"},
+      {"rekls_v3", "REKLS v3 (muon::KlSoap): rekls as Emerging-Optimizers' ReklsV3 (decoupled weight decay)"},
+      {"stacked_soap", "Stacked SOAP (muon::KlSoap): kl_soap on a 3-D stack (b, m, n) seen as (m, b·n) when n <= m, "
+                       "else (b·m, n)"},
+  }};
+  for (const auto& [name, doc] : kinds) {
+    std::vector<detail::OptionField<O>> fields{
+        F::real("beta1", &O::beta1, d.beta1(), "the inner step's first-moment decay", 0.0, 1.0).exclusive_max(),
+        F::real("beta2", &O::beta2, d.beta2(), "the inner step's second-moment decay", 0.0, 1.0).exclusive_max(),
+        F::real("shampoo_beta", &O::shampoo_beta, d.shampoo_beta(), "decay of the Kronecker factors (bias-corrected)",
+                0.0, 1.0)
+            .exclusive_max(),
+        F::real("eps", &O::eps, d.eps(), "the eigenvalues' floor in the KL factor update; Adam's eps", 0.0)
+            .exclusive_min(),
+        F::common("weight_decay", &O::weight_decay),
+    };
+    if (std::string(name) == "rekls") {
+      fields.push_back(F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
+                               "how weight decay enters the step", detail::weight_decay_method_names()));
+    }
+    auto e = detail::options_entry<KlSoap, O>(name, detail::kl_soap_state(name), doc, std::move(fields),
+                                              [kind = std::string(name)](O& o, const OptimizerSettings&) {
+                                                o.kind(kind);
+                                              });
+    e.default_overrides = detail::scalar_defaults(name);
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace muon

@@ -1,0 +1,443 @@
+// Tests of muon::KlSoap (kl_soap, kl_m_soap, rekls, rekls_v3, stacked_soap):
+// values against an independent fp64 reference of Emerging-Optimizers'
+// arithmetic, options and their errors, save/load, the registry entries,
+// and the layouts (layer-wise and sharded owner-compute,
+// muon::distributed::ShardedKlSoap, equal to one process bit for bit;
+// checkpoints resharded across them; tensor_parallel and 2-D refused).
+#include <gtest/gtest.h>
+
+#include "archive_util.h"
+#include "expect_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "checkpoint_model.h"
+#include "layout_harness.h"
+#include "muon/compat.h"
+#include "muon/distributed/layouts/sharded_kl_soap.h"
+#include "muon/optim/composite.h"
+#include "muon/optim/kl_soap.h"
+#include "muon/optim/laprop.h"
+#include "muon/registry.h"
+#include "tensor_util.h"
+
+namespace muon::test {
+namespace {
+
+namespace ckpt = muon::test::checkpoint;
+
+const std::vector<std::string> kKinds{"kl_soap", "kl_m_soap", "rekls", "rekls_v3", "stacked_soap"};
+
+// ---- an fp64 reference of Emerging-Optimizers' arithmetic ------------------------
+
+// One parameter's plain fp64 run of the family as Emerging-Optimizers writes
+// it at fd77292: shampoo/soap_v3.py (SoapBase.step, KlSoapPreconditioner
+// init_step/step, ReklsPreconditioner.step, KlSoapV3/KlMSoap._scalar_update),
+// legacy_soap/soap.py (SOAP.step with use_kl_shampoo, use_eigh;
+// update_kronecker_factors_kl_shampoo), legacy_soap/rekls.py,
+// legacy_soap/stacked_soap.py (the 3-D view), utils/eig.py
+// (eigh_with_fallback, orthogonal_iteration), calculate_adam_update and
+// calculate_madam_update. It records the smallest gap between the
+// eigenvalues above eps of a factor at an eigh or QR, relative to the
+// largest: the eigenvectors are that sensitive to rounding.
+struct RefKl {
+  KlSoapOptions o;
+  std::vector<int64_t> shape;
+  at::Tensor p, m, v, L, R, QL, QR, wL, wR;
+  int64_t s = 0;
+  double min_gap = 1;
+
+  RefKl(const KlSoapOptions& options, const at::Tensor& init) : o(options), shape(init.sizes().vec()) {
+    p = init.to(at::kDouble).clone();
+    const auto g = matrix(p);
+    const int64_t rows = g.size(0), cols = g.size(1);
+    m = at::zeros({rows, cols}, g.options());
+    v = at::zeros_like(m);
+    L = at::zeros({rows, rows}, g.options());
+    R = at::zeros({cols, cols}, g.options());
+    QL = at::eye(rows, g.options());
+    QR = at::eye(cols, g.options());
+    wL = at::zeros({rows}, g.options());
+    wR = at::zeros({cols}, g.options());
+  }
+  // StackedSoap's 2-D view of a 3-D (b, m, n): (m, b·n) when n <= m, else (b·m, n).
+  at::Tensor matrix(const at::Tensor& x) const {
+    if (o.kind() == "stacked_soap" && shape.size() == 3) {
+      const auto b = shape[0], rows = shape[1], cols = shape[2];
+      return cols <= rows ? x.permute({1, 0, 2}).reshape({rows, b * cols}) : x.reshape({b * rows, cols});
+    }
+    return x.reshape({shape[0], -1});
+  }
+  at::Tensor unmatrix(const at::Tensor& x) const {
+    if (o.kind() == "stacked_soap" && shape.size() == 3 && shape[2] <= shape[1]) {
+      return x.reshape({shape[1], shape[0], shape[2]}).permute({1, 0, 2}).reshape(shape);
+    }
+    return x.reshape(shape);
+  }
+  void gap_of(const at::Tensor& w) {
+    const auto big = std::get<0>(at::sort(w.masked_select(w > 1e-10 * w.abs().max())));
+    if (big.size(0) < 2) return;
+    min_gap = std::min(min_gap, (big.slice(0, 1) - big.slice(0, 0, -1)).min().item<double>() /
+                                    big.abs().max().item<double>());
+  }
+  void refresh(const at::Tensor& k, at::Tensor& q, at::Tensor& w, bool eigh) {
+    auto [vals, vecs] = at::linalg_eigh(k);
+    gap_of(vals);
+    if (eigh) {
+      w = vals.flip({0});
+      q = vecs.flip({1});
+      return;
+    }
+    q = std::get<0>(at::linalg_qr(k.mm(q)));
+    const auto d = (q.t().mm(k) * q.t()).sum(1);
+    const auto order = at::argsort(d, 0, /*descending=*/true);
+    w = d.index_select(0, order);
+    q = q.index_select(1, order);
+  }
+  void step(const at::Tensor& grad) {
+    const auto g = matrix(grad.to(at::kDouble));
+    const double t = static_cast<double>(s + 1);
+    const double bs = 1 - (1 - o.shampoo_beta()) / (1 - std::pow(o.shampoo_beta(), t));
+    const auto corr = [&](const at::Tensor& q, const at::Tensor& w, double d) {
+      return (q * (1.0 / d / w.clamp_min(o.eps())).unsqueeze(0)).mm(q.t());
+    };
+    const auto to_l = g.mm(corr(QR, wR, static_cast<double>(g.size(1)))).mm(g.t());
+    const auto to_r = g.t().mm(corr(QL, wL, static_cast<double>(g.size(0)))).mm(g);
+    L = bs * L + (1 - bs) * to_l;
+    R = bs * R + (1 - bs) * to_r;
+    const auto mom = QL.mm(m).mm(QR.t());
+    const bool eigh = s == 0 || o.kind() == "rekls" || o.kind() == "rekls_v3";
+    refresh(L, QL, wL, eigh);
+    refresh(R, QR, wR, eigh);
+    m = QL.t().mm(mom).mm(QR);
+    auto inner = g;
+    const auto pm = matrix(p);
+    if (o.weight_decay_method() == "l2") inner = g + o.weight_decay() * pm;
+    const auto gp = QL.t().mm(inner).mm(QR);
+    const double c1 = 1 - std::pow(o.beta1(), t);
+    const double c2 = 1 - std::pow(o.beta2(), t);
+    m = o.beta1() * m + (1 - o.beta1()) * gp;
+    at::Tensor u;
+    if (o.kind() == "kl_m_soap") {
+      v = o.beta2() * v + (1 - o.beta2()) * (256.0 * gp).square();
+      u = (m / c1) / (v / c2).sqrt() * 256.0;
+      u.masked_fill_(m.eq(0), 0.0);
+    } else {
+      v = o.beta2() * v + (1 - o.beta2()) * gp.square();
+      u = (m / c1) / ((v / c2).sqrt() + o.eps());
+    }
+    auto pn = pm;
+    if (o.weight_decay_method() == "decoupled") pn = pm - o.lr() * o.weight_decay() * pm;
+    if (o.weight_decay_method() == "independent") pn = pm - o.weight_decay() * pm;
+    p = unmatrix(pn - o.lr() * QL.mm(u).mm(QR.t()));
+    s += 1;
+  }
+};
+
+const KlSoapParamState& state_of(const torch::optim::Optimizer& opt, const at::Tensor& p) {
+  return static_cast<const KlSoapParamState&>(*opt.state().at(compat::state_key(p)));
+}
+
+// The reference takes `st` and `p` as its own (fp64), as after its step s.
+void take_state(RefKl& ref, const KlSoapParamState& st, const at::Tensor& p) {
+  ref.p = p.detach().to(at::kDouble).clone();
+  ref.m = st.exp_avg().to(at::kDouble);
+  ref.v = st.exp_avg_sq().to(at::kDouble);
+  ref.L = st.L().to(at::kDouble);
+  ref.R = st.R().to(at::kDouble);
+  ref.QL = st.Q_L().to(at::kDouble);
+  ref.QR = st.Q_R().to(at::kDouble);
+  ref.wL = st.eigvals_L().to(at::kDouble);
+  ref.wR = st.eigvals_R().to(at::kDouble);
+  ref.s = st.step();
+}
+
+// The first step's bases are the singular vectors of G itself, so the
+// projected gradient G' = Q_Lᵀ·G·Q_R is diagonal but for rounding, and the
+// inner step turns each off-diagonal rounding error e into
+// e / (|e| + eps): ±1 where e > eps (MAdam, which has no eps, always).
+// That step is the published arithmetic and is as exact as the rounding
+// allows only where eps is far above it. So the family is compared twice,
+// with eps 1 (far above the rounding, and of the order of the factors'
+// eigenvalues, so that the KL term's floor does not dwarf them):
+//
+// - from scratch, 5 steps in fp64 (the parameter fp64, so every state and
+//   product is); MAdam (kl_m_soap) has no eps and is compared by the second
+//   way only;
+// - after the first step, 4 fp32 steps (the reference takes the first
+//   step's state and parameter, in fp64).
+//
+// Tolerance, as tests/test_iso.cpp's: 5·d·u/gap, u = 2^-24 (fp32) or 2^-53
+// (fp64), d the longest side, gap the smallest relative gap between a
+// factor's eigenvalues at a refresh (asserted above 1e-3): each fp32 or
+// fp64 eigenvector moves by about d·u·‖K‖/gap (first-order perturbation),
+// the rest is O(10–100) operations per element on values of order 1
+// (relative), and the inner step divides by √v + eps of the order of the
+// projected gradient, not amplifying it; 5 steps.
+//
+// Both compare the parameter's change, L, R, v, λ_L and the bases (up to
+// column signs, which the inner steps see only as sign flips that Q·U·Qᵀ
+// undoes). A factor's numerically zero eigenvalues (the null space of the
+// larger factor of a tall or wide matrix at the first steps) are one
+// cluster: the KL term floors them all at eps, which sees only their span.
+// From scratch, the orthogonal iteration of a tall or wide matrix's second
+// step starts from the first step's basis of that null space, which any
+// rounding rotates: only the kinds that rebuild the bases by eigh compare
+// those shapes from scratch. And while the larger factor has a null space
+// (the first ⌈m/n⌉ steps), the gradient has no component along it in exact
+// arithmetic: MAdam's m/√v there is the sign of rounding, so kl_m_soap is
+// compared on square matrices.
+void expect_matches_reference(const std::vector<int64_t>& shape, const KlSoapOptions& o, uint64_t seed, bool fp64) {
+  const auto data = gradient_run(seed, shape, 5);
+  const auto dtype = fp64 ? at::kDouble : at::kFloat;
+  auto p = leaf(data.init.to(dtype));
+  KlSoap opt({p}, o);
+  RefKl ref(o, data.init);
+  for (int s = 0; s < 5; ++s) {
+    if (fp64 || s > 0) ref.step(data.grads[static_cast<size_t>(s)]);
+    p.mutable_grad() = data.grads[static_cast<size_t>(s)].to(dtype);
+    opt.step();
+    if (!fp64 && s == 0) take_state(ref, state_of(opt, p), p);
+  }
+  const auto what = o.kind() + " shape " + c10::str(c10::IntArrayRef(shape)) + " " + o.weight_decay_method() +
+                    (fp64 ? " fp64" : " fp32");
+  ASSERT_GT(ref.min_gap, 1e-3) << what;
+  const double d = static_cast<double>(std::max(ref.L.size(0), ref.R.size(0)));
+  const double tol = 5 * d * std::ldexp(1.0, fp64 ? -53 : -24) / ref.min_gap;
+  const auto init = data.init.to(at::kDouble);
+  EXPECT_LT(relative(p.detach().to(at::kDouble) - init, ref.p - init), tol) << what;
+  const auto& st = state_of(opt, p);
+  EXPECT_EQ(st.step(), 5) << what;
+  EXPECT_LT(relative(st.L(), ref.L), tol) << what;
+  EXPECT_LT(relative(st.R(), ref.R), tol) << what;
+  EXPECT_LT(relative(st.exp_avg_sq(), ref.v), tol) << what;
+  EXPECT_LT(relative(st.eigvals_L(), ref.wL), tol) << what;
+  EXPECT_LT(relative(signs_aligned(st.Q_L(), ref.QL), ref.QL), tol) << what;
+  EXPECT_LT(relative(signs_aligned(st.Q_R(), ref.QR), ref.QR), tol) << what;
+}
+
+TEST(KlSoap, StepsEqualEmergingOptimizersArithmetic) {
+  for (const auto& kind : kKinds) {
+    for (const bool fp64 : {true, false}) {
+      if (fp64 && kind == "kl_m_soap") continue;  // no eps (see above)
+      const auto o =
+          KlSoapOptions(0.01).beta1(0.8).beta2(0.9).shampoo_beta(0.9).weight_decay(0.1).eps(1).kind(kind);
+      expect_matches_reference({6, 6}, o, 1, fp64);  // 2-D
+      // Tall and wide from scratch where the bases are rebuilt by eigh, and
+      // not with MAdam (see above).
+      if ((!fp64 && kind != "kl_m_soap") || kind == "rekls" || kind == "rekls_v3") {
+        expect_matches_reference({9, 4}, o, 5, fp64);  // tall
+        expect_matches_reference({4, 9}, o, 6, fp64);  // wide
+      }
+      if (kind == "stacked_soap") {
+        expect_matches_reference({2, 6, 3}, o, 3, fp64);  // experts, n <= m: (6, 2·3)
+        expect_matches_reference({2, 3, 6}, o, 4, fp64);  // experts, n > m: (2·3, 6)
+      } else {
+        expect_matches_reference({6, 3, 2}, o, 2, fp64);  // conv: one 6×6 matrix
+      }
+    }
+  }
+  // rekls' other weight decay methods.
+  for (const std::string method : {"l2", "independent"}) {
+    const auto o = KlSoapOptions(0.01).weight_decay(0.2).eps(1).kind("rekls").weight_decay_method(method);
+    expect_matches_reference({6, 6}, o, 7, false);
+    expect_matches_reference({6, 6}, o, 8, true);
+  }
+}
+
+TEST(KlSoap, DefaultsAreEmergingOptimizers) {
+  const KlSoapOptions o;  // SoapBase.__init__ / REKLS.__init__ (lr required there)
+  EXPECT_EQ(o.beta1(), 0.9);
+  EXPECT_EQ(o.beta2(), 0.95);
+  EXPECT_EQ(o.shampoo_beta(), 0.95);
+  EXPECT_EQ(o.eps(), 1e-8);
+  EXPECT_EQ(o.weight_decay(), 0.01);
+  EXPECT_EQ(o.weight_decay_method(), "decoupled");
+  EXPECT_EQ(o.kind(), "kl_soap");
+}
+
+TEST(KlSoap, InvalidOptionsNameArgumentAndValue) {
+  auto p = leaf(at::randn({4, 3}));
+  const auto bad = [&](KlSoapOptions o, std::vector<std::string> parts) {
+    expect_value_error([&] { KlSoap opt({p}, o); }, parts);
+  };
+  bad(KlSoapOptions(-1), {"[muon::KlSoap]", "lr", "-1"});
+  bad(KlSoapOptions().beta1(1), {"beta1", "1"});
+  bad(KlSoapOptions().shampoo_beta(-0.1), {"shampoo_beta", "-0.1"});
+  bad(KlSoapOptions().eps(0), {"eps", "0"});
+  bad(KlSoapOptions().kind("soap"), {"kind", "'soap'", "stacked_soap"});
+  bad(KlSoapOptions().weight_decay_method("l2"), {"weight_decay_method", "'decoupled'", "kl_soap", "'l2'"});
+  bad(KlSoapOptions().kind("rekls").weight_decay_method("palm"), {"weight_decay_method", "'palm'"});
+  auto v = leaf(at::randn({5}));
+  expect_value_error([&] { KlSoap opt({v}); }, {"[muon::KlSoap]", "1 dims", "matrices"});
+  auto four = leaf(at::randn({2, 2, 2, 2}));
+  KlSoap stacked({four}, KlSoapOptions().kind("stacked_soap"));
+  four.mutable_grad() = at::ones_like(four);
+  expect_value_error([&] { stacked.step(); }, {"[muon::KlSoap]", "4 dims", "stacked_soap"});
+  EXPECT_TRUE(stacked.state().empty());
+  // An edit between steps is checked by the step, which changes nothing.
+  KlSoap opt({p}, KlSoapOptions(0.1));
+  p.mutable_grad() = at::randn({4, 3});
+  opt.step();
+  const auto before = p.detach().clone();
+  const auto l_before = state_of(opt, p).L().clone();
+  static_cast<KlSoapOptions&>(opt.param_groups()[0].options()).beta2(2);
+  expect_value_error([&] { opt.step(); }, {"beta2", "2"});
+  EXPECT_TRUE(at::equal(p.detach(), before));
+  EXPECT_TRUE(at::equal(state_of(opt, p).L(), l_before));
+}
+
+TEST(KlSoap, AGradientBeyondTheFactorsRangeChangesNothing) {
+  auto p = leaf(at::randn({4, 6}));
+  KlSoap opt({p}, KlSoapOptions(0.1));
+  p.mutable_grad() = at::randn({4, 6});
+  opt.step();
+  const auto before = p.detach().clone();
+  const auto m_before = state_of(opt, p).exp_avg().clone();
+  p.mutable_grad() = at::full({4, 6}, 1e30);
+  expect_value_error([&] { opt.step(); }, {"[muon::KlSoap]", "Kronecker factor", "not finite"});
+  EXPECT_TRUE(at::equal(p.detach(), before));
+  EXPECT_TRUE(at::equal(state_of(opt, p).exp_avg(), m_before));
+  EXPECT_EQ(state_of(opt, p).step(), 1);
+}
+
+TEST(KlSoap, ResumedRunIsBitIdentical) {
+  for (const auto& kind : kKinds) {
+    const auto o = KlSoapOptions(0.01).kind(kind);
+    expect_resumed_run_bit_identical<KlSoap>(gradient_run(1, {6, 4}, 7), 3, o, KlSoapOptions(0.5).kind(kind),
+                                             state_of, kind);
+  }
+  expect_resumed_run_bit_identical<KlSoap>(gradient_run(2, {2, 3, 5}, 7), 3, KlSoapOptions(0.01).kind("stacked_soap"),
+                                           KlSoapOptions(0.5).kind("stacked_soap"), state_of, "stacked 3-D");
+}
+
+TEST(KlSoap, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
+  auto p = leaf(at::randn({3, 2}));
+  const auto laprop = archive_after_a_step<LaProp>(p);
+  KlSoap opt({p}, KlSoapOptions(0.2));
+  expect_value_error([&] { load_from_string(opt, laprop); }, {"[muon::KlSoap]", "muon::LaProp"});
+  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
+  EXPECT_TRUE(opt.state().empty());
+}
+
+TEST(KlSoap, EachEntryIsBuiltFromAConfigWithItsFieldsAndExplained) {
+  for (const auto& kind : kKinds) {
+    auto named = ckpt::matrix_and_bias();
+    OptimizerConfig config;
+    apply_config_json(config, R"({"optimizer": ")" + kind + R"(", "lr": 0.01, ")" + kind + R"(_beta1": 0.5, ")" +
+                                  kind + R"(_shampoo_beta": 0.8, ")" + kind + R"(_eps": 1e-6})");
+    auto opt = muon::make_optimizer(named, config);
+    auto* part = ckpt::part_holding_w<KlSoap>(*opt, kind, named);
+    ASSERT_NE(part, nullptr) << kind;
+    const auto& o = static_cast<const KlSoapOptions&>(part->param_groups()[0].options());
+    EXPECT_EQ(o.kind(), kind);
+    EXPECT_EQ(o.lr(), 0.01);
+    EXPECT_EQ(o.beta1(), 0.5);
+    EXPECT_EQ(o.shampoo_beta(), 0.8);
+    EXPECT_EQ(o.eps(), 1e-6);
+    for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
+    opt->step();
+    // w 8×4: exp_avg, exp_avg_sq 8×4, L, Q_L 8×8, R, Q_R 4×4, eigvals 8 and 4; fp32.
+    EXPECT_EQ(part->state_bytes(), 4 * (2 * 32 + 2 * 64 + 2 * 16 + 8 + 4)) << kind;
+    const auto text = muon::explain(named, config);
+    EXPECT_NE(text.find("state of " + kind + ": step [counter], exp_avg ["), std::string::npos) << text;
+  }
+  OptimizerConfig config;
+  apply_config_json(config, R"({"optimizer": "rekls", "rekls_weight_decay_method": "l2"})");
+  auto named = ckpt::matrix_and_bias();
+  auto opt = muon::make_optimizer(named, config);
+  auto* part = ckpt::part_holding_w<KlSoap>(*opt, "rekls", named);
+  ASSERT_NE(part, nullptr);
+  EXPECT_EQ(static_cast<const KlSoapOptions&>(part->param_groups()[0].options()).weight_decay_method(), "l2");
+}
+
+// ---- layouts ---------------------------------------------------------------------
+
+TEST(KlSoap, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
+  for (const std::string kind : {"kl_soap", "rekls"}) {
+    const auto single = ckpt::one_process_after(kind, {3}).at(3);
+    ckpt::expect_layouts_equal(kind, 3, single, {{"layerwise", 2}, {"sharded", 2}, {"sharded", 3}, {"padded", 3}},
+                               kind, [&](ckpt::Rank& r, const std::string& layout) {
+                                 if (layout != "layerwise") {
+                                   auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
+                                   ASSERT_NE(composite, nullptr);
+                                   EXPECT_NE(dynamic_cast<distributed::ShardedKlSoap*>(composite->find_part(kind)),
+                                             nullptr)
+                                       << layout;
+                                 }
+                               });
+  }
+}
+
+// Why bit for bit: the owner receives the whole gradient (and under l2 the
+// whole parameter) as one process has them and runs
+// muon::detail::kl_soap_update, the function one process runs; each rank
+// applies weight decay and its rows of the update with the same
+// element-wise operations. Wide, tall, a 2-row matrix (empty shards at 3
+// and 4 ranks) and two 3-D parameters (one matrix dim 0 × the rest, or
+// stacked_soap's stack of experts, (m, b·n) and (b·m, n)).
+const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {13, 5}, {6, 4, 3}, {2, 9}, {4, 2, 5}};
+
+at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 110 + k); }
+at::Tensor sharded_grad(size_t k, int64_t step) {
+  return seeded_randn(kShardedShapes[k], 700 + 11 * static_cast<uint64_t>(step) + k);
+}
+
+TEST(ShardedKlSoap, OwnerComputeEqualsOneProcessBitForBit) {
+  for (const auto& o : {KlSoapOptions(0.02).kind("kl_m_soap"), KlSoapOptions(0.02).kind("stacked_soap"),
+                        KlSoapOptions(0.02).kind("rekls").weight_decay_method("l2").weight_decay(0.1)}) {
+    layouts::row_parts_against_one_process<KlSoap, distributed::ShardedKlSoap>(
+        kShardedShapes, sharded_init, sharded_grad, 4, o, {1, 2, 3, 4}, o.kind(),
+        [&](distributed::ShardedKlSoap& opt, layouts::RowParts& parts, KlSoap& single, std::vector<at::Tensor>& whole,
+            const std::string& what) {
+          for (size_t k = 0; k < parts.params.size(); ++k) {
+            EXPECT_TRUE(at::equal(parts.params[k].detach(), parts.local(k, whole[k].detach())))
+                << what << " param " << k;
+            const auto& st = state_of(opt, parts.params[k]);
+            EXPECT_EQ(st.step(), 4) << what;
+            if (opt.holds_whole_state(parts.params[k])) {
+              const auto& want = state_of(single, whole[k]);
+              EXPECT_TRUE(at::equal(st.L(), want.L()) && at::equal(st.Q_R(), want.Q_R()) &&
+                          at::equal(st.exp_avg(), want.exp_avg()))
+                  << what << " state of param " << k;
+            } else {
+              EXPECT_FALSE(st.L().defined()) << what;
+            }
+          }
+        });
+  }
+}
+
+TEST(ShardedKlSoap, CheckpointsReshardBitIdentically) {
+  ckpt::reshard_chain("kl_soap", "kl_soap_chain",
+                      {{"sharded", 2, 2, "kl_soap sharded W=2"},
+                       {"none", 1, 3, "kl_soap single from sharded W=2"},
+                       {"sharded", 3, 5, "kl_soap sharded W=3 from single"},
+                       {"layerwise", 2, 6, "kl_soap layerwise W=2 from sharded W=3"}},
+                      ckpt::one_process_after("kl_soap", {2, 3, 5, 6}));
+}
+
+TEST(ShardedKlSoap, SplittingLayoutsAreRefusedNamingTheOptimizer) {
+  run_ranks(2, [&](distributed::Group& g) {
+    for (const auto& kind : kKinds) {
+      expect_value_error([&] { ckpt::Rank r("tp", g, kind); }, {"'" + kind + "'", "'tensor_parallel'"});
+    }
+    auto p = leaf(at::randn({3, 4}));
+    expect_value_error(
+        [&] {
+          distributed::ShardedKlSoap opt({p}, {distributed::RowShard({6, 4}, g)}, KlSoapOptions().kind("rekls"),
+                                         distributed::ShardedOptions().mode("replicated"));
+        },
+        {"[muon::distributed::ShardedKlSoap]", "'rekls'", "owner_compute", "'replicated'"});
+  });
+  run_ranks(4, [&](distributed::Group& g) {
+    expect_value_error([&] { ckpt::Rank r("2d", g, "stacked_soap"); }, {"'stacked_soap'", "2-D"});
+  });
+}
+
+}  // namespace
+}  // namespace muon::test
