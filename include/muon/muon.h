@@ -12,6 +12,7 @@
 #include "muon/distributed/layouts/layout.h"
 #include "muon/distributed/layouts/make.h"
 #include "muon/distributed/layouts/newton_schulz.h"
+#include "muon/distributed/layouts/owner_compute.h"
 #include "muon/distributed/layouts/qk_clip.h"
 #include "muon/distributed/layouts/row_shard.h"
 #include "muon/distributed/layouts/sharded_data_parallel.h"

@@ -183,34 +183,22 @@ std::pair<int64_t, int64_t> KlSoap::preconditioned_dims(const at::Tensor& param)
 }
 
 void KlSoap::step_parameters() {
-  auto& states = state();
-  for (const auto g : c10::irange(param_groups().size())) {
-    auto& group = param_groups()[g];
-    const auto& o = static_cast<const KlSoapOptions&>(group.options());
-    for (const auto i : c10::irange(group.params().size())) {
-      auto& p = group.params()[i];
-      if (!p.grad().defined()) continue;
-      auto& slot = states[compat::state_key(p)];
-      if (!slot) slot = std::make_unique<KlSoapParamState>();
-      const auto [rows, cols] = whole_matrix_dims(p);
-      const auto grad = p.grad().reshape({rows, cols});
-      auto inner = grad;
-      if (o.weight_decay() != 0 && o.weight_decay_method() == "l2") {
-        inner = grad.add(p.detach().reshape({rows, cols}), o.weight_decay());
-      }
-      at::Tensor u;
-      detail::name_step_failure(
-          kWho, [&] { return detail::describe_param(p, g, i); },
-          [&] {
-            u = detail::kl_soap_update(grad, inner, p.sizes().slice(1), static_cast<KlSoapParamState&>(*slot), o);
-          });
-      // Decoupled or independent weight decay on p (l2 entered the inner step).
-      if (o.weight_decay_method() != "l2") {
-        detail::apply_weight_decay(p, p.grad(), o.weight_decay_method(), o.lr(), o.weight_decay());
-      }
-      p.detach().add_(u.view(p.sizes()), -o.lr());
-    }
-  }
+  detail::step_each_parameter<KlSoapParamState, KlSoapOptions>(
+      *this, kWho,
+      [this](const at::Tensor& p, KlSoapParamState& st, const KlSoapOptions& o) {
+        const auto [rows, cols] = whole_matrix_dims(p);
+        const auto grad = p.grad().reshape({rows, cols});
+        const bool l2 = o.weight_decay() != 0 && o.weight_decay_method() == "l2";
+        const auto inner = l2 ? grad.add(p.detach().reshape({rows, cols}), o.weight_decay()) : grad;
+        return detail::kl_soap_update(grad, inner, p.sizes().slice(1), st, o);
+      },
+      [](at::Tensor& p, const at::Tensor& u, const KlSoapOptions& o) {
+        // Decoupled or independent weight decay on p (l2 entered the inner step).
+        if (o.weight_decay_method() != "l2") {
+          detail::apply_weight_decay(p, p.grad(), o.weight_decay_method(), o.lr(), o.weight_decay());
+        }
+        p.detach().add_(u.view(p.sizes()), -o.lr());
+      });
 }
 
 // ---- the registry entries -------------------------------------------------------

@@ -92,26 +92,16 @@ void MosoOptions::validate() const {
 // ---- Moso ----------------------------------------------------------------------
 
 void Moso::step_parameters() {
-  auto& states = state();
-  for (const auto g : c10::irange(param_groups().size())) {
-    auto& group = param_groups()[g];
-    const auto& o = static_cast<const MosoOptions&>(group.options());
-    for (const auto i : c10::irange(group.params().size())) {
-      auto& p = group.params()[i];
-      if (!p.grad().defined()) continue;
-      auto& slot = states[compat::state_key(p)];
-      if (!slot) slot = std::make_unique<MosoParamState>();
-      const auto [rows, cols] = whole_matrix_dims(p);
-      at::Tensor u;
-      detail::name_step_failure(
-          kWho, [&] { return detail::describe_param(p, g, i); },
-          [&] {
-            u = detail::moso_matrix_update(p.grad().reshape({rows, cols}), static_cast<MosoParamState&>(*slot), o);
-          });
-      if (o.weight_decay() != 0) p.detach().add_(p.detach(), -o.lr() * o.weight_decay());
-      p.detach().add_(u.view(p.sizes()), -o.lr());
-    }
-  }
+  detail::step_each_parameter<MosoParamState, MosoOptions>(
+      *this, kWho,
+      [this](const at::Tensor& p, MosoParamState& st, const MosoOptions& o) {
+        const auto [rows, cols] = whole_matrix_dims(p);
+        return detail::moso_matrix_update(p.grad().reshape({rows, cols}), st, o);
+      },
+      [](at::Tensor& p, const at::Tensor& u, const MosoOptions& o) {
+        if (o.weight_decay() != 0) p.detach().add_(p.detach(), -o.lr() * o.weight_decay());
+        p.detach().add_(u.view(p.sizes()), -o.lr());
+      });
 }
 
 // MOSO's entry (muon::Moso): defaults are Emerging-Optimizers', lr and

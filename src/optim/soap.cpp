@@ -18,6 +18,7 @@
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
 #include "optim/step_transaction.h"
+#include "optim/whole_matrix_optimizer.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
 
@@ -273,35 +274,28 @@ std::pair<int64_t, int64_t> Soap::whole_matrix_dims(const at::Tensor& param) con
 
 bool Soap::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
 
-void Soap::step_parameters() {
-  auto& states = state();
-  for (const auto g : c10::irange(param_groups().size())) {
-    auto& group = param_groups()[g];
-    const auto& o = static_cast<const SoapOptions&>(group.options());
-    for (const auto i : c10::irange(group.params().size())) {
-      auto& p = group.params()[i];
-      if (!p.grad().defined()) continue;
-      auto& slot = states[compat::state_key(p)];
-      if (!slot) slot = std::make_unique<SoapParamState>();
-      auto& st = static_cast<SoapParamState&>(*slot);
-      const auto [rows, cols] = detail::soap_matrix_dims(p.sizes());
-      const auto grad = p.grad().reshape({rows, cols});
-      auto adam_grad = grad;
-      if (o.weight_decay() != 0 && o.weight_decay_method() == SoapWeightDecay::kL2) {
-        adam_grad = grad.add(p.detach().reshape({rows, cols}), o.weight_decay());
-      }
-      at::Tensor u;
-      detail::name_step_failure(
-          kWho, [&] { return detail::describe_param(p, g, i); },
-          [&] { u = detail::soap_matrix_update(grad, adam_grad, st, o, p.dim() == 1); });
-      if (o.weight_decay() != 0 && o.weight_decay_method() != SoapWeightDecay::kL2) {
-        const double rate = o.weight_decay_method() == SoapWeightDecay::kDecoupled ? o.lr() * o.weight_decay()
-                                                                                    : o.weight_decay();
-        p.add_(p, -rate);
-      }
-      p.add_(u.view(p.sizes()), -o.lr());
-    }
+void detail::soap_apply_update(at::Tensor& p, const at::Tensor& update, const SoapOptions& o) {
+  if (o.weight_decay() != 0 && o.weight_decay_method() != SoapWeightDecay::kL2) {
+    const double rate =
+        o.weight_decay_method() == SoapWeightDecay::kDecoupled ? o.lr() * o.weight_decay() : o.weight_decay();
+    p.add_(p, -rate);
   }
+  p.add_(update.view(p.sizes()), -o.lr());
+}
+
+void Soap::step_parameters() {
+  detail::step_each_parameter<SoapParamState, SoapOptions>(
+      *this, kWho,
+      [](const at::Tensor& p, SoapParamState& st, const SoapOptions& o) {
+        const auto [rows, cols] = detail::soap_matrix_dims(p.sizes());
+        const auto grad = p.grad().reshape({rows, cols});
+        auto adam_grad = grad;
+        if (o.weight_decay() != 0 && o.weight_decay_method() == SoapWeightDecay::kL2) {
+          adam_grad = grad.add(p.detach().reshape({rows, cols}), o.weight_decay());
+        }
+        return detail::soap_matrix_update(grad, adam_grad, st, o, p.dim() == 1);
+      },
+      detail::soap_apply_update);
 }
 
 at::Tensor Soap::step(LossClosure closure) {

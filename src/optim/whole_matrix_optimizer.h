@@ -14,8 +14,36 @@
 #include "muon/optim/whole_matrix.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/step_transaction.h"
 
 namespace muon {
+namespace detail {
+
+/// One process's step of a whole-matrix optimizer `opt` (State its
+/// per-parameter state, Options its group options): for each parameter p
+/// with a gradient, `compute(p, state, options)` returns its update, a
+/// c10::Error it raises becoming a c10::ValueError prefixed by `who` that
+/// names p (name_step_failure); then `apply(p, update, options)`.
+template <typename State, typename Options, typename Opt, typename Compute, typename Apply>
+void step_each_parameter(Opt& opt, const char* who, const Compute& compute, const Apply& apply) {
+  auto& states = opt.state();
+  for (const auto g : c10::irange(opt.param_groups().size())) {
+    auto& group = opt.param_groups()[g];
+    const auto& o = static_cast<const Options&>(group.options());
+    for (const auto i : c10::irange(group.params().size())) {
+      auto& p = group.params()[i];
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = std::make_unique<State>();
+      at::Tensor u;
+      name_step_failure(
+          who, [&] { return describe_param(p, g, i); }, [&] { u = compute(p, static_cast<State&>(*slot), o); });
+      apply(p, u, o);
+    }
+  }
+}
+
+}  // namespace detail
 
 template <typename Derived, typename Options, typename State>
 WholeMatrixOptimizer<Derived, Options, State>::WholeMatrixOptimizer(

@@ -182,6 +182,11 @@ std::pair<int64_t, int64_t> soap_matrix_dims(at::IntArrayRef shape);
 at::Tensor soap_matrix_update(const at::Tensor& grad, const at::Tensor& adam_grad, SoapParamState& state,
                               const SoapOptions& options, bool one_d);
 
+/// SOAP's weight decay of `p` (decoupled or independent; l2 entered
+/// adam_grad) and p ← p − lr·update (`update` of p's numel, or of its rows
+/// in the sharded layout), as every layout applies them.
+void soap_apply_update(at::Tensor& p, const at::Tensor& update, const SoapOptions& options);
+
 }  // namespace detail
 
 /// The SOAP optimizer: a `torch::optim::Optimizer` (see the top of this header).

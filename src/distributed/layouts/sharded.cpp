@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "distributed/layouts/sharded_internal.h"
+#include "muon/distributed/layouts/owner_compute.h"
 #include "distributed/layouts/tensor_parallel_block.h"
 #include "distributed/runtime/agreement.h"
 #include "distributed/runtime/max_over.h"
@@ -93,6 +94,16 @@ void detail::check_owner_compute_shards(const ShardedOptions& options, const std
                         " and does not run on them");
     }
   }
+}
+
+std::shared_ptr<ShardedOrthogonalizer> detail::owner_compute_strategy(ShardedOptions options,
+                                                                      std::vector<OptimizerParamGroup>& groups,
+                                                                      const char* who, const char* optimizer,
+                                                                      const char* state, const char* needs) {
+  check_owner_compute_shards(options, groups, who, optimizer, state, needs);
+  auto strategy = make_orthogonalizer(std::move(options));
+  strategy->attach(groups);
+  return strategy;
 }
 
 ShardedMuon::ShardedMuon(std::vector<at::Tensor> params, std::vector<RowShard> shards,

@@ -5,11 +5,15 @@
 
 #include <ATen/ATen.h>
 
+#include <c10/util/irange.h>
+
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <torch/optim/optimizer.h>
 
+#include "muon/compat.h"
 #include "muon/distributed/layouts/sharded_muon.h"
 
 namespace muon::distributed::detail {
@@ -33,5 +37,49 @@ ShardedOptions with_shards(const char* who, ShardedOptions options, const std::v
 void check_owner_compute_shards(const ShardedOptions& options,
                                 const std::vector<torch::optim::OptimizerParamGroup>& groups, const char* who,
                                 const char* optimizer, const char* state, const char* needs);
+
+/// One step of an owner-compute optimizer of whole matrices `opt` (State
+/// its per-parameter state, Options its group options) over `strategy`:
+/// each parameter with a gradient sends `payload(p, grad, options)` (rows ×
+/// k: its gradient's rows, and whatever else the owner needs) to its owner;
+/// the owner runs `compute(p, whole, state, options)` on the whole payload,
+/// returning rows × n; each rank then runs `apply(p, rows, options)` on its
+/// rows of that and counts the step of the parameters it does not own (the
+/// owner's compute counted it).
+template <typename State, typename Options, typename Opt, typename Payload, typename Compute, typename Apply>
+void owner_compute_step(Opt& opt, ShardedOrthogonalizer& strategy, const Payload& payload, const Compute& compute,
+                        const Apply& apply) {
+  if (!opt.agreed_by_layout()) strategy.begin_step(opt.param_groups());
+  using Item = ShardedOrthogonalizer::OwnerComputeItem;
+  auto& states = opt.state();
+  std::vector<Item> items;
+  std::vector<const Options*> options;  // per item
+  for (auto& group : opt.param_groups()) {
+    const auto& o = static_cast<const Options&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& slot = states[compat::state_key(p)];
+      if (!slot) slot = std::make_unique<State>();
+      const auto grad = p.grad().reshape({p.size(0), opt.whole_matrix_dims(p).second});
+      items.push_back({p, payload(p, grad, static_cast<State&>(*slot), o), {}});
+      options.push_back(&o);
+    }
+  }
+  strategy.owner_compute(items, [&](const std::vector<const Item*>& mine, const std::vector<at::Tensor>& wholes) {
+    std::vector<at::Tensor> results;
+    for (const auto k : c10::irange(mine.size())) {
+      const auto& o = *options[static_cast<size_t>(mine[k] - items.data())];
+      auto& st = static_cast<State&>(*states.at(compat::state_key(mine[k]->param)));
+      results.push_back(compute(mine[k]->param, wholes[k], st, o));
+    }
+    return results;
+  });
+  for (const auto k : c10::irange(items.size())) {
+    auto& p = items[k].param;
+    auto& st = static_cast<State&>(*states.at(compat::state_key(p)));
+    if (!opt.holds_whole_state(p)) st.step(st.step() + 1);
+    apply(p, items[k].result, *options[k]);
+  }
+}
 
 }  // namespace muon::distributed::detail

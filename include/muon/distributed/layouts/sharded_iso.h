@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "muon/distributed/layouts/owner_compute.h"
 #include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/optim/iso.h"
 
@@ -33,7 +34,7 @@ namespace muon::distributed {
 /// Iso over row shards by owner-compute (see the top of this header).
 /// Construction and `step()` are collective over every shard's group, as
 /// ShardedMuon's.
-class ShardedIso : public Iso {
+class ShardedIso : public OwnerComputeOptimizer<Iso> {
  public:
   /// Over `param_groups` (groups without options get `defaults`); every
   /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
@@ -44,19 +45,9 @@ class ShardedIso : public Iso {
   ShardedIso(std::vector<at::Tensor> params, std::vector<RowShard> shards, IsoOptions defaults = {},
              ShardedOptions options = {});
 
-  /// The whole matrix `param` is a row shard of (its global shape's dim 0 × the rest).
-  std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const override;
-  /// Whether this rank owns `param`'s matrix (and holds its state).
-  bool holds_whole_state(const at::Tensor& param) const override;
-  /// Collective over every shard group (muon/optim/step_guard.h).
-  std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
-
  protected:
   /// Gradient (and first-step parameter) rows to the owners, Iso's step there, new rows back.
   void step_parameters() override;
-
- private:
-  std::shared_ptr<ShardedOrthogonalizer> strategy_;
 };
 
 }  // namespace muon::distributed

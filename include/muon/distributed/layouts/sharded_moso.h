@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "muon/distributed/layouts/owner_compute.h"
 #include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/optim/moso.h"
 
@@ -34,7 +35,7 @@ namespace muon::distributed {
 /// MOSO over row shards by owner-compute (see the top of this header).
 /// Construction and `step()` are collective over every shard's group, as
 /// ShardedMuon's.
-class ShardedMoso : public Moso {
+class ShardedMoso : public OwnerComputeOptimizer<Moso> {
  public:
   /// Over `param_groups` (groups without options get `defaults`); every
   /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
@@ -45,19 +46,9 @@ class ShardedMoso : public Moso {
   ShardedMoso(std::vector<at::Tensor> params, std::vector<RowShard> shards, MosoOptions defaults = {},
               ShardedOptions options = {});
 
-  /// The whole matrix `param` is a row shard of (its global shape's dim 0 × the rest).
-  std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const override;
-  /// Whether this rank owns `param`'s matrix (and holds its state).
-  bool holds_whole_state(const at::Tensor& param) const override;
-  /// Collective over every shard group (muon/optim/step_guard.h).
-  std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
-
  protected:
   /// Gradient rows to the owners, MOSO's step there, the update's rows back.
   void step_parameters() override;
-
- private:
-  std::shared_ptr<ShardedOrthogonalizer> strategy_;
 };
 
 }  // namespace muon::distributed

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "muon/distributed/layouts/owner_compute.h"
 #include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/optim/soap.h"
 
@@ -45,7 +46,7 @@ namespace muon::distributed {
 /// ShardedMuon's: the ranks agree on the shapes, dtypes, options and the
 /// ShardedOptions, and raise the same c10::ValueError on every rank naming
 /// the first difference.
-class ShardedSoap : public Soap {
+class ShardedSoap : public OwnerComputeOptimizer<Soap> {
  public:
   /// Over `param_groups` (groups without options get `defaults`); every
   /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
@@ -56,26 +57,12 @@ class ShardedSoap : public Soap {
   ShardedSoap(std::vector<at::Tensor> params, std::vector<RowShard> shards, SoapOptions defaults = {},
               ShardedOptions options = {});
 
-  /// The whole matrix `param` is a row shard of (its global shape's dim 0 × the rest).
-  std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const override;
-  /// Whether this rank owns `param`'s matrix (and holds its SOAP state).
-  bool holds_whole_state(const at::Tensor& param) const override;
   /// Never: 1-D parameters are refused at construction.
   bool is_one_d(const at::Tensor& /*param*/) const override { return false; }
-  /// Collective over every shard group (muon/optim/step_guard.h).
-  std::pair<int64_t, int64_t> max_over_processes(int64_t code) override;
-
-  /// The owner of each parameter (flat order over the param groups), a rank of its shard's group.
-  const std::vector<int64_t>& owners() const { return strategy_->owners(); }
-  /// Rows of parameter i held by each rank of its group, in rank order.
-  const std::vector<int64_t>& rows_per_rank(size_t i) const { return strategy_->rows_per_rank(i); }
 
  protected:
   /// Gradient rows to the owners, SOAP's whole-matrix step there, update rows back.
   void step_parameters() override;
-
- private:
-  std::shared_ptr<ShardedOrthogonalizer> strategy_;
 };
 
 }  // namespace muon::distributed
