@@ -32,6 +32,7 @@ SoapWeightDecay detail::parse_listed_enum<SoapWeightDecay>(const std::string& na
 
 template struct ListedOptions<SoapOptions>;
 template struct ListedParamState<SoapParamState, 6>;
+template class WholeMatrixOptimizer<Soap, SoapOptions, SoapParamState>;
 
 namespace {
 
@@ -245,35 +246,6 @@ void SoapOptions::validate() const {
   detail::check_non_negative(kWho, "max_update_rms", max_update_rms_);
 }
 
-Soap::Soap(std::vector<OptimizerParamGroup> param_groups, SoapOptions defaults, bool check)
-    : Optimizer(param_groups, std::make_unique<SoapOptions>(defaults)) {
-  defaults.validate();
-  compat::reapply_group_options(*this, param_groups);
-  if (check) check_before_step();
-}
-
-Soap::Soap(std::vector<OptimizerParamGroup> param_groups, SoapOptions defaults)
-    : Soap(std::move(param_groups), std::move(defaults), true) {}
-
-Soap::Soap(std::vector<at::Tensor> params, SoapOptions defaults)
-    : Soap(std::vector<OptimizerParamGroup>{OptimizerParamGroup(std::move(params))}, std::move(defaults)) {}
-
-void Soap::check_before_step() {
-  detail::check_group_options<SoapOptions>(param_groups_, kWho, "muon::SoapOptions");
-  for (const auto g : c10::irange(param_groups_.size())) {
-    for (const auto& p : param_groups_[g].params()) {
-      TORCH_CHECK_VALUE(p.dim() >= 1, kWho, "parameter of group ", g,
-                        " is 0-d; SOAP steps parameters with at least one dimension");
-    }
-  }
-}
-
-std::pair<int64_t, int64_t> Soap::whole_matrix_dims(const at::Tensor& param) const {
-  return detail::soap_matrix_dims(param.sizes());
-}
-
-bool Soap::holds_whole_state(const at::Tensor& /*param*/) const { return true; }
-
 void detail::soap_apply_update(at::Tensor& p, const at::Tensor& update, const SoapOptions& o) {
   if (o.weight_decay() != 0 && o.weight_decay_method() != SoapWeightDecay::kL2) {
     const double rate =
@@ -296,25 +268,6 @@ void Soap::step_parameters() {
         return detail::soap_matrix_update(grad, adam_grad, st, o, p.dim() == 1);
       },
       detail::soap_apply_update);
-}
-
-at::Tensor Soap::step(LossClosure closure) {
-  return guarded_step(
-      *this, closure, kWho, [this] { check_before_step(); }, [this] { step_parameters(); });
-}
-
-int64_t Soap::state_bytes() const {
-  return detail::buffer_bytes<SoapParamState>(*this, [](const SoapParamState& s) {
-    return std::array<const at::Tensor*, 6>{&s.exp_avg(), &s.exp_avg_sq(), &s.L(), &s.R(), &s.Q_L(), &s.Q_R()};
-  });
-}
-
-void Soap::save(OutputArchive& archive) const {
-  detail::save_with_options<SoapParamState, SoapOptions>(*this, archive, "soap", "muon::Soap");
-}
-
-void Soap::load(InputArchive& archive) {
-  detail::load_with_options<SoapParamState, SoapOptions>(*this, archive, "soap", kWho, "muon::Soap");
 }
 
 // Defaults are SoapOptions' own (Emerging-Optimizers'), lr and weight_decay aside (the common

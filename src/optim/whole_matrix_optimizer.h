@@ -72,8 +72,12 @@ void WholeMatrixOptimizer<Derived, Options, State>::check_before_step() {
   detail::check_group_options<Options>(param_groups_, who, detail::options_name_of<Derived>());
   for (const auto g : c10::irange(param_groups_.size())) {
     for (const auto& p : param_groups_[g].params()) {
-      TORCH_CHECK_VALUE(p.dim() >= 2, who, "parameter of group ", g, " has ", p.dim(), " dims; ", Derived::kKind,
-                        " steps matrices (give 0-d and 1-d parameters to another optimizer)");
+      if (Derived::kMinDims == 1) {
+        TORCH_CHECK_VALUE(p.dim() >= 1, who, "parameter of group ", g, " is 0-d; ", Derived::kKind,
+                          " steps parameters with at least one dimension");
+      }
+      TORCH_CHECK_VALUE(p.dim() >= Derived::kMinDims, who, "parameter of group ", g, " has ", p.dim(), " dims; ",
+                        Derived::kKind, " steps matrices (give 0-d and 1-d parameters to another optimizer)");
     }
   }
 }

@@ -51,6 +51,7 @@
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
+#include "muon/optim/whole_matrix.h"
 
 namespace muon {
 
@@ -195,41 +196,24 @@ void soap_apply_update(at::Tensor& p, const at::Tensor& update, const SoapOption
 ///
 /// Per-group options, `get_lr`/`set_lr` for LR schedulers, and `save`/`load`
 /// in LibTorch's own optimizer archive layout with the options beside it.
-class Soap : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+class Soap : public WholeMatrixOptimizer<Soap, SoapOptions, SoapParamState> {
  public:
-  /// SOAP over `param_groups`; groups without options get `defaults`.
-  explicit Soap(std::vector<torch::optim::OptimizerParamGroup> param_groups, SoapOptions defaults = {});
-  /// SOAP over one group of `params`.
-  explicit Soap(std::vector<at::Tensor> params, SoapOptions defaults = {});
+  using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first.
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Validates every group's options and parameters; raises c10::ValueError.
-  void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores what `save` wrote into a Soap with the same group structure
-  /// (raises otherwise, changing nothing).
-  void load(torch::serialize::InputArchive& archive) override;
-  /// Bytes held in the state tensors.
-  int64_t state_bytes() const override;
+  /// Messages say "[muon::Soap] ..."; the archive's kind.
+  static constexpr const char* kKind = "muon::Soap";
+  /// Archive keys "soap_groups", "soap_options/<i>", ...
+  static constexpr const char* kPrefix = "soap";
+  /// SOAP steps 1-D parameters too (a column; Adam unless precondition_1d).
+  static constexpr int64_t kMinDims = 1;
 
-  /// The (rows, cols) of the whole matrix `param` is (a part of).
-  virtual std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const;
-  /// Whether this process holds the whole-matrix state of `param` (every
-  /// parameter here; the owner in the sharded layout).
-  virtual bool holds_whole_state(const at::Tensor& param) const;
   /// Whether `param` is 1-D (its matrix is a column).
   virtual bool is_one_d(const at::Tensor& param) const { return param.dim() == 1; }
 
  protected:
-  /// For layouts: builds the optimizer without checking the parameters
-  /// against a single process's expectations.
-  Soap(std::vector<torch::optim::OptimizerParamGroup> param_groups, SoapOptions defaults, bool check);
+  friend class WholeMatrixOptimizer<Soap, SoapOptions, SoapParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
-  virtual void step_parameters();
+  void step_parameters() override;
 };
 
 }  // namespace muon

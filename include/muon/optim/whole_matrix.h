@@ -1,10 +1,11 @@
 #pragma once
 
 /// The base of the optimizers that step each parameter as one whole matrix
-/// (dim 0 × the product of the others) with state of the whole matrix:
-/// muon::Dion and muon::Iso. It gives them torch::optim's constructors, the
+/// (dim 0 × the product of the others; a 1-D parameter is a column) with
+/// state of the whole matrix: muon::Soap, muon::KlSoap, muon::Dion,
+/// muon::Iso and muon::Moso. It gives them torch::optim's constructors, the
 /// step's checks (muon/optim/step_guard.h: options validated, parameters of
-/// at least 2 dims), `state_bytes`, and `save`/`load` in LibTorch's
+/// at least `Derived::kMinDims` dims, 2 unless Derived says 1), `state_bytes`, and `save`/`load` in LibTorch's
 /// optimizer archive layout with the options beside it
 /// (muon/optim/listed_fields.h). `Derived` names itself (`kKind`, e.g.
 /// "muon::Dion"; `kPrefix`, its archive keys' prefix) and steps its
@@ -27,6 +28,9 @@ namespace muon {
 template <typename Derived, typename Options, typename State>
 class WholeMatrixOptimizer : public torch::optim::Optimizer, public StateBytes, public StepGuard {
  public:
+  /// The fewest dims a parameter may have (a derived class may say 1).
+  static constexpr int64_t kMinDims = 2;
+
   /// Over `param_groups`; groups without options get `defaults`.
   explicit WholeMatrixOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                                 Options defaults = {});
