@@ -34,7 +34,9 @@ double preset_lr(const std::string& run) {
       {"sim_ademamix", 3e-4}, {"soap", 4e-3},         {"polargrad", 0.3},  {"scion", 0.08},
       {"mop", 4e-3},      {"spel", 0.08},             {"muon_hyperball", 0.1},
       {"dion2", 0.03},    {"nordion2", 0.03},       {"dion", 0.03},
-      {"iso", 1.0},
+      {"iso", 1.0},       {"oblique_sgd", 0.01},    {"oblique_adam", 1e-3}, {"moso", 1e-3},
+      {"kl_soap", 0.01},  {"kl_m_soap", 0.01},      {"rekls", 0.01},     {"rekls_v3", 0.01},
+      {"stacked_soap", 0.01},
   };
   const auto it = lr.find(run);
   return it == lr.end() ? -1.0 : it->second;
