@@ -26,11 +26,13 @@ numerical=(test_newton_schulz test_ns_bf16 test_ns_parity test_symmetric_kernels
   test_laprop test_signum test_sim_ademamix test_soap test_spectral test_muon_spectral
   test_orthogonalized_family test_dist_orthogonalized_family test_dion2 test_qk_clip
   test_dist_qk_clip test_muon_cautious test_dist_cautious test_muon_heads test_dist_heads
+  test_dion test_iso test_oblique test_moso test_kl_soap
   python_test_newton_schulz python_test_optimizers python_test_laprop python_test_signum
   python_test_sim_ademamix python_test_soap python_test_orthogonalized_family
   python_test_muon_spectral python_test_dion2 python_test_qk_clip python_test_muon_cautious
   python_test_muon_heads python_test_compat python_test_torch_optim_muon
-  python_test_reduced_precision_factors)
+  python_test_reduced_precision_factors python_test_dion python_test_iso python_test_oblique
+  python_test_moso python_test_kl_soap)
 regex="^($(IFS='|'; echo "${numerical[*]}"))\$"
 
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
