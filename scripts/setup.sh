@@ -21,6 +21,7 @@ packages=(
   python3-numpy
   python3-xxhash          # the Python checkpoint reader's checksums
   python3-matplotlib      # demo plots
+  bible-kjv               # the King James Bible: the corpus of muon-train-gpt --preset kjv
   debootstrap             # scripts/test-torch2.sh: the Debian 13 root of the 2.6 suite
 )
 

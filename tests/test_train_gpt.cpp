@@ -1167,6 +1167,63 @@ TEST(TrainGptProgram, DeviceValueNotOfferedIsRefusedInOneLine) {
   expect_device_refused(run_program("--device cuda:1 --nproc 1"), "cuda:1", why);
 }
 
+// --preset kjv: the width-384 GPT on the King James Bible, the corpus the
+// build writes beside the program from Debian's bible-kjv, through the
+// job's --data path. A few steps on 2 ranks; --steps and --eval-every
+// given on the command line win over the preset's.
+TEST(TrainGptProgram, KjvPresetTrainsTheWideGptOnTheBible) {
+  const auto corpus = std::filesystem::path(MUON_TRAIN_GPT_BIN).parent_path() / "kjv.txt";
+  ASSERT_TRUE(std::filesystem::exists(corpus)) << corpus << ": scripts/setup.sh installs bible-kjv";
+  std::vector<std::string> verses;
+  {
+    std::ifstream in(corpus);
+    for (std::string line; std::getline(in, line);) verses.push_back(line);
+  }
+  ASSERT_EQ(verses.size(), 31102u);  // the verses of the King James Bible
+  EXPECT_EQ(verses.front(), "In the beginning God created the heaven and the earth.");
+  EXPECT_EQ(verses.back(), "The grace of our Lord Jesus Christ be with you all. Amen.");
+
+  const auto dir = scratch("kjv");
+  const auto out = run_program("--preset kjv --nproc 2 --steps 2 --eval-every 1 --eval-windows 4 "
+                               "--runs muon --no-progress --no-plot --threads 1 --out " +
+                               dir.string());
+  ASSERT_EQ(out.status, 0) << out.text;
+  // The model of the preset over the corpus's characters, and its split:
+  // the first 90% trains, the rest validates (make_dataset's rule).
+  const auto text_size = static_cast<int64_t>(std::filesystem::file_size(corpus));
+  const auto n_train = static_cast<int64_t>(static_cast<double>(text_size) * (1 - 0.1));
+  train_gpt::GptConfig c;
+  c.vocab_size = 63;  // the distinct characters of the corpus, newline included
+  c.layers = 6;
+  c.width = 384;
+  c.heads = 6;
+  c.context = 256;
+  const auto params = train_gpt::Gpt(c)->num_parameters();
+  const auto expected = "muon-train-gpt: 2 rank(s) on cpu, " + std::to_string(params) + " parameters, vocab 63, " +
+                        std::to_string(n_train) + " train / " + std::to_string(text_size - n_train) +
+                        " valid tokens";
+  EXPECT_NE(out.text.find(expected), std::string::npos) << expected << "\n" << out.text;
+  const auto log = train_gpt::read_csv((dir / "muon.csv").string());
+  ASSERT_EQ(log.points.size(), 3u);  // steps 0, 1, 2
+  EXPECT_TRUE(std::isfinite(log.final_point().valid_loss));
+  EXPECT_LT(log.final_point().valid_loss, log.points[0].valid_loss);
+  std::filesystem::remove_all(dir);
+}
+
+// Without its corpus, --preset kjv stops in one line naming the package.
+TEST(TrainGptProgram, KjvPresetWithoutItsCorpusNamesThePackage) {
+  const auto out = run_program_command("MUON_KJV_CORPUS=/nonexistent/kjv.txt " + std::string(MUON_TRAIN_GPT_BIN) +
+                                       " --preset kjv --nproc 1 --steps 1 --no-plot");
+  EXPECT_EQ(out.status, 1) << out.text;
+  EXPECT_EQ(std::count(out.text.begin(), out.text.end(), '\n'), 1) << out.text;
+  EXPECT_NE(out.text.find("--preset kjv: no corpus at '/nonexistent/kjv.txt'; install Debian's bible-kjv"),
+            std::string::npos)
+      << out.text;
+  const auto bad = run_program("--preset large --nproc 1");
+  EXPECT_EQ(bad.status, 1) << bad.text;
+  EXPECT_NE(bad.text.find("--preset"), std::string::npos) << bad.text;
+}
+
 // --device cpu (the default) is recorded where a run reports: the first
 // line, the table and the --summary JSON.
 TEST(TrainGptProgram, DeviceIsRecordedInTheLogTableAndSummary) {

@@ -55,6 +55,7 @@
 #include "muon/plugin.h"
 #include "muon/registry.h"
 #include "muon/schedule.h"
+#include "presets.h"
 #include "report.h"
 #include "runs.h"
 #include "text.h"
@@ -65,12 +66,14 @@ namespace fs = std::filesystem;
 namespace {
 
 using train_gpt::clip;
+using train_gpt::one_line;
 using train_gpt::run_name;
 using train_gpt::run_names;
 using train_gpt::split_list;
 
 struct Flags {
   train_gpt::TrainOptions train;
+  std::string preset = "small";
   int64_t nproc = 2;
   int64_t threads = 1;  // LibTorch intra-op threads per rank
   int64_t chars = 2'000'000;
@@ -101,7 +104,7 @@ struct Flags {
 
 // The flags a run's optimizer config is built from.
 train_gpt::RunConfigFlags run_flags(const Flags& f) {
-  return {f.train.steps, f.train.model.experts, f.configs, f.sets};
+  return {f.train.steps, f.train.model.experts, f.configs, f.sets, f.preset};
 }
 
 fs::path self_dir() { return fs::canonical("/proc/self/exe").parent_path(); }
@@ -140,7 +143,8 @@ std::vector<muon::distributed::AgreementItem> shared_flags(const Flags& f) {
   for (const auto& s : f.sets) sets += s + " ";
   std::string plugins;
   for (const auto& p : f.plugins) plugins += p + " ";
-  return {{"--runs", f.runs},
+  return {{"--preset", f.preset},
+          {"--runs", f.runs},
           {"--plugin", plugins},
           {"--steps", std::to_string(t.steps)},
           {"--batch", std::to_string(t.global_batch)},
@@ -186,15 +190,6 @@ CLI::Validator count(int64_t min) {
         return "";
       },
       min > 0 ? "POSITIVE" : "NONNEGATIVE");
-}
-
-// An error as one line of output: its lines joined.
-std::string one_line(std::string text) {
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-  for (auto& c : text) {
-    if (c == '\n') c = ' ';
-  }
-  return text;
 }
 
 // The ranks of the job: the launcher's (torchrun's variables), over NCCL
@@ -328,6 +323,8 @@ int run_rank(const Flags& f) {
 // The flags of the model, the data and the training run.
 void add_model_flags(CLI::App& app, Flags& f) {
   auto& t = f.train;
+  app.add_option("--preset", f.preset, "small | kjv: a model, corpus and budget (presets.h); flags win")
+      ->check(CLI::IsMember(train_gpt::preset_names()));
   app.add_option("--steps", t.steps, "optimizer steps per run")->check(count(1));
   app.add_option("--batch", t.global_batch, "sequences per step over all ranks")->check(count(1));
   app.add_option("--eval-every", t.eval_every, "steps between evaluations")->check(count(1));
@@ -461,6 +458,8 @@ int main(int argc, char** argv) {
   }
 
   try {
+    train_gpt::apply_preset(f.preset, [&](const std::string& flag) { return app.count(flag) > 0; },
+                            f.train, f.data_file);
     // --device first: no process starts and no rank waits for a device that is not there.
     const bool launched = std::getenv("RANK") != nullptr;
     train_gpt::check_device_flag(f.device, launched || f.compare_layouts ? 1 : f.nproc);

@@ -42,6 +42,18 @@ double preset_lr(const std::string& run) {
   return it == lr.end() ? -1.0 : it->second;
 }
 
+// Peak learning rates at --preset kjv (width 384 on the King James Bible),
+// where a sweep there chose them (docs/train_gpt.md, "At width 384"); an
+// entry without one takes its default-task lr above.
+double preset_lr(const std::string& run, const std::string& preset) {
+  static const std::map<std::string, double> kjv = {};
+  if (preset == "kjv") {
+    const auto it = kjv.find(run);
+    if (it != kjv.end()) return it->second;
+  }
+  return preset_lr(run);
+}
+
 // Whether a config file sets `key` (read as JSON text: any occurrence of
 // the quoted key).
 bool file_sets(const std::string& path, const std::string& key) {
@@ -57,15 +69,17 @@ bool file_sets(const std::string& path, const std::string& key) {
 // with default routing rules: muon, soap, ...) leaves to its scalar
 // optimizer, and a 5% linear warmup then cosine decay (to 10% of the final
 // peak lr: run_config sets min_lr last).
-muon::OptimizerConfig run_preset(const std::string& run, int64_t steps, int64_t experts) {
+muon::OptimizerConfig run_preset(const std::string& run, int64_t steps, int64_t experts,
+                                 const std::string& preset) {
   const auto entry = muon::OptimizerRegistry::global().at(run);  // an unknown run lists the registered names
   muon::OptimizerConfig c;
   c.set("optimizer", run);
-  if (preset_lr(run) > 0) c.set("lr", preset_lr(run));
+  if (preset_lr(run, preset) > 0) c.set("lr", preset_lr(run, preset));
   if (run == "muon" || run == "adaptive_muon") c.set("muon_scale_mode", "shape_scaling");
   if (!entry->default_overrides.empty()) {
     // The scalar optimizer (AdamW: embeddings, head, norms, biases) at AdamW's lr.
-    c.add_override(muon::OverrideRule().match_optimizer("adamw").set("lr", kAdamwLr).named("adamw lr"));
+    c.add_override(
+        muon::OverrideRule().match_optimizer("adamw").set("lr", preset_lr("adamw", preset)).named("adamw lr"));
   }
   if (c.get_string("optimizer") != "sgd") c.set("adam_beta2", 0.95);
   if (experts > 0 && run == "muon") {
@@ -106,11 +120,11 @@ muon::OptimizerConfig run_config(const std::string& spec, const RunConfigFlags& 
                       "': no such file (an entry ending in .json is a config file)");
     muon::OptimizerConfig file;
     muon::load_config_file(file, spec);
-    c = run_preset(file.get_string("optimizer"), f.steps, f.experts);
+    c = run_preset(file.get_string("optimizer"), f.steps, f.experts, f.preset);
     muon::load_config_file(c, spec);
     min_lr_given = file_sets(spec, "min_lr");
   } else {
-    c = run_preset(run, f.steps, f.experts);
+    c = run_preset(run, f.steps, f.experts, f.preset);
   }
   for (const auto& config : f.configs) {
     const auto eq = config.find('=');

@@ -23,13 +23,17 @@ struct RunConfigFlags {
   std::vector<std::string> configs;
   /// --set RUN:FIELD=VALUE, in order.
   std::vector<std::string> sets;
+  /// --preset: its learning rates where it has them (presets.h).
+  std::string preset = "small";
 };
 
 /// The preset of run `run` (a registered optimizer): its tuned learning
-/// rate, AdamW at its own lr for the parameters a matrix optimizer leaves
-/// to its scalar optimizer, and a 5% linear warmup then cosine decay over
-/// `steps`. An unknown name raises c10::Error listing the registered ones.
-muon::OptimizerConfig run_preset(const std::string& run, int64_t steps, int64_t experts);
+/// rate (at --preset `preset`'s size where it was swept there), AdamW at
+/// its own lr for the parameters a matrix optimizer leaves to its scalar
+/// optimizer, and a 5% linear warmup then cosine decay over `steps`. An
+/// unknown name raises c10::Error listing the registered ones.
+muon::OptimizerConfig run_preset(const std::string& run, int64_t steps, int64_t experts,
+                                 const std::string& preset = "small");
 
 /// Whether a --runs entry is a config file (FILE.json) rather than a
 /// registered optimizer.
