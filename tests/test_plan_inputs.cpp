@@ -199,8 +199,11 @@ TEST(PlanInputs, MachineRefusalsNameTheField) {
 
 std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
 
-// muon-plan with `args`, killed after `limit` seconds (status 124).
-train_gpt_test::Output run_plan(const std::string& args, int limit = 1) {
+// muon-plan with `args`, killed after `limit` seconds (status 124): a
+// guard against hangs and unbounded reads (/dev/zero), far above the
+// program's own time (about 0.7 s of CPU, most of it loading LibTorch, so
+// that a busy 2-core machine already takes 2 s).
+train_gpt_test::Output run_plan(const std::string& args, int limit = 20) {
   return train_gpt_test::run_program_command("timeout " + std::to_string(limit) + " " + MUON_PLAN_BIN + " " + args);
 }
 
