@@ -1224,6 +1224,35 @@ TEST(TrainGptProgram, KjvPresetWithoutItsCorpusNamesThePackage) {
   EXPECT_NE(bad.text.find("--preset"), std::string::npos) << bad.text;
 }
 
+// --preset kjv's learning rates are the ones its sweep chose
+// (docs/train_gpt.md, "At width 384"): AdamW at 5e-4, Muon at 0.02 with
+// its AdamW part at AdamW's 5e-4; --preset small keeps the default task's
+// (4e-3 for both AdamWs), and --set still wins over either.
+TEST(TrainGptProgram, KjvPresetRunsAtItsSweptLearningRates) {
+  const auto lr_of = [](const std::string& text, const std::string& run) {
+    const auto part = text.substr(text.find("run '" + run + "'"));
+    const auto at = part.find("\n  \"lr\": ");
+    return std::stod(part.substr(at + 9, part.find(',', at) - at - 9));
+  };
+  const auto override_lr = [](const std::string& text) {
+    const auto at = text.find("\"label\": \"adamw lr\"");
+    const auto lr = text.find("\"lr\": ", at);
+    return std::stod(text.substr(lr + 6, 12));
+  };
+  const auto kjv = run_program("--preset kjv --print-config --runs muon,adamw");
+  ASSERT_EQ(kjv.status, 0) << kjv.text;
+  EXPECT_EQ(lr_of(kjv.text, "adamw"), 5e-4) << kjv.text;
+  EXPECT_EQ(lr_of(kjv.text, "muon"), 0.02) << kjv.text;
+  EXPECT_EQ(override_lr(kjv.text), 5e-4) << kjv.text;
+  const auto small = run_program("--print-config --runs muon,adamw");
+  ASSERT_EQ(small.status, 0) << small.text;
+  EXPECT_EQ(lr_of(small.text, "adamw"), 4e-3) << small.text;
+  EXPECT_EQ(lr_of(small.text, "muon"), 0.02) << small.text;
+  const auto set = run_program("--preset kjv --print-config --runs adamw --set adamw:lr=0.0123");
+  ASSERT_EQ(set.status, 0) << set.text;
+  EXPECT_EQ(lr_of(set.text, "adamw"), 0.0123) << set.text;
+}
+
 // --device cpu (the default) is recorded where a run reports: the first
 // line, the table and the --summary JSON.
 TEST(TrainGptProgram, DeviceIsRecordedInTheLogTableAndSummary) {
