@@ -55,7 +55,7 @@ def main(argv):
         sys.exit(__doc__)
     out = argv[1]
     baseline = argv[2] if len(argv) > 2 else "adamw"
-    seeds = sorted(glob.glob(os.path.join(out, "seed-*")))
+    seeds = sorted(d for d in glob.glob(os.path.join(out, "seed-*")) if os.path.isdir(d))
     if not seeds:
         sys.exit(f"seeds_report: no {out}/seed-*/ directories")
     runs = sorted({os.path.splitext(os.path.basename(p))[0]

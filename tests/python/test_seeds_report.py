@@ -41,6 +41,8 @@ def test_ratios_interpolate_between_evaluations_and_average_over_seeds(tmp_path)
     s2.mkdir()
     write(s2 / "adamw.csv", [(0, 4.0, 0, 0), (100, 2.2, 40, 2)])
     write(s2 / "muon.csv", [(0, 4.0, 0, 0), (50, 2.2, 28, 5), (100, 1.2, 60, 10)])
+    # seeds.sh writes each seed's log beside its directory: not a seed.
+    (tmp_path / "seed-1.log").write_text("muon-train-gpt: 2 rank(s) on cpu\n")
     rows = report(tmp_path)
     assert set(rows) == {"muon", "adamw"}
     muon = rows["muon"]
