@@ -1229,15 +1229,18 @@ TEST(TrainGptProgram, KjvPresetWithoutItsCorpusNamesThePackage) {
 // its AdamW part at AdamW's 5e-4; --preset small keeps the default task's
 // (4e-3 for both AdamWs), and --set still wins over either.
 TEST(TrainGptProgram, KjvPresetRunsAtItsSweptLearningRates) {
-  const auto lr_of = [](const std::string& text, const std::string& run) {
-    const auto part = text.substr(text.find("run '" + run + "'"));
-    const auto at = part.find("\n  \"lr\": ");
-    return std::stod(part.substr(at + 9, part.find(',', at) - at - 9));
+  // --print-config prints each run as "run 'NAME':" and its config as JSON.
+  const auto config_of = [](const std::string& text, const std::string& run) {
+    const auto begin = text.find('{', text.find("run '" + run + "':"));
+    return nlohmann::json::parse(text.substr(begin, text.find("\nrun '", begin) - begin));
   };
-  const auto override_lr = [](const std::string& text) {
-    const auto at = text.find("\"label\": \"adamw lr\"");
-    const auto lr = text.find("\"lr\": ", at);
-    return std::stod(text.substr(lr + 6, 12));
+  const auto lr_of = [&](const std::string& text, const std::string& run) {
+    return config_of(text, run).at("lr").get<double>();
+  };
+  const auto override_lr = [&](const std::string& text) {
+    const auto rules = config_of(text, "muon").at("overrides");
+    const auto rule = std::find_if(rules.begin(), rules.end(), [](const auto& r) { return r.at("label") == "adamw lr"; });
+    return rule == rules.end() ? -1.0 : rule->at("set").at("lr").get<double>();
   };
   const auto kjv = run_program("--preset kjv --print-config --runs muon,adamw");
   ASSERT_EQ(kjv.status, 0) << kjv.text;
