@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "muon/optim/step_guard.h"
+#include "muon/optim/weight_update_hook.h"
 #include "muon/registry.h"
 #include "registry_internal.h"
 #include "util/names.h"
@@ -21,6 +23,38 @@ using detail::kMakeWho;
 using torch::optim::OptimizerParamGroup;
 
 namespace detail {
+namespace {
+
+// The weight-update hook of one param group of `entry` (nullopt: none);
+// raises c10::ValueError for an optimizer whose step the hooks cannot read.
+std::optional<WeightUpdateHooks::Group> group_hook(const OptimizerEntry& entry, const OptimizerSettings& s) {
+  if (!s.has("weight_update_hook")) return std::nullopt;
+  const auto kind = parse_weight_update_hook(s.get_string("weight_update_hook"));
+  if (kind == WeightUpdateHookKind::kNone) return std::nullopt;
+  TORCH_CHECK_VALUE(!entry.hook_weight_decay.empty(), "weight_update_hook '", to_string(kind),
+                    "' cannot wear optimizer '", entry.name, "': ", entry.hook_refusal);
+  WeightUpdateHooks::Group g;
+  g.hook.kind(kind)
+      .radius(s.get_double("weight_update_hook_radius"))
+      .outward_scale(s.get_double("weight_update_hook_outward_scale"))
+      .inward_scale(s.get_double("weight_update_hook_inward_scale"))
+      .eps(s.get_double("weight_update_hook_eps"));
+  g.hook.validate();
+  g.weight_decay = s.get_double("weight_decay");
+  std::string method = entry.hook_weight_decay;
+  std::string field = "optimizer '" + entry.name + "''s weight decay";
+  for (const char* name : {"weight_decay_mode", "weight_decay_method"}) {
+    if (s.has(name)) {
+      method = s.get_string(name);
+      field = std::string(entry.name) + "'s " + name;
+    }
+  }
+  // Without weight decay, how it would decay does not matter.
+  g.decay = g.weight_decay == 0 ? HookedWeightDecay::kL2 : parse_hooked_weight_decay(method, field);
+  return g;
+}
+
+}  // namespace
 
 std::unique_ptr<CompositeOptimizer> build_composite(const std::vector<ParamGroupPlan>& groups,
                                                     const BuildContext& context,
@@ -36,6 +70,7 @@ std::unique_ptr<CompositeOptimizer> build_composite(const std::vector<ParamGroup
     const auto entry = registry.at(name);
     std::vector<OptimizerParamGroup> part_groups;
     std::vector<OptimizerSettings> settings;
+    std::vector<std::optional<WeightUpdateHooks::Group>> hooks;
     CompositePart part;
     part.name = name;
     const bool replaced = context.factories.count(name) != 0;
@@ -49,6 +84,7 @@ std::unique_ptr<CompositeOptimizer> build_composite(const std::vector<ParamGroup
           }
         }
         part_groups.emplace_back(b.params, entry->make_options(*b.settings));
+        hooks.push_back(group_hook(*entry, *b.settings));
       } catch (const c10::ValueError& e) {
         TORCH_CHECK_VALUE(false, who, describe(i), ": ", e.what_without_backtrace());
       }
@@ -65,6 +101,8 @@ std::unique_ptr<CompositeOptimizer> build_composite(const std::vector<ParamGroup
     }
     TORCH_CHECK_VALUE(part.optimizer != nullptr, who, "the factory of '", name, "' returned null");
     if (entry->init_state) entry->init_state(*part.optimizer);
+    auto part_hooks = std::make_shared<WeightUpdateHooks>(std::move(hooks), context.sum_across_parts);
+    if (part_hooks->any()) part.hooks = std::move(part_hooks);
     parts.push_back(std::move(part));
   }
   return std::make_unique<CompositeOptimizer>(std::move(parts));

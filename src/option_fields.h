@@ -175,6 +175,20 @@ inline OptimizerEntry bare_entry(std::string name, StateSchema state, std::strin
   return e;
 }
 
+/// `e` with the weight decay its step applies before its update, as the
+/// weight-update hooks read it (OptimizerEntry::hook_weight_decay).
+inline OptimizerEntry hookable(OptimizerEntry e, std::string weight_decay) {
+  e.hook_weight_decay = std::move(weight_decay);
+  return e;
+}
+
+/// `e` refused by the weight-update hooks, saying why.
+inline OptimizerEntry not_hookable(OptimizerEntry e, std::string why) {
+  e.hook_weight_decay.clear();
+  e.hook_refusal = std::move(why);
+  return e;
+}
+
 /// The entry of optimizer Opt over Options: `fields` declared (those not
 /// read_only), make_options `options_from(fields, settings, finish)` and the
 /// factory `build_factory<Opt, Options>`.

@@ -3,6 +3,7 @@
 // settings an optimizer reads. The built-in entries are registered in
 // registry_builtins.cpp.
 #include "muon/registry.h"
+#include "muon/optim/weight_update_hook.h"
 
 #include <c10/util/Exception.h>
 
@@ -85,6 +86,20 @@ std::vector<FieldSpec> common_fields() {
       FieldSpec::text("lr_decay_style", "constant", "decay after warmup",
                       {"constant", "linear", "cosine"})
           .whole_run(),
+      FieldSpec::text("weight_update_hook", "none",
+                      "around the weight update (Emerging-Optimizers' hooks): hyperball (update and "
+                      "weight at radius R) | radial_brake (damp changes of the weight's norm) | "
+                      "relative_update (the update at the weight's norm)",
+                      weight_update_hook_names()),
+      FieldSpec::real("weight_update_hook_radius", 1.0, "hyperball: the radius R of the weight and update",
+                      0.0)
+          .exclusive_min(),
+      FieldSpec::real("weight_update_hook_outward_scale", 0.5,
+                      "radial_brake: fraction of a growth of the weight's norm kept", 0.0, 1.0),
+      FieldSpec::real("weight_update_hook_inward_scale", 1.0,
+                      "radial_brake: fraction of a shrinking of the weight's norm kept", 0.0, 1.0),
+      FieldSpec::real("weight_update_hook_eps", 1e-15, "weight-update hooks: norms below it count as 0", 0.0)
+          .exclusive_min(),
       FieldSpec::text("nonfinite", "error",
                       "a NaN/Inf gradient: error (raise, nothing applied) | skip_step (skip and "
                       "count the step on every rank) | propagate (no check)",

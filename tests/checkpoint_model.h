@@ -64,9 +64,16 @@ inline at::Tensor full_param(size_t k) { return muon::test::seeded_randn(kModel[
 inline at::Tensor full_grad(size_t k, int64_t step) { return muon::test::seeded_randn(kModel[k].second, 500 + 13 * step + k); }
 
 // `optimizer` is a registry name, "adaptive_muon/<mode>" for AdaptiveMuon in
-// that mode, or "dion/<rank_fraction>" for Dion at that rank fraction.
-inline OptimizerConfig config(const std::string& layout, const std::string& optimizer = "muon") {
+// that mode, or "dion/<rank_fraction>" for Dion at that rank fraction; a
+// suffix "@<hook>" puts every parameter under that weight_update_hook
+// (hyperball at radius 3).
+inline OptimizerConfig config(const std::string& layout, const std::string& spec = "muon") {
   OptimizerConfig c;
+  const auto at = spec.find('@');
+  const auto optimizer = spec.substr(0, at);
+  if (at != std::string::npos) {
+    c.set("weight_update_hook", spec.substr(at + 1)).set("weight_update_hook_radius", 3.0);
+  }
   const auto slash = optimizer.find('/');
   const auto name = optimizer.substr(0, slash);
   // Iso has no weight decay.

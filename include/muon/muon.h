@@ -55,6 +55,7 @@
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/state_schema.h"
 #include "muon/optim/step_guard.h"
+#include "muon/optim/weight_update_hook.h"
 #include "muon/optim/whole_matrix.h"
 #include "muon/plan.h"
 #include "muon/plugin.h"

@@ -115,6 +115,14 @@ struct OptimizerEntry {
   std::vector<OverrideRule> default_overrides;
   /// Called once on the new optimizer (e.g. to create state eagerly); optional.
   std::function<void(torch::optim::Optimizer&)> init_state;
+  /// How the weight-update hooks (muon/optim/weight_update_hook.h) read its
+  /// step p ← c·p − lr·U: the weight decay it applies before the update
+  /// ("decoupled", "independent", "l2", "palm") when its settings name none
+  /// (a `weight_decay_mode` or `weight_decay_method` field names it). Empty
+  /// (a plugin's default): a hook on it raises, with `hook_refusal`.
+  std::string hook_weight_decay;
+  /// Why the hooks refuse it (its step is not of that form), for the message.
+  std::string hook_refusal = "it does not say how it decays the weight (OptimizerEntry::hook_weight_decay)";
   /// What its per-parameter state is (muon/optim/state_schema.h):
   /// checkpoints, the Python package, state bytes and `explain` read it.
   /// Optional: an optimizer without one builds and steps, and anything
@@ -303,6 +311,10 @@ struct BuildContext {
                             std::vector<torch::optim::OptimizerParamGroup> groups,
                             const std::vector<OptimizerSettings>& settings)>>
       factories;
+  /// For the weight-update hooks of a layout that splits matrices: sums
+  /// each parameter's partial norms over the processes holding its other
+  /// parts (muon/optim/weight_update_hook.h). Absent: parameters are whole.
+  SumAcrossParts sum_across_parts;
 };
 
 /// `make_optimizer` with a build context. Raises c10::ValueError for a

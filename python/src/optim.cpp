@@ -33,9 +33,18 @@ using torch::optim::Optimizer;
 using torch::optim::OptimizerParamState;
 
 // Keys a group cannot change after construction: the layouts laid their
-// work out from them, and whole-run fields are shared by every group.
-const std::set<std::string> kFixedKeys = {"tp_mode", "stacked_experts", "split_qkv",
-                                          "qkv_split_sizes", "num_query_groups"};
+// work out from them, the weight-update hooks were built from them, and
+// whole-run fields are shared by every group.
+const std::set<std::string> kFixedKeys = {"tp_mode",
+                                          "stacked_experts",
+                                          "split_qkv",
+                                          "qkv_split_sizes",
+                                          "num_query_groups",
+                                          "weight_update_hook",
+                                          "weight_update_hook_radius",
+                                          "weight_update_hook_outward_scale",
+                                          "weight_update_hook_inward_scale",
+                                          "weight_update_hook_eps"};
 
 // The optimizer that keeps a parameter's state and the registry entry whose
 // state schema describes it.

@@ -218,7 +218,10 @@ at::Tensor CompositeOptimizer::step(LossClosure closure) {
       *this, kWho,
       [&] {
         for (; stepping < parts_.size(); ++stepping) {
-          parts_[stepping].optimizer->step();
+          auto& part = parts_[stepping];
+          if (part.hooks) part.hooks->before_step(*part.optimizer);
+          part.optimizer->step();
+          if (part.hooks) part.hooks->after_step(*part.optimizer);
           detail::fault_point("a part of muon::CompositeOptimizer");
         }
       },

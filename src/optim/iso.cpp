@@ -127,7 +127,7 @@ void detail::register_iso(OptimizerRegistry& registry) {
           F::common("weight_decay", &O::weight_decay),
       });
   e.default_overrides = detail::scalar_defaults("iso");
-  registry.add(std::move(e));
+  registry.add(detail::not_hookable(std::move(e), "it rebuilds the weight from its factors U·diag(σ)·Vᵀ rather than adding an update"));
 }
 
 }  // namespace muon

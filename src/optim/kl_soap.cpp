@@ -241,7 +241,7 @@ void detail::register_kl_soap(OptimizerRegistry& registry) {
                                                 o.kind(kind);
                                               });
     e.default_overrides = detail::scalar_defaults(name);
-    registry.add(std::move(e));
+    registry.add(detail::hookable(std::move(e), "decoupled"));
   }
 }
 

@@ -44,7 +44,7 @@ void Lion::update(at::Tensor& p, const at::Tensor& grad, LionParamState& st, con
 void detail::register_lion(OptimizerRegistry& registry) {
   using O = LionOptions;
   using F = detail::OptionFields<O>;
-  registry.add(detail::options_entry<Lion, O>(
+  registry.add(detail::hookable(detail::options_entry<Lion, O>(
       "lion", detail::lion_state(),
       "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay",
       {
@@ -53,7 +53,7 @@ void detail::register_lion(OptimizerRegistry& registry) {
               .exclusive_max(),
           F::real("beta2", &O::beta2, 0.99, "momentum decay", 0.0, 1.0).exclusive_max(),
           F::common("weight_decay", &O::weight_decay),
-      }));
+      }), "decoupled"));
 }
 
 }  // namespace muon

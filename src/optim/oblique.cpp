@@ -138,7 +138,7 @@ void detail::register_oblique(OptimizerRegistry& registry) {
                 .exclusive_min(),
         });
     e.default_overrides = detail::scalar_defaults("oblique_sgd");
-    registry.add(std::move(e));
+    registry.add(detail::not_hookable(std::move(e), "it renormalizes slices of the weight after its update"));
   }
   using O = ObliqueAdamOptions;
   using F = detail::OptionFields<O>;
@@ -160,7 +160,7 @@ void detail::register_oblique(OptimizerRegistry& registry) {
                      "bias correction of both moments"),
       });
   e.default_overrides = detail::scalar_defaults("oblique_adam");
-  registry.add(std::move(e));
+  registry.add(detail::not_hookable(std::move(e), "it renormalizes slices of the weight after its update"));
 }
 
 }  // namespace muon

@@ -404,7 +404,14 @@ OptimizerEntry orthogonalized_entry(OrthogonalizedKind kind, std::string doc,
   };
   e.default_overrides = detail::scalar_defaults(name);
   if (kind == OrthogonalizedKind::kScion) e.default_overrides.push_back(detail::scion_fixed_rule());
-  return e;
+  if (kind == OrthogonalizedKind::kSpel) {
+    return detail::not_hookable(std::move(e), "it re-orthogonalizes the weight after its update");
+  }
+  if (kind == OrthogonalizedKind::kMuonHyperball) {
+    return detail::not_hookable(std::move(e), "it wears the hyperball hook already (muon_hyperball_radius); "
+                                              "use optimizer 'muon' with weight_update_hook hyperball");
+  }
+  return detail::hookable(std::move(e), "decoupled");
 }
 
 // nesterov, off (EO's default): muon_options_from reads it in place of muon_nesterov.

@@ -58,7 +58,7 @@ void detail::register_signum(OptimizerRegistry& registry) {
   using O = SignumOptions;
   using F = detail::OptionFields<O>;
   const O d;
-  registry.add(detail::options_entry<Signum, O>(
+  registry.add(detail::hookable(detail::options_entry<Signum, O>(
       "signum", detail::signum_state(),
       "Signum (muon::Signum): the sign of a momentum, optionally Nesterov",
       {
@@ -71,7 +71,7 @@ void detail::register_signum(OptimizerRegistry& registry) {
           F::common("weight_decay", &O::weight_decay),
           F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
                   "how weight decay enters the step", detail::weight_decay_method_names()),
-      }));
+      }), "decoupled"));
 }
 
 }  // namespace muon

@@ -62,9 +62,9 @@ OptimizerEntry sgd_entry() {
 void register_torch_builtins(OptimizerRegistry& registry) {
   using torch::optim::AdamOptions;
   using torch::optim::AdamWOptions;
-  registry.add(options_entry<torch::optim::Adam, AdamOptions>(
+  registry.add(detail::hookable(options_entry<torch::optim::Adam, AdamOptions>(
       "adam", adam_state(), "Adam (torch::optim::Adam; weight_decay is L2)",
-      adam_fields<AdamOptions>()));
+      adam_fields<AdamOptions>()), "l2"));
   // Before it: adam, whose fields it reads.
   auto adamw_fields = adam_fields<AdamWOptions>();
   for (auto& f : adamw_fields) f.read_only();
@@ -73,8 +73,8 @@ void register_torch_builtins(OptimizerRegistry& registry) {
       "AdamW (torch::optim::AdamW; decoupled weight decay); reads the adam_* fields",
       std::move(adamw_fields));
   adamw.uses_fields_of = {"adam"};
-  registry.add(std::move(adamw));
-  registry.add(sgd_entry());
+  registry.add(detail::hookable(std::move(adamw), "decoupled"));
+  registry.add(detail::hookable(sgd_entry(), "l2"));
 }
 
 }  // namespace muon::detail

@@ -21,6 +21,7 @@
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/state_schema.h"
 #include "muon/optim/step_guard.h"
+#include "muon/optim/weight_update_hook.h"
 
 namespace muon {
 
@@ -69,6 +70,9 @@ struct CompositePart {
   /// The parameter names of each of its groups (same counts as the groups),
   /// stored in archives and checked on load. Empty: not checked.
   std::vector<std::vector<std::string>> group_names;
+  /// The weight-update hooks of its groups (muon/optim/weight_update_hook.h),
+  /// run around its step; null: none.
+  std::shared_ptr<WeightUpdateHooks> hooks;
 };
 
 /// Inner optimizers as one (see the top of this header).

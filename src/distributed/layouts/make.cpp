@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "distributed/runtime/agreement.h"
+#include "hook_sums.h"
 #include "muon/compat.h"
 #include "muon/distributed/layouts/layerwise.h"
 #include "muon/distributed/layouts/sharded_muon.h"
@@ -164,6 +165,7 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
   const auto& kind = config.get_string("layout");
   BuildContext context;
   const auto names = names_of(named);
+  context.sum_across_parts = detail::hook_sums(layout, names);
   if (kind == "tensor_parallel") {
     refuse_whole_matrix_optimizers(context, kind);
     refuse_normalizing_optimizers(context, kind);
