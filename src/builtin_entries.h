@@ -38,7 +38,7 @@ void register_dion2(OptimizerRegistry& registry);
 void register_dion(OptimizerRegistry& registry);
 /// iso (src/optim/iso.cpp).
 void register_iso(OptimizerRegistry& registry);
-/// kl_soap, kl_m_soap, rekls, rekls_v3, stacked_soap (src/optim/kl_soap.cpp).
+/// kl_soap, kl_m_soap, rekls, tp_rekls, rekls_v3, stacked_soap (src/optim/kl_soap.cpp).
 void register_kl_soap(OptimizerRegistry& registry);
 /// moso (src/optim/moso.cpp).
 void register_moso(OptimizerRegistry& registry);

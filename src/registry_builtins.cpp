@@ -1,6 +1,6 @@
 // The global registry and the built-ins' registration: each built-in entry
 // (muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix,
-// soap, kl_soap, kl_m_soap, rekls, rekls_v3, stacked_soap, dion2, nordion2,
+// soap, kl_soap, kl_m_soap, rekls, tp_rekls, rekls_v3, stacked_soap, dion2, nordion2,
 // dion, iso, oblique_sgd, oblique_adam, moso, polargrad, scion, mop, spel,
 // muon_hyperball) lives in its optimizer's source file
 // (src/builtin_entries.h); register_builtins calls them explicitly, in the
@@ -59,7 +59,7 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
   detail::register_signum(registry);
   detail::register_sim_ademamix(registry);
   detail::register_soap(registry);
-  detail::register_kl_soap(registry);               // kl_soap, kl_m_soap, rekls, rekls_v3, stacked_soap
+  detail::register_kl_soap(registry);               // kl_soap, kl_m_soap, rekls, tp_rekls, rekls_v3, stacked_soap
   detail::register_dion2(registry);                  // dion2, nordion2
   detail::register_dion(registry);
   detail::register_iso(registry);

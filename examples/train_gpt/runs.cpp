@@ -35,7 +35,7 @@ double preset_lr(const std::string& run) {
       {"mop", 4e-3},      {"spel", 0.08},             {"muon_hyperball", 0.1},
       {"dion2", 0.03},    {"nordion2", 0.03},       {"dion", 0.03},
       {"iso", 1.0},       {"oblique_sgd", 0.01},    {"oblique_adam", 1e-3}, {"moso", 1e-3},
-      {"kl_soap", 0.01},  {"kl_m_soap", 0.01},      {"rekls", 0.01},     {"rekls_v3", 0.01},
+      {"kl_soap", 0.01},  {"kl_m_soap", 0.01},      {"rekls", 0.01},     {"rekls_v3", 0.01}, {"tp_rekls", 0.01},
       {"stacked_soap", 0.01},
   };
   const auto it = lr.find(run);

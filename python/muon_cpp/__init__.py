@@ -104,7 +104,7 @@ if _C is not None:
         make_optimizer,
         option_fields,
     )
-    from .soap_family import KlMSoap, KlSoap, REKLS, ReklsV3, StackedSoap  # noqa: F401
+    from .soap_family import KlMSoap, KlSoap, REKLS, ReklsV3, StackedSoap, TpRekls  # noqa: F401
     from . import distributed  # noqa: F401
     from . import _checks
 

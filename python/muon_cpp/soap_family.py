@@ -4,7 +4,7 @@ muon::KlSoap, include/muon/optim/kl_soap.h), with Emerging-Optimizers' keywords.
 """
 from .optim import _OneOptimizer
 
-__all__ = ["KlSoap", "KlMSoap", "REKLS", "ReklsV3", "StackedSoap"]
+__all__ = ["KlSoap", "KlMSoap", "REKLS", "TpRekls", "ReklsV3", "StackedSoap"]
 
 
 class _KlSoapFamily(_OneOptimizer):
@@ -55,6 +55,18 @@ class REKLS(_KlSoapFamily):
         options["weight_decay_method"] = weight_decay_method
         super().__init__(params, lr, betas, shampoo_beta, eps, weight_decay, layout=layout,
                          nonfinite=nonfinite, **options)
+
+
+class TpRekls(REKLS):
+    """REKLS for the tensor-parallel layout ("tp_rekls", Emerging-Optimizers'
+    TpRekls): REKLS's arithmetic; in ``muon_cpp.distributed``'s tensor_parallel
+    layout each step gathers a block's whole gradient, steps the whole matrix
+    with state every rank of the group keeps alike, and keeps its block
+    (REKLS and the other KL-SOAP entries but StackedSoap run there too).
+    Emerging-Optimizers' ``tp_group`` and ``partition_dim`` are the layout's
+    tensor-parallel shards here."""
+
+    _kind = "tp_rekls"
 
 
 class StackedSoap(_KlSoapFamily):

@@ -126,7 +126,7 @@ at::Tensor detail::kl_soap_update(const at::Tensor& grad, const at::Tensor& inne
 
   // The eigenbases; m carried from the old basis into the new one.
   const auto momentum = at::mm(at::mm(st.Q_L(), st.exp_avg()), st.Q_R().t());
-  const bool eigh = s == 0 || o.kind() == "rekls" || o.kind() == "rekls_v3";
+  const bool eigh = s == 0 || o.kind() == "rekls" || o.kind() == "tp_rekls" || o.kind() == "rekls_v3";
   auto [wl, ql] = eigh ? detail::eigh_descending(st.L()) : detail::orthogonal_iteration(st.L(), st.Q_L(), 1);
   auto [wr, qr] = eigh ? detail::eigh_descending(st.R()) : detail::orthogonal_iteration(st.R(), st.Q_R(), 1);
   st.Q_L(ql);
@@ -154,8 +154,8 @@ void KlSoapOptions::validate() const {
   detail::check_decay(kWho, "shampoo_beta", shampoo_beta_);
   TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be > 0, got ", eps_);
   detail::check_non_negative(kWho, "weight_decay", weight_decay_);
-  detail::check_name(kind_, {"kl_soap", "kl_m_soap", "rekls", "rekls_v3", "stacked_soap"}, kWho, "kind");
-  if (kind_ == "rekls") {
+  detail::check_name(kind_, {"kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3", "stacked_soap"}, kWho, "kind");
+  if (kind_ == "rekls" || kind_ == "tp_rekls") {
     detail::check_weight_decay_method(kWho, weight_decay_method_);
   } else {
     TORCH_CHECK_VALUE(weight_decay_method_ == "decoupled", kWho, "weight_decay_method must be 'decoupled' for ",
@@ -179,7 +179,10 @@ void KlSoap::check_before_step() {
 
 std::pair<int64_t, int64_t> KlSoap::preconditioned_dims(const at::Tensor& param) const {
   const auto& o = static_cast<const KlSoapOptions&>(defaults());
-  return detail::kl_soap_matrix_dims(o.kind(), whole_matrix_dims(param).first, param.sizes().slice(1));
+  const auto [rows, cols] = whole_matrix_dims(param);
+  // A 2-D parameter is its whole matrix's block in the tensor-parallel layout.
+  if (param.dim() == 2) return detail::kl_soap_matrix_dims(o.kind(), rows, {cols});
+  return detail::kl_soap_matrix_dims(o.kind(), rows, param.sizes().slice(1));
 }
 
 void KlSoap::step_parameters() {
@@ -211,12 +214,14 @@ void detail::register_kl_soap(OptimizerRegistry& registry) {
   using O = KlSoapOptions;
   using F = detail::OptionFields<O>;
   const O d;
-  const std::array<std::pair<const char*, const char*>, 5> kinds{{
+  const std::array<std::pair<const char*, const char*>, 6> kinds{{
       {"kl_soap", "KL-SOAP (muon::KlSoap): Adam in the eigenbasis of KL-Shampoo's factors, one orthogonal "
                   "iteration a step (Emerging-Optimizers' KlSoapV3)"},
       {"kl_m_soap", "KL-M-SOAP (muon::KlSoap): kl_soap with MAdam (no eps, scaled second moment) inside"},
       {"rekls", "REKLS (muon::KlSoap): KL-Shampoo's factors, their eigenbases by eigh every step, Adam inside "
                 "(Emerging-Optimizers' legacy REKLS)"},
+      {"tp_rekls", "REKLS for the tensor_parallel layout (muon::KlSoap; there "
+                   "muon::distributed::TensorParallelKlSoap): rekls' arithmetic, Emerging-Optimizers' TpRekls"},
       {"rekls_v3", "REKLS v3 (muon::KlSoap): rekls as Emerging-Optimizers' ReklsV3 (decoupled weight decay)"},
       {"stacked_soap", "Stacked SOAP (muon::KlSoap): kl_soap on a 3-D stack (b, m, n) seen as (m, b·n) when n <= m, "
                        "else (b·m, n)"},
@@ -232,7 +237,7 @@ void detail::register_kl_soap(OptimizerRegistry& registry) {
             .exclusive_min(),
         F::common("weight_decay", &O::weight_decay),
     };
-    if (std::string(name) == "rekls") {
+    if (std::string(name) == "rekls" || std::string(name) == "tp_rekls") {
       fields.push_back(F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
                                "how weight decay enters the step", detail::weight_decay_method_names()));
     }

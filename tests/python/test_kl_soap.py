@@ -17,7 +17,7 @@ import muon_cpp
 from conftest import value_error
 
 CLASSES = {"kl_soap": muon_cpp.KlSoap, "rekls": muon_cpp.REKLS, "rekls_v3": muon_cpp.ReklsV3,
-           "stacked_soap": muon_cpp.StackedSoap}
+           "stacked_soap": muon_cpp.StackedSoap, "tp_rekls": muon_cpp.TpRekls}
 
 
 def leaf(t):
@@ -59,7 +59,7 @@ def reference(kind, init, grads, lr, betas, shampoo_beta, eps, wd):
             big = w[w > 1e-10 * w.abs().max()]
             if big.numel() > 1:
                 gap = min(gap, ((big[1:] - big[:-1]).min() / big.abs().max()).item())
-            if t == 1 or kind in ("rekls", "rekls_v3"):
+            if t == 1 or kind in ("rekls", "rekls_v3", "tp_rekls"):
                 new.append((w.flip(0), vecs.flip(1)))
             else:
                 q = torch.linalg.qr(k @ q).Q
@@ -108,11 +108,11 @@ def test_follows_emerging_optimizers_arithmetic(kind, shape):
 
 def test_registry_entries_and_errors():
     names = muon_cpp.optimizer_names()
-    for kind in ("kl_soap", "kl_m_soap", "rekls", "rekls_v3", "stacked_soap"):
+    for kind in ("kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3", "stacked_soap"):
         assert kind in names
         fields = {f["name"]: f["default"] for f in muon_cpp.option_fields(kind)}
         assert fields["beta1"] == 0.9 and fields["beta2"] == 0.95 and fields["shampoo_beta"] == 0.95
-        assert ("weight_decay_method" in fields) == (kind == "rekls")
+        assert ("weight_decay_method" in fields) == (kind in ("rekls", "tp_rekls"))
     w = torch.nn.Parameter(torch.randn(8, 4))
     b = torch.nn.Parameter(torch.randn(8))
     opt = muon_cpp.make_optimizer([("w", w), ("b", b)], {"optimizer": "kl_m_soap", "lr": 0.01})

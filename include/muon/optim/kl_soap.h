@@ -2,7 +2,7 @@
 
 /// The KL-Shampoo SOAP family on `torch::optim`, with the arithmetic and
 /// defaults of NVIDIA-NeMo/Emerging-Optimizers at commit fd77292, one class
-/// for five registry entries (KlSoapOptions::kind):
+/// for six registry entries (KlSoapOptions::kind):
 ///
 ///   kl_soap       shampoo/soap_v3.py KlSoapV3: KL factors, one orthogonal
 ///                 iteration a step, Adam in the eigenbasis
@@ -10,6 +10,12 @@
 ///   rekls_v3      soap_v3.py ReklsV3: as kl_soap with eigh every step
 ///   rekls         legacy_soap/rekls.py REKLS (legacy SOAP with use_eigh and
 ///                 use_kl_shampoo): as rekls_v3, weight decay by any method
+///   tp_rekls      legacy_soap/tp_rekls.py TpRekls: rekls, run in the
+///                 tensor_parallel layout on the gathered whole matrix
+///                 (muon::distributed::TensorParallelKlSoap; rekls runs there
+///                 too). TpRekls adds the l2 term to the gradient before its
+///                 Kronecker factors see it; here, as REKLS, they see the raw
+///                 gradient (the default decoupled decay is the same in both)
 ///   stacked_soap  legacy_soap/stacked_soap.py StackedSoap: kl_soap on a
 ///                 3-D (b, m, n) parameter seen as (m, b·n) when n ≤ m, else
 ///                 (b·m, n)
@@ -76,9 +82,9 @@ struct KlSoapOptions : public ListedOptions<KlSoapOptions> {
   TORCH_ARG(double, eps) = 1e-8;
   /// Weight decay, >= 0.
   TORCH_ARG(double, weight_decay) = 0.01;
-  /// "decoupled"; rekls also "independent" or "l2".
+  /// "decoupled"; rekls and tp_rekls also "independent" or "l2".
   TORCH_ARG(std::string, weight_decay_method) = "decoupled";
-  /// The entry: "kl_soap", "kl_m_soap", "rekls", "rekls_v3" or "stacked_soap".
+  /// The entry: "kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3" or "stacked_soap".
   TORCH_ARG(std::string, kind) = "kl_soap";
 
  public:

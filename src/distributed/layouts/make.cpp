@@ -25,6 +25,7 @@
 #include "muon/distributed/layouts/sharded_moso.h"
 #include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/layouts/tensor_parallel_kl_soap.h"
 #include "muon/optim/muon.h"
 #include "registry_internal.h"
 
@@ -92,7 +93,7 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
   for (const auto& [name, needs] : {std::make_pair("dion", "orthonormalizes"), std::make_pair("iso", "factorizes"),
                                     std::make_pair("moso", "preconditions"), std::make_pair("kl_soap", "preconditions"),
                                     std::make_pair("kl_m_soap", "preconditions"), std::make_pair("rekls", "preconditions"),
-                                    std::make_pair("rekls_v3", "preconditions"),
+                                    std::make_pair("rekls_v3", "preconditions"), std::make_pair("tp_rekls", "preconditions"),
                                     std::make_pair("stacked_soap", "preconditions")}) {
     context.factories[name] = [kind, name = std::string(name), needs = std::string(needs)](
                                   std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
@@ -124,6 +125,24 @@ void refuse_normalizing_optimizers(BuildContext& context, const std::string& kin
                         "', which splits parameters; use layout 'layerwise' (or 'none')");
     };
   }
+}
+
+// The KL-SOAP family over tensor-parallel blocks (TensorParallelKlSoap), the
+// blocks of its groups' parameters from `tp` by name; the others whole.
+auto tp_kl_soap_factory(const std::map<std::string, TensorParallelShard>& tp, const std::unordered_map<const void*, std::string>& names) {
+  return [tp, names](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
+    std::unordered_map<const void*, TensorParallelShard> shards;
+    for (const auto& g : groups) {
+      for (const auto& p : g.params()) {
+        const auto it = tp.find(names.at(p.unsafeGetTensorImpl()));
+        if (it != tp.end()) shards.emplace(p.unsafeGetTensorImpl(), it->second);
+      }
+    }
+    const auto defaults = static_cast<const KlSoapOptions&>(groups.at(0).options());
+    auto opt = std::make_unique<TensorParallelKlSoap>(groups, defaults, std::move(shards));
+    compat::reapply_group_options(*opt, groups);
+    return std::unique_ptr<torch::optim::Optimizer>(std::move(opt));
+  };
 }
 
 // The layer-wise layout's options from the config's layout fields.
@@ -170,6 +189,10 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
     refuse_whole_matrix_optimizers(context, kind);
     refuse_normalizing_optimizers(context, kind);
     check_names(layout.tensor_parallel, named, "DistributedLayout::tensor_parallel");
+    // The KL-SOAP family but stacked_soap (3-D stacks) steps gathered blocks (TpRekls).
+    for (const char* name : {"kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3"}) {
+      context.factories[name] = tp_kl_soap_factory(layout.tensor_parallel, names);
+    }
     add_strategy_factories<TensorParallelOptions, TensorParallelMuon>(
         context, registry, [&layout, names](const std::vector<OptimizerParamGroup>& groups,
                                   const std::vector<OptimizerSettings>& settings) {
@@ -236,7 +259,7 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
                                                                            "factorizes whole matrices");
   context.factories["moso"] = owner_compute_factory<ShardedMoso, MosoOptions>(sharded_options, "moso",
                                                                              "preconditions whole matrices");
-  for (const char* name : {"kl_soap", "kl_m_soap", "rekls", "rekls_v3", "stacked_soap"}) {
+  for (const char* name : {"kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3", "stacked_soap"}) {
     context.factories[name] = owner_compute_factory<ShardedKlSoap, KlSoapOptions>(sharded_options, name,
                                                                                   "preconditions whole matrices");
   }

@@ -1,0 +1,56 @@
+#pragma once
+
+/// The KL-SOAP family (muon::KlSoap: kl_soap, kl_m_soap, rekls, rekls_v3,
+/// tp_rekls) over tensor-parallel blocks: Emerging-Optimizers' TpRekls
+/// (emerging_optimizers/legacy_soap/tp_rekls.py at fd77292) for every kind.
+///
+/// Each rank holds its block of a matrix split along dim 0 or 1 over a
+/// tensor-parallel group. A step all-gathers the blocks of the gradient
+/// (beside them, under rekls' l2 weight decay, of the parameter) into the
+/// whole matrix on every rank of the group, runs the family's whole-matrix
+/// step (muon::detail::kl_soap_update, the one function every layout runs)
+/// with whole-matrix state that every rank of the group keeps alike, and
+/// applies its own block of the update and the weight decay to its block.
+/// Parameters without a block (replicated) step as muon::KlSoap does.
+///
+/// Every rank computes on the very tensors one process has: the blocks equal
+/// one process's bit for bit. The state is whole on every rank of the group
+/// (Emerging-Optimizers keeps L and R split by rows to save memory; here they
+/// are whole, so that a checkpoint holds one copy that reshards to every
+/// layout), and a checkpoint stores it once.
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "muon/distributed/layouts/tensor_parallel_shard.h"
+#include "muon/optim/kl_soap.h"
+
+namespace muon::distributed {
+
+/// The KL-SOAP family over tensor-parallel blocks (see the top of this header).
+/// `step()` is collective over every block's group.
+class TensorParallelKlSoap : public KlSoap {
+ public:
+  /// Over `param_groups` (groups without options get `defaults`); a
+  /// parameter with an entry in `shards` (by TensorImpl) is its block of that
+  /// 2-D matrix, the others are whole. Raises c10::ValueError for a block
+  /// that is not 2-D or whose shape does not fit its shard's.
+  TensorParallelKlSoap(std::vector<torch::optim::OptimizerParamGroup> param_groups, KlSoapOptions defaults,
+                       std::unordered_map<const void*, TensorParallelShard> shards);
+
+  /// The whole matrix's (rows, cols) for a block, as KlSoap's otherwise.
+  std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const override;
+
+ protected:
+  /// Gathers, steps the whole matrix, keeps the block (see the top of this header).
+  void step_parameters() override;
+
+ private:
+  std::unordered_map<const void*, TensorParallelShard> shards_;
+};
+
+}  // namespace muon::distributed
