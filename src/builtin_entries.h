@@ -42,6 +42,8 @@ void register_iso(OptimizerRegistry& registry);
 void register_kl_soap(OptimizerRegistry& registry);
 /// moso (src/optim/moso.cpp).
 void register_moso(OptimizerRegistry& registry);
+/// psgd_pro (src/optim/psgd_pro.cpp).
+void register_psgd_pro(OptimizerRegistry& registry);
 /// polargrad, scion, mop, spel, then muon_hyperball (src/optim/orthogonalized_family.cpp).
 void register_orthogonalized_family(OptimizerRegistry& registry);
 

@@ -21,6 +21,7 @@
 #include "muon/optim/sim_ademamix.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/moso.h"
+#include "muon/optim/psgd_pro.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/soap.h"
 #include "muon/scaling.h"
@@ -266,6 +267,28 @@ StateSchema moso_state() {
   s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, matrix_shape));
   s.add(whole("M", [](S& st) -> at::Tensor& { return st.M(); }, smaller_square));
   s.add(whole("Q_M", [](S& st) -> at::Tensor& { return st.Q_M(); }, smaller_square));
+  return s;
+}
+
+StateSchema psgd_pro_state() {
+  using S = PsgdProParamState;
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<PsgdPro>();
+  s.add(step_of<S>());
+  // Every tensor is of the whole matrix (PsgdPro::whole_matrix_dims: m × n;
+  // Q_L and Q_R its rows' and columns' squares; the Lipschitz constants
+  // scalars), fp32 or wider, made by the first step.
+  const auto whole = [](std::string name, auto get, auto shape) {
+    return owner_field<S, PsgdPro>(std::move(name), get, shape, StateDtype::kFloat32Wide, StateInit::kOnFirstUse);
+  };
+  const auto rows_square = [](int64_t rows, int64_t) { return std::vector<int64_t>{rows, rows}; };
+  const auto cols_square = [](int64_t, int64_t cols) { return std::vector<int64_t>{cols, cols}; };
+  const auto scalar = [](int64_t, int64_t) { return std::vector<int64_t>{}; };
+  s.add(whole("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }, matrix_shape));
+  s.add(whole("Q_L", [](S& st) -> at::Tensor& { return st.Q_L(); }, rows_square));
+  s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, cols_square));
+  s.add(whole("lip_L", [](S& st) -> at::Tensor& { return st.lip_L(); }, scalar));
+  s.add(whole("lip_R", [](S& st) -> at::Tensor& { return st.lip_R(); }, scalar));
   return s;
 }
 

@@ -26,6 +26,8 @@ StateSchema dion2_state(bool nordion2);
 StateSchema dion_state();
 StateSchema iso_state();
 StateSchema moso_state();
+/// PSGD-Pro's (muon::PsgdPro): step, exp_avg, Q_L, Q_R, lip_L, lip_R.
+StateSchema psgd_pro_state();
 /// The KL-SOAP family's entry `kind` (kl_soap, kl_m_soap, rekls, rekls_v3, stacked_soap).
 StateSchema kl_soap_state(const std::string& kind);
 /// The orthogonalized family's (polargrad, scion, mop, spel, muon_hyperball): Muon's.

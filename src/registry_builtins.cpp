@@ -1,7 +1,7 @@
 // The global registry and the built-ins' registration: each built-in entry
 // (muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix,
 // soap, kl_soap, kl_m_soap, rekls, tp_rekls, rekls_v3, stacked_soap, dion2, nordion2,
-// dion, iso, oblique_sgd, oblique_adam, moso, polargrad, scion, mop, spel,
+// dion, iso, oblique_sgd, oblique_adam, moso, psgd_pro, polargrad, scion, mop, spel,
 // muon_hyperball) lives in its optimizer's source file
 // (src/builtin_entries.h); register_builtins calls them explicitly, in the
 // registry's order.
@@ -65,6 +65,7 @@ void OptimizerRegistry::register_builtins(OptimizerRegistry& registry) {
   detail::register_iso(registry);
   detail::register_oblique(registry);                // oblique_sgd, oblique_adam
   detail::register_moso(registry);
+  detail::register_psgd_pro(registry);
   detail::register_orthogonalized_family(registry);  // polargrad, scion, mop, spel, muon_hyperball
 }
 

@@ -75,8 +75,8 @@ std::map<std::string, std::string> optimizer_by_name(const std::vector<muon::Res
 TEST(Registry, BuiltinsInOnePlace) {
   const auto keys = OptimizerRegistry::global().keys();
   for (const auto* name : {"muon", "adaptive_muon", "adam", "adamw", "sgd", "lion", "laprop", "signum",
-                            "sim_ademamix", "soap", "kl_soap", "kl_m_soap", "rekls", "rekls_v3", "stacked_soap", "dion2", "nordion2", "dion", "iso", "oblique_sgd",
-                            "oblique_adam", "moso", "polargrad", "scion", "mop", "spel", "muon_hyperball"}) {
+                            "sim_ademamix", "soap", "kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3", "stacked_soap", "dion2", "nordion2", "dion", "iso", "oblique_sgd",
+                            "oblique_adam", "moso", "psgd_pro", "polargrad", "scion", "mop", "spel", "muon_hyperball"}) {
     EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     EXPECT_TRUE(OptimizerRegistry::global().has(name));
   }
@@ -85,7 +85,7 @@ TEST(Registry, BuiltinsInOnePlace) {
   expect_value_error([] { OptimizerRegistry::global().at("moun"); },
                      {"unknown optimizer 'moun'", "did you mean 'muon'",
                       "muon, adaptive_muon, adam, adamw, sgd, lion, laprop, signum, sim_ademamix, soap, "
-                      "kl_soap, kl_m_soap, rekls, rekls_v3, stacked_soap, dion2, nordion2, dion, iso, oblique_sgd, oblique_adam, moso, polargrad, scion, mop, "
+                      "kl_soap, kl_m_soap, rekls, tp_rekls, rekls_v3, stacked_soap, dion2, nordion2, dion, iso, oblique_sgd, oblique_adam, moso, psgd_pro, polargrad, scion, mop, "
                       "spel, muon_hyperball"});
 }
 
@@ -124,7 +124,7 @@ TEST(Registry, AddErrors) {
   auto uses_unknown = entry("z");
   uses_unknown.uses_fields_of = {"shampoo"};
   expect_value_error([&] { r.add(uses_unknown); }, {"'shampoo', which is not registered"});
-  EXPECT_EQ(r.keys().size(), 27u);  // the built-ins: nothing was added
+  EXPECT_EQ(r.keys().size(), 29u);  // the built-ins: nothing was added
 }
 
 TEST(Registry, ExtensionsAddFieldsAndChecks) {
@@ -253,6 +253,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"kl_soap", {{"lr", 0.01}}, {"adamw", "kl_soap"}},
         Case{"kl_m_soap", {{"lr", 0.01}}, {"adamw", "kl_m_soap"}},
         Case{"rekls", {{"lr", 0.01}}, {"adamw", "rekls"}},
+        Case{"tp_rekls", {{"lr", 0.01}}, {"adamw", "tp_rekls"}},
         Case{"rekls_v3", {{"lr", 0.01}}, {"adamw", "rekls_v3"}},
         Case{"stacked_soap", {{"lr", 0.01}}, {"adamw", "stacked_soap"}},
         Case{"dion2", {{"lr", 0.01}}, {"adamw", "dion2"}},
@@ -262,6 +263,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"oblique_sgd", {{"lr", 0.05}}, {"adamw", "oblique_sgd"}},
         Case{"oblique_adam", {{"lr", 0.01}}, {"adamw", "oblique_adam"}},
         Case{"moso", {{"lr", 0.01}}, {"adamw", "moso"}},
+        Case{"psgd_pro", {{"lr", 0.01}}, {"adamw", "psgd_pro"}},
         Case{"polargrad", {{"lr", 0.005}}, {"adamw", "polargrad"}},
         Case{"scion", {{"lr", 0.02}, {"scion_spectral_radius", 3.0}}, {"adamw", "scion"}},
         Case{"mop", {{"lr", 0.01}}, {"adamw", "mop"}},

@@ -105,6 +105,7 @@ if _C is not None:
         option_fields,
     )
     from .soap_family import KlMSoap, KlSoap, REKLS, ReklsV3, StackedSoap, TpRekls  # noqa: F401
+    from .psgd import PSGDPro  # noqa: F401
     from . import distributed  # noqa: F401
     from . import _checks
 

@@ -16,11 +16,11 @@ namespace {
 
 const std::vector<std::string>& builtin_names() {
   static const std::vector<std::string> names{
-      "muon",         "adaptive_muon", "adam",        "adamw",        "sgd",       "lion",
-      "laprop",       "signum",        "sim_ademamix", "soap",        "kl_soap",   "kl_m_soap",
-      "rekls",        "rekls_v3",      "stacked_soap", "dion2",       "nordion2",  "dion",
-      "iso",          "oblique_sgd",   "oblique_adam", "moso",        "polargrad", "scion",
-      "mop",          "spel",          "muon_hyperball"};
+      "muon",         "adaptive_muon", "adam",         "adamw",     "sgd",          "lion",
+      "laprop",       "signum",        "sim_ademamix", "soap",      "kl_soap",      "kl_m_soap",
+      "rekls",        "tp_rekls",      "rekls_v3",     "stacked_soap", "dion2",     "nordion2",
+      "dion",         "iso",           "oblique_sgd",  "oblique_adam", "moso",      "psgd_pro",
+      "polargrad",    "scion",         "mop",          "spel",      "muon_hyperball"};
   return names;
 }
 

@@ -23,6 +23,7 @@
 #include "muon/distributed/layouts/sharded_iso.h"
 #include "muon/distributed/layouts/sharded_kl_soap.h"
 #include "muon/distributed/layouts/sharded_moso.h"
+#include "muon/distributed/layouts/sharded_psgd_pro.h"
 #include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/distributed/layouts/tensor_parallel.h"
 #include "muon/distributed/layouts/tensor_parallel_kl_soap.h"
@@ -91,6 +92,7 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
                       kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
   };
   for (const auto& [name, needs] : {std::make_pair("dion", "orthonormalizes"), std::make_pair("iso", "factorizes"),
+                                    std::make_pair("psgd_pro", "preconditions"),
                                     std::make_pair("moso", "preconditions"), std::make_pair("kl_soap", "preconditions"),
                                     std::make_pair("kl_m_soap", "preconditions"), std::make_pair("rekls", "preconditions"),
                                     std::make_pair("rekls_v3", "preconditions"), std::make_pair("tp_rekls", "preconditions"),
@@ -259,6 +261,8 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
                                                                            "factorizes whole matrices");
   context.factories["moso"] = owner_compute_factory<ShardedMoso, MosoOptions>(sharded_options, "moso",
                                                                              "preconditions whole matrices");
+  context.factories["psgd_pro"] = owner_compute_factory<ShardedPsgdPro, PsgdProOptions>(
+      sharded_options, "psgd_pro", "preconditions whole matrices");
   for (const char* name : {"kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3", "stacked_soap"}) {
     context.factories[name] = owner_compute_factory<ShardedKlSoap, KlSoapOptions>(sharded_options, name,
                                                                                   "preconditions whole matrices");

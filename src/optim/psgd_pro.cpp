@@ -1,0 +1,231 @@
+// PSGD-Pro: options, the whole-matrix step, save/load and the registry entry
+// (muon/optim/psgd_pro.h).
+#include "muon/optim/psgd_pro.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <c10/util/irange.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <utility>
+
+#include "builtin_entries.h"
+#include "builtin_states.h"
+#include "muon/compat.h"
+#include "option_fields.h"
+#include "optim/closure.h"
+#include "optim/eigenbasis.h"
+#include "optim/elementwise_optimizer.h"
+#include "optim/step_transaction.h"
+#include "optim/whole_matrix_optimizer.h"
+
+namespace muon {
+
+template struct ListedOptions<PsgdProOptions>;
+template class WholeMatrixOptimizer<PsgdPro, PsgdProOptions, PsgdProParamState>;
+template struct ListedParamState<PsgdProParamState, 5>;
+
+namespace {
+
+constexpr const char* kWho = "[muon::PsgdPro] ";
+// The bound's subspace: 32 vectors, 2 half-iterations (psgd_utils.py's defaults).
+constexpr int64_t kBoundVectors = 32;
+constexpr int kBoundHalfIters = 2;
+constexpr double kBoundEps = 1e-8;
+constexpr double kProcrustesMaxStep = 0.125;
+
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// N(0, 1) entries of `sizes` from `gen`, in `like`'s dtype, on its device.
+at::Tensor randn(at::IntArrayRef sizes, at::Generator& gen, const at::Tensor& like) {
+  return at::randn(sizes, gen, at::TensorOptions().dtype(like.scalar_type())).to(like.device());
+}
+
+// A lower bound of the spectral norm of `a` (already scaled): 32 random
+// vectors turned towards a's largest row, two half-iterations of V ← V·A,
+// rows normalized between them; the largest row norm.
+at::Tensor subspace_bound(const at::Tensor& a, at::Generator& gen) {
+  auto v = randn({kBoundVectors, a.size(1)}, gen, a);
+  const auto row = a[at::argmax(at::linalg_vector_norm(a, 2, {1}))];
+  v = row + at::sign((row * v).sum(1, /*keepdim=*/true)) * v;
+  for (int i = 0; i < kBoundHalfIters; ++i) {
+    v = at::mm(v, a);
+    v = v / (at::linalg_vector_norm(v, 2, {1}, /*keepdim=*/true) + kBoundEps);
+    v = at::mm(v, a);
+  }
+  return at::linalg_vector_norm(v, 2, {1}).amax();
+}
+
+// bound(C) of a symmetric positive semi-definite C: scaled by its largest diagonal entry.
+at::Tensor spd_bound(const at::Tensor& c, at::Generator& gen) {
+  const auto scale = c.diagonal().amax().clamp_min(kBoundEps);
+  return scale * subspace_bound(c / scale, gen);
+}
+
+// One Procrustes step on Q (see the top of muon/optim/psgd_pro.h).
+at::Tensor procrustes_step(const at::Tensor& q, at::Generator& gen) {
+  auto r = q.t() - q;
+  const auto scale = r.abs().amax().clamp_min(kBoundEps);
+  r = r / (scale * subspace_bound(r / scale, gen)).clamp_min(kBoundEps);
+  const auto rq = at::mm(r, q);
+  const auto rrq = at::mm(r, rq);
+  const double tr_rq = rq.trace().item<double>();
+  const double tr_rrq = rrq.trace().item<double>();
+  const double a = tr_rrq < 0 ? std::clamp(-tr_rq / tr_rrq, 0.0, kProcrustesMaxStep) : kProcrustesMaxStep;
+  return q + a * (rq + (0.5 * a) * rrq);
+}
+
+// Q_Lᵀ·Q_L·X·Q_Rᵀ·Q_R.
+at::Tensor precondition(const PsgdProParamState& st, const at::Tensor& x) {
+  return at::mm(at::mm(st.Q_L().t(), at::mm(at::mm(st.Q_L(), x), st.Q_R().t())), st.Q_R());
+}
+
+// One side's factor and Lipschitz constant fitted to the covariance `cov`.
+void fit_side(at::Tensor& q, at::Tensor& lip, const at::Tensor& cov, double numel, double eta, double beta,
+              at::Generator& gen) {
+  const double c = numel / static_cast<double>(q.size(0));
+  const auto b = spd_bound(cov, gen) + c;
+  lip = at::maximum(beta * lip + (1 - beta) * b, b);
+  q = q - (eta / lip) * (at::mm(cov, q) - c * q);
+  q = procrustes_step(q, gen);
+}
+
+}  // namespace
+
+uint64_t detail::psgd_pro_seed(const PsgdProOptions& o, int64_t rows, int64_t cols, int64_t step) {
+  auto s = mix(static_cast<uint64_t>(o.seed()));
+  s = mix(s ^ static_cast<uint64_t>(rows));
+  s = mix(s ^ static_cast<uint64_t>(cols));
+  return mix(s ^ static_cast<uint64_t>(step));
+}
+
+at::Tensor detail::psgd_pro_update(const at::Tensor& grad, PsgdProParamState& st, const PsgdProOptions& o) {
+  const auto wide = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t m = grad.size(0), n = grad.size(1);
+  const auto options = grad.options().dtype(wide);
+  if (!st.exp_avg().defined()) {
+    st.exp_avg(at::zeros({m, n}, options));
+    st.Q_L(at::eye(m, options) * o.precond_init_scale());
+    st.Q_R(at::eye(n, options) * o.precond_init_scale());
+    st.lip_L(at::ones({}, options));
+    st.lip_R(at::ones({}, options));
+  }
+  const int64_t s = st.step();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(psgd_pro_seed(o, m, n, s));
+  auto& ema = st.exp_avg();
+  ema.lerp_(grad.to(wide), 1 - o.momentum());
+  const double eta = std::max(o.precond_lr() / std::sqrt(1.0 + static_cast<double>(s) /
+                                                                   static_cast<double>(o.warmup_steps())),
+                              o.min_precond_lr());
+
+  // The factors fitted to the noisy momentum's preconditioned covariances.
+  const auto damped = ema + (o.damping_noise_scale() + 1e-7 * ema.abs()) * randn({m, n}, gen, ema);
+  const auto pg = precondition(st, damped);
+  const double numel = static_cast<double>(m * n);
+  auto q_l = st.Q_L(), q_r = st.Q_R(), lip_l = st.lip_L(), lip_r = st.lip_R();
+  fit_side(q_l, lip_l, at::mm(pg, pg.t()), numel, eta, o.beta_lip(), gen);
+  fit_side(q_r, lip_r, at::mm(pg.t(), pg), numel, eta, o.beta_lip(), gen);
+  // Both factors' largest |entry| at their geometric mean.
+  const auto norm_l = q_l.abs().amax(), norm_r = q_r.abs().amax();
+  const auto mean = (norm_l * norm_r).sqrt();
+  TORCH_CHECK(all_finite(q_l) && all_finite(q_r) && mean.item<double>() > 0, "its preconditioner (",
+              q_l.scalar_type(), ") is not finite or is zero: momentum entries up to ",
+              ema.abs().max().item<double>(), " with precond_lr ", eta);
+  st.Q_L(q_l * (mean / norm_l));
+  st.Q_R(q_r * (mean / norm_r));
+  st.lip_L(lip_l);
+  st.lip_R(lip_r);
+
+  auto update = precondition(st, ema).to(grad.scalar_type());
+  detail::clip_update_rms(update, o.max_update_rms());
+  st.step(s + 1);
+  return update;
+}
+
+// ---- PsgdProOptions ------------------------------------------------------------
+
+PsgdProOptions::PsgdProOptions(double lr) : lr_(lr) {}
+
+void PsgdProOptions::validate() const {
+  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  detail::check_weight_decay_method(kWho, weight_decay_method_);
+  detail::check_decay(kWho, "momentum", momentum_);
+  detail::check_decay(kWho, "beta_lip", beta_lip_);
+  TORCH_CHECK_VALUE(std::isfinite(precond_lr_) && precond_lr_ > 0, kWho, "precond_lr must be > 0, got ",
+                    precond_lr_);
+  TORCH_CHECK_VALUE(std::isfinite(precond_init_scale_) && precond_init_scale_ > 0, kWho,
+                    "precond_init_scale must be > 0, got ", precond_init_scale_);
+  detail::check_non_negative(kWho, "damping_noise_scale", damping_noise_scale_);
+  TORCH_CHECK_VALUE(min_precond_lr_ >= 0 && min_precond_lr_ <= precond_lr_, kWho,
+                    "min_precond_lr must be in [0, precond_lr = ", precond_lr_, "], got ", min_precond_lr_);
+  TORCH_CHECK_VALUE(warmup_steps_ >= 1, kWho, "warmup_steps must be >= 1, got ", warmup_steps_);
+  detail::check_non_negative(kWho, "max_update_rms", max_update_rms_);
+  TORCH_CHECK_VALUE(seed_ >= 0, kWho, "seed must be >= 0, got ", seed_);
+}
+
+// ---- PsgdPro -------------------------------------------------------------------
+
+void PsgdPro::step_parameters() {
+  detail::step_each_parameter<PsgdProParamState, PsgdProOptions>(
+      *this, kWho,
+      [this](const at::Tensor& p, PsgdProParamState& st, const PsgdProOptions& o) {
+        const auto [rows, cols] = whole_matrix_dims(p);
+        const auto grad = p.grad().reshape({rows, cols});
+        const bool l2 = o.weight_decay() != 0 && o.weight_decay_method() == "l2";
+        return detail::psgd_pro_update(l2 ? grad.add(p.detach().reshape({rows, cols}), o.weight_decay()) : grad,
+                                       st, o);
+      },
+      [](at::Tensor& p, const at::Tensor& u, const PsgdProOptions& o) {
+        if (o.weight_decay_method() != "l2") {
+          detail::apply_weight_decay(p, p.grad(), o.weight_decay_method(), o.lr(), o.weight_decay());
+        }
+        p.detach().add_(u.view(p.sizes()), -o.lr());
+      });
+}
+
+// PSGD-Pro's entry (muon::PsgdPro): defaults are Emerging-Optimizers', lr
+// and weight_decay aside (the common fields). It steps matrices: 1-D,
+// embedding and head parameters go to scalar_optimizer.
+void detail::register_psgd_pro(OptimizerRegistry& registry) {
+  using O = PsgdProOptions;
+  using F = detail::OptionFields<O>;
+  const O d;
+  auto e = detail::options_entry<PsgdPro, O>(
+      "psgd_pro", detail::psgd_pro_state(),
+      "PSGD-Pro (muon::PsgdPro): the momentum preconditioned by Kronecker factors fitted by Procrustes steps; "
+      "1-D, embedding and head parameters go to scalar_optimizer",
+      {
+          F::common("weight_decay", &O::weight_decay),
+          F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
+                  "how weight decay enters the step", detail::weight_decay_method_names()),
+          F::real("momentum", &O::momentum, d.momentum(), "decay of the gradient's EMA", 0.0, 1.0).exclusive_max(),
+          F::real("beta_lip", &O::beta_lip, d.beta_lip(), "EMA decay of the Lipschitz constants", 0.0, 1.0)
+              .exclusive_max(),
+          F::real("precond_lr", &O::precond_lr, d.precond_lr(), "the preconditioner's lr at step 0", 0.0)
+              .exclusive_min(),
+          F::real("precond_init_scale", &O::precond_init_scale, d.precond_init_scale(),
+                  "scale of the initial factors", 0.0)
+              .exclusive_min(),
+          F::real("damping_noise_scale", &O::damping_noise_scale, d.damping_noise_scale(),
+                  "scale of the noise the factors are fitted with", 0.0),
+          F::real("min_precond_lr", &O::min_precond_lr, d.min_precond_lr(),
+                  "floor of the preconditioner's lr", 0.0),
+          F::integer("warmup_steps", &O::warmup_steps, d.warmup_steps(),
+                     "steps of the preconditioner lr's 1/sqrt schedule", 1.0),
+          F::real("max_update_rms", &O::max_update_rms, d.max_update_rms(),
+                  "clip the update's RMS to this (0: no clipping)", 0.0),
+          F::integer("seed", &O::seed, d.seed(), "seed of the random draws", 0.0),
+      });
+  e.default_overrides = detail::scalar_defaults("psgd_pro");
+  registry.add(detail::hookable(std::move(e), "decoupled"));
+}
+
+}  // namespace muon
