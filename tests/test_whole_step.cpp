@@ -90,8 +90,9 @@ void expect_same(const Values& a, const Values& b, const std::string& what) {
     if (!x.defined()) continue;
     ASSERT_EQ(x.scalar_type(), y.scalar_type()) << what << ": tensor " << i;
     ASSERT_EQ(x.sizes(), y.sizes()) << what << ": tensor " << i;
-    // Bit for bit (NaN included): compare the bytes.
-    EXPECT_TRUE(at::equal(x.contiguous().view(at::kByte), y.contiguous().view(at::kByte)))
+    // Bit for bit (NaN included): compare the bytes (of a 0-dim tensor, e.g.
+    // PSGD-Pro's Lipschitz constants, too: flattened first).
+    EXPECT_TRUE(at::equal(x.reshape({-1}).contiguous().view(at::kByte), y.reshape({-1}).contiguous().view(at::kByte)))
         << what << ": tensor " << i;
   }
 }
