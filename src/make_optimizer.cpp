@@ -41,6 +41,7 @@ std::optional<WeightUpdateHooks::Group> group_hook(const OptimizerEntry& entry, 
       .eps(s.get_double("weight_update_hook_eps"));
   g.hook.validate();
   g.weight_decay = s.get_double("weight_decay");
+  g.weight_decay_of = entry.hook_weight_decay_of;
   std::string method = entry.hook_weight_decay;
   std::string field = "optimizer '" + entry.name + "''s weight decay";
   for (const char* name : {"weight_decay_mode", "weight_decay_method"}) {
@@ -49,8 +50,16 @@ std::optional<WeightUpdateHooks::Group> group_hook(const OptimizerEntry& entry, 
       field = std::string(entry.name) + "'s " + name;
     }
   }
-  // Without weight decay, how it would decay does not matter.
-  g.decay = g.weight_decay == 0 ? HookedWeightDecay::kL2 : parse_hooked_weight_decay(method, field);
+  try {
+    g.decay = parse_hooked_weight_decay(method, field);
+  } catch (const c10::ValueError& e) {
+    // Without weight decay, how it would decay does not matter; a later
+    // coefficient other than 0 raises at the step (WeightUpdateHooks::check).
+    if (g.weight_decay != 0) throw;
+    g.decay.reset();
+    const std::string what = e.what_without_backtrace();
+    g.decay_refusal = what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2);
+  }
   return g;
 }
 

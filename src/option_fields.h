@@ -175,10 +175,18 @@ inline OptimizerEntry bare_entry(std::string name, StateSchema state, std::strin
   return e;
 }
 
-/// `e` with the weight decay its step applies before its update, as the
-/// weight-update hooks read it (OptimizerEntry::hook_weight_decay).
-inline OptimizerEntry hookable(OptimizerEntry e, std::string weight_decay) {
+/// `e`, whose param groups' options are Options, with the weight decay its
+/// step applies before its update, as the weight-update hooks read it
+/// (OptimizerEntry::hook_weight_decay), the coefficient read from the
+/// options in force at each step (OptimizerEntry::hook_weight_decay_of).
+template <class Options>
+OptimizerEntry hookable(OptimizerEntry e, std::string weight_decay) {
   e.hook_weight_decay = std::move(weight_decay);
+  e.hook_weight_decay_of = [name = e.name](const torch::optim::OptimizerOptions& o) {
+    const auto* typed = dynamic_cast<const Options*>(&o);
+    TORCH_CHECK(typed != nullptr, "optimizer '", name, "': a param group's options are not of its options type");
+    return static_cast<double>(typed->weight_decay());
+  };
   return e;
 }
 

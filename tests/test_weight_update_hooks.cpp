@@ -6,6 +6,7 @@
 // entry of the registry that takes them against its own step taken apart;
 // the refusals; and every layout equal to one process.
 #include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "checkpoint_model.h"
 #include "expect_util.h"
 #include "muon/optim/composite.h"
+#include "muon/optim/muon.h"
 #include "muon/optim/weight_update_hook.h"
 #include "muon/registry.h"
 #include "muon_reference.h"
@@ -235,6 +237,58 @@ TEST(WeightUpdateHooks, OptimizersWhoseStepIsNotAnUpdateAddedRefuseThemByName) {
                      {"weight_decay_mode", "'spectral_clipped'", "decoupled, independent, l2 or palm"});
   config.set("weight_decay", 0.0);
   EXPECT_NO_THROW(muon::make_optimizer(named, config));
+}
+
+// The weight decay edited after construction (a schedule, a Python param
+// group) is the one the hooks take the step apart with: the hooked weight is
+// the hook applied to the plain twin's step (edited alike) taken apart with
+// c = 1 − lr·0.3, to fp64 rounding (as above). Taken apart with the old
+// coefficient, the decayed weight would be off by lr·0.2·|p| = 4e-3·|p|.
+TEST(WeightUpdateHooks, AWeightDecayEditedAfterConstructionIsTheOneTheHookReads) {
+  for (const std::string optimizer : {"muon", "adamw"}) {
+    auto config = hooked_config(optimizer, "relative_update");
+    config.set("weight_decay", 0.1);
+    auto plain_config = config;
+    plain_config.set("weight_update_hook", "none");
+    auto hooked = fp64_params({{"w", {12, 8}}});
+    auto plain = fp64_params({{"w", {12, 8}}});
+    auto opt = muon::make_optimizer(hooked, config);
+    auto plain_opt = muon::make_optimizer(plain, plain_config);
+    for (int t = 1; t <= 2; ++t) {
+      if (t == 2) {
+        for (auto* o : {opt.get(), plain_opt.get()}) {
+          auto& options = o->param_groups()[0].options();
+          if (optimizer == "muon") {
+            static_cast<muon::MuonOptions&>(options).weight_decay(0.3);
+          } else {
+            static_cast<torch::optim::AdamWOptions&>(options).weight_decay(0.3);
+          }
+        }
+      }
+      set_grads(hooked, t);
+      set_grads(plain, t);
+      const auto before = hooked["w"].detach().clone();
+      plain["w"].detach().copy_(before);  // the plain step from the hooked weight (its state follows the same grads)
+      opt->step();
+      plain_opt->step();
+      const double c = 1 - 0.02 * (t == 1 ? 0.1 : 0.3);
+      const auto p_wd = before * c;
+      const auto want = ref_hooked(p_wd, (p_wd - plain["w"].detach()) / 0.02, 0.02, RefHook{"relative_update"});
+      EXPECT_LE(muon::test::max_diff(hooked["w"], want) / want.abs().max().item<double>(), 1e-12)
+          << optimizer << " step " << t;
+    }
+  }
+  // A decay that is not a factor, built at weight decay 0, then given one:
+  // the step raises before anything moves.
+  auto named = fp64_params({{"w", {12, 8}}});
+  auto config = hooked_config("muon", "hyperball");
+  config.set("muon_weight_decay_mode", "spectral_clipped").set("weight_decay", 0.0);
+  auto opt = muon::make_optimizer(named, config);
+  static_cast<muon::MuonOptions&>(opt->param_groups()[0].options()).weight_decay(0.1);
+  set_grads(named, 1);
+  const auto kept = named["w"].detach().clone();
+  expect_value_error([&] { opt->step(); }, {"[muon::WeightUpdateHook]", "weight_decay 0.1", "'spectral_clipped'"});
+  EXPECT_TRUE(at::equal(named["w"].detach(), kept));
 }
 
 TEST(WeightUpdateHooks, BadValuesNameTheFieldAndTheValue) {

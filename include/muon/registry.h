@@ -121,6 +121,11 @@ struct OptimizerEntry {
   /// (a `weight_decay_mode` or `weight_decay_method` field names it). Empty
   /// (a plugin's default): a hook on it raises, with `hook_refusal`.
   std::string hook_weight_decay;
+  /// Reads the weight decay coefficient from one of its param groups'
+  /// options as they are at a step, so that the hooks follow an edit of
+  /// `weight_decay` after construction (a schedule, a Python param group).
+  /// Empty: the hooks use the group's `weight_decay` setting at construction.
+  std::function<double(const torch::optim::OptimizerOptions&)> hook_weight_decay_of;
   /// Why the hooks refuse it (its step is not of that form), for the message.
   std::string hook_refusal = "it does not say how it decays the weight (OptimizerEntry::hook_weight_decay)";
   /// What its per-parameter state is (muon/optim/state_schema.h):

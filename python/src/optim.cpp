@@ -104,8 +104,15 @@ class Engine {
       GroupRecord r;
       r.optimizer = specs[i].optimizer;
       const auto settings = group_settings(r.optimizer, specs[i].settings, config_);
+      // A hooked group's decay method is fixed too: its hook was built for
+      // it (its weight_decay stays editable: the hook reads it at each step).
+      const bool hooked = settings.has("weight_update_hook") && settings.get_string("weight_update_hook") != "none";
       for (const auto& f : group_fields(r.optimizer, registry)) {
-        r.keys.emplace_back(f.name, !f.per_parameter || kFixedKeys.count(f.name) != 0);
+        const auto ends = [&f](const std::string& tail) {
+          return f.name.size() >= tail.size() && f.name.compare(f.name.size() - tail.size(), tail.size(), tail) == 0;
+        };
+        const bool decay_method = ends("weight_decay_mode") || ends("weight_decay_method");
+        r.keys.emplace_back(f.name, !f.per_parameter || kFixedKeys.count(f.name) != 0 || (hooked && decay_method));
         r.values[f.name] = settings.get(f.name);
       }
       r.num_params = specs[i].params.size();

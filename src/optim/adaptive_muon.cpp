@@ -294,7 +294,7 @@ void detail::register_adaptive_muon(OptimizerRegistry& registry) {
         std::move(groups), defaults, adaptive_muon_options(settings.at(0)), std::move(strategy)));
   };
   e.default_overrides = scalar_defaults("adaptive_muon");
-  registry.add(detail::hookable(std::move(e), "decoupled"));
+  registry.add(detail::hookable<MuonOptions>(std::move(e), "decoupled"));
 }
 
 }  // namespace muon

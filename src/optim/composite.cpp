@@ -148,6 +148,7 @@ void CompositeOptimizer::check_before_step() {
   }
   for (auto& part : parts_) {
     if (auto* guard = step_guard(*part.optimizer)) guard->check_before_step();
+    if (part.hooks) part.hooks->check(*part.optimizer);
   }
   detail::check_steppable(param_groups_, kWho,
                           [this](size_t g, size_t i) { return describe(g, i); });

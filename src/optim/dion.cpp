@@ -221,7 +221,7 @@ void detail::register_dion(OptimizerRegistry& registry) {
           F::integer("seed", &O::seed, d.seed(), "seed of Q's start and RCQR's sketches", 0.0),
       });
   e.default_overrides = detail::scalar_defaults("dion");
-  registry.add(detail::hookable(std::move(e), "decoupled"));
+  registry.add(detail::hookable<O>(std::move(e), "decoupled"));
 }
 
 }  // namespace muon

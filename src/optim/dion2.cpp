@@ -367,8 +367,8 @@ OptimizerEntry dion2_entry(const bool nordion2) {
 }  // namespace
 
 void detail::register_dion2(OptimizerRegistry& registry) {
-  registry.add(detail::hookable(dion2_entry(/*nordion2=*/false), "decoupled"));
-  registry.add(detail::hookable(dion2_entry(/*nordion2=*/true), "decoupled"));
+  registry.add(detail::hookable<Dion2Options>(dion2_entry(/*nordion2=*/false), "decoupled"));
+  registry.add(detail::hookable<Dion2Options>(dion2_entry(/*nordion2=*/true), "decoupled"));
 }
 
 }  // namespace muon

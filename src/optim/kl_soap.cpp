@@ -246,7 +246,7 @@ void detail::register_kl_soap(OptimizerRegistry& registry) {
                                                 o.kind(kind);
                                               });
     e.default_overrides = detail::scalar_defaults(name);
-    registry.add(detail::hookable(std::move(e), "decoupled"));
+    registry.add(detail::hookable<O>(std::move(e), "decoupled"));
   }
 }
 

@@ -54,7 +54,7 @@ void detail::register_laprop(OptimizerRegistry& registry) {
   using O = LaPropOptions;
   using F = detail::OptionFields<O>;
   const O d;
-  registry.add(detail::hookable(detail::options_entry<LaProp, O>(
+  registry.add(detail::hookable<O>(detail::options_entry<LaProp, O>(
       "laprop", detail::laprop_state(),
       "LaProp (muon::LaProp): momentum of gradients normalized by the second moment, decoupled "
       "weight decay",

@@ -44,7 +44,7 @@ void Lion::update(at::Tensor& p, const at::Tensor& grad, LionParamState& st, con
 void detail::register_lion(OptimizerRegistry& registry) {
   using O = LionOptions;
   using F = detail::OptionFields<O>;
-  registry.add(detail::hookable(detail::options_entry<Lion, O>(
+  registry.add(detail::hookable<O>(detail::options_entry<Lion, O>(
       "lion", detail::lion_state(),
       "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay",
       {

@@ -128,7 +128,7 @@ void detail::register_moso(OptimizerRegistry& registry) {
                   "clip the update's RMS to this (0: no clipping)", 0.0),
       });
   e.default_overrides = detail::scalar_defaults("moso");
-  registry.add(detail::hookable(std::move(e), "decoupled"));
+  registry.add(detail::hookable<O>(std::move(e), "decoupled"));
 }
 
 }  // namespace muon

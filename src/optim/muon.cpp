@@ -418,7 +418,7 @@ void detail::register_muon(OptimizerRegistry& registry) {
       "parameters go to scalar_optimizer",
       muon_fields());
   e.default_overrides = scalar_defaults("muon");
-  registry.add(detail::hookable(std::move(e), "decoupled"));
+  registry.add(detail::hookable<MuonOptions>(std::move(e), "decoupled"));
 }
 
 }  // namespace muon

@@ -411,7 +411,7 @@ OptimizerEntry orthogonalized_entry(OrthogonalizedKind kind, std::string doc,
     return detail::not_hookable(std::move(e), "it wears the hyperball hook already (muon_hyperball_radius); "
                                               "use optimizer 'muon' with weight_update_hook hyperball");
   }
-  return detail::hookable(std::move(e), "decoupled");
+  return detail::hookable<MuonOptions>(std::move(e), "decoupled");
 }
 
 // nesterov, off (EO's default): muon_options_from reads it in place of muon_nesterov.

@@ -225,7 +225,7 @@ void detail::register_psgd_pro(OptimizerRegistry& registry) {
           F::integer("seed", &O::seed, d.seed(), "seed of the random draws", 0.0),
       });
   e.default_overrides = detail::scalar_defaults("psgd_pro");
-  registry.add(detail::hookable(std::move(e), "decoupled"));
+  registry.add(detail::hookable<O>(std::move(e), "decoupled"));
 }
 
 }  // namespace muon

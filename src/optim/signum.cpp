@@ -58,7 +58,7 @@ void detail::register_signum(OptimizerRegistry& registry) {
   using O = SignumOptions;
   using F = detail::OptionFields<O>;
   const O d;
-  registry.add(detail::hookable(detail::options_entry<Signum, O>(
+  registry.add(detail::hookable<O>(detail::options_entry<Signum, O>(
       "signum", detail::signum_state(),
       "Signum (muon::Signum): the sign of a momentum, optionally Nesterov",
       {

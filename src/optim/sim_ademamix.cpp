@@ -77,7 +77,7 @@ void detail::register_sim_ademamix(OptimizerRegistry& registry) {
   using O = SimAdEMAMixOptions;
   using F = detail::OptionFields<O>;
   const O d;
-  registry.add(detail::hookable(detail::options_entry<SimAdEMAMix, O>(
+  registry.add(detail::hookable<O>(detail::options_entry<SimAdEMAMix, O>(
       "sim_ademamix", detail::sim_ademamix_state(),
       "Simplified AdEMAMix (muon::SimAdEMAMix): a theory-style momentum plus alpha times the "
       "gradient, over Adam's second moment",

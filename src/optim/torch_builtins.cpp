@@ -62,7 +62,7 @@ OptimizerEntry sgd_entry() {
 void register_torch_builtins(OptimizerRegistry& registry) {
   using torch::optim::AdamOptions;
   using torch::optim::AdamWOptions;
-  registry.add(detail::hookable(options_entry<torch::optim::Adam, AdamOptions>(
+  registry.add(detail::hookable<AdamOptions>(options_entry<torch::optim::Adam, AdamOptions>(
       "adam", adam_state(), "Adam (torch::optim::Adam; weight_decay is L2)",
       adam_fields<AdamOptions>()), "l2"));
   // Before it: adam, whose fields it reads.
@@ -73,8 +73,8 @@ void register_torch_builtins(OptimizerRegistry& registry) {
       "AdamW (torch::optim::AdamW; decoupled weight decay); reads the adam_* fields",
       std::move(adamw_fields));
   adamw.uses_fields_of = {"adam"};
-  registry.add(detail::hookable(std::move(adamw), "decoupled"));
-  registry.add(detail::hookable(sgd_entry(), "l2"));
+  registry.add(detail::hookable<AdamWOptions>(std::move(adamw), "decoupled"));
+  registry.add(detail::hookable<torch::optim::SGDOptions>(sgd_entry(), "l2"));
 }
 
 }  // namespace muon::detail

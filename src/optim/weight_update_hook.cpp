@@ -30,15 +30,16 @@ constexpr detail::EnumName<HookedWeightDecay> kDecayNames[] = {
     {HookedWeightDecay::kPalm, "palm"},
 };
 
-// The factor c of p ← c·p − lr·U.
-double decay_factor(const WeightUpdateHooks::Group& g, double lr) {
-  switch (g.decay) {
+// The factor c of p ← c·p − lr·U (no decay: 1, whatever its kind).
+double decay_factor(const std::optional<HookedWeightDecay>& decay, double weight_decay, double lr) {
+  if (weight_decay == 0 || !decay) return 1.0;
+  switch (*decay) {
     case HookedWeightDecay::kDecoupled:
-      return 1 - lr * g.weight_decay;
+      return 1 - lr * weight_decay;
     case HookedWeightDecay::kIndependent:
-      return 1 - g.weight_decay;
+      return 1 - weight_decay;
     case HookedWeightDecay::kPalm:
-      return 1 - lr * lr * g.weight_decay;
+      return 1 - lr * lr * weight_decay;
     case HookedWeightDecay::kL2:
       break;
   }
@@ -98,20 +99,39 @@ bool WeightUpdateHooks::any() const {
   });
 }
 
-void WeightUpdateHooks::before_step(torch::optim::Optimizer& optimizer) {
-  kept_.clear();
+double WeightUpdateHooks::weight_decay_of(size_t group, const torch::optim::OptimizerOptions& options) const {
+  const auto& hook = *groups_[group];
+  const double wd = hook.weight_decay_of ? hook.weight_decay_of(options) : hook.weight_decay;
+  TORCH_CHECK_VALUE(wd == 0 || hook.decay, kWho, "param group ", group, ": weight_decay ", wd, ": ",
+                    hook.decay_refusal);
+  return wd;
+}
+
+void WeightUpdateHooks::check(torch::optim::Optimizer& optimizer) const {
   const auto& groups = optimizer.param_groups();
   TORCH_CHECK_VALUE(groups.size() == groups_.size(), kWho, "the optimizer has ", groups.size(),
                     " param groups but its hooks were made for ", groups_.size());
   for (const auto g : c10::irange(groups.size())) {
+    if (groups_[g] && groups_[g]->hook.kind() != WeightUpdateHookKind::kNone) {
+      weight_decay_of(g, groups[g].options());
+    }
+  }
+}
+
+void WeightUpdateHooks::before_step(torch::optim::Optimizer& optimizer) {
+  kept_.clear();
+  check(optimizer);
+  const auto& groups = optimizer.param_groups();
+  for (const auto g : c10::irange(groups.size())) {
     const auto& hook = groups_[g];
     if (!hook || hook->hook.kind() == WeightUpdateHookKind::kNone) continue;
     const double lr = groups[g].options().get_lr();
+    const double wd = weight_decay_of(g, groups[g].options());
     for (const auto& p : groups[g].params()) {
       // Emerging-Optimizers' loop skips a parameter without a gradient; so
       // does every optimizer's step, and so do its hooks.
       if (!p.grad().defined()) continue;
-      kept_.push_back({p, p.detach().clone(), &*hook, lr});
+      kept_.push_back({p, p.detach().clone(), &*hook, lr, wd});
     }
   }
 }
@@ -122,7 +142,7 @@ void WeightUpdateHooks::before_step(torch::optim::Optimizer& optimizer) {
 std::pair<at::Tensor, at::Tensor> WeightUpdateHooks::decayed_and_step(size_t i) const {
   const auto& k = kept_[i];
   auto before = k.before.clone();
-  detail::scale_(before, decay_factor(*k.group, k.lr));
+  detail::scale_(before, decay_factor(k.group->decay, k.weight_decay, k.lr));
   auto decayed = before.to(at::kDouble);
   auto step = k.param.detach().to(at::kDouble, /*non_blocking=*/false, /*copy=*/true).sub_(decayed);
   return {std::move(decayed), std::move(step)};

@@ -66,6 +66,48 @@ def test_hooked_step_is_torchs_step_hooked(hook, kind):
             assert abs(w.norm().item() - 2.0) <= 1e-12
 
 
+def test_a_weight_decay_edited_in_the_param_group_is_the_one_the_hook_reads():
+    """A schedule of weight_decay reaches the hook: taken apart with the old
+    coefficient, the decayed weight would be off by lr·0.2·|p| = 4e-3·|p|."""
+    gen = torch.Generator().manual_seed(7)
+    lr = 0.02
+    w = torch.nn.Parameter(torch.randn(12, 8, generator=gen, dtype=torch.float64))
+    ref = torch.nn.Parameter(w.detach().clone())
+    opt = muon_cpp.make_optimizer([("w", w)], {"optimizer": "adamw", "lr": lr, "weight_decay": 0.1,
+                                               "adam_beta2": 0.999, "weight_update_hook": "relative_update"})
+    torch_opt = torch.optim.AdamW([ref], lr=lr, weight_decay=0.1)
+    for step in range(3):
+        if step == 1:
+            opt.param_groups[0]["weight_decay"] = 0.3
+            torch_opt.param_groups[0]["weight_decay"] = 0.3
+        wd = opt.param_groups[0]["weight_decay"]
+        g = torch.randn(12, 8, generator=gen, dtype=torch.float64)
+        w.grad, ref.grad = g.clone(), g.clone()
+        p_wd = w.detach() * (1 - lr * wd)
+        ref.data.copy_(w.detach())
+        torch_opt.step()
+        want = ref_hooked(p_wd, (p_wd - ref.detach()) / lr, lr, "relative_update")
+        opt.step()
+        assert (w.detach() - want).abs().max().item() <= 1e-12 * want.abs().max().item()
+
+
+def test_a_hooked_groups_decay_method_is_fixed_after_construction():
+    w = torch.nn.Parameter(torch.randn(16, 8))
+    opt = muon_cpp.Muon([w], lr=0.02, weight_update_hook="hyperball")
+    key = next(k for k in opt.param_groups[0] if k.endswith("weight_decay_mode"))
+    opt.param_groups[0][key] = "independent"
+    w.grad = torch.randn_like(w)
+    kept = w.detach().clone()
+    with pytest.raises(ValueError, match=r"weight_decay_mode'\] is fixed at construction"):
+        opt.step()
+    assert torch.equal(w.detach(), kept)
+    # Without a hook it stays editable.
+    plain = muon_cpp.Muon([torch.nn.Parameter(torch.randn(16, 8))], lr=0.02)
+    plain.param_groups[0][key] = "independent"
+    plain.param_groups[0]["params"][0].grad = torch.randn(16, 8)
+    plain.step()
+
+
 def test_the_keys_are_in_the_groups_and_fixed_after_construction():
     w = torch.nn.Parameter(torch.randn(16, 8))
     opt = muon_cpp.Muon([w], lr=0.02, weight_update_hook="relative_update")

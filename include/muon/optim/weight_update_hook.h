@@ -27,6 +27,8 @@
 /// library's and LibTorch's alike, and each optimizer says how it decays
 /// (OptimizerEntry::hook_weight_decay). An optimizer that changes the weight
 /// otherwise (a projection after the update, factors rebuilt) refuses them.
+/// The lr and the weight decay coefficient are read from each group's
+/// options at every step, so schedules and later edits reach the hooks.
 /// The arithmetic runs in double for float, bfloat16 and half weights (once
 /// rounded back), so it adds one rounding of p to the optimizer's own.
 #include <ATen/ATen.h>
@@ -93,11 +95,19 @@ using SumAcrossParts = std::function<void(const std::vector<at::Tensor>& params,
 class WeightUpdateHooks {
  public:
   /// A hooked group: its hook, how its optimizer decays the weight, and the
-  /// weight decay coefficient (the lr is read from the group at each step).
+  /// weight decay coefficient. The lr, and the coefficient where
+  /// `weight_decay_of` reads it, come from the group's options at each step.
   struct Group {
     WeightUpdateHookOptions hook;
-    HookedWeightDecay decay = HookedWeightDecay::kDecoupled;
+    /// nullopt: the optimizer's decay is not a factor c (say, a clipped
+    /// one), which the hooks take only while the coefficient is 0;
+    /// `decay_refusal` names it in the error.
+    std::optional<HookedWeightDecay> decay = HookedWeightDecay::kDecoupled;
+    std::string decay_refusal;
+    /// The coefficient when `weight_decay_of` is empty.
     double weight_decay = 0.0;
+    /// Reads the coefficient from the group's options (OptimizerEntry::hook_weight_decay_of).
+    std::function<double(const torch::optim::OptimizerOptions&)> weight_decay_of;
   };
 
   /// `groups[g]` is param group g's hook (nullopt: none).
@@ -105,6 +115,9 @@ class WeightUpdateHooks {
 
   /// Whether any group wears a hook.
   bool any() const;
+  /// Raises c10::ValueError where a hooked group's weight decay, as its
+  /// options in `optimizer` say now, is not 0 and not a factor c; changes nothing.
+  void check(torch::optim::Optimizer& optimizer) const;
   /// Before `optimizer` steps: keeps the weights of the hooked parameters
   /// that have a gradient and the learning rates their groups step with.
   void before_step(torch::optim::Optimizer& optimizer);
@@ -118,7 +131,9 @@ class WeightUpdateHooks {
     at::Tensor before;  // its weight before the step
     const Group* group;
     double lr;
+    double weight_decay;
   };
+  double weight_decay_of(size_t group, const torch::optim::OptimizerOptions& options) const;
   std::pair<at::Tensor, at::Tensor> decayed_and_step(size_t i) const;
   at::Tensor square_sums() const;
   void project_to_radius(const std::vector<size_t>& which) const;
