@@ -1,10 +1,10 @@
 // Tests of muon::Dion: values against an independent fp64 reference of
 // microsoft/dion's arithmetic, options and their errors, save/load, the
 // registry entry (config fields, make_optimizer, explain), and the layouts
-// (layer-wise equal to one process bit for bit, and sharded with the
-// low-rank factors exchanged, muon::distributed::ShardedDion, to rounding;
-// checkpoints resharded across them;
-// tensor_parallel and 2-D refused), with the bytes each step sends beside Muon's.
+// (layer-wise equal to one process bit for bit; sharded and tensor-parallel
+// with the low-rank factors exchanged, muon::distributed::ShardedDion and
+// TensorParallelDion, to rounding; checkpoints resharded across them; the
+// 2-D layout refused), with the bytes each step sends beside Muon's.
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
@@ -15,12 +15,14 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "checkpoint_model.h"
 #include "layout_harness.h"
 #include "muon/compat.h"
 #include "muon/distributed/layouts/sharded_dion.h"
+#include "muon/distributed/layouts/tensor_parallel_dion.h"
 #include "muon/optim/composite.h"
 #include "muon/optim/dion.h"
 #include "muon/optim/laprop.h"
@@ -351,7 +353,6 @@ TEST(ShardedDion, CheckpointsReshard) {
 
 TEST(ShardedDion, SplittingLayoutsAreRefusedNamingTheOptimizer) {
   run_ranks(2, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("tp", g, "dion"); }, {"'dion'", "'tensor_parallel'"});
     auto p = leaf(at::randn({3, 4}));
     expect_value_error(
         [&] {
@@ -365,15 +366,116 @@ TEST(ShardedDion, SplittingLayoutsAreRefusedNamingTheOptimizer) {
   });
 }
 
+// ---- tensor parallel ----------------------------------------------------------------
+
+// Every orientation of the exchange: tall and wide matrices (B = M, B = Mᵀ),
+// a square one (B = M), each split by rows and by columns over 2 and 3
+// ranks (uneven blocks), so that B is split by its rows in some and by its
+// columns in others; 5 steps against one process on the whole matrices, at
+// the sharded layout's tolerance (the same all-reduced and all-gathered
+// products, kShardedTolerance).
+TEST(TensorParallelDion, BlocksEqualOneProcessToRoundingInEveryOrientation) {
+  const std::vector<std::vector<int64_t>> shapes{{13, 5}, {7, 12}, {8, 8}};
+  const std::vector<DionOptions> sets{DionOptions(0.02).weight_decay(0.1),
+                                      DionOptions(0.02).rank_fraction(0.5).power_iters(2).qr_method("qr")};
+  for (const int world : {2, 3}) {
+    for (size_t hs = 0; hs < sets.size(); ++hs) {
+      run_ranks(world, [&](distributed::Group& g) {
+        std::vector<at::Tensor> whole, blocks;
+        std::unordered_map<const void*, distributed::TensorParallelShard> shards;
+        std::vector<std::pair<int64_t, int64_t>> where;  // (dim, offset) of each block
+        for (size_t k = 0; k < 2 * shapes.size(); ++k) {
+          const auto& shape = shapes[k / 2];
+          const int64_t dim = static_cast<int64_t>(k % 2);
+          const auto sizes = distributed::balanced_split_sizes(shape[static_cast<size_t>(dim)], world);
+          const auto offset = distributed::split_offset(sizes, g.rank());
+          const auto init = seeded_randn(shape, 90 + k);
+          whole.push_back(leaf(init));
+          blocks.push_back(leaf(init.narrow(dim, offset, sizes[static_cast<size_t>(g.rank())])));
+          shards.emplace(blocks.back().unsafeGetTensorImpl(), distributed::TensorParallelShard(shape, dim, g));
+          where.emplace_back(dim, offset);
+        }
+        Dion single(whole, sets[hs]);
+        distributed::TensorParallelDion opt({torch::optim::OptimizerParamGroup(blocks)}, sets[hs], shards);
+        for (int64_t step = 0; step < 5; ++step) {
+          for (size_t k = 0; k < whole.size(); ++k) {
+            const auto grad = seeded_randn(shapes[k / 2], 400 + 7 * static_cast<uint64_t>(step) + k);
+            whole[k].mutable_grad() = grad;
+            blocks[k].mutable_grad() = grad.narrow(where[k].first, where[k].second, blocks[k].size(where[k].first)).contiguous();
+          }
+          single.step();
+          opt.step();
+        }
+        for (size_t k = 0; k < whole.size(); ++k) {
+          const auto what = "W=" + std::to_string(world) + " set " + std::to_string(hs) + " shape " +
+                            c10::str(c10::IntArrayRef(shapes[k / 2])) + " split along " + std::to_string(where[k].first);
+          const auto own = [&](const at::Tensor& t) {
+            return t.narrow(where[k].first, where[k].second, blocks[k].size(where[k].first));
+          };
+          const auto scale = whole[k].abs().max().item<double>();
+          EXPECT_LT((blocks[k].detach() - own(whole[k].detach())).abs().max().item<double>() / scale, kShardedTolerance)
+              << what;
+          const auto& st = state_of(opt, blocks[k]);
+          const auto& one = state_of(single, whole[k]);
+          EXPECT_EQ(st.step(), 5) << what;
+          EXPECT_LT((st.momentum() - own(one.momentum())).abs().max().item<double>() /
+                        one.momentum().abs().max().item<double>(),
+                    kShardedTolerance)
+              << what;
+          // Q whole, alike on every rank of the group.
+          EXPECT_LT(relative(signs_aligned(st.Q(), one.Q()), one.Q()), kShardedTolerance) << what;
+        }
+      });
+    }
+  }
+}
+
+TEST(TensorParallelDion, ThroughMakeOptimizerEqualsOneProcess) {
+  const auto single = ckpt::one_process_after("dion", {4}).at(4);
+  ckpt::expect_layouts_equal(
+      "dion", 4, single, {{"tp", 2}, {"tp", 3}}, "dion",
+      [&](ckpt::Rank& r, const std::string&) {
+        auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
+        ASSERT_NE(composite, nullptr);
+        EXPECT_NE(dynamic_cast<distributed::TensorParallelDion*>(composite->find_part("dion")), nullptr);
+      },
+      [](const std::string&) { return kShardedTolerance; });
+}
+
+// Q, whole on every rank of a tensor-parallel group, is stored once and
+// loads into every layout; M splits with the blocks.
+TEST(TensorParallelDion, CheckpointsReshard) {
+  ckpt::reshard_chain("dion", "dion_tp_chain",
+                      {{"tp", 2, 2, "dion tp W=2", kShardedTolerance},
+                       {"none", 1, 3, "dion single from tp W=2", kShardedTolerance},
+                       {"tp", 3, 4, "dion tp W=3 from single", kShardedTolerance},
+                       {"sharded", 2, 5, "dion sharded W=2 from tp W=3", kShardedTolerance},
+                       {"tp", 2, 6, "dion tp W=2 from sharded W=2", kShardedTolerance}},
+                      ckpt::one_process_after("dion", {2, 3, 4, 5, 6}));
+}
+
+TEST(TensorParallelDion, ABlockThatDoesNotFitIsRefused) {
+  run_ranks(2, [&](distributed::Group& g) {
+    auto p = leaf(at::randn({3, 4}));
+    std::unordered_map<const void*, distributed::TensorParallelShard> shards;
+    shards.emplace(p.unsafeGetTensorImpl(), distributed::TensorParallelShard({8, 4}, 0, g));
+    expect_value_error([&] { distributed::TensorParallelDion opt({torch::optim::OptimizerParamGroup({p})}, {}, shards); },
+                       {"[muon::distributed::TensorParallelDion]", "does not fit rank"});
+  });
+}
+
 // Sharded Dion moves the low-rank factors (Q, P or its rows, R or its rows:
 // about (m + 2n)·r elements per matrix) where Muon's owner-compute moves
-// each rank's rows of every matrix to the owner and back (about m·n): at
-// rank_fraction 1 (r = min(m, n) = 16 on these 16-wide matrices) Dion moves
-// more, at 1/4 less. Layer-wise, every optimizer moves the updated
+// each rank's rows of every matrix to the owner and back (about m·n);
+// tensor-parallel Dion moves P's or R's rows and the other whole (about
+// (m + n)·r) where Muon's duplicated mode gathers every block (about m·n):
+// at rank_fraction 1 (r = min(m, n) = 16 on these 16-wide matrices) Dion
+// moves more, at 1/4 less. Layer-wise, every optimizer moves the updated
 // parameters. Printed as the table in docs/distributed.md.
 TEST(ShardedDion, BytesSentPerStepBesideMuons) {
   std::printf("| layout | ranks | muon | dion (rank_fraction 1) | dion (rank_fraction 1/4) |\n|---|---|---|---|---|\n");
   for (const auto& [kind, world] : {std::make_pair(std::string("sharded"), 2), std::make_pair(std::string("sharded"), 4),
+                                    std::make_pair(std::string("tp"), 2), std::make_pair(std::string("tp"), 4),
                                     std::make_pair(std::string("layerwise"), 2),
                                     std::make_pair(std::string("layerwise"), 4)}) {
     const auto muon = ckpt::bytes_of_step("muon", kind, world);
@@ -383,7 +485,7 @@ TEST(ShardedDion, BytesSentPerStepBesideMuons) {
     std::printf("| %s | %d | %lld | %lld (%.2f) | %lld (%.2f) |\n", kind.c_str(), world, static_cast<long long>(muon),
                 static_cast<long long>(full), ratio(full), static_cast<long long>(quarter), ratio(quarter));
     EXPECT_GT(muon, 0) << kind << " W=" << world;
-    if (kind == "sharded") {
+    if (kind != "layerwise") {
       EXPECT_GT(full, muon) << kind << " W=" << world;
       EXPECT_LT(quarter, muon) << kind << " W=" << world;
     } else {

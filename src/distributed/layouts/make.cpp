@@ -26,6 +26,7 @@
 #include "muon/distributed/layouts/sharded_psgd_pro.h"
 #include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/layouts/tensor_parallel_dion.h"
 #include "muon/distributed/layouts/tensor_parallel_kl_soap.h"
 #include "muon/optim/muon.h"
 #include "registry_internal.h"
@@ -91,7 +92,7 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
     TORCH_CHECK_VALUE(false, kWho, "optimizer 'soap' preconditions whole matrices and does not run in layout '",
                       kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
   };
-  for (const auto& [name, needs] : {std::make_pair("dion", "orthonormalizes"), std::make_pair("iso", "factorizes"),
+  for (const auto& [name, needs] : {std::make_pair("iso", "factorizes"),
                                     std::make_pair("psgd_pro", "preconditions"),
                                     std::make_pair("moso", "preconditions"), std::make_pair("kl_soap", "preconditions"),
                                     std::make_pair("kl_m_soap", "preconditions"), std::make_pair("rekls", "preconditions"),
@@ -129,9 +130,12 @@ void refuse_normalizing_optimizers(BuildContext& context, const std::string& kin
   }
 }
 
-// The KL-SOAP family over tensor-parallel blocks (TensorParallelKlSoap), the
-// blocks of its groups' parameters from `tp` by name; the others whole.
-auto tp_kl_soap_factory(const std::map<std::string, TensorParallelShard>& tp, const std::unordered_map<const void*, std::string>& names) {
+// A whole-matrix optimizer over tensor-parallel blocks (TensorParallelKlSoap,
+// TensorParallelDion over Options), the blocks of its groups' parameters
+// from `tp` by name; the others whole.
+template <typename Opt, typename Options>
+auto tp_blocks_factory(const std::map<std::string, TensorParallelShard>& tp,
+                       const std::unordered_map<const void*, std::string>& names) {
   return [tp, names](std::vector<OptimizerParamGroup> groups, const std::vector<OptimizerSettings>&) {
     std::unordered_map<const void*, TensorParallelShard> shards;
     for (const auto& g : groups) {
@@ -140,14 +144,13 @@ auto tp_kl_soap_factory(const std::map<std::string, TensorParallelShard>& tp, co
         if (it != tp.end()) shards.emplace(p.unsafeGetTensorImpl(), it->second);
       }
     }
-    const auto defaults = static_cast<const KlSoapOptions&>(groups.at(0).options());
-    auto opt = std::make_unique<TensorParallelKlSoap>(groups, defaults, std::move(shards));
+    const auto defaults = static_cast<const Options&>(groups.at(0).options());
+    auto opt = std::make_unique<Opt>(groups, defaults, std::move(shards));
     compat::reapply_group_options(*opt, groups);
     return std::unique_ptr<torch::optim::Optimizer>(std::move(opt));
   };
 }
 
-// The layer-wise layout's options from the config's layout fields.
 // The factory of optimizer `name` by owner-compute (Sharded over Options),
 // its row shards from `shards(groups, name)`; refused where a row shard has
 // tensor-parallel blocks, which split the whole matrices it `needs`.
@@ -169,6 +172,7 @@ auto owner_compute_factory(Shards shards, std::string name, std::string needs) {
   };
 }
 
+// The layer-wise layout's options from the config's layout fields.
 LayerwiseOptions layerwise_options(const OptimizerConfig& config) {
   const auto bucket = static_cast<int64_t>(config.get_double("layout_bucket_mb") * (1 << 20));
   return LayerwiseOptions()
@@ -193,8 +197,10 @@ BuildContext layout_context(const torch::OrderedDict<std::string, at::Tensor>& n
     check_names(layout.tensor_parallel, named, "DistributedLayout::tensor_parallel");
     // The KL-SOAP family but stacked_soap (3-D stacks) steps gathered blocks (TpRekls).
     for (const char* name : {"kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3"}) {
-      context.factories[name] = tp_kl_soap_factory(layout.tensor_parallel, names);
+      context.factories[name] = tp_blocks_factory<TensorParallelKlSoap, KlSoapOptions>(layout.tensor_parallel, names);
     }
+    // Dion exchanges the low-rank factors of the blocks (Dion's inner shard mesh).
+    context.factories["dion"] = tp_blocks_factory<TensorParallelDion, DionOptions>(layout.tensor_parallel, names);
     add_strategy_factories<TensorParallelOptions, TensorParallelMuon>(
         context, registry, [&layout, names](const std::vector<OptimizerParamGroup>& groups,
                                   const std::vector<OptimizerSettings>& settings) {

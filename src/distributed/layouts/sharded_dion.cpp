@@ -9,6 +9,7 @@
 #include <cmath>
 #include <utility>
 
+#include "distributed/layouts/dion_split.h"
 #include "distributed/layouts/sharded_internal.h"
 #include "muon/compat.h"
 #include "util/scale.h"
@@ -77,42 +78,10 @@ at::Tensor ShardedDion::matrix_update(const at::Tensor& grad, DionParamState& st
   g.broadcast_(q, static_cast<int>(part.owner));
   st.step(st.step() + 1);
   auto m = st.momentum().view({-1, part.cols}).narrow(0, 0, part.real);
-  m.add_(grad.narrow(0, 0, part.real).to(m.scalar_type()));
-  const auto q_old = q.to(m.scalar_type());
-  const bool transposed = part.rows < part.cols;
-  auto r = q_old;
-  at::Tensor p;
-  for (const auto i : c10::irange(o.power_iters())) {
-    const auto seed = muon::detail::dion_sketch_seed(o, part.rows, part.cols, st.step(), i);
-    if (transposed) {
-      // B = Mᵀ: its columns are the ranks' rows. P = Σ Mᵢᵀ·Qᵢ; R = M·P, each rank its rows.
-      auto partial = at::matmul(m.t(), r.narrow(0, part.offset, part.real)).contiguous();
-      g.all_reduce_(partial);
-      p = muon::detail::dion_orthogonalize(partial, o, seed);
-      r = at::cat(g.all_gather_uneven(at::matmul(m, p).contiguous()), 0);
-    } else {
-      // B = M: its rows are the ranks' rows. P = M·Q gathered; R = Σ Mᵢᵀ·Pᵢ.
-      p = muon::detail::dion_orthogonalize(at::cat(g.all_gather_uneven(at::matmul(m, r).contiguous()), 0), o, seed);
-      r = at::matmul(m.t(), p.narrow(0, part.offset, part.real)).contiguous();
-      g.all_reduce_(r);
-    }
-  }
-  // B all zero on every rank: no update and the old Q (Dion's fix_all_zero_or_nan).
-  auto nonzero = m.ne(0).any().to(at::kFloat).reshape({1});
-  g.all_reduce_(nonzero);
-  const auto zero = nonzero.eq(0).squeeze();
-  p = p.nan_to_num() * zero.logical_not().to(p.scalar_type());
-  const auto rr = r.nan_to_num() * zero.logical_not().to(r.scalar_type()) + q_old * zero.to(r.scalar_type());
-  const auto q_new = muon::detail::dion_next_q(r, q_old, zero, o, q.scalar_type());
-  // This rank's rows of the error feedback and of the update.
-  const auto pq = q_new.to(p.scalar_type());
-  if (transposed) {
-    m.sub_(at::matmul(rr.narrow(0, part.offset, part.real), p.t()), 1 - o.mu());
-  } else {
-    m.sub_(at::matmul(p.narrow(0, part.offset, part.real), rr.t()), 1 - o.mu());
-  }
+  const detail::DionSplit split{g, part.rows, part.cols, /*split_cols=*/false, part.offset, part.real};
+  auto [u, q_new] = detail::dion_split_update(m, grad.narrow(0, 0, part.real), q, st.step(), o, split);
   st.Q(owner ? q_new : at::Tensor());
-  return transposed ? at::matmul(pq.narrow(0, part.offset, part.real), p.t()) : at::matmul(p.narrow(0, part.offset, part.real), pq.t());
+  return u;
 }
 
 std::vector<int64_t> ShardedDion::q_dims(const Part& part, const DionOptions& o) {

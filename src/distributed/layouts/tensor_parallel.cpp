@@ -32,18 +32,6 @@ constexpr muon::detail::EnumName<TensorParallelMode> kModes[] = {
 
 const void* impl_key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
-// Gathers the blocks of a matrix split along `dim` into the whole matrix.
-at::Tensor gather_matrix(const at::Tensor& block, int64_t dim, const Group& group) {
-  const auto parts = group.all_gather_uneven(block.contiguous().view({-1}));
-  std::vector<at::Tensor> mats;
-  mats.reserve(parts.size());
-  const int64_t other = block.size(1 - dim);
-  for (const auto& p : parts) {
-    mats.push_back(dim == 0 ? p.view({-1, other}) : p.view({other, -1}));
-  }
-  return at::cat(mats, dim);
-}
-
 }  // namespace
 
 // ---- modes -------------------------------------------------------------------------
@@ -91,7 +79,7 @@ at::Tensor detail::orthogonalize_block(const at::Tensor& block, TensorParallelMo
   switch (mode) {
     case TensorParallelMode::kDuplicated: {
       const auto rank = static_cast<size_t>(group.rank());
-      return newton_schulz(gather_matrix(block, dim, group), ns)
+      return newton_schulz(gather_blocks(block, dim, group), ns)
           .narrow(dim, split_offset(sizes, group.rank()), sizes[rank])
           .contiguous();
     }
@@ -139,7 +127,7 @@ at::Tensor detail::orthogonalize_block_heads(const at::Tensor& block, TensorPara
   if (dim == 0 || mode == TensorParallelMode::kBlockwise) return local_heads(block);
   if (mode == TensorParallelMode::kDuplicated) {
     const auto rank = static_cast<size_t>(group.rank());
-    return local_heads(gather_matrix(block, dim, group))
+    return local_heads(gather_blocks(block, dim, group))
         .narrow(dim, split_offset(sizes, group.rank()), sizes[rank])
         .contiguous();
   }
