@@ -25,6 +25,7 @@
 #include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/distributed/layouts/sharded_soap.h"
 #include "muon/distributed/layouts/tensor_parallel.h"
+#include "muon/distributed/layouts/tensor_parallel_blocks.h"
 #include "muon/distributed/layouts/tensor_parallel_dion.h"
 #include "muon/distributed/layouts/tensor_parallel_kl_soap.h"
 #include "muon/distributed/layouts/tensor_parallel_layers.h"

@@ -23,6 +23,7 @@
 #include "util/fault_injection.h"
 #include "util/names.h"
 #include "util/scale.h"
+#include "util/seed.h"
 
 namespace muon {
 
@@ -39,20 +40,9 @@ using torch::serialize::OutputArchive;
 constexpr const char* kWho = "[muon::Dion] ";
 constexpr int64_t kMaxPowerIters = 16;
 
-// splitmix64: one well-mixed 64-bit value from `x`.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // The seed of a draw for a rows × cols matrix: the options' seed, the shape and `draw`.
 uint64_t draw_seed(const DionOptions& o, int64_t rows, int64_t cols, uint64_t draw) {
-  auto s = mix(static_cast<uint64_t>(o.seed()));
-  s = mix(s ^ static_cast<uint64_t>(rows));
-  s = mix(s ^ static_cast<uint64_t>(cols));
-  return mix(s ^ draw);
+  return detail::shape_draw_seed(o.seed(), rows, cols, draw);
 }
 
 // N(0, 1) entries of `sizes`, fp32 on the CPU, from the generator seeded by `seed`.
@@ -174,7 +164,7 @@ std::vector<int64_t> Dion::q_shape(const at::Tensor& param) const {
   TORCH_CHECK_VALUE(false, kWho, "q_shape: the parameter is not one of this optimizer's");
 }
 
-void Dion::step_parameters() {
+void Dion::step_matrices(const MatrixUpdate& update) {
   auto& states = state();
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const DionOptions&>(group.options());
@@ -185,11 +175,17 @@ void Dion::step_parameters() {
       auto& st = static_cast<DionParamState&>(*slot);
       if (!st.momentum().defined()) st.momentum(at::zeros_like(p, at::MemoryFormat::Contiguous));
       const auto [rows, cols] = whole_matrix_dims(p);
-      const auto u = detail::dion_matrix_update(p.grad().reshape({rows, cols}), st, o);
+      const auto u = update(p, st, o, rows, cols);
       muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
       p.add_(u.view(p.sizes()), -o.lr() * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)));
     }
   }
+}
+
+void Dion::step_parameters() {
+  step_matrices([](const at::Tensor& p, DionParamState& st, const DionOptions& o, int64_t rows, int64_t cols) {
+    return detail::dion_matrix_update(p.grad().reshape({rows, cols}), st, o);
+  });
 }
 
 // Dion's entry (muon::Dion): defaults are Dion's, lr and weight_decay aside

@@ -20,6 +20,7 @@
 #include "optim/elementwise_optimizer.h"
 #include "optim/step_transaction.h"
 #include "optim/whole_matrix_optimizer.h"
+#include "util/seed.h"
 
 namespace muon {
 
@@ -35,13 +36,6 @@ constexpr int64_t kBoundVectors = 32;
 constexpr int kBoundHalfIters = 2;
 constexpr double kBoundEps = 1e-8;
 constexpr double kProcrustesMaxStep = 0.125;
-
-uint64_t mix(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // N(0, 1) entries of `sizes` from `gen`, in `like`'s dtype, on its device.
 at::Tensor randn(at::IntArrayRef sizes, at::Generator& gen, const at::Tensor& like) {
@@ -100,10 +94,7 @@ void fit_side(at::Tensor& q, at::Tensor& lip, const at::Tensor& cov, double nume
 }  // namespace
 
 uint64_t detail::psgd_pro_seed(const PsgdProOptions& o, int64_t rows, int64_t cols, int64_t step) {
-  auto s = mix(static_cast<uint64_t>(o.seed()));
-  s = mix(s ^ static_cast<uint64_t>(rows));
-  s = mix(s ^ static_cast<uint64_t>(cols));
-  return mix(s ^ static_cast<uint64_t>(step));
+  return shape_draw_seed(o.seed(), rows, cols, static_cast<uint64_t>(step));
 }
 
 at::Tensor detail::psgd_pro_update(const at::Tensor& grad, PsgdProParamState& st, const PsgdProOptions& o) {

@@ -43,6 +43,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -164,6 +165,14 @@ class Dion : public WholeMatrixOptimizer<Dion, DionOptions, DionParamState> {
   friend class WholeMatrixOptimizer<Dion, DionOptions, DionParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
   void step_parameters() override;
+
+  /// The update U of one parameter (its elements, any shape) from its state
+  /// (momentum made), options and whole matrix's rows and cols.
+  using MatrixUpdate =
+      std::function<at::Tensor(const at::Tensor& param, DionParamState&, const DionOptions&, int64_t, int64_t)>;
+  /// Every parameter with a gradient: its state made, U = `update`, then
+  /// X ← X·(1 − lr·weight_decay) − lr·√(rows/cols)·U (step 6 of the top of this header).
+  void step_matrices(const MatrixUpdate& update);
 };
 
 }  // namespace muon

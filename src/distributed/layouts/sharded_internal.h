@@ -9,12 +9,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <torch/optim/optimizer.h>
 
 #include "muon/compat.h"
 #include "muon/distributed/layouts/sharded_muon.h"
+#include "optim/elementwise_optimizer.h"
 
 namespace muon::distributed::detail {
 
@@ -80,6 +82,39 @@ void owner_compute_step(Opt& opt, ShardedOrthogonalizer& strategy, const Payload
     if (!opt.holds_whole_state(p)) st.step(st.step() + 1);
     apply(p, items[k].result, *options[k]);
   }
+}
+
+// The owner-compute steps of optimizers whose `weight_decay_method` may be
+// "l2" (the KL-SOAP family, PSGD-Pro): under l2 the owner's step sees
+// G + wd·p, so the parameter's rows travel beside the gradient's.
+template <typename Options>
+bool l2_decay(const Options& o) {
+  return o.weight_decay() != 0 && o.weight_decay_method() == "l2";
+}
+
+/// What a rank sends its owner: its rows of G, beside them of p under l2.
+template <typename Options>
+at::Tensor gradient_payload(const at::Tensor& p, const at::Tensor& grad, const Options& o) {
+  return l2_decay(o) ? at::cat({grad, p.detach().reshape(grad.sizes())}, 1) : grad;
+}
+
+/// At the owner, from the whole payload of a matrix of `cols` columns: G,
+/// and G + wd·p under l2 (G otherwise).
+template <typename Options>
+std::pair<at::Tensor, at::Tensor> received_gradient(const at::Tensor& whole, int64_t cols, const Options& o) {
+  auto grad = whole.narrow(1, 0, cols).contiguous();
+  auto inner = l2_decay(o) ? grad.add(whole.narrow(1, cols, cols).contiguous(), o.weight_decay()) : grad;
+  return {std::move(grad), std::move(inner)};
+}
+
+/// Every rank: the weight decay (unless l2, which entered the owner's step)
+/// and its rows of the update at the lr.
+template <typename Options>
+void apply_decay_and_rows(at::Tensor& p, const at::Tensor& rows, const Options& o) {
+  if (o.weight_decay_method() != "l2") {
+    muon::detail::apply_weight_decay(p, p.grad(), o.weight_decay_method(), o.lr(), o.weight_decay());
+  }
+  p.detach().add_(rows.view(p.sizes()), -o.lr());
 }
 
 }  // namespace muon::distributed::detail

@@ -1,14 +1,12 @@
 // The tensor-parallel modes on one block, shared by the tensor-parallel
-// strategy and the 2-D (tensor parallel inside row shards) one; the blocks
-// of the whole-matrix optimizers' tensor-parallel layouts.
+// strategy and the 2-D (tensor parallel inside row shards) one; the
+// gathered and own blocks of the whole-matrix optimizers' tensor-parallel layouts.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "muon/distributed/layouts/tensor_parallel.h"
@@ -25,12 +23,6 @@ at::Tensor gather_blocks(const at::Tensor& block, int64_t dim, const Group& grou
 
 /// This rank's block of `whole`, split as `shard` says in balanced sizes.
 at::Tensor own_block(const at::Tensor& whole, const TensorParallelShard& shard);
-
-/// Raises c10::ValueError, naming `who`, for a parameter of `groups` with an
-/// entry in `shards` (by TensorImpl) that is not a 2-D block of a 2-D
-/// matrix or whose shape does not fit its shard's.
-void check_blocks(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                  const std::unordered_map<const void*, TensorParallelShard>& shards, const char* who);
 
 /// This rank's block of the orthogonalized matrix that is split along `dim`
 /// over `group` (`sizes`: every rank's block size along `dim`), in `mode`;

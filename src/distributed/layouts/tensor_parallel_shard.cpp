@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "distributed/layouts/tensor_parallel_block.h"
+#include "muon/distributed/layouts/tensor_parallel_blocks.h"
 
 namespace muon::distributed {
 
@@ -43,8 +44,9 @@ at::Tensor detail::own_block(const at::Tensor& whole, const TensorParallelShard&
   return whole.narrow(dim, split_offset(sizes, group.rank()), sizes[static_cast<size_t>(group.rank())]);
 }
 
-void detail::check_blocks(const std::vector<torch::optim::OptimizerParamGroup>& groups,
-                          const std::unordered_map<const void*, TensorParallelShard>& shards, const char* who) {
+void check_tensor_parallel_blocks(const std::vector<torch::optim::OptimizerParamGroup>& groups,
+                                  const std::unordered_map<const void*, TensorParallelShard>& shards,
+                                  const char* who) {
   for (const auto& group : groups) {
     for (const auto& p : group.params()) {
       const auto it = shards.find(p.unsafeGetTensorImpl());

@@ -28,22 +28,19 @@
 /// rank here orthonormalizes the whole P (the same draws as one process).
 /// Checkpoints split M with the blocks and save Q once; they load at any
 /// world size and layout. Parameters without a block step as muon::Dion.
-#include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include <cstdint>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
-#include "muon/distributed/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/tensor_parallel_blocks.h"
 #include "muon/optim/dion.h"
 
 namespace muon::distributed {
 
 /// Dion over tensor-parallel blocks (see the top of this header). `step()`
 /// is collective over every block's group.
-class TensorParallelDion : public Dion {
+class TensorParallelDion : public TensorParallelBlocks<Dion, DionOptions> {
  public:
   /// Over `param_groups` (groups without options get `defaults`); a
   /// parameter with an entry in `shards` (by TensorImpl) is its block of that
@@ -52,15 +49,9 @@ class TensorParallelDion : public Dion {
   TensorParallelDion(std::vector<torch::optim::OptimizerParamGroup> param_groups, DionOptions defaults,
                      std::unordered_map<const void*, TensorParallelShard> shards);
 
-  /// The whole matrix's (rows, cols) for a block, as Dion's otherwise.
-  std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const override;
-
  protected:
   /// Dion's step on every matrix, blocks by the exchange above.
   void step_parameters() override;
-
- private:
-  std::unordered_map<const void*, TensorParallelShard> shards_;
 };
 
 }  // namespace muon::distributed

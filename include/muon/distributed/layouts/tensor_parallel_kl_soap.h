@@ -18,22 +18,19 @@
 /// (Emerging-Optimizers keeps L and R split by rows to save memory; here they
 /// are whole, so that a checkpoint holds one copy that reshards to every
 /// layout), and a checkpoint stores it once.
-#include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
-#include <cstdint>
 #include <unordered_map>
-#include <utility>
 #include <vector>
 
-#include "muon/distributed/layouts/tensor_parallel_shard.h"
+#include "muon/distributed/layouts/tensor_parallel_blocks.h"
 #include "muon/optim/kl_soap.h"
 
 namespace muon::distributed {
 
 /// The KL-SOAP family over tensor-parallel blocks (see the top of this header).
 /// `step()` is collective over every block's group.
-class TensorParallelKlSoap : public KlSoap {
+class TensorParallelKlSoap : public TensorParallelBlocks<KlSoap, KlSoapOptions> {
  public:
   /// Over `param_groups` (groups without options get `defaults`); a
   /// parameter with an entry in `shards` (by TensorImpl) is its block of that
@@ -42,15 +39,9 @@ class TensorParallelKlSoap : public KlSoap {
   TensorParallelKlSoap(std::vector<torch::optim::OptimizerParamGroup> param_groups, KlSoapOptions defaults,
                        std::unordered_map<const void*, TensorParallelShard> shards);
 
-  /// The whole matrix's (rows, cols) for a block, as KlSoap's otherwise.
-  std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const override;
-
  protected:
   /// Gathers, steps the whole matrix, keeps the block (see the top of this header).
   void step_parameters() override;
-
- private:
-  std::unordered_map<const void*, TensorParallelShard> shards_;
 };
 
 }  // namespace muon::distributed
