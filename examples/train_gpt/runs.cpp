@@ -36,7 +36,7 @@ double preset_lr(const std::string& run) {
       {"dion2", 0.03},    {"nordion2", 0.03},       {"dion", 0.03},
       {"iso", 1.0},       {"oblique_sgd", 0.01},    {"oblique_adam", 1e-3}, {"moso", 1e-3},
       {"kl_soap", 0.01},  {"kl_m_soap", 0.01},      {"rekls", 0.01},     {"rekls_v3", 0.01}, {"tp_rekls", 0.01},
-      {"stacked_soap", 0.01},
+      {"stacked_soap", 0.01}, {"psgd_pro", 0.03},
   };
   const auto it = lr.find(run);
   return it == lr.end() ? -1.0 : it->second;

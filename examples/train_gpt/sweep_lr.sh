@@ -34,8 +34,9 @@ declare -A lrs=(
   [oblique_sgd]="0.003 0.01 0.03 0.1" [oblique_adam]="0.0003 0.001 0.003 0.01"
   [moso]="0.0003 0.001 0.003 0.01" [kl_soap]="0.001 0.003 0.01" [kl_m_soap]="0.001 0.003 0.01"
   [rekls]="0.001 0.003 0.01" [rekls_v3]="0.001 0.003 0.01" [stacked_soap]="0.001 0.003 0.01"
+  [psgd_pro]="0.001 0.003 0.01 0.03 0.1 0.3"
 )
-for name in ${ENTRIES-lion signum laprop sim_ademamix soap polargrad scion mop spel muon_hyperball dion2 nordion2 dion iso oblique_sgd oblique_adam moso kl_soap kl_m_soap rekls rekls_v3 stacked_soap}; do
+for name in ${ENTRIES-lion signum laprop sim_ademamix soap polargrad scion mop spel muon_hyperball dion2 nordion2 dion iso oblique_sgd oblique_adam moso kl_soap kl_m_soap rekls rekls_v3 stacked_soap psgd_pro}; do
   var="LRS_$name"
   for lr in ${!var:-${lrs[$name]}}; do run "$name" "$lr" "$@"; done
 done
