@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dist_util.h"
+#include "expect_util.h"
 #include "muon/distributed/checkpoints/checkpoint.h"
 #include "muon/distributed/layouts/make.h"
 #include "muon/distributed/layouts/sharded_muon.h"
@@ -312,6 +313,43 @@ inline void reshard_chain(const std::string& optimizer, const std::string& tag, 
     from = l.to;
   }
   fs::remove_all(dir);
+}
+
+/// The reshard chain of an optimizer with an owner-compute sharded layout:
+/// sharded 2 → one process → sharded 3 → layer-wise 2, each leg against one
+/// process within `tolerance` (0: bit for bit).
+inline void owner_compute_reshard_chain(const std::string& optimizer, double tolerance = 0) {
+  reshard_chain(optimizer, optimizer + "_chain",
+                {{"sharded", 2, 2, optimizer + " sharded W=2", tolerance},
+                 {"none", 1, 3, optimizer + " single from sharded W=2", tolerance},
+                 {"sharded", 3, 5, optimizer + " sharded W=3 from single", tolerance},
+                 {"layerwise", 2, 6, optimizer + " layerwise W=2 from sharded W=3", tolerance}},
+                one_process_after(optimizer, {2, 3, 5, 6}));
+}
+
+/// The layouts that split the whole matrices `optimizer` needs refuse it,
+/// naming it: tensor_parallel at 2 ranks (unless `in_tensor_parallel`, where
+/// it runs) and the 2-D layout at 4; and Sharded, built over Options
+/// `options` in the `replicated` mode, raises naming `who`, `named` (the
+/// optimizer the options are) and owner_compute.
+template <typename Sharded, typename Options>
+void expect_splitting_layouts_refused(const std::string& optimizer, const std::string& who, const Options& options,
+                                      const std::string& named, bool in_tensor_parallel = false) {
+  run_ranks(2, [&](distributed::Group& g) {
+    if (!in_tensor_parallel) {
+      expect_value_error([&] { Rank r("tp", g, optimizer); }, {"'" + optimizer + "'", "'tensor_parallel'"});
+    }
+    auto p = leaf(at::randn({3, 4}));
+    expect_value_error(
+        [&] {
+          Sharded opt({p}, {distributed::RowShard({6, 4}, g)}, options,
+                      distributed::ShardedOptions().mode("replicated"));
+        },
+        {who, "'" + named + "'", "owner_compute", "'replicated'"});
+  });
+  run_ranks(4, [&](distributed::Group& g) {
+    expect_value_error([&] { Rank r("2d", g, optimizer); }, {"'" + optimizer + "'", "2-D"});
+  });
 }
 
 }  // namespace muon::test::checkpoint

@@ -339,31 +339,17 @@ TEST(ShardedDion, LowRankExchangeEqualsOneProcessToRounding) {
 }
 
 TEST(ShardedDion, CheckpointsReshard) {
-  // Sharded at 2 ranks → one process → sharded at 3 ranks → layer-wise: M
-  // splits with the rows, the owner writes Q once and a load gives it to the
-  // new owner; training on equals never stopping, to the sharded layout's
-  // rounding (a lost or misplaced M or Q moves the values far more).
-  ckpt::reshard_chain("dion", "dion_chain",
-                      {{"sharded", 2, 2, "dion sharded W=2", kShardedTolerance},
-                       {"none", 1, 3, "dion single from sharded W=2", kShardedTolerance},
-                       {"sharded", 3, 5, "dion sharded W=3 from single", kShardedTolerance},
-                       {"layerwise", 2, 6, "dion layerwise W=2 from sharded W=3", kShardedTolerance}},
-                      ckpt::one_process_after("dion", {2, 3, 5, 6}));
+  // M splits with the rows, the owner writes Q once and a load gives it to
+  // the new owner; training on equals never stopping, to the sharded
+  // layout's rounding (a lost or misplaced M or Q moves the values far more).
+  ckpt::owner_compute_reshard_chain("dion", kShardedTolerance);
 }
 
+// Dion runs in tensor_parallel (TensorParallelDion); the 2-D layout and the
+// replicated mode refuse it.
 TEST(ShardedDion, SplittingLayoutsAreRefusedNamingTheOptimizer) {
-  run_ranks(2, [&](distributed::Group& g) {
-    auto p = leaf(at::randn({3, 4}));
-    expect_value_error(
-        [&] {
-          distributed::ShardedDion opt({p}, {distributed::RowShard({6, 4}, g)}, DionOptions(),
-                                       distributed::ShardedOptions().mode("replicated"));
-        },
-        {"[muon::distributed::ShardedDion]", "'dion'", "owner_compute", "'replicated'"});
-  });
-  run_ranks(4, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("2d", g, "dion"); }, {"'dion'", "2-D"});
-  });
+  ckpt::expect_splitting_layouts_refused<distributed::ShardedDion>("dion", "[muon::distributed::ShardedDion]",
+                                                                   DionOptions(), "dion", /*in_tensor_parallel=*/true);
 }
 
 // ---- tensor parallel ----------------------------------------------------------------

@@ -451,35 +451,14 @@ TEST(ShardedDion2, CheckpointsReshardBitIdentically) {
   // Sharded at 2 ranks → one process → sharded at 3 ranks (and layer-wise):
   // the owner writes each matrix's whole state once; a load gives it to the
   // new owner, and training on equals never stopping, bit for bit.
-  for (const std::string optimizer : {"dion2", "nordion2"}) {
-    ckpt::reshard_chain(optimizer, "dion2_" + optimizer,
-                        {{"sharded", 2, 2, optimizer + " sharded W=2"},
-                         {"none", 1, 3, optimizer + " single from sharded W=2"},
-                         {"sharded", 3, 5, optimizer + " sharded W=3 from single"},
-                         {"layerwise", 2, 6, optimizer + " layerwise W=2 from sharded W=3"}},
-                        ckpt::one_process_after(optimizer, {2, 3, 5, 6}));
-  }
+  for (const std::string optimizer : {"dion2", "nordion2"}) ckpt::owner_compute_reshard_chain(optimizer);
 }
 
 TEST(ShardedDion2, SplittingLayoutsAreRefusedNamingTheOptimizer) {
-  run_ranks(2, [&](distributed::Group& g) {
-    for (const std::string name : {"dion2", "nordion2"}) {
-      expect_value_error([&] { ckpt::Rank r("tp", g, name); },
-                         {"'" + name + "'", "'tensor_parallel'"});
-    }
-    auto p = leaf(at::randn({3, 4}));
-    expect_value_error(
-        [&] {
-          distributed::ShardedDion2 opt({p}, {distributed::RowShard({6, 4}, g)}, NorDion2Options(),
-                                 distributed::ShardedOptions().mode("replicated"));
-        },
-        {"[muon::distributed::ShardedDion2]", "'nordion2'", "owner_compute", "'replicated'"});
-  });
-  run_ranks(4, [&](distributed::Group& g) {
-    for (const std::string name : {"dion2", "nordion2"}) {
-      expect_value_error([&] { ckpt::Rank r("2d", g, name); }, {"'" + name + "'", "2-D"});
-    }
-  });
+  ckpt::expect_splitting_layouts_refused<distributed::ShardedDion2>("dion2", "[muon::distributed::ShardedDion2]",
+                                                                    Dion2Options(), "dion2");
+  ckpt::expect_splitting_layouts_refused<distributed::ShardedDion2>("nordion2", "[muon::distributed::ShardedDion2]",
+                                                                    NorDion2Options(), "nordion2");
 }
 
 // ---- bytes sent per step ---------------------------------------------------------

@@ -268,29 +268,11 @@ TEST(ShardedIso, OwnerComputeEqualsOneProcessBitForBit) {
   }
 }
 
-TEST(ShardedIso, CheckpointsReshardBitIdentically) {
-  ckpt::reshard_chain("iso", "iso_chain",
-                      {{"sharded", 2, 2, "iso sharded W=2"},
-                       {"none", 1, 3, "iso single from sharded W=2"},
-                       {"sharded", 3, 5, "iso sharded W=3 from single"},
-                       {"layerwise", 2, 6, "iso layerwise W=2 from sharded W=3"}},
-                      ckpt::one_process_after("iso", {2, 3, 5, 6}));
-}
+TEST(ShardedIso, CheckpointsReshardBitIdentically) { ckpt::owner_compute_reshard_chain("iso"); }
 
 TEST(ShardedIso, SplittingLayoutsAreRefusedNamingTheOptimizer) {
-  run_ranks(2, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("tp", g, "iso"); }, {"'iso'", "'tensor_parallel'"});
-    auto p = leaf(at::randn({3, 4}));
-    expect_value_error(
-        [&] {
-          distributed::ShardedIso opt({p}, {distributed::RowShard({6, 4}, g)}, IsoOptions(),
-                                      distributed::ShardedOptions().mode("replicated"));
-        },
-        {"[muon::distributed::ShardedIso]", "'iso'", "owner_compute", "'replicated'"});
-  });
-  run_ranks(4, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("2d", g, "iso"); }, {"'iso'", "2-D"});
-  });
+  ckpt::expect_splitting_layouts_refused<distributed::ShardedIso>("iso", "[muon::distributed::ShardedIso]", IsoOptions(),
+                                                                  "iso");
 }
 
 }  // namespace

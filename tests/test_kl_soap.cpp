@@ -415,14 +415,7 @@ TEST(ShardedKlSoap, OwnerComputeEqualsOneProcessBitForBit) {
   }
 }
 
-TEST(ShardedKlSoap, CheckpointsReshardBitIdentically) {
-  ckpt::reshard_chain("kl_soap", "kl_soap_chain",
-                      {{"sharded", 2, 2, "kl_soap sharded W=2"},
-                       {"none", 1, 3, "kl_soap single from sharded W=2"},
-                       {"sharded", 3, 5, "kl_soap sharded W=3 from single"},
-                       {"layerwise", 2, 6, "kl_soap layerwise W=2 from sharded W=3"}},
-                      ckpt::one_process_after("kl_soap", {2, 3, 5, 6}));
-}
+TEST(ShardedKlSoap, CheckpointsReshardBitIdentically) { ckpt::owner_compute_reshard_chain("kl_soap"); }
 
 // Why bit for bit: every rank of the group gathers the whole gradient, as
 // one process has it, and runs muon::detail::kl_soap_update on it with the
@@ -452,20 +445,10 @@ TEST(TensorParallelKlSoap, CheckpointsReshardBitIdentically) {
                       ckpt::one_process_after("tp_rekls", {2, 3, 4, 5, 6}));
 }
 
+// stacked_soap (3-D stacks) is the family's one entry tensor_parallel refuses.
 TEST(ShardedKlSoap, SplittingLayoutsAreRefusedNamingTheOptimizer) {
-  run_ranks(2, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("tp", g, "stacked_soap"); }, {"'stacked_soap'", "'tensor_parallel'"});
-    auto p = leaf(at::randn({3, 4}));
-    expect_value_error(
-        [&] {
-          distributed::ShardedKlSoap opt({p}, {distributed::RowShard({6, 4}, g)}, KlSoapOptions().kind("rekls"),
-                                         distributed::ShardedOptions().mode("replicated"));
-        },
-        {"[muon::distributed::ShardedKlSoap]", "'rekls'", "owner_compute", "'replicated'"});
-  });
-  run_ranks(4, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("2d", g, "stacked_soap"); }, {"'stacked_soap'", "2-D"});
-  });
+  ckpt::expect_splitting_layouts_refused<distributed::ShardedKlSoap>(
+      "stacked_soap", "[muon::distributed::ShardedKlSoap]", KlSoapOptions().kind("rekls"), "rekls");
 }
 
 }  // namespace

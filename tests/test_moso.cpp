@@ -278,29 +278,11 @@ TEST(ShardedMoso, OwnerComputeEqualsOneProcessBitForBit) {
   }
 }
 
-TEST(ShardedMoso, CheckpointsReshardBitIdentically) {
-  ckpt::reshard_chain("moso", "moso_chain",
-                      {{"sharded", 2, 2, "moso sharded W=2"},
-                       {"none", 1, 3, "moso single from sharded W=2"},
-                       {"sharded", 3, 5, "moso sharded W=3 from single"},
-                       {"layerwise", 2, 6, "moso layerwise W=2 from sharded W=3"}},
-                      ckpt::one_process_after("moso", {2, 3, 5, 6}));
-}
+TEST(ShardedMoso, CheckpointsReshardBitIdentically) { ckpt::owner_compute_reshard_chain("moso"); }
 
 TEST(ShardedMoso, SplittingLayoutsAreRefusedNamingTheOptimizer) {
-  run_ranks(2, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("tp", g, "moso"); }, {"'moso'", "'tensor_parallel'"});
-    auto p = leaf(at::randn({3, 4}));
-    expect_value_error(
-        [&] {
-          distributed::ShardedMoso opt({p}, {distributed::RowShard({6, 4}, g)}, MosoOptions(),
-                                       distributed::ShardedOptions().mode("replicated"));
-        },
-        {"[muon::distributed::ShardedMoso]", "'moso'", "owner_compute", "'replicated'"});
-  });
-  run_ranks(4, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("2d", g, "moso"); }, {"'moso'", "2-D"});
-  });
+  ckpt::expect_splitting_layouts_refused<distributed::ShardedMoso>("moso", "[muon::distributed::ShardedMoso]",
+                                                                   MosoOptions(), "moso");
 }
 
 }  // namespace

@@ -237,22 +237,11 @@ TEST(PsgdPro, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
       });
 }
 
-TEST(ShardedPsgdPro, CheckpointsReshardBitIdentically) {
-  ckpt::reshard_chain("psgd_pro", "psgd_pro_chain",
-                      {{"sharded", 2, 2, "psgd_pro sharded W=2"},
-                       {"none", 1, 3, "psgd_pro single from sharded W=2"},
-                       {"sharded", 3, 5, "psgd_pro sharded W=3 from single"},
-                       {"layerwise", 2, 6, "psgd_pro layerwise W=2 from sharded W=3"}},
-                      ckpt::one_process_after("psgd_pro", {2, 3, 5, 6}));
-}
+TEST(ShardedPsgdPro, CheckpointsReshardBitIdentically) { ckpt::owner_compute_reshard_chain("psgd_pro"); }
 
 TEST(ShardedPsgdPro, SplittingLayoutsAreRefusedNamingTheOptimizer) {
-  run_ranks(2, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("tp", g, "psgd_pro"); }, {"'psgd_pro'", "'tensor_parallel'"});
-  });
-  run_ranks(4, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("2d", g, "psgd_pro"); }, {"'psgd_pro'", "2-D"});
-  });
+  ckpt::expect_splitting_layouts_refused<distributed::ShardedPsgdPro>(
+      "psgd_pro", "[muon::distributed::ShardedPsgdPro]", PsgdProOptions(), "psgd_pro");
 }
 
 }  // namespace

@@ -457,34 +457,22 @@ TEST(ShardedSoap, LayoutStepsItEqualToOneProcess) {
 }
 
 TEST(ShardedSoap, CheckpointsReshardBitIdentically) {
-  // Sharded at 2 ranks → one process → sharded at 3 ranks: the owner writes
-  // each matrix's whole state once; a load gives it to the new owner (or
-  // the one process), and training on equals never stopping, bit for bit.
-  ckpt::reshard_chain("soap", "sharded_soap",
-                      {{"sharded", 2, 2, "sharded W=2"},
-                       {"none", 1, 3, "single from sharded W=2"},
-                       {"sharded", 3, 5, "sharded W=3 from single"}},
-                      ckpt::one_process_after("soap", {2, 3, 5}));
+  // Sharded at 2 ranks → one process → sharded at 3 ranks → layer-wise: the
+  // owner writes each matrix's whole state once; a load gives it to the new
+  // owner (or the one process), and training on equals never stopping, bit for bit.
+  ckpt::owner_compute_reshard_chain("soap");
 }
 
 // Layouts that split matrices across ranks refuse SOAP, naming it and the
 // layout: tensor_parallel, and the 2-D layout (sharded with tensor-parallel
 // blocks); so do the replicated sharded mode and 1-D row shards.
 TEST(ShardedSoap, SplittingLayoutsAreRefusedNamingSoap) {
+  ckpt::expect_splitting_layouts_refused<distributed::ShardedSoap>("soap", "[muon::distributed::ShardedSoap]",
+                                                                   SoapOptions(), "soap");
   run_ranks(2, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("tp", g, "soap"); }, {"'soap'", "'tensor_parallel'"});
-    auto p = leaf(at::randn({3, 4}));
-    expect_value_error(
-        [&] {
-          distributed::ShardedSoap opt({p}, {distributed::RowShard({6, 4}, g)}, SoapOptions(), distributed::ShardedOptions().mode("replicated"));
-        },
-        {"[muon::distributed::ShardedSoap]", "'soap'", "owner_compute", "'replicated'"});
     auto v = leaf(at::randn({3}));
     expect_value_error([&] { distributed::ShardedSoap opt({v}, {distributed::RowShard({6}, g)}); },
                        {"[muon::distributed::ShardedSoap]", "global shape [6]", "matrices"});
-  });
-  run_ranks(4, [&](distributed::Group& g) {
-    expect_value_error([&] { ckpt::Rank r("2d", g, "soap"); }, {"'soap'", "2-D"});
   });
 }
 
