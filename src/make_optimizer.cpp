@@ -50,15 +50,12 @@ std::optional<WeightUpdateHooks::Group> group_hook(const OptimizerEntry& entry, 
       field = std::string(entry.name) + "'s " + name;
     }
   }
-  try {
-    g.decay = parse_hooked_weight_decay(method, field);
-  } catch (const c10::ValueError& e) {
+  g.decay = try_parse_hooked_weight_decay(method);
+  if (!g.decay) {
     // Without weight decay, how it would decay does not matter; a later
     // coefficient other than 0 raises at the step (WeightUpdateHooks::check).
-    if (g.weight_decay != 0) throw;
-    g.decay.reset();
-    const std::string what = e.what_without_backtrace();
-    g.decay_refusal = what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2);
+    if (g.weight_decay != 0) parse_hooked_weight_decay(method, field);  // raises, naming the field
+    g.decay_refusal = hooked_weight_decay_refusal(method, field);
   }
   return g;
 }

@@ -68,12 +68,22 @@ std::vector<std::string> weight_update_hook_names() {
   return out;
 }
 
-HookedWeightDecay parse_hooked_weight_decay(const std::string& name, const std::string& field) {
+std::optional<HookedWeightDecay> try_parse_hooked_weight_decay(const std::string& name) {
   for (const auto& n : kDecayNames) {
     if (name == n.name) return n.value;
   }
-  TORCH_CHECK_VALUE(false, kWho, "a weight_update_hook needs a weight decay that scales the weight by a ",
-                    "factor (decoupled, independent, l2 or palm); ", field, " is '", detail::clip(name), "'");
+  return std::nullopt;
+}
+
+std::string hooked_weight_decay_refusal(const std::string& name, const std::string& field) {
+  return c10::str("a weight_update_hook needs a weight decay that scales the weight by a factor (decoupled, ",
+                  "independent, l2 or palm); ", field, " is '", detail::clip(name), "'");
+}
+
+HookedWeightDecay parse_hooked_weight_decay(const std::string& name, const std::string& field) {
+  const auto decay = try_parse_hooked_weight_decay(name);
+  TORCH_CHECK_VALUE(decay, kWho, hooked_weight_decay_refusal(name, field));
+  return *decay;
 }
 
 void WeightUpdateHookOptions::validate() const {

@@ -83,6 +83,11 @@ enum class HookedWeightDecay {
 /// "decoupled" | "independent" | "l2" | "palm" → the decay; another name
 /// (e.g. "spectral_clipped", not a factor) raises c10::ValueError naming `field`.
 HookedWeightDecay parse_hooked_weight_decay(const std::string& name, const std::string& field);
+/// The decay `name` names, or nullopt where it is not a factor c.
+std::optional<HookedWeightDecay> try_parse_hooked_weight_decay(const std::string& name);
+/// Why `name`, the value of `field`, is not a decay the hooks take: the
+/// message of parse_hooked_weight_decay's error, without its "[...] " prefix.
+std::string hooked_weight_decay_refusal(const std::string& name, const std::string& field);
 
 /// Sums, for each parameter i of `params`, row i of `sums` (a (n, k) double
 /// tensor of partial sums over this process's part of parameter i) over the
