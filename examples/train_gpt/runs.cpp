@@ -46,7 +46,8 @@ double preset_lr(const std::string& run) {
 // where a sweep there chose them (docs/train_gpt.md, "At width 384"); an
 // entry without one takes its default-task lr above.
 double preset_lr(const std::string& run, const std::string& preset) {
-  static const std::map<std::string, double> kjv = {{"adamw", 5e-4}, {"muon", 0.02}};
+  static const std::map<std::string, double> kjv = {
+      {"adamw", 5e-4}, {"muon", 0.02}, {"adaptive_muon", 0.04}, {"soap", 1e-3}};
   if (preset == "kjv") {
     const auto it = kjv.find(run);
     if (it != kjv.end()) return it->second;
