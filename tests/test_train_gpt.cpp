@@ -1226,8 +1226,9 @@ TEST(TrainGptProgram, KjvPresetWithoutItsCorpusNamesThePackage) {
 
 // --preset kjv's learning rates are the ones its sweep chose
 // (docs/train_gpt.md, "At width 384"): AdamW at 5e-4, Muon at 0.02 with
-// its AdamW part at AdamW's 5e-4; --preset small keeps the default task's
-// (4e-3 for both AdamWs), and --set still wins over either.
+// its AdamW part at AdamW's 5e-4, adaptive_muon at 0.04, SOAP at 1e-3, an
+// entry not swept there at its default-task lr; without the preset the
+// default task's (4e-3 for both AdamWs), and --set still wins over either.
 TEST(TrainGptProgram, KjvPresetRunsAtItsSweptLearningRates) {
   // --print-config prints each run as "run 'NAME':" and its config as JSON.
   const auto config_of = [](const std::string& text, const std::string& run) {
