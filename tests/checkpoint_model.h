@@ -20,6 +20,7 @@
 #include "muon/distributed/layouts/make.h"
 #include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/distributed/layouts/tensor_parallel_shard.h"
+#include "muon/optim/composite.h"
 #include "tensor_util.h"
 
 namespace muon::test::checkpoint {
@@ -262,6 +263,30 @@ inline void expect_layouts_equal(const std::string& optimizer, int64_t steps, co
                          tolerance ? tolerance(kind) : 0.0);
     });
   }
+}
+
+/// The layouts an owner-compute optimizer is checked in: layer-wise at 2
+/// and 3 ranks, sharded at 2, 3 and 4, and padded rows at 3.
+inline const std::vector<std::pair<std::string, int>> kOwnerComputeLayouts{
+    {"layerwise", 2}, {"layerwise", 3}, {"sharded", 2}, {"sharded", 3}, {"sharded", 4}, {"padded", 3}};
+
+/// `optimizer` through make_optimizer in each of `layouts`, trained `steps`
+/// steps, equals one process (expect_layouts_equal, within `tolerance`), and
+/// every layout but layerwise steps the matrices with `Sharded`, the part of
+/// the composite named `optimizer`.
+template <typename Sharded>
+void expect_owner_compute_layouts(const std::string& optimizer, int64_t steps,
+                                  const std::vector<std::pair<std::string, int>>& layouts = kOwnerComputeLayouts,
+                                  const std::function<double(const std::string&)>& tolerance = nullptr) {
+  expect_layouts_equal(
+      optimizer, steps, one_process_after(optimizer, {steps}).at(steps), layouts, optimizer,
+      [&](Rank& r, const std::string& kind) {
+        if (kind == "layerwise") return;
+        auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
+        ASSERT_NE(composite, nullptr) << optimizer << " " << kind;
+        EXPECT_NE(dynamic_cast<Sharded*>(composite->find_part(optimizer)), nullptr) << optimizer << " " << kind;
+      },
+      tolerance);
 }
 
 /// Group::bytes_sent of one optimizer step (the 4th) on rank 0 of the

@@ -276,17 +276,8 @@ TEST(Dion, BuiltFromAConfigWithItsFieldsAndExplained) {
 constexpr double kShardedTolerance = 1e-3;
 
 TEST(Dion, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
-  const auto single = ckpt::one_process_after("dion", {4}).at(4);
-  ckpt::expect_layouts_equal(
-      "dion", 4, single,
-      {{"layerwise", 2}, {"layerwise", 3}, {"sharded", 2}, {"sharded", 3}, {"sharded", 4}, {"padded", 3}}, "dion",
-      [&](ckpt::Rank& r, const std::string& kind) {
-        if (kind != "layerwise") {
-          auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
-          ASSERT_NE(composite, nullptr);
-          EXPECT_NE(dynamic_cast<distributed::ShardedDion*>(composite->find_part("dion")), nullptr) << kind;
-        }
-      },
+  ckpt::expect_owner_compute_layouts<distributed::ShardedDion>(
+      "dion", 4, ckpt::kOwnerComputeLayouts,
       [](const std::string& kind) { return kind == "layerwise" ? 0.0 : kShardedTolerance; });
 }
 

@@ -387,17 +387,7 @@ TEST(Dion2, BuiltFromAConfigWithItsFieldsAndExplained) {
 // selected), fc2 16×64 is wide (rows selected).
 TEST(Dion2, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
   for (const std::string optimizer : {"dion2", "nordion2"}) {
-    const auto single = ckpt::one_process_after(optimizer, {4}).at(4);
-    ckpt::expect_layouts_equal(
-        optimizer, 4, single,
-        {{"layerwise", 2}, {"layerwise", 3}, {"sharded", 2}, {"sharded", 3}, {"sharded", 4}, {"padded", 3}}, optimizer,
-        [&](ckpt::Rank& r, const std::string& kind) {
-          if (kind != "layerwise") {
-            auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
-            ASSERT_NE(composite, nullptr);
-            EXPECT_NE(dynamic_cast<distributed::ShardedDion2*>(composite->find_part(optimizer)), nullptr) << kind;
-          }
-        });
+    ckpt::expect_owner_compute_layouts<distributed::ShardedDion2>(optimizer, 4);
   }
 }
 

@@ -219,17 +219,7 @@ TEST(Iso, BuiltFromAConfigWithItsFieldsAndExplained) {
 // ---- layouts ---------------------------------------------------------------------
 
 TEST(Iso, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
-  const auto single = ckpt::one_process_after("iso", {4}).at(4);
-  ckpt::expect_layouts_equal(
-      "iso", 4, single,
-      {{"layerwise", 2}, {"layerwise", 3}, {"sharded", 2}, {"sharded", 3}, {"sharded", 4}, {"padded", 3}}, "iso",
-      [&](ckpt::Rank& r, const std::string& kind) {
-        if (kind != "layerwise") {
-          auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
-          ASSERT_NE(composite, nullptr);
-          EXPECT_NE(dynamic_cast<distributed::ShardedIso*>(composite->find_part("iso")), nullptr) << kind;
-        }
-      });
+  ckpt::expect_owner_compute_layouts<distributed::ShardedIso>("iso", 4);
 }
 
 // Why bit for bit: the owner receives the whole gradient (and at the first

@@ -362,17 +362,8 @@ TEST(KlSoap, EachEntryIsBuiltFromAConfigWithItsFieldsAndExplained) {
 
 TEST(KlSoap, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
   for (const std::string kind : {"kl_soap", "rekls"}) {
-    const auto single = ckpt::one_process_after(kind, {3}).at(3);
-    ckpt::expect_layouts_equal(kind, 3, single, {{"layerwise", 2}, {"sharded", 2}, {"sharded", 3}, {"padded", 3}},
-                               kind, [&](ckpt::Rank& r, const std::string& layout) {
-                                 if (layout != "layerwise") {
-                                   auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
-                                   ASSERT_NE(composite, nullptr);
-                                   EXPECT_NE(dynamic_cast<distributed::ShardedKlSoap*>(composite->find_part(kind)),
-                                             nullptr)
-                                       << layout;
-                                 }
-                               });
+    ckpt::expect_owner_compute_layouts<distributed::ShardedKlSoap>(
+        kind, 3, {{"layerwise", 2}, {"sharded", 2}, {"sharded", 3}, {"padded", 3}});
   }
 }
 

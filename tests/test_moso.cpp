@@ -229,17 +229,7 @@ TEST(Moso, BuiltFromAConfigWithItsFieldsAndExplained) {
 // ---- layouts ---------------------------------------------------------------------
 
 TEST(Moso, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
-  const auto single = ckpt::one_process_after("moso", {4}).at(4);
-  ckpt::expect_layouts_equal(
-      "moso", 4, single,
-      {{"layerwise", 2}, {"layerwise", 3}, {"sharded", 2}, {"sharded", 3}, {"sharded", 4}, {"padded", 3}}, "moso",
-      [&](ckpt::Rank& r, const std::string& kind) {
-        if (kind != "layerwise") {
-          auto* composite = dynamic_cast<CompositeOptimizer*>(r.opt.get());
-          ASSERT_NE(composite, nullptr);
-          EXPECT_NE(dynamic_cast<distributed::ShardedMoso*>(composite->find_part("moso")), nullptr) << kind;
-        }
-      });
+  ckpt::expect_owner_compute_layouts<distributed::ShardedMoso>("moso", 4);
 }
 
 // Why bit for bit: the owner receives the whole gradient as one process has
