@@ -27,6 +27,7 @@
 #include "muon/optim/dion.h"
 #include "muon/optim/laprop.h"
 #include "muon/registry.h"
+#include "beside_reference.h"
 #include "tensor_util.h"
 
 namespace muon::test {
@@ -102,14 +103,8 @@ const DionParamState& state_of(const torch::optim::Optimizer& opt, const at::Ten
 // formula (mu, a transpose, the scale, the sign of the feedback) moves the
 // values by 1e-2 or more. κ must stay below 1000 for the bound to mean something.
 void expect_matches_reference(const std::vector<int64_t>& shape, const DionOptions& o, uint64_t seed) {
-  const auto data = gradient_run(seed, shape, 5);
-  RefDion ref(o, data.init);
-  auto p = leaf(data.init.clone());
-  Dion opt({p}, o);
-  for (int s = 0; s < 5; ++s) {
-    ref.step(data.grads[static_cast<size_t>(s)]);
-    data.run(p, opt, s, s + 1);
-  }
+  BesideReference<Dion, RefDion> beside(gradient_run(seed, shape, 5), o, o, 5);
+  auto& [data, ref, p, opt] = beside;
   const auto what = "shape " + c10::str(c10::IntArrayRef(shape)) + " qr_method " + o.qr_method() + " rank_fraction " +
                     std::to_string(o.rank_fraction()) + " power_iters " + std::to_string(o.power_iters());
   ASSERT_LT(ref.max_cond, 1000.0) << what << ": B·Q too ill-conditioned for the bound";

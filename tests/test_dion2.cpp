@@ -31,6 +31,7 @@
 #include "muon/optim/dion2.h"
 #include "muon/optim/laprop.h"
 #include "muon/registry.h"
+#include "beside_reference.h"
 #include "tensor_util.h"
 
 namespace muon::test {
@@ -176,14 +177,8 @@ const Dion2ParamState& state_of(const torch::optim::Optimizer& opt, const at::Te
 // errors, which the reference checks (min_gap > 1e-4).
 void expect_matches_reference(const std::vector<int64_t>& shape, const RefOptions& ro,
                               uint64_t seed) {
-  const auto data = gradient_run(seed, shape, 5);
-  RefDion2 ref(ro, data.init);
-  auto p = leaf(data.init.clone());
-  Dion2 opt({p}, ro.options());
-  for (int s = 0; s < 5; ++s) {
-    ref.step(data.grads[static_cast<size_t>(s)]);
-    data.run(p, opt, s, s + 1);
-  }
+  BesideReference<Dion2, RefDion2> beside(gradient_run(seed, shape, 5), ro.options(), ro, 5);
+  auto& [data, ref, p, opt] = beside;
   const auto what = "shape " + c10::str(c10::IntArrayRef(shape)) +
                     (ro.nordion2 ? " nordion2" : " dion2") + (ro.flatten ? " flatten" : "") +
                     " adjust " + ro.adjust;

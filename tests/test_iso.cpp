@@ -22,6 +22,7 @@
 #include "muon/optim/iso.h"
 #include "muon/optim/laprop.h"
 #include "muon/registry.h"
+#include "beside_reference.h"
 #include "tensor_util.h"
 
 namespace muon::test {
@@ -96,14 +97,8 @@ const IsoParamState& state_of(const torch::optim::Optimizer& opt, const at::Tens
 // and retraction of the near-orthonormal Y − lr·M (condition ≈ 1) add d·u;
 // 5 steps. The gaps must stay above 1e-3 for the bound to mean something.
 void expect_matches_reference(const std::vector<int64_t>& shape, const IsoOptions& o, uint64_t seed) {
-  const auto data = gradient_run(seed, shape, 5);
-  RefIso ref(o, data.init);
-  auto p = leaf(data.init.clone());
-  Iso opt({p}, o);
-  for (int s = 0; s < 5; ++s) {
-    ref.step(data.grads[static_cast<size_t>(s)]);
-    data.run(p, opt, s, s + 1);
-  }
+  BesideReference<Iso, RefIso> beside(gradient_run(seed, shape, 5), o, o, 5);
+  auto& [data, ref, p, opt] = beside;
   const auto what = "shape " + c10::str(c10::IntArrayRef(shape)) + " retraction " + o.retraction();
   ASSERT_GT(ref.min_gap, 1e-3) << what;
   const double d = static_cast<double>(std::max(ref.x.size(0), ref.x.size(1)));

@@ -22,6 +22,7 @@
 #include "muon/optim/laprop.h"
 #include "muon/optim/moso.h"
 #include "muon/registry.h"
+#include "beside_reference.h"
 #include "tensor_util.h"
 
 namespace muon::test {
@@ -99,14 +100,8 @@ const MosoParamState& state_of(const torch::optim::Optimizer& opt, const at::Ten
 // by √v of the order of the projected momentum, not amplifying it. v and
 // the update do not see Q's column signs (v holds squares; Q·U flips back).
 void expect_matches_reference(const std::vector<int64_t>& shape, const MosoOptions& o, uint64_t seed) {
-  const auto data = gradient_run(seed, shape, 5);
-  RefMoso ref(o, data.init);
-  auto p = leaf(data.init.clone());
-  Moso opt({p}, o);
-  for (int s = 0; s < 5; ++s) {
-    ref.step(data.grads[static_cast<size_t>(s)]);
-    data.run(p, opt, s, s + 1);
-  }
+  BesideReference<Moso, RefMoso> beside(gradient_run(seed, shape, 5), o, o, 5);
+  auto& [data, ref, p, opt] = beside;
   const auto what = "shape " + c10::str(c10::IntArrayRef(shape)) + " max_update_rms " +
                     std::to_string(o.max_update_rms());
   ASSERT_GT(ref.min_gap, 0.01) << what;
