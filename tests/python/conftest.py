@@ -367,3 +367,15 @@ def value_error(fn, *patterns):
     for pat in patterns:
         assert re.search(pat, msg), f"{pat!r} not found in {msg!r}"
     return msg
+
+
+def edit_refused_at_step(opt, p, key, value, *patterns):
+    """Sets param group 0's `key` to `value`, gives p a gradient of ones and
+    expects opt.step() to raise a ValueError matching every regex in
+    patterns, with p unchanged; returns the message."""
+    opt.param_groups[0][key] = value
+    p.grad = torch.ones_like(p)
+    before = p.detach().clone()
+    msg = value_error(opt.step, *patterns)
+    assert torch.equal(p.detach(), before)
+    return msg
