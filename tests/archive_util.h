@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "expect_util.h"
 #include "tensor_util.h"
 
 namespace muon::test {
@@ -33,6 +34,19 @@ std::string archive_after_a_step(at::Tensor p) {
   Optimizer opt({p});
   step_with_ones(opt, p);
   return save_to_string(opt);
+}
+
+/// An Optimizer over one parameter, built with `options`, refuses the
+/// archive of an Other after one step, naming `who` and `other_kind`, and
+/// keeps its lr and its empty state.
+template <typename Optimizer, typename Other, typename Options>
+void expect_refuses_archive_of(const Options& options, const std::string& who, const std::string& other_kind) {
+  auto p = leaf(at::randn({3, 2}));
+  const auto bytes = archive_after_a_step<Other>(p);
+  Optimizer opt({p}, options);
+  expect_value_error([&] { load_from_string(opt, bytes); }, {who, other_kind});
+  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), options.lr());
+  EXPECT_TRUE(opt.state().empty());
 }
 
 /// `data` run straight through by an Optimizer built with `options`, and

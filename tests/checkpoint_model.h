@@ -16,11 +16,13 @@
 
 #include "dist_util.h"
 #include "expect_util.h"
+#include "muon/config.h"
 #include "muon/distributed/checkpoints/checkpoint.h"
 #include "muon/distributed/layouts/make.h"
 #include "muon/distributed/layouts/sharded_muon.h"
 #include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/optim/composite.h"
+#include "muon/registry.h"
 #include "tensor_util.h"
 
 namespace muon::test::checkpoint {
@@ -227,6 +229,33 @@ inline void expect_parts_equal(Rank& r, const Named& reference, const std::strin
     }
   }
 }
+
+/// make_optimizer over matrix_and_bias() from the JSON config `json`, and
+/// its part `name`, an Opt that holds the matrix "w" alone (nullptr, after
+/// a failure, otherwise): the fixture of the tests that build an optimizer
+/// from its config fields.
+template <typename Opt, typename Options>
+struct BuiltFromConfig {
+  BuiltFromConfig(const std::string& name, const std::string& json) {
+    apply_config_json(config, json);
+    opt = muon::make_optimizer(named, config);
+    part = part_holding_w<Opt>(*opt, name, named);
+  }
+  /// The part's options (part not nullptr).
+  const Options& options() const { return static_cast<const Options&>(part->param_groups()[0].options()); }
+  /// One step of every parameter with a gradient of ones; then explain's
+  /// text for the model and the config.
+  std::string step_and_explain() {
+    for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
+    opt->step();
+    return muon::explain(named, config);
+  }
+
+  Named named = matrix_and_bias();
+  OptimizerConfig config;
+  std::unique_ptr<CompositeOptimizer> opt;
+  Opt* part = nullptr;
+};
 
 /// One process trains `optimizer` through each step of `at` (ascending) in
 /// turn: its values after each, by step; then `check(r)`, when given.

@@ -220,25 +220,17 @@ TEST(Dion, ResumedRunIsBitIdentical) {
 }
 
 TEST(Dion, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
-  auto p = leaf(at::randn({3, 2}));
-  const auto laprop = archive_after_a_step<LaProp>(p);
-  Dion opt({p}, DionOptions(0.2));
-  expect_value_error([&] { load_from_string(opt, laprop); }, {"[muon::Dion]", "muon::LaProp"});
-  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
-  EXPECT_TRUE(opt.state().empty());
+  expect_refuses_archive_of<Dion, LaProp>(DionOptions(0.2), "[muon::Dion]", "muon::LaProp");
 }
 
 TEST(Dion, BuiltFromAConfigWithItsFieldsAndExplained) {
-  auto named = ckpt::matrix_and_bias();
-  OptimizerConfig config;
-  apply_config_json(config, R"({"optimizer": "dion", "lr": 0.01, "dion_mu": 0.9, "dion_rank_fraction": 0.5,
-                                "dion_rank_multiple_of": 2, "weight_decay": 0.05, "dion_epsilon": 1e-7,
-                                "dion_power_iters": 2, "dion_qr_method": "qr", "dion_rcqr_oversample": 2.0,
-                                "dion_seed": 7})");
-  auto opt = muon::make_optimizer(named, config);
-  auto* d = ckpt::part_holding_w<Dion>(*opt, "dion", named);
-  ASSERT_NE(d, nullptr);
-  const auto& o = static_cast<const DionOptions&>(d->param_groups()[0].options());
+  ckpt::BuiltFromConfig<Dion, DionOptions> built(
+      "dion", R"({"optimizer": "dion", "lr": 0.01, "dion_mu": 0.9, "dion_rank_fraction": 0.5,
+                  "dion_rank_multiple_of": 2, "weight_decay": 0.05, "dion_epsilon": 1e-7,
+                  "dion_power_iters": 2, "dion_qr_method": "qr", "dion_rcqr_oversample": 2.0,
+                  "dion_seed": 7})");
+  ASSERT_NE(built.part, nullptr);
+  const auto& o = built.options();
   EXPECT_EQ(o.lr(), 0.01);
   EXPECT_EQ(o.mu(), 0.9);
   EXPECT_EQ(o.rank_fraction(), 0.5);
@@ -249,13 +241,11 @@ TEST(Dion, BuiltFromAConfigWithItsFieldsAndExplained) {
   EXPECT_EQ(o.qr_method(), "qr");
   EXPECT_EQ(o.rcqr_oversample(), 2.0);
   EXPECT_EQ(o.seed(), 7);
-  for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
-  opt->step();
+  const auto text = built.step_and_explain();
   // w 8×4: momentum 8×4 and Q 4×r, r = 2·⌈0.5·4/2⌉ = 2, fp32.
-  EXPECT_EQ(d->state_bytes(), 4 * (32 + 8));
-  const auto text = muon::explain(named, config);
+  EXPECT_EQ(built.part->state_bytes(), 4 * (32 + 8));
   EXPECT_NE(text.find("state of dion: step [counter], momentum ["), std::string::npos) << text;
-  expect_value_error([&] { apply_config_json(config, R"({"dion_qr_method": "householder"})"); },
+  expect_value_error([&] { apply_config_json(built.config, R"({"dion_qr_method": "householder"})"); },
                      {"dion_qr_method", "householder"});
 }
 

@@ -182,33 +182,23 @@ TEST(Iso, ResumedRunIsBitIdentical) {
 }
 
 TEST(Iso, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
-  auto p = leaf(at::randn({3, 2}));
-  const auto laprop = archive_after_a_step<LaProp>(p);
-  Iso opt({p}, IsoOptions(0.2));
-  expect_value_error([&] { load_from_string(opt, laprop); }, {"[muon::Iso]", "muon::LaProp"});
-  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
-  EXPECT_TRUE(opt.state().empty());
+  expect_refuses_archive_of<Iso, LaProp>(IsoOptions(0.2), "[muon::Iso]", "muon::LaProp");
 }
 
 TEST(Iso, BuiltFromAConfigWithItsFieldsAndExplained) {
-  auto named = ckpt::matrix_and_bias();
-  OptimizerConfig config;
-  apply_config_json(config, R"({"optimizer": "iso", "lr": 0.01, "iso_momentum": 0.5, "iso_retraction": "polar"})");
-  auto opt = muon::make_optimizer(named, config);
-  auto* iso = ckpt::part_holding_w<Iso>(*opt, "iso", named);
-  ASSERT_NE(iso, nullptr);
-  const auto& o = static_cast<const IsoOptions&>(iso->param_groups()[0].options());
+  ckpt::BuiltFromConfig<Iso, IsoOptions> built(
+      "iso", R"({"optimizer": "iso", "lr": 0.01, "iso_momentum": 0.5, "iso_retraction": "polar"})");
+  ASSERT_NE(built.part, nullptr);
+  const auto& o = built.options();
   EXPECT_EQ(o.lr(), 0.01);
   EXPECT_EQ(o.momentum(), 0.5);
   EXPECT_EQ(o.retraction(), "polar");
-  for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
-  opt->step();
+  const auto text = built.step_and_explain();
   // w 8×4, k = 4: u and momentum_u 8×4, v and momentum_v 4×4, sigma 4; fp32.
-  EXPECT_EQ(iso->state_bytes(), 4 * (2 * 32 + 2 * 16 + 4));
-  const auto text = muon::explain(named, config);
+  EXPECT_EQ(built.part->state_bytes(), 4 * (2 * 32 + 2 * 16 + 4));
   EXPECT_NE(text.find("state of iso: step [counter], u ["), std::string::npos) << text;
-  apply_config_json(config, R"({"weight_decay": 0.1})");
-  expect_value_error([&] { muon::make_optimizer(named, config); }, {"weight_decay", "0.1"});
+  apply_config_json(built.config, R"({"weight_decay": 0.1})");
+  expect_value_error([&] { muon::make_optimizer(built.named, built.config); }, {"weight_decay", "0.1"});
 }
 
 // ---- layouts ---------------------------------------------------------------------

@@ -319,43 +319,30 @@ TEST(KlSoap, ResumedRunIsBitIdentical) {
 }
 
 TEST(KlSoap, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
-  auto p = leaf(at::randn({3, 2}));
-  const auto laprop = archive_after_a_step<LaProp>(p);
-  KlSoap opt({p}, KlSoapOptions(0.2));
-  expect_value_error([&] { load_from_string(opt, laprop); }, {"[muon::KlSoap]", "muon::LaProp"});
-  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
-  EXPECT_TRUE(opt.state().empty());
+  expect_refuses_archive_of<KlSoap, LaProp>(KlSoapOptions(0.2), "[muon::KlSoap]", "muon::LaProp");
 }
 
 TEST(KlSoap, EachEntryIsBuiltFromAConfigWithItsFieldsAndExplained) {
   for (const auto& kind : kKinds) {
-    auto named = ckpt::matrix_and_bias();
-    OptimizerConfig config;
-    apply_config_json(config, R"({"optimizer": ")" + kind + R"(", "lr": 0.01, ")" + kind + R"(_beta1": 0.5, ")" +
-                                  kind + R"(_shampoo_beta": 0.8, ")" + kind + R"(_eps": 1e-6})");
-    auto opt = muon::make_optimizer(named, config);
-    auto* part = ckpt::part_holding_w<KlSoap>(*opt, kind, named);
-    ASSERT_NE(part, nullptr) << kind;
-    const auto& o = static_cast<const KlSoapOptions&>(part->param_groups()[0].options());
+    ckpt::BuiltFromConfig<KlSoap, KlSoapOptions> built(
+        kind, R"({"optimizer": ")" + kind + R"(", "lr": 0.01, ")" + kind + R"(_beta1": 0.5, ")" + kind +
+                  R"(_shampoo_beta": 0.8, ")" + kind + R"(_eps": 1e-6})");
+    ASSERT_NE(built.part, nullptr) << kind;
+    const auto& o = built.options();
     EXPECT_EQ(o.kind(), kind);
     EXPECT_EQ(o.lr(), 0.01);
     EXPECT_EQ(o.beta1(), 0.5);
     EXPECT_EQ(o.shampoo_beta(), 0.8);
     EXPECT_EQ(o.eps(), 1e-6);
-    for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
-    opt->step();
+    const auto text = built.step_and_explain();
     // w 8×4: exp_avg, exp_avg_sq 8×4, L, Q_L 8×8, R, Q_R 4×4, eigvals 8 and 4; fp32.
-    EXPECT_EQ(part->state_bytes(), 4 * (2 * 32 + 2 * 64 + 2 * 16 + 8 + 4)) << kind;
-    const auto text = muon::explain(named, config);
+    EXPECT_EQ(built.part->state_bytes(), 4 * (2 * 32 + 2 * 64 + 2 * 16 + 8 + 4)) << kind;
     EXPECT_NE(text.find("state of " + kind + ": step [counter], exp_avg ["), std::string::npos) << text;
   }
-  OptimizerConfig config;
-  apply_config_json(config, R"({"optimizer": "rekls", "rekls_weight_decay_method": "l2"})");
-  auto named = ckpt::matrix_and_bias();
-  auto opt = muon::make_optimizer(named, config);
-  auto* part = ckpt::part_holding_w<KlSoap>(*opt, "rekls", named);
-  ASSERT_NE(part, nullptr);
-  EXPECT_EQ(static_cast<const KlSoapOptions&>(part->param_groups()[0].options()).weight_decay_method(), "l2");
+  const ckpt::BuiltFromConfig<KlSoap, KlSoapOptions> rekls(
+      "rekls", R"({"optimizer": "rekls", "rekls_weight_decay_method": "l2"})");
+  ASSERT_NE(rekls.part, nullptr);
+  EXPECT_EQ(rekls.options().weight_decay_method(), "l2");
 }
 
 // ---- layouts ---------------------------------------------------------------------

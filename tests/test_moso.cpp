@@ -190,34 +190,24 @@ TEST(Moso, ResumedRunIsBitIdentical) {
 }
 
 TEST(Moso, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
-  auto p = leaf(at::randn({3, 2}));
-  const auto laprop = archive_after_a_step<LaProp>(p);
-  Moso opt({p}, MosoOptions(0.2));
-  expect_value_error([&] { load_from_string(opt, laprop); }, {"[muon::Moso]", "muon::LaProp"});
-  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
-  EXPECT_TRUE(opt.state().empty());
+  expect_refuses_archive_of<Moso, LaProp>(MosoOptions(0.2), "[muon::Moso]", "muon::LaProp");
 }
 
 TEST(Moso, BuiltFromAConfigWithItsFieldsAndExplained) {
-  auto named = ckpt::matrix_and_bias();
-  OptimizerConfig config;
-  apply_config_json(config, R"({"optimizer": "moso", "lr": 0.01, "moso_momentum": 0.5, "moso_rms_beta": 0.9,
-                                "moso_shampoo_beta": 0.8, "moso_eps": 1e-6, "moso_max_update_rms": 2})");
-  auto opt = muon::make_optimizer(named, config);
-  auto* moso = ckpt::part_holding_w<Moso>(*opt, "moso", named);
-  ASSERT_NE(moso, nullptr);
-  const auto& o = static_cast<const MosoOptions&>(moso->param_groups()[0].options());
+  ckpt::BuiltFromConfig<Moso, MosoOptions> built(
+      "moso", R"({"optimizer": "moso", "lr": 0.01, "moso_momentum": 0.5, "moso_rms_beta": 0.9,
+                  "moso_shampoo_beta": 0.8, "moso_eps": 1e-6, "moso_max_update_rms": 2})");
+  ASSERT_NE(built.part, nullptr);
+  const auto& o = built.options();
   EXPECT_EQ(o.lr(), 0.01);
   EXPECT_EQ(o.momentum(), 0.5);
   EXPECT_EQ(o.rms_beta(), 0.9);
   EXPECT_EQ(o.shampoo_beta(), 0.8);
   EXPECT_EQ(o.eps(), 1e-6);
   EXPECT_EQ(o.max_update_rms(), 2);
-  for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
-  opt->step();
+  const auto text = built.step_and_explain();
   // w 8×4 (right side, 4×4): momentum_buffer and exp_avg_sq 8×4, M and Q_M 4×4; fp32.
-  EXPECT_EQ(moso->state_bytes(), 4 * (2 * 32 + 2 * 16));
-  const auto text = muon::explain(named, config);
+  EXPECT_EQ(built.part->state_bytes(), 4 * (2 * 32 + 2 * 16));
   EXPECT_NE(text.find("state of moso: step [counter], momentum_buffer ["), std::string::npos) << text;
 }
 

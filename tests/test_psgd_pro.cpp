@@ -188,33 +188,24 @@ TEST(PsgdPro, ResumedRunIsBitIdentical) {
 }
 
 TEST(PsgdPro, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
-  auto p = leaf(at::randn({3, 2}));
-  const auto laprop = archive_after_a_step<LaProp>(p);
-  PsgdPro opt({p}, PsgdProOptions(0.2));
-  expect_value_error([&] { load_from_string(opt, laprop); }, {"[muon::PsgdPro]", "muon::LaProp"});
-  EXPECT_TRUE(opt.state().empty());
+  expect_refuses_archive_of<PsgdPro, LaProp>(PsgdProOptions(0.2), "[muon::PsgdPro]", "muon::LaProp");
 }
 
 TEST(PsgdPro, BuiltFromAConfigWithItsFieldsAndExplained) {
-  auto named = ckpt::matrix_and_bias();
-  OptimizerConfig config;
-  apply_config_json(config, R"({"optimizer": "psgd_pro", "lr": 0.01, "psgd_pro_momentum": 0.5,
-                                "psgd_pro_precond_lr": 0.2, "psgd_pro_warmup_steps": 50, "psgd_pro_seed": 3,
-                                "psgd_pro_weight_decay_method": "l2"})");
-  auto opt = muon::make_optimizer(named, config);
-  auto* psgd = ckpt::part_holding_w<PsgdPro>(*opt, "psgd_pro", named);
-  ASSERT_NE(psgd, nullptr);
-  const auto& o = static_cast<const PsgdProOptions&>(psgd->param_groups()[0].options());
+  ckpt::BuiltFromConfig<PsgdPro, PsgdProOptions> built(
+      "psgd_pro", R"({"optimizer": "psgd_pro", "lr": 0.01, "psgd_pro_momentum": 0.5,
+                      "psgd_pro_precond_lr": 0.2, "psgd_pro_warmup_steps": 50, "psgd_pro_seed": 3,
+                      "psgd_pro_weight_decay_method": "l2"})");
+  ASSERT_NE(built.part, nullptr);
+  const auto& o = built.options();
   EXPECT_EQ(o.momentum(), 0.5);
   EXPECT_EQ(o.precond_lr(), 0.2);
   EXPECT_EQ(o.warmup_steps(), 50);
   EXPECT_EQ(o.seed(), 3);
   EXPECT_EQ(o.weight_decay_method(), "l2");
-  for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
-  opt->step();
+  const auto text = built.step_and_explain();
   // w 8×4: exp_avg 8×4, Q_L 8×8, Q_R 4×4, two scalars; fp32.
-  EXPECT_EQ(psgd->state_bytes(), 4 * (32 + 64 + 16 + 2));
-  const auto text = muon::explain(named, config);
+  EXPECT_EQ(built.part->state_bytes(), 4 * (32 + 64 + 16 + 2));
   EXPECT_NE(text.find("state of psgd_pro: step [counter], exp_avg ["), std::string::npos) << text;
 }
 

@@ -275,26 +275,18 @@ TEST(Soap, ResumedRunIsBitIdentical) {
 }
 
 TEST(Soap, LoadRejectsAnotherOptimizersArchiveAndChangesNothing) {
-  auto p = leaf(at::randn({3, 2}));
-  const auto bytes = archive_after_a_step<LaProp>(p);
-  Soap opt({p}, SoapOptions(0.2));
-  expect_value_error([&] { load_from_string(opt, bytes); }, {"[muon::Soap]", "muon::LaProp"});
-  EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
-  EXPECT_TRUE(opt.state().empty());
+  expect_refuses_archive_of<Soap, LaProp>(SoapOptions(0.2), "[muon::Soap]", "muon::LaProp");
 }
 
 TEST(Soap, BuiltFromAConfigWithItsFieldsAndExplained) {
-  auto named = ckpt::matrix_and_bias();
-  OptimizerConfig config;
-  apply_config_json(config, R"({"optimizer": "soap", "lr": 0.01, "soap_shampoo_beta": 0.9,
-                                "soap_precondition_frequency": 5, "soap_use_eigh": true,
-                                "soap_weight_decay_method": "l2",
-                                "soap_correct_shampoo_beta_bias": "false"})");
-  auto opt = muon::make_optimizer(named, config);
   // The matrix to SOAP, the bias to the scalar optimizer (as muon's defaults).
-  auto* soap = ckpt::part_holding_w<Soap>(*opt, "soap", named);
-  ASSERT_NE(soap, nullptr);
-  const auto& o = static_cast<const SoapOptions&>(soap->param_groups()[0].options());
+  ckpt::BuiltFromConfig<Soap, SoapOptions> built(
+      "soap", R"({"optimizer": "soap", "lr": 0.01, "soap_shampoo_beta": 0.9,
+                  "soap_precondition_frequency": 5, "soap_use_eigh": true,
+                  "soap_weight_decay_method": "l2",
+                  "soap_correct_shampoo_beta_bias": "false"})");
+  ASSERT_NE(built.part, nullptr);
+  const auto& o = built.options();
   EXPECT_EQ(o.lr(), 0.01);
   EXPECT_EQ(o.shampoo_beta(), 0.9);
   EXPECT_EQ(o.beta2(), 0.95);
@@ -302,11 +294,9 @@ TEST(Soap, BuiltFromAConfigWithItsFieldsAndExplained) {
   EXPECT_TRUE(o.use_eigh());
   EXPECT_EQ(o.weight_decay_method(), SoapWeightDecay::kL2);
   EXPECT_FALSE(o.shampoo_bias_corrected());
-  for (auto& item : named) item.value().mutable_grad() = at::ones_like(item.value());
-  opt->step();
+  const auto text = built.step_and_explain();
   // w: exp_avg, exp_avg_sq 8×4, L, Q_L 8×8, R, Q_R 4×4, fp32.
-  EXPECT_EQ(soap->state_bytes(), 4 * (2 * 32 + 2 * 64 + 2 * 16));
-  const auto text = muon::explain(named, config);
+  EXPECT_EQ(built.part->state_bytes(), 4 * (2 * 32 + 2 * 64 + 2 * 16));
   EXPECT_NE(text.find("state of soap: step [counter], exp_avg [whole matrix, zeros, owner]"), std::string::npos)
       << text;
 }
