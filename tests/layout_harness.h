@@ -247,6 +247,19 @@ inline void train_whole(torch::optim::Optimizer& opt, std::vector<at::Tensor>& p
   }
 }
 
+/// Whole tensors of `shapes` for the row-shard tests: tensor k drawn from
+/// seed init_seed + k, its gradient at step s from grad_seed + 11·s + k.
+struct SeededMatrices {
+  std::vector<std::vector<int64_t>> shapes;
+  uint64_t init_seed = 0;
+  uint64_t grad_seed = 0;
+
+  at::Tensor init(size_t k) const { return seeded_randn(shapes[k], init_seed + k); }
+  at::Tensor grad(size_t k, int64_t step) const {
+    return seeded_randn(shapes[k], grad_seed + 11 * static_cast<uint64_t>(step) + k);
+  }
+};
+
 /// The owner-compute optimizers' test of rows against one process: whole
 /// tensors of `shapes` (values `init(k)`) stepped `steps` times by
 /// `Single(whole, options)` in one process; then, at each world size of
@@ -274,6 +287,44 @@ void row_parts_against_one_process(
     });
     if (after) after(world);
   }
+}
+
+/// row_parts_against_one_process over the tensors of `m`.
+template <typename Single, typename Sharded, typename Options>
+void row_parts_against_one_process(
+    const SeededMatrices& m, int64_t steps, const Options& options, const std::vector<int>& worlds,
+    const std::string& name,
+    const std::function<void(Sharded&, RowParts&, Single&, std::vector<at::Tensor>&, const std::string&)>& check,
+    const std::function<void(int)>& after = nullptr) {
+  row_parts_against_one_process<Single, Sharded>(
+      m.shapes, [&](size_t k) { return m.init(k); }, [&](size_t k, int64_t s) { return m.grad(k, s); }, steps,
+      options, worlds, name, check, after);
+}
+
+/// An owner-compute Sharded against one process over `m` at 1 to 4 ranks,
+/// `steps` steps: every rank's rows equal one process's bit for bit and
+/// every rank counts the steps; the owner of a matrix holds its whole state,
+/// `same(state, one process's)`, and every other rank `empty(state)`.
+/// `state_of(opt, p)` is the test's state accessor.
+template <typename Single, typename Sharded, typename Options, typename StateOf, typename Same, typename Empty>
+void owner_compute_bit_for_bit(const SeededMatrices& m, int64_t steps, const Options& options,
+                               const std::string& name, const StateOf& state_of, const Same& same,
+                               const Empty& empty) {
+  row_parts_against_one_process<Single, Sharded>(
+      m, steps, options, {1, 2, 3, 4}, name,
+      [&](Sharded& opt, RowParts& parts, Single& single, std::vector<at::Tensor>& whole, const std::string& what) {
+        for (size_t k = 0; k < parts.params.size(); ++k) {
+          EXPECT_TRUE(at::equal(parts.params[k].detach(), parts.local(k, whole[k].detach())))
+              << what << " param " << k;
+          const auto& st = state_of(opt, parts.params[k]);
+          EXPECT_EQ(st.step(), steps) << what;
+          if (opt.holds_whole_state(parts.params[k])) {
+            EXPECT_TRUE(same(st, state_of(single, whole[k]))) << what << " state of param " << k;
+          } else {
+            EXPECT_TRUE(empty(st)) << what << " state of param " << k;
+          }
+        }
+      });
 }
 
 }  // namespace muon::test::layouts

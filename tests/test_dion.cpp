@@ -269,19 +269,14 @@ TEST(Dion, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
 // Wide (B = Mᵀ: P all-reduced), tall (B = M: P's rows gathered, R
 // all-reduced), conv and a 2-row matrix (empty shards at 3 and 4 ranks);
 // rows split unevenly. Layer-wise is bit for bit (whole matrices).
-const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {13, 5}, {6, 2, 2, 3}, {2, 9}};
-
-at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 70 + k); }
-at::Tensor sharded_grad(size_t k, int64_t step) {
-  return seeded_randn(kShardedShapes[k], 300 + 11 * static_cast<uint64_t>(step) + k);
-}
+const layouts::SeededMatrices kSharded{{{7, 12}, {13, 5}, {6, 2, 2, 3}, {2, 9}}, 70, 300};
 
 TEST(ShardedDion, LowRankExchangeEqualsOneProcessToRounding) {
   const std::vector<DionOptions> sets{DionOptions(0.02).weight_decay(0.1),
                                       DionOptions(0.02).rank_fraction(0.5).power_iters(2).qr_method("qr")};
   for (size_t hs = 0; hs < sets.size(); ++hs) {
     layouts::row_parts_against_one_process<Dion, distributed::ShardedDion>(
-        kShardedShapes, sharded_init, sharded_grad, 5, sets[hs], {1, 2, 3, 4}, "set " + std::to_string(hs),
+        kSharded, 5, sets[hs], {1, 2, 3, 4}, "set " + std::to_string(hs),
         [&](distributed::ShardedDion& opt, layouts::RowParts& parts, Dion& single, std::vector<at::Tensor>& whole,
             const std::string& what) {
           auto& params = parts.params;

@@ -395,13 +395,8 @@ TEST(Dion2, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
 // are whole on their rank, stepped by muon::detail::dion2_update.
 // Wide, tall, conv, stacked experts and a 2-row matrix (empty shards at 3
 // and 4 ranks); rows split unevenly.
-const std::vector<std::vector<int64_t>> kShardedShapes{
-    {7, 12}, {13, 5}, {6, 2, 2, 3}, {5, 3, 4}, {2, 9}};
-
-at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 70 + k); }
-at::Tensor sharded_grad(size_t k, int64_t step) {
-  return seeded_randn(kShardedShapes[k], 300 + 11 * static_cast<uint64_t>(step) + k);
-}
+const layouts::SeededMatrices kSharded{{
+    {7, 12}, {13, 5}, {6, 2, 2, 3}, {5, 3, 4}, {2, 9}}, 70, 300};
 
 TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
   const std::vector<Dion2Options> sets{
@@ -410,7 +405,7 @@ TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
       NorDion2Options(0.02).weight_decay(0.1).fraction(0.4)};
   for (size_t hs = 0; hs < sets.size(); ++hs) {
     layouts::row_parts_against_one_process<Dion2, distributed::ShardedDion2>(
-        kShardedShapes, sharded_init, sharded_grad, 5, sets[hs], {1, 2, 3, 4}, "set " + std::to_string(hs),
+        kSharded, 5, sets[hs], {1, 2, 3, 4}, "set " + std::to_string(hs),
         [&](distributed::ShardedDion2& opt, layouts::RowParts& parts, Dion2& single, std::vector<at::Tensor>& whole,
             const std::string& what) {
           auto& params = parts.params;
@@ -418,7 +413,7 @@ TEST(ShardedDion2, OwnerComputeEqualsOneProcessBitForBit) {
             EXPECT_TRUE(at::equal(params[k].detach(), parts.local(k, whole[k].detach()))) << what << " param " << k;
             const auto& st = state_of(opt, params[k]);
             EXPECT_EQ(st.step(), 5) << what;
-            EXPECT_EQ(opt.whole_shape(params[k]), kShardedShapes[k]) << what;
+            EXPECT_EQ(opt.whole_shape(params[k]), kSharded.shapes[k]) << what;
             // Each rank holds its rows of one process's state, bit for bit.
             const auto& want = state_of(single, whole[k]);
             EXPECT_TRUE(at::equal(st.momentum(), parts.local(k, want.momentum())))

@@ -212,34 +212,17 @@ TEST(Iso, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
 // muon::detail::iso_matrix_update, the function one process runs; each rank
 // copies its rows of the result. Wide, tall, conv and a 2-row matrix (empty
 // shards at 3 and 4 ranks).
-const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {13, 5}, {6, 2, 2, 3}, {2, 9}};
-
-at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 70 + k); }
-at::Tensor sharded_grad(size_t k, int64_t step) {
-  return seeded_randn(kShardedShapes[k], 300 + 11 * static_cast<uint64_t>(step) + k);
-}
+const layouts::SeededMatrices kSharded{{{7, 12}, {13, 5}, {6, 2, 2, 3}, {2, 9}}, 70, 300};
 
 TEST(ShardedIso, OwnerComputeEqualsOneProcessBitForBit) {
   for (const auto& o : {IsoOptions(0.02), IsoOptions(0.02).retraction("cayley").momentum(0.5)}) {
-    layouts::row_parts_against_one_process<Iso, distributed::ShardedIso>(
-        kShardedShapes, sharded_init, sharded_grad, 5, o, {1, 2, 3, 4}, o.retraction(),
-        [&](distributed::ShardedIso& opt, layouts::RowParts& parts, Iso& single, std::vector<at::Tensor>& whole,
-            const std::string& what) {
-          for (size_t k = 0; k < parts.params.size(); ++k) {
-            EXPECT_TRUE(at::equal(parts.params[k].detach(), parts.local(k, whole[k].detach())))
-                << what << " param " << k;
-            const auto& st = state_of(opt, parts.params[k]);
-            EXPECT_EQ(st.step(), 5) << what;
-            if (opt.holds_whole_state(parts.params[k])) {
-              const auto& want = state_of(single, whole[k]);
-              EXPECT_TRUE(at::equal(st.u(), want.u()) && at::equal(st.v(), want.v()) &&
-                          at::equal(st.momentum_u(), want.momentum_u()))
-                  << what << " state of param " << k;
-            } else {
-              EXPECT_FALSE(st.u().defined()) << what;
-            }
-          }
-        });
+    layouts::owner_compute_bit_for_bit<Iso, distributed::ShardedIso>(
+        kSharded, 5, o, o.retraction(), state_of,
+        [](const IsoParamState& st, const IsoParamState& want) {
+          return at::equal(st.u(), want.u()) && at::equal(st.v(), want.v()) &&
+                 at::equal(st.momentum_u(), want.momentum_u());
+        },
+        [](const IsoParamState& st) { return !st.u().defined(); });
   }
 }
 

@@ -361,35 +361,17 @@ TEST(KlSoap, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
 // element-wise operations. Wide, tall, a 2-row matrix (empty shards at 3
 // and 4 ranks) and two 3-D parameters (one matrix dim 0 × the rest, or
 // stacked_soap's stack of experts, (m, b·n) and (b·m, n)).
-const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {13, 5}, {6, 4, 3}, {2, 9}, {4, 2, 5}};
-
-at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 110 + k); }
-at::Tensor sharded_grad(size_t k, int64_t step) {
-  return seeded_randn(kShardedShapes[k], 700 + 11 * static_cast<uint64_t>(step) + k);
-}
+const layouts::SeededMatrices kSharded{{{7, 12}, {13, 5}, {6, 4, 3}, {2, 9}, {4, 2, 5}}, 110, 700};
 
 TEST(ShardedKlSoap, OwnerComputeEqualsOneProcessBitForBit) {
   for (const auto& o : {KlSoapOptions(0.02).kind("kl_m_soap"), KlSoapOptions(0.02).kind("stacked_soap"),
                         KlSoapOptions(0.02).kind("rekls").weight_decay_method("l2").weight_decay(0.1)}) {
-    layouts::row_parts_against_one_process<KlSoap, distributed::ShardedKlSoap>(
-        kShardedShapes, sharded_init, sharded_grad, 4, o, {1, 2, 3, 4}, o.kind(),
-        [&](distributed::ShardedKlSoap& opt, layouts::RowParts& parts, KlSoap& single, std::vector<at::Tensor>& whole,
-            const std::string& what) {
-          for (size_t k = 0; k < parts.params.size(); ++k) {
-            EXPECT_TRUE(at::equal(parts.params[k].detach(), parts.local(k, whole[k].detach())))
-                << what << " param " << k;
-            const auto& st = state_of(opt, parts.params[k]);
-            EXPECT_EQ(st.step(), 4) << what;
-            if (opt.holds_whole_state(parts.params[k])) {
-              const auto& want = state_of(single, whole[k]);
-              EXPECT_TRUE(at::equal(st.L(), want.L()) && at::equal(st.Q_R(), want.Q_R()) &&
-                          at::equal(st.exp_avg(), want.exp_avg()))
-                  << what << " state of param " << k;
-            } else {
-              EXPECT_FALSE(st.L().defined()) << what;
-            }
-          }
-        });
+    layouts::owner_compute_bit_for_bit<KlSoap, distributed::ShardedKlSoap>(
+        kSharded, 4, o, o.kind(), state_of,
+        [](const KlSoapParamState& st, const KlSoapParamState& want) {
+          return at::equal(st.L(), want.L()) && at::equal(st.Q_R(), want.Q_R()) && at::equal(st.exp_avg(), want.exp_avg());
+        },
+        [](const KlSoapParamState& st) { return !st.L().defined(); });
   }
 }
 

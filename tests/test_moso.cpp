@@ -222,34 +222,17 @@ TEST(Moso, LayerwiseAndShardedEqualOneProcessThroughMakeOptimizer) {
 // runs; each rank applies weight decay and its rows of the update with the
 // same element-wise operations. Wide, tall, conv and a 2-row matrix (empty
 // shards at 3 and 4 ranks).
-const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {13, 5}, {6, 2, 2, 3}, {2, 9}};
-
-at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 90 + k); }
-at::Tensor sharded_grad(size_t k, int64_t step) {
-  return seeded_randn(kShardedShapes[k], 500 + 11 * static_cast<uint64_t>(step) + k);
-}
+const layouts::SeededMatrices kSharded{{{7, 12}, {13, 5}, {6, 2, 2, 3}, {2, 9}}, 90, 500};
 
 TEST(ShardedMoso, OwnerComputeEqualsOneProcessBitForBit) {
   for (const auto& o : {MosoOptions(0.02).weight_decay(0.1), MosoOptions(0.02).max_update_rms(0.5).momentum(0.5)}) {
-    layouts::row_parts_against_one_process<Moso, distributed::ShardedMoso>(
-        kShardedShapes, sharded_init, sharded_grad, 5, o, {1, 2, 3, 4}, std::to_string(o.max_update_rms()),
-        [&](distributed::ShardedMoso& opt, layouts::RowParts& parts, Moso& single, std::vector<at::Tensor>& whole,
-            const std::string& what) {
-          for (size_t k = 0; k < parts.params.size(); ++k) {
-            EXPECT_TRUE(at::equal(parts.params[k].detach(), parts.local(k, whole[k].detach())))
-                << what << " param " << k;
-            const auto& st = state_of(opt, parts.params[k]);
-            EXPECT_EQ(st.step(), 5) << what;
-            if (opt.holds_whole_state(parts.params[k])) {
-              const auto& want = state_of(single, whole[k]);
-              EXPECT_TRUE(at::equal(st.momentum_buffer(), want.momentum_buffer()) && at::equal(st.M(), want.M()) &&
-                          at::equal(st.Q_M(), want.Q_M()) && at::equal(st.exp_avg_sq(), want.exp_avg_sq()))
-                  << what << " state of param " << k;
-            } else {
-              EXPECT_FALSE(st.M().defined()) << what;
-            }
-          }
-        });
+    layouts::owner_compute_bit_for_bit<Moso, distributed::ShardedMoso>(
+        kSharded, 5, o, std::to_string(o.max_update_rms()), state_of,
+        [](const MosoParamState& st, const MosoParamState& want) {
+          return at::equal(st.momentum_buffer(), want.momentum_buffer()) && at::equal(st.M(), want.M()) &&
+                 at::equal(st.Q_M(), want.Q_M()) && at::equal(st.exp_avg_sq(), want.exp_avg_sq());
+        },
+        [](const MosoParamState& st) { return !st.M().defined(); });
   }
 }
 

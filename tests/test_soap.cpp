@@ -337,12 +337,7 @@ TEST(Soap, LayerwiseEqualsOneProcess) {
 
 // Wide, tall, conv (4-D, seen as 6×8), and a wide matrix of 2 rows (an
 // empty shard at 3 ranks). Rows that 2 and 3 ranks split unevenly.
-const std::vector<std::vector<int64_t>> kShardedShapes{{7, 12}, {12, 5}, {6, 2, 2, 2}, {2, 9}};
-
-at::Tensor sharded_init(size_t k) { return seeded_randn(kShardedShapes[k], 70 + k); }
-at::Tensor sharded_grad(size_t k, int64_t step) {
-  return seeded_randn(kShardedShapes[k], 300 + 11 * static_cast<uint64_t>(step) + k);
-}
+const layouts::SeededMatrices kSharded{{{7, 12}, {12, 5}, {6, 2, 2, 2}, {2, 9}}, 70, 300};
 
 TEST(ShardedSoap, OwnerComputeEqualsOneProcessBitForBit) {
   // Refreshes inside the 5 steps: eigh at step 2 (after 1 warm-up step),
@@ -355,9 +350,9 @@ TEST(ShardedSoap, OwnerComputeEqualsOneProcessBitForBit) {
       SoapOptions(0.01).weight_decay(0.1).weight_decay_method("independent"),
   };
   for (size_t hs = 0; hs < sets.size(); ++hs) {
-    std::vector<std::atomic<int>> owners(kShardedShapes.size());
+    std::vector<std::atomic<int>> owners(kSharded.shapes.size());
     layouts::row_parts_against_one_process<Soap, distributed::ShardedSoap>(
-        kShardedShapes, sharded_init, sharded_grad, 5, sets[hs], {2, 3}, "set " + std::to_string(hs),
+        kSharded, 5, sets[hs], {2, 3}, "set " + std::to_string(hs),
         [&](distributed::ShardedSoap& opt, layouts::RowParts& parts, Soap& single, std::vector<at::Tensor>& whole,
             const std::string& what) {
           auto& params = parts.params;
@@ -367,7 +362,7 @@ TEST(ShardedSoap, OwnerComputeEqualsOneProcessBitForBit) {
             const auto& st = state_of(opt, params[k]);
             EXPECT_EQ(st.step(), 5) << what;
             EXPECT_EQ(opt.holds_whole_state(params[k]), opt.owners()[k] == rank) << what;
-            EXPECT_EQ(opt.whole_matrix_dims(params[k]), detail::soap_matrix_dims(kShardedShapes[k])) << what;
+            EXPECT_EQ(opt.whole_matrix_dims(params[k]), detail::soap_matrix_dims(kSharded.shapes[k])) << what;
             if (opt.holds_whole_state(params[k])) {
               ++owners[k];
               // The owner's whole-matrix state is one process's, bit for bit.
