@@ -145,4 +145,50 @@ TEST(ListedOptions, AnUnknownEnumNameInAnArchiveRaisesNamingIt) {
   }
 }
 
+// The most fields MUON_LISTED_FIELDS takes, each with its own value.
+struct TwentyFields {
+  double f1_ = 1, f2_ = 2, f3_ = 3, f4_ = 4, f5_ = 5, f6_ = 6, f7_ = 7, f8_ = 8, f9_ = 9, f10_ = 10,
+         f11_ = 11, f12_ = 12, f13_ = 13, f14_ = 14, f15_ = 15, f16_ = 16, f17_ = 17, f18_ = 18,
+         f19_ = 19, f20_ = 20;
+  MUON_LISTED_FIELDS(f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20)
+};
+
+// Two buffers, listed once.
+struct TwoBuffers {
+  at::Tensor first_;
+  at::Tensor second_;
+  MUON_LISTED_BUFFERS(first, second)
+};
+
+// Field I's key is its name, and fields() ties that very field (the values
+// are 1..20 in order); the const overload ties the same, const.
+template <size_t I>
+void expect_listed_at(TwentyFields& o) {
+  const TwentyFields& read_only = o;
+  EXPECT_EQ(std::string(TwentyFields::kFields[I]), "f" + std::to_string(I + 1));
+  EXPECT_EQ(std::get<I>(TwentyFields::fields(o)), static_cast<double>(I + 1));
+  EXPECT_EQ(&std::get<I>(TwentyFields::fields(read_only)), &std::get<I>(TwentyFields::fields(o)));
+  static_assert(std::is_const_v<std::remove_reference_t<decltype(std::get<I>(TwentyFields::fields(read_only)))>>);
+}
+
+template <size_t... I>
+void expect_listed_in_order(std::index_sequence<I...>) {
+  TwentyFields o;
+  (expect_listed_at<I>(o), ...);
+  std::get<19>(TwentyFields::fields(o)) = -1;
+  EXPECT_EQ(o.f20_, -1);
+}
+
+TEST(ListedFieldsMacros, ListEveryNameOnceAsKeyAndTie) {
+  static_assert(TwentyFields::kFields.size() == 20);
+  expect_listed_in_order(std::make_index_sequence<20>());
+
+  TwoBuffers b;
+  static_assert(TwoBuffers::kBuffers.size() == 2);
+  EXPECT_EQ(std::string(TwoBuffers::kBuffers[0]), "first");
+  EXPECT_EQ(std::string(TwoBuffers::kBuffers[1]), "second");
+  EXPECT_EQ(b.buffers()[0], &b.first_);
+  EXPECT_EQ(b.buffers()[1], &b.second_);
+}
+
 }  // namespace

@@ -87,16 +87,9 @@ struct DionOptions : public ListedOptions<DionOptions> {
  public:
   /// Checks every field; raises c10::ValueError "[muon::Dion] <arg> must be ..., got <value>".
   void validate() const;
-  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 10> kFields{
-      "lr",           "mu",        "rank_fraction", "rank_multiple_of", "weight_decay",
-      "epsilon",      "power_iters", "qr_method",   "rcqr_oversample",  "seed"};
-  /// The fields of `o` (a DionOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.mu_, o.rank_fraction_, o.rank_multiple_of_, o.weight_decay_,
-                    o.epsilon_, o.power_iters_, o.qr_method_, o.rcqr_oversample_, o.seed_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, mu, rank_fraction, rank_multiple_of, weight_decay, epsilon, power_iters,
+                     qr_method, rcqr_oversample, seed)
 };
 
 /// Per-parameter state of `muon::Dion`: `momentum` M (the parameter's shape
@@ -110,10 +103,8 @@ struct DionParamState : public ListedParamState<DionParamState, 2> {
   TORCH_ARG(at::Tensor, Q);
 
  public:
-  /// Archive keys of the buffers (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 2> kBuffers{"momentum", "Q"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 2> buffers() { return {&momentum_, &Q_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(momentum, Q)
 };
 
 namespace detail {

@@ -121,17 +121,9 @@ struct Dion2Options : public ListedOptions<Dion2Options> {
   const char* algorithm() const { return nordion2_ ? "nordion2" : "dion2"; }
   /// Checks every field; raises c10::ValueError "[muon::Dion2] <arg> must be ..., got <value>".
   void validate() const;
-  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 12> kFields{
-      "lr", "fraction", "ef_decay", "weight_decay", "epsilon", "adjust_lr", "flatten",
-      "nordion2", "muon_beta2", "ns_coefficients", "ns_steps", "ns_compute_dtype"};
-  /// The fields of `o` (a Dion2Options, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.fraction_, o.ef_decay_, o.weight_decay_, o.epsilon_, o.adjust_lr_,
-                    o.flatten_, o.nordion2_, o.muon_beta2_, o.ns_coefficients_, o.ns_steps_,
-                    o.ns_compute_dtype_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, fraction, ef_decay, weight_decay, epsilon, adjust_lr, flatten, nordion2,
+                     muon_beta2, ns_coefficients, ns_steps, ns_compute_dtype)
 };
 
 /// NorDion2's options with NorDion2's defaults (Dion's nordion2.py): Dion2Options with nordion2 on.
@@ -149,10 +141,8 @@ struct Dion2ParamState : public ListedParamState<Dion2ParamState, 2> {
   TORCH_ARG(at::Tensor, variance);
 
  public:
-  /// Archive keys of the buffers (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 2> kBuffers{"momentum", "variance"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 2> buffers() { return {&momentum_, &variance_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(momentum, variance)
 };
 
 namespace detail {

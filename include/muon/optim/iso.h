@@ -63,13 +63,8 @@ struct IsoOptions : public ListedOptions<IsoOptions> {
  public:
   /// Checks every field; raises c10::ValueError "[muon::Iso] <arg> must be ..., got <value>".
   void validate() const;
-  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 4> kFields{"lr", "momentum", "retraction", "weight_decay"};
-  /// The fields of `o` (an IsoOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.momentum_, o.retraction_, o.weight_decay_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, momentum, retraction, weight_decay)
 };
 
 /// Per-parameter state of `muon::Iso`, all of the whole matrix and held by
@@ -89,10 +84,8 @@ struct IsoParamState : public ListedParamState<IsoParamState, 5> {
   TORCH_ARG(at::Tensor, momentum_v);
 
  public:
-  /// Archive keys of the buffers (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 5> kBuffers{"u", "sigma", "v", "momentum_u", "momentum_v"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 5> buffers() { return {&u_, &sigma_, &v_, &momentum_u_, &momentum_v_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(u, sigma, v, momentum_u, momentum_v)
 };
 
 namespace detail {

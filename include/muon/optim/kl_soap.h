@@ -90,16 +90,8 @@ struct KlSoapOptions : public ListedOptions<KlSoapOptions> {
  public:
   /// Checks every field; raises c10::ValueError "[muon::KlSoap] <arg> must be ..., got <value>".
   void validate() const;
-  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 8> kFields{"lr",  "beta1",        "beta2",
-                                                      "shampoo_beta", "eps", "weight_decay",
-                                                      "weight_decay_method", "kind"};
-  /// The fields of `o` (a KlSoapOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.beta1_, o.beta2_, o.shampoo_beta_, o.eps_, o.weight_decay_, o.weight_decay_method_,
-                    o.kind_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, beta1, beta2, shampoo_beta, eps, weight_decay, weight_decay_method, kind)
 };
 
 /// Per-parameter state of `muon::KlSoap`, all of the (stacked) matrix and
@@ -121,13 +113,8 @@ struct KlSoapParamState : public ListedParamState<KlSoapParamState, 8> {
   TORCH_ARG(at::Tensor, eigvals_R);
 
  public:
-  /// Archive keys of the buffers (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 8> kBuffers{"exp_avg", "exp_avg_sq", "L",         "R",
-                                                       "Q_L",     "Q_R",        "eigvals_L", "eigvals_R"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 8> buffers() {
-    return {&exp_avg_, &exp_avg_sq_, &L_, &R_, &Q_L_, &Q_R_, &eigvals_L_, &eigvals_R_};
-  }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq, L, R, Q_L, Q_R, eigvals_L, eigvals_R)
 };
 
 namespace detail {

@@ -56,14 +56,8 @@ struct LaPropOptions : public ListedOptions<LaPropOptions> {
   TORCH_ARG(bool, correct_bias) = true;
 
  public:
-  /// Archive keys of the fields, in `fields`' order.
-  static constexpr std::array<const char*, 6> kFields{"lr",  "beta1",        "beta2",
-                                                      "eps", "weight_decay", "correct_bias"};
-  /// The fields of `o` (a LaPropOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.beta1_, o.beta2_, o.eps_, o.weight_decay_, o.correct_bias_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, beta1, beta2, eps, weight_decay, correct_bias)
   /// Checks every field; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
   void validate() const;
 };
@@ -78,10 +72,8 @@ struct LaPropParamState : public ListedParamState<LaPropParamState, 2> {
   TORCH_ARG(at::Tensor, exp_avg_sq);
 
  public:
-  /// Archive keys of the buffers.
-  static constexpr std::array<const char*, 2> kBuffers{"exp_avg", "exp_avg_sq"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 2> buffers() { return {&exp_avg_, &exp_avg_sq_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq)
 };
 
 /// The LaProp optimizer: a `torch::optim::Optimizer` for parameters of any shape.

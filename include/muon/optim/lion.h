@@ -45,13 +45,8 @@ struct LionOptions : public ListedOptions<LionOptions> {
   TORCH_ARG(double, weight_decay) = 0.0;
 
  public:
-  /// Archive keys of the fields, in `fields`' order.
-  static constexpr std::array<const char*, 4> kFields{"lr", "beta1", "beta2", "weight_decay"};
-  /// The fields of `o` (a LionOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.beta1_, o.beta2_, o.weight_decay_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, beta1, beta2, weight_decay)
   /// Checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
   void validate() const;
 };
@@ -63,10 +58,8 @@ struct LionParamState : public ListedParamState<LionParamState, 1> {
   TORCH_ARG(at::Tensor, exp_avg);
 
  public:
-  /// Archive keys of the buffers.
-  static constexpr std::array<const char*, 1> kBuffers{"exp_avg"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 1> buffers() { return {&exp_avg_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(exp_avg)
 };
 
 /// The Lion optimizer: a `torch::optim::Optimizer` for parameters of any shape.

@@ -72,14 +72,8 @@ struct MosoOptions : public ListedOptions<MosoOptions> {
  public:
   /// Checks every field; raises c10::ValueError "[muon::Moso] <arg> must be ..., got <value>".
   void validate() const;
-  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 7> kFields{"lr",  "momentum",     "rms_beta",      "shampoo_beta",
-                                                      "eps", "weight_decay", "max_update_rms"};
-  /// The fields of `o` (a MosoOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.momentum_, o.rms_beta_, o.shampoo_beta_, o.eps_, o.weight_decay_, o.max_update_rms_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, momentum, rms_beta, shampoo_beta, eps, weight_decay, max_update_rms)
 };
 
 /// Per-parameter state of `muon::Moso`, all of the whole matrix and held by
@@ -96,10 +90,8 @@ struct MosoParamState : public ListedParamState<MosoParamState, 4> {
   TORCH_ARG(at::Tensor, Q_M);
 
  public:
-  /// Archive keys of the buffers (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 4> kBuffers{"momentum_buffer", "exp_avg_sq", "M", "Q_M"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 4> buffers() { return {&momentum_buffer_, &exp_avg_sq_, &M_, &Q_M_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(momentum_buffer, exp_avg_sq, M, Q_M)
 };
 
 namespace detail {

@@ -62,14 +62,8 @@ struct ObliqueSGDOptions : public ListedOptions<ObliqueSGDOptions> {
   TORCH_ARG(double, eps) = 1e-8;
 
  public:
-  /// Archive keys of the fields, in `fields`' order.
-  static constexpr std::array<const char*, 6> kFields{"lr",  "momentum", "weight_decay",
-                                                      "weight_decay_method", "dim", "eps"};
-  /// The fields of `o` (an ObliqueSGDOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.momentum_, o.weight_decay_, o.weight_decay_method_, o.dim_, o.eps_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, momentum, weight_decay, weight_decay_method, dim, eps)
   /// Checks every field; raises c10::ValueError "[muon::ObliqueSGD] <arg> must be ..., got <value>".
   void validate() const;
 };
@@ -80,10 +74,8 @@ struct ObliqueSGDParamState : public ListedParamState<ObliqueSGDParamState, 1> {
   TORCH_ARG(at::Tensor, momentum_buffer);
 
  public:
-  /// Archive keys of the buffers.
-  static constexpr std::array<const char*, 1> kBuffers{"momentum_buffer"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 1> buffers() { return {&momentum_buffer_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(momentum_buffer)
 };
 
 /// Riemannian SGD with momentum on the oblique manifold: a
@@ -136,15 +128,8 @@ struct ObliqueAdamOptions : public ListedOptions<ObliqueAdamOptions> {
   TORCH_ARG(bool, correct_bias) = true;
 
  public:
-  /// Archive keys of the fields, in `fields`' order.
-  static constexpr std::array<const char*, 8> kFields{
-      "lr", "beta1", "beta2", "weight_decay", "weight_decay_method", "dim", "eps", "correct_bias"};
-  /// The fields of `o` (an ObliqueAdamOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.beta1_, o.beta2_, o.weight_decay_, o.weight_decay_method_, o.dim_,
-                    o.eps_, o.correct_bias_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, beta1, beta2, weight_decay, weight_decay_method, dim, eps, correct_bias)
   /// Checks every field; raises c10::ValueError "[muon::ObliqueAdam] <arg> must be ..., got <value>".
   void validate() const;
 };
@@ -157,10 +142,8 @@ struct ObliqueAdamParamState : public ListedParamState<ObliqueAdamParamState, 2>
   TORCH_ARG(at::Tensor, exp_avg_sq);
 
  public:
-  /// Archive keys of the buffers.
-  static constexpr std::array<const char*, 2> kBuffers{"exp_avg", "exp_avg_sq"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 2> buffers() { return {&exp_avg_, &exp_avg_sq_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq)
 };
 
 /// Riemannian Adam on the oblique manifold: a `torch::optim::Optimizer` for

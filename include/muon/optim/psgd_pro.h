@@ -87,17 +87,10 @@ struct PsgdProOptions : public ListedOptions<PsgdProOptions> {
  public:
   /// Checks every field; raises c10::ValueError "[muon::PsgdPro] <arg> must be ..., got <value>".
   void validate() const;
-  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 12> kFields{
-      "lr",         "weight_decay",       "weight_decay_method", "momentum",       "beta_lip",     "precond_lr",
-      "precond_init_scale", "damping_noise_scale", "min_precond_lr",     "warmup_steps", "max_update_rms", "seed"};
-  /// The fields of `o` (a PsgdProOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.weight_decay_, o.weight_decay_method_, o.momentum_, o.beta_lip_, o.precond_lr_,
-                    o.precond_init_scale_, o.damping_noise_scale_, o.min_precond_lr_, o.warmup_steps_,
-                    o.max_update_rms_, o.seed_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, weight_decay, weight_decay_method, momentum, beta_lip, precond_lr,
+                     precond_init_scale, damping_noise_scale, min_precond_lr, warmup_steps,
+                     max_update_rms, seed)
 };
 
 /// Per-parameter state of `muon::PsgdPro`, all of the whole matrix and held
@@ -117,10 +110,8 @@ struct PsgdProParamState : public ListedParamState<PsgdProParamState, 5> {
   TORCH_ARG(at::Tensor, lip_R);
 
  public:
-  /// Archive keys of the buffers (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 5> kBuffers{"exp_avg", "Q_L", "Q_R", "lip_L", "lip_R"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 5> buffers() { return {&exp_avg_, &Q_L_, &Q_R_, &lip_L_, &lip_R_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(exp_avg, Q_L, Q_R, lip_L, lip_R)
 };
 
 namespace detail {

@@ -61,15 +61,8 @@ struct SignumOptions : public ListedOptions<SignumOptions> {
   TORCH_ARG(bool, nesterov) = false;
 
  public:
-  /// Archive keys of the fields, in `fields`' order.
-  static constexpr std::array<const char*, 6> kFields{
-      "lr", "momentum", "weight_decay", "weight_decay_method", "correct_bias", "nesterov"};
-  /// The fields of `o` (a SignumOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.momentum_, o.weight_decay_, o.weight_decay_method_, o.correct_bias_,
-                    o.nesterov_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, momentum, weight_decay, weight_decay_method, correct_bias, nesterov)
   /// Checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
   void validate() const;
 };
@@ -81,10 +74,8 @@ struct SignumParamState : public ListedParamState<SignumParamState, 1> {
   TORCH_ARG(at::Tensor, exp_avg);
 
  public:
-  /// Archive keys of the buffers.
-  static constexpr std::array<const char*, 1> kBuffers{"exp_avg"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 1> buffers() { return {&exp_avg_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(exp_avg)
 };
 
 /// The Signum optimizer: a `torch::optim::Optimizer` for parameters of any shape.

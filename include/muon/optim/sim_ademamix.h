@@ -75,17 +75,9 @@ struct SimAdEMAMixOptions : public ListedOptions<SimAdEMAMixOptions> {
 
  public:
   /// Archive keys of the fields, in `fields`' order.
-  // clang-format off
-  static constexpr std::array<const char*, 10> kFields{
-      "lr", "beta1", "beta2", "eps", "weight_decay", "weight_decay_method", "correct_bias",
-      "num_beta_fast_warmup_steps", "min_beta_fast", "alpha"};
-  // clang-format on
-  /// The fields of `o` (a SimAdEMAMixOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.beta1_, o.beta2_, o.eps_, o.weight_decay_, o.weight_decay_method_,
-                    o.correct_bias_, o.num_beta_fast_warmup_steps_, o.min_beta_fast_, o.alpha_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, beta1, beta2, eps, weight_decay, weight_decay_method, correct_bias,
+                     num_beta_fast_warmup_steps, min_beta_fast, alpha)
   /// Checks every field; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ...".
   void validate() const;
 };
@@ -106,10 +98,8 @@ struct SimAdEMAMixParamState : public ListedParamState<SimAdEMAMixParamState, 2>
   TORCH_ARG(at::Tensor, exp_avg_sq);
 
  public:
-  /// Archive keys of the buffers.
-  static constexpr std::array<const char*, 2> kBuffers{"exp_avg", "exp_avg_sq"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 2> buffers() { return {&exp_avg_, &exp_avg_sq_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq)
 };
 
 /// Simplified AdEMAMix: a `torch::optim::Optimizer` for parameters of any shape.

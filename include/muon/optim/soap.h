@@ -122,21 +122,11 @@ struct SoapOptions : public ListedOptions<SoapOptions> {
   }
   /// Checks every field; raises c10::ValueError "[muon::Soap] <arg> must be ..., got <value>".
   void validate() const;
-  /// Archive keys of the fields, in `fields`' order (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 18> kFields{
-      "lr", "beta1", "beta2", "shampoo_beta", "eps", "weight_decay", "weight_decay_method",
-      "use_nesterov", "precondition_frequency", "adam_warmup_steps", "precondition_1d",
-      "correct_bias", "correct_shampoo_beta_bias", "use_eigh", "use_adaptive_criteria",
-      "adaptive_update_tolerance", "power_iter_steps", "max_update_rms"};
-  /// The fields of `o` (a SoapOptions, const or not), as a std::tie.
-  template <typename O>
-  static auto fields(O& o) {
-    return std::tie(o.lr_, o.beta1_, o.beta2_, o.shampoo_beta_, o.eps_, o.weight_decay_,
-                    o.weight_decay_method_, o.use_nesterov_, o.precondition_frequency_,
-                    o.adam_warmup_steps_, o.precondition_1d_, o.correct_bias_,
-                    o.correct_shampoo_beta_bias_, o.use_eigh_, o.use_adaptive_criteria_,
-                    o.adaptive_update_tolerance_, o.power_iter_steps_, o.max_update_rms_);
-  }
+  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
+  MUON_LISTED_FIELDS(lr, beta1, beta2, shampoo_beta, eps, weight_decay, weight_decay_method,
+                     use_nesterov, precondition_frequency, adam_warmup_steps, precondition_1d,
+                     correct_bias, correct_shampoo_beta_bias, use_eigh, use_adaptive_criteria,
+                     adaptive_update_tolerance, power_iter_steps, max_update_rms)
 };
 
 /// Per-parameter state of `muon::Soap` (Emerging-Optimizers' names; its
@@ -162,10 +152,8 @@ struct SoapParamState : public ListedParamState<SoapParamState, 6> {
   TORCH_ARG(at::Tensor, Q_R);
 
  public:
-  /// Archive keys of the buffers (muon/optim/listed_fields.h).
-  static constexpr std::array<const char*, 6> kBuffers{"exp_avg", "exp_avg_sq", "L", "R", "Q_L", "Q_R"};
-  /// The buffers, in `kBuffers`' order.
-  std::array<at::Tensor*, 6> buffers() { return {&exp_avg_, &exp_avg_sq_, &L_, &R_, &Q_L_, &Q_R_}; }
+  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
+  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq, L, R, Q_L, Q_R)
 };
 
 namespace detail {
