@@ -28,6 +28,8 @@ namespace muon {
 template <typename Derived, typename Options, typename State>
 class WholeMatrixOptimizer : public torch::optim::Optimizer, public StateBytes, public StepGuard {
  public:
+  /// The options of a group.
+  using OptionsType = Options;
   /// The fewest dims a parameter may have (a derived class may say 1).
   static constexpr int64_t kMinDims = 2;
 

@@ -4,26 +4,11 @@
 
 #include <utility>
 
+#include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 
 namespace muon::distributed {
-namespace {
-
-constexpr const char* kWho = "[muon::distributed::ShardedIso] ";
-
-using torch::optim::OptimizerParamGroup;
-
-}  // namespace
-
-ShardedIso::ShardedIso(std::vector<OptimizerParamGroup> param_groups, IsoOptions defaults, ShardedOptions options)
-    : OwnerComputeOptimizer(std::move(param_groups), std::move(defaults), /*check=*/true) {
-  attach(std::move(options), kWho, "iso", "Iso state", "factorizes whole matrices");
-}
-
-ShardedIso::ShardedIso(std::vector<at::Tensor> params, std::vector<RowShard> shards, IsoOptions defaults,
-                       ShardedOptions options)
-    : ShardedIso(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
-                 detail::with_shards(kWho, std::move(options), params, std::move(shards))) {}
+template class OwnerComputeOptimizer<Iso, ShardedIso>;
 
 void ShardedIso::step_parameters() {
   detail::owner_compute_step<IsoParamState, IsoOptions>(

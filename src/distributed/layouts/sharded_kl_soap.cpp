@@ -5,29 +5,12 @@
 
 #include <utility>
 
+#include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 #include "optim/elementwise_optimizer.h"
 
 namespace muon::distributed {
-namespace {
-
-constexpr const char* kWho = "[muon::distributed::ShardedKlSoap] ";
-
-using torch::optim::OptimizerParamGroup;
-
-}  // namespace
-
-ShardedKlSoap::ShardedKlSoap(std::vector<OptimizerParamGroup> param_groups, KlSoapOptions defaults,
-                             ShardedOptions options)
-    : OwnerComputeOptimizer(std::move(param_groups), std::move(defaults), /*check=*/true) {
-  attach(std::move(options), kWho, static_cast<const KlSoapOptions&>(this->defaults()).kind().c_str(),
-         "KL-SOAP state", "preconditions whole matrices");
-}
-
-ShardedKlSoap::ShardedKlSoap(std::vector<at::Tensor> params, std::vector<RowShard> shards,
-                             KlSoapOptions defaults, ShardedOptions options)
-    : ShardedKlSoap(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
-                    detail::with_shards(kWho, std::move(options), params, std::move(shards))) {}
+template class OwnerComputeOptimizer<KlSoap, ShardedKlSoap>;
 
 void ShardedKlSoap::step_parameters() {
   detail::owner_compute_step<KlSoapParamState, KlSoapOptions>(

@@ -4,27 +4,11 @@
 
 #include <utility>
 
+#include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 
 namespace muon::distributed {
-namespace {
-
-constexpr const char* kWho = "[muon::distributed::ShardedMoso] ";
-
-using torch::optim::OptimizerParamGroup;
-
-}  // namespace
-
-ShardedMoso::ShardedMoso(std::vector<OptimizerParamGroup> param_groups, MosoOptions defaults,
-                         ShardedOptions options)
-    : OwnerComputeOptimizer(std::move(param_groups), std::move(defaults), /*check=*/true) {
-  attach(std::move(options), kWho, "moso", "MOSO state", "preconditions whole matrices");
-}
-
-ShardedMoso::ShardedMoso(std::vector<at::Tensor> params, std::vector<RowShard> shards, MosoOptions defaults,
-                         ShardedOptions options)
-    : ShardedMoso(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
-                  detail::with_shards(kWho, std::move(options), params, std::move(shards))) {}
+template class OwnerComputeOptimizer<Moso, ShardedMoso>;
 
 void ShardedMoso::step_parameters() {
   detail::owner_compute_step<MosoParamState, MosoOptions>(

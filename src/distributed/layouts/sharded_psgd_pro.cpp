@@ -4,27 +4,11 @@
 
 #include <utility>
 
+#include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 
 namespace muon::distributed {
-namespace {
-
-constexpr const char* kWho = "[muon::distributed::ShardedPsgdPro] ";
-
-using torch::optim::OptimizerParamGroup;
-
-}  // namespace
-
-ShardedPsgdPro::ShardedPsgdPro(std::vector<OptimizerParamGroup> param_groups, PsgdProOptions defaults,
-                               ShardedOptions options)
-    : OwnerComputeOptimizer(std::move(param_groups), std::move(defaults), /*check=*/true) {
-  attach(std::move(options), kWho, "psgd_pro", "PSGD-Pro state", "preconditions whole matrices");
-}
-
-ShardedPsgdPro::ShardedPsgdPro(std::vector<at::Tensor> params, std::vector<RowShard> shards,
-                               PsgdProOptions defaults, ShardedOptions options)
-    : ShardedPsgdPro(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
-                     detail::with_shards(kWho, std::move(options), params, std::move(shards))) {}
+template class OwnerComputeOptimizer<PsgdPro, ShardedPsgdPro>;
 
 void ShardedPsgdPro::step_parameters() {
   detail::owner_compute_step<PsgdProParamState, PsgdProOptions>(

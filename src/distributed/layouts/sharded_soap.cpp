@@ -4,29 +4,17 @@
 
 #include <utility>
 
+#include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 
 namespace muon::distributed {
 namespace {
 
-constexpr const char* kWho = "[muon::distributed::ShardedSoap] ";
-
-using torch::optim::OptimizerParamGroup;
-
 bool l2(const SoapOptions& o) { return o.weight_decay() != 0 && o.weight_decay_method() == SoapWeightDecay::kL2; }
 
 }  // namespace
 
-ShardedSoap::ShardedSoap(std::vector<OptimizerParamGroup> param_groups, SoapOptions defaults,
-                         ShardedOptions options)
-    : OwnerComputeOptimizer(std::move(param_groups), std::move(defaults), /*check=*/true) {
-  attach(std::move(options), kWho, "soap", "SOAP state", "preconditions whole matrices");
-}
-
-ShardedSoap::ShardedSoap(std::vector<at::Tensor> params, std::vector<RowShard> shards, SoapOptions defaults,
-                         ShardedOptions options)
-    : ShardedSoap(std::vector<OptimizerParamGroup>{OptimizerParamGroup(params)}, std::move(defaults),
-                  detail::with_shards(kWho, std::move(options), params, std::move(shards))) {}
+template class OwnerComputeOptimizer<Soap, ShardedSoap>;
 
 void ShardedSoap::step_parameters() {
   detail::owner_compute_step<SoapParamState, SoapOptions>(

@@ -1,10 +1,11 @@
 #pragma once
 
 /// What the owner-compute optimizers of whole matrices share (ShardedSoap,
-/// ShardedKlSoap, ShardedIso, ShardedMoso): each matrix has one owner rank
-/// (ShardedOrthogonalizer's owners, batched all-to-all), which holds the
-/// matrix's whole state and steps it; this mixin answers the optimizer's
-/// whole-matrix questions from that strategy.
+/// ShardedKlSoap, ShardedIso, ShardedMoso, ShardedPsgdPro): each matrix has
+/// one owner rank (ShardedOrthogonalizer's owners, batched all-to-all), which
+/// holds the matrix's whole state and steps it; this base gives them their
+/// constructors and answers the optimizer's whole-matrix questions from that
+/// strategy.
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 
@@ -31,13 +32,42 @@ std::shared_ptr<ShardedOrthogonalizer> owner_compute_strategy(ShardedOptions opt
 
 }  // namespace detail
 
+/// What an owner-compute optimizer's messages name (the arguments of
+/// detail::owner_compute_strategy).
+struct OwnerComputeNames {
+  /// Prefixes every message, e.g. "[muon::distributed::ShardedSoap] ".
+  const char* who;
+  /// The registry name, e.g. "soap".
+  const char* optimizer;
+  /// What one owner keeps, e.g. "SOAP state".
+  const char* state;
+  /// Why whole matrices, e.g. "preconditions whole matrices".
+  const char* needs;
+};
+
 /// `Base` (a whole-matrix optimizer: its whole_matrix_dims, holds_whole_state
 /// and max_over_processes virtual) over row shards, its owners from the
-/// strategy the derived class's constructor makes with `attach`.
-template <typename Base>
+/// owner-compute strategy. `Self`, the derived class, names itself with
+/// `static constexpr OwnerComputeNames kNames` (a `Self::optimizer_name` of
+/// the defaults replaces kNames.optimizer) and steps its parameters
+/// (`step_parameters`, with detail::owner_compute_step). The constructors
+/// are defined where the library instantiates the class for each optimizer.
+template <typename Base, typename Self>
 class OwnerComputeOptimizer : public Base {
  public:
-  using Base::Base;
+  using Options = typename Base::OptionsType;
+
+  /// Over `param_groups` (groups without options get `defaults`); every
+  /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
+  /// no tensor-parallel block) and `options.mode()` must be owner_compute.
+  /// Collective over every shard's group, as ShardedMuon's construction: the
+  /// ranks agree on the shapes, dtypes, options and the ShardedOptions, and
+  /// raise the same c10::ValueError on every rank naming the first difference.
+  OwnerComputeOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults,
+                        ShardedOptions options);
+  /// Over one group: `params[i]` is described by `shards[i]`.
+  OwnerComputeOptimizer(std::vector<at::Tensor> params, std::vector<RowShard> shards, Options defaults = {},
+                        ShardedOptions options = {});
 
   /// The whole matrix `param` is a row shard of (its global shape's dim 0 × the rest).
   std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const override {
@@ -53,14 +83,10 @@ class OwnerComputeOptimizer : public Base {
   const std::vector<int64_t>& owners() const { return strategy_->owners(); }
   /// Rows of parameter i held by each rank of its group, in rank order.
   const std::vector<int64_t>& rows_per_rank(size_t i) const { return strategy_->rows_per_rank(i); }
+  /// The registry name in messages: kNames.optimizer, whatever the defaults.
+  static const char* optimizer_name(const Options& /*defaults*/) { return Self::kNames.optimizer; }
 
  protected:
-  /// Checks `options` against the param groups and makes the strategy
-  /// (detail::owner_compute_strategy's arguments).
-  void attach(ShardedOptions options, const char* who, const char* optimizer, const char* state, const char* needs) {
-    strategy_ = detail::owner_compute_strategy(std::move(options), this->param_groups_, who, optimizer, state, needs);
-  }
-
   std::shared_ptr<ShardedOrthogonalizer> strategy_;
 };
 

@@ -34,16 +34,14 @@ namespace muon::distributed {
 /// Iso over row shards by owner-compute (see the top of this header).
 /// Construction and `step()` are collective over every shard's group, as
 /// ShardedMuon's.
-class ShardedIso : public OwnerComputeOptimizer<Iso> {
+class ShardedIso : public OwnerComputeOptimizer<Iso, ShardedIso> {
  public:
-  /// Over `param_groups` (groups without options get `defaults`); every
-  /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
-  /// no tensor-parallel block) and `options.mode()` must be owner_compute.
-  ShardedIso(std::vector<torch::optim::OptimizerParamGroup> param_groups, IsoOptions defaults,
-             ShardedOptions options);
-  /// Over one group: `params[i]` is described by `shards[i]`.
-  ShardedIso(std::vector<at::Tensor> params, std::vector<RowShard> shards, IsoOptions defaults = {},
-             ShardedOptions options = {});
+  /// (param_groups, defaults, options) or (params, shards, defaults = {}, options = {}):
+  /// muon::distributed::OwnerComputeOptimizer's.
+  using OwnerComputeOptimizer::OwnerComputeOptimizer;
+  /// What its messages name.
+  static constexpr OwnerComputeNames kNames{"[muon::distributed::ShardedIso] ", "iso", "Iso state",
+                                            "factorizes whole matrices"};
 
  protected:
   /// Gradient (and first-step parameter) rows to the owners, Iso's step there, new rows back.

@@ -37,16 +37,16 @@ namespace muon::distributed {
 /// The KL-SOAP family over row shards by owner-compute (see the top of this header).
 /// Construction and `step()` are collective over every shard's group, as
 /// ShardedMuon's.
-class ShardedKlSoap : public OwnerComputeOptimizer<KlSoap> {
+class ShardedKlSoap : public OwnerComputeOptimizer<KlSoap, ShardedKlSoap> {
  public:
-  /// Over `param_groups` (groups without options get `defaults`); every
-  /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
-  /// no tensor-parallel block) and `options.mode()` must be owner_compute.
-  ShardedKlSoap(std::vector<torch::optim::OptimizerParamGroup> param_groups, KlSoapOptions defaults,
-                ShardedOptions options);
-  /// Over one group: `params[i]` is described by `shards[i]`.
-  ShardedKlSoap(std::vector<at::Tensor> params, std::vector<RowShard> shards, KlSoapOptions defaults = {},
-                ShardedOptions options = {});
+  /// (param_groups, defaults, options) or (params, shards, defaults = {}, options = {}):
+  /// muon::distributed::OwnerComputeOptimizer's.
+  using OwnerComputeOptimizer::OwnerComputeOptimizer;
+  /// What its messages name.
+  static constexpr OwnerComputeNames kNames{"[muon::distributed::ShardedKlSoap] ", "kl_soap",
+                                            "KL-SOAP state", "preconditions whole matrices"};
+  /// The registry name in messages: the family member the defaults' `kind` names.
+  static const char* optimizer_name(const KlSoapOptions& defaults) { return defaults.kind().c_str(); }
 
  protected:
   /// Gradient rows to the owners, the family's step there, the update's rows back.

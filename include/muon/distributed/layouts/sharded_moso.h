@@ -35,16 +35,14 @@ namespace muon::distributed {
 /// MOSO over row shards by owner-compute (see the top of this header).
 /// Construction and `step()` are collective over every shard's group, as
 /// ShardedMuon's.
-class ShardedMoso : public OwnerComputeOptimizer<Moso> {
+class ShardedMoso : public OwnerComputeOptimizer<Moso, ShardedMoso> {
  public:
-  /// Over `param_groups` (groups without options get `defaults`); every
-  /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
-  /// no tensor-parallel block) and `options.mode()` must be owner_compute.
-  ShardedMoso(std::vector<torch::optim::OptimizerParamGroup> param_groups, MosoOptions defaults,
-              ShardedOptions options);
-  /// Over one group: `params[i]` is described by `shards[i]`.
-  ShardedMoso(std::vector<at::Tensor> params, std::vector<RowShard> shards, MosoOptions defaults = {},
-              ShardedOptions options = {});
+  /// (param_groups, defaults, options) or (params, shards, defaults = {}, options = {}):
+  /// muon::distributed::OwnerComputeOptimizer's.
+  using OwnerComputeOptimizer::OwnerComputeOptimizer;
+  /// What its messages name.
+  static constexpr OwnerComputeNames kNames{"[muon::distributed::ShardedMoso] ", "moso",
+                                            "MOSO state", "preconditions whole matrices"};
 
  protected:
   /// Gradient rows to the owners, MOSO's step there, the update's rows back.

@@ -29,16 +29,14 @@ namespace muon::distributed {
 /// PSGD-Pro over row shards by owner-compute (see the top of this header).
 /// Construction and `step()` are collective over every shard's group, as
 /// ShardedMuon's.
-class ShardedPsgdPro : public OwnerComputeOptimizer<PsgdPro> {
+class ShardedPsgdPro : public OwnerComputeOptimizer<PsgdPro, ShardedPsgdPro> {
  public:
-  /// Over `param_groups` (groups without options get `defaults`); every
-  /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
-  /// no tensor-parallel block) and `options.mode()` must be owner_compute.
-  ShardedPsgdPro(std::vector<torch::optim::OptimizerParamGroup> param_groups, PsgdProOptions defaults,
-                 ShardedOptions options);
-  /// Over one group: `params[i]` is described by `shards[i]`.
-  ShardedPsgdPro(std::vector<at::Tensor> params, std::vector<RowShard> shards, PsgdProOptions defaults = {},
-                 ShardedOptions options = {});
+  /// (param_groups, defaults, options) or (params, shards, defaults = {}, options = {}):
+  /// muon::distributed::OwnerComputeOptimizer's.
+  using OwnerComputeOptimizer::OwnerComputeOptimizer;
+  /// What its messages name.
+  static constexpr OwnerComputeNames kNames{"[muon::distributed::ShardedPsgdPro] ", "psgd_pro",
+                                            "PSGD-Pro state", "preconditions whole matrices"};
 
  protected:
   /// Gradient rows to the owners, PSGD-Pro's step there, the update's rows back.

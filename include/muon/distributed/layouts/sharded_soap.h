@@ -46,16 +46,14 @@ namespace muon::distributed {
 /// ShardedMuon's: the ranks agree on the shapes, dtypes, options and the
 /// ShardedOptions, and raise the same c10::ValueError on every rank naming
 /// the first difference.
-class ShardedSoap : public OwnerComputeOptimizer<Soap> {
+class ShardedSoap : public OwnerComputeOptimizer<Soap, ShardedSoap> {
  public:
-  /// Over `param_groups` (groups without options get `defaults`); every
-  /// parameter must have a RowShard in `options` (global shape of >= 2 dims,
-  /// no tensor-parallel block) and `options.mode()` must be owner_compute.
-  ShardedSoap(std::vector<torch::optim::OptimizerParamGroup> param_groups, SoapOptions defaults,
-              ShardedOptions options);
-  /// Over one group: `params[i]` is described by `shards[i]`.
-  ShardedSoap(std::vector<at::Tensor> params, std::vector<RowShard> shards, SoapOptions defaults = {},
-              ShardedOptions options = {});
+  /// (param_groups, defaults, options) or (params, shards, defaults = {}, options = {}):
+  /// muon::distributed::OwnerComputeOptimizer's.
+  using OwnerComputeOptimizer::OwnerComputeOptimizer;
+  /// What its messages name.
+  static constexpr OwnerComputeNames kNames{"[muon::distributed::ShardedSoap] ", "soap",
+                                            "SOAP state", "preconditions whole matrices"};
 
   /// Never: 1-D parameters are refused at construction.
   bool is_one_d(const at::Tensor& /*param*/) const override { return false; }
