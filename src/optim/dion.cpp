@@ -14,12 +14,13 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
 #include "muon/compat.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
-#include "optim/whole_matrix_optimizer.h"
+#include "optim/instantiate.h"
 #include "optim/step_transaction.h"
+#include "optim/whole_matrix_optimizer.h"
+#include "option_fields.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
 #include "util/scale.h"
@@ -27,15 +28,9 @@
 
 namespace muon {
 
-template struct ListedOptions<DionOptions>;
-template class WholeMatrixOptimizer<Dion, DionOptions, DionParamState>;
-template struct ListedParamState<DionParamState, 2>;
+MUON_INSTANTIATE_LISTED(WholeMatrixOptimizer, Dion, DionOptions, DionParamState);
 
 namespace {
-
-using torch::optim::OptimizerParamGroup;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::Dion] ";
 constexpr int64_t kMaxPowerIters = 16;

@@ -12,26 +12,21 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
 #include "muon/compat.h"
 #include "optim/closure.h"
 #include "optim/elementwise_optimizer.h"
-#include "optim/whole_matrix_optimizer.h"
+#include "optim/instantiate.h"
 #include "optim/step_transaction.h"
+#include "optim/whole_matrix_optimizer.h"
+#include "option_fields.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
 
 namespace muon {
 
-template struct ListedOptions<IsoOptions>;
-template class WholeMatrixOptimizer<Iso, IsoOptions, IsoParamState>;
-template struct ListedParamState<IsoParamState, 5>;
+MUON_INSTANTIATE_LISTED(WholeMatrixOptimizer, Iso, IsoOptions, IsoParamState);
 
 namespace {
-
-using torch::optim::OptimizerParamGroup;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::Iso] ";
 

@@ -13,20 +13,19 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
 #include "muon/compat.h"
 #include "optim/closure.h"
 #include "optim/eigenbasis.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/instantiate.h"
 #include "optim/step_transaction.h"
 #include "optim/whole_matrix_optimizer.h"
+#include "option_fields.h"
 #include "util/names.h"
 
 namespace muon {
 
-template struct ListedOptions<KlSoapOptions>;
-template class WholeMatrixOptimizer<KlSoap, KlSoapOptions, KlSoapParamState>;
-template struct ListedParamState<KlSoapParamState, 8>;
+MUON_INSTANTIATE_LISTED(WholeMatrixOptimizer, KlSoap, KlSoapOptions, KlSoapParamState);
 
 namespace {
 

@@ -7,8 +7,9 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/instantiate.h"
+#include "option_fields.h"
 #include "util/scale.h"
 
 namespace muon {
@@ -45,9 +46,7 @@ void LaProp::update(at::Tensor& p, const at::Tensor& grad, LaPropParamState& st,
   p.add_(m / bias1, -o.lr());
 }
 
-template struct ListedOptions<LaPropOptions>;
-template struct ListedParamState<LaPropParamState, 2>;
-template class ElementwiseOptimizer<LaProp, LaPropOptions, LaPropParamState>;
+MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, LaProp, LaPropOptions, LaPropParamState);
 
 // Defaults are LaPropOptions' own (Emerging-Optimizers'), lr aside (the common field).
 void detail::register_laprop(OptimizerRegistry& registry) {

@@ -7,8 +7,9 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/instantiate.h"
+#include "option_fields.h"
 #include "util/scale.h"
 
 namespace muon {
@@ -27,9 +28,7 @@ void LionOptions::validate() const {
   detail::check_non_negative(kWho, "weight_decay", weight_decay_);
 }
 
-template struct ListedOptions<LionOptions>;
-template struct ListedParamState<LionParamState, 1>;
-template class ElementwiseOptimizer<Lion, LionOptions, LionParamState>;
+MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, Lion, LionOptions, LionParamState);
 
 void Lion::update(at::Tensor& p, const at::Tensor& grad, LionParamState& st, const LionOptions& o) {
   st.step(st.step() + 1);

@@ -10,8 +10,9 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/instantiate.h"
+#include "option_fields.h"
 
 namespace muon {
 namespace {
@@ -109,12 +110,8 @@ void ObliqueAdam::update(at::Tensor& p, const at::Tensor& grad, ObliqueAdamParam
   project_step_retract(p, u, o.weight_decay_method(), o.lr(), o.weight_decay(), o.dim(), o.eps());
 }
 
-template struct ListedOptions<ObliqueSGDOptions>;
-template struct ListedParamState<ObliqueSGDParamState, 1>;
-template class ElementwiseOptimizer<ObliqueSGD, ObliqueSGDOptions, ObliqueSGDParamState>;
-template struct ListedOptions<ObliqueAdamOptions>;
-template struct ListedParamState<ObliqueAdamParamState, 2>;
-template class ElementwiseOptimizer<ObliqueAdam, ObliqueAdamOptions, ObliqueAdamParamState>;
+MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, ObliqueSGD, ObliqueSGDOptions, ObliqueSGDParamState);
+MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, ObliqueAdam, ObliqueAdamOptions, ObliqueAdamParamState);
 
 // Defaults are the options' own (Emerging-Optimizers'), lr aside (the common
 // field). Emerging-Optimizers steps matrices with these: 1-D, embedding and

@@ -14,19 +14,18 @@
 #include "builtin_entries.h"
 #include "builtin_states.h"
 #include "muon/compat.h"
-#include "option_fields.h"
 #include "optim/closure.h"
 #include "optim/eigenbasis.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/instantiate.h"
 #include "optim/step_transaction.h"
 #include "optim/whole_matrix_optimizer.h"
+#include "option_fields.h"
 #include "util/seed.h"
 
 namespace muon {
 
-template struct ListedOptions<PsgdProOptions>;
-template class WholeMatrixOptimizer<PsgdPro, PsgdProOptions, PsgdProParamState>;
-template struct ListedParamState<PsgdProParamState, 5>;
+MUON_INSTANTIATE_LISTED(WholeMatrixOptimizer, PsgdPro, PsgdProOptions, PsgdProParamState);
 
 namespace {
 

@@ -7,8 +7,9 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/instantiate.h"
+#include "option_fields.h"
 
 namespace muon {
 namespace {
@@ -49,9 +50,7 @@ void Signum::update(at::Tensor& p, const at::Tensor& grad, SignumParamState& st,
   }
 }
 
-template struct ListedOptions<SignumOptions>;
-template struct ListedParamState<SignumParamState, 1>;
-template class ElementwiseOptimizer<Signum, SignumOptions, SignumParamState>;
+MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, Signum, SignumOptions, SignumParamState);
 
 // Defaults are SignumOptions' own (Emerging-Optimizers'), lr aside (the common field).
 void detail::register_signum(OptimizerRegistry& registry) {

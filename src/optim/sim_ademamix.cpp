@@ -7,8 +7,9 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/instantiate.h"
+#include "option_fields.h"
 #include "util/scale.h"
 
 namespace muon {
@@ -68,9 +69,7 @@ void SimAdEMAMix::update(at::Tensor& p, const at::Tensor& grad, SimAdEMAMixParam
   p.add_(numer.div_(denom), -o.lr());
 }
 
-template struct ListedOptions<SimAdEMAMixOptions>;
-template struct ListedParamState<SimAdEMAMixParamState, 2>;
-template class ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState>;
+MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState);
 
 // Defaults are SimAdEMAMixOptions' own (Emerging-Optimizers'), lr aside (the common field).
 void detail::register_sim_ademamix(OptimizerRegistry& registry) {

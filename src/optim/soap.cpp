@@ -12,13 +12,14 @@
 
 #include "builtin_entries.h"
 #include "builtin_states.h"
-#include "option_fields.h"
-#include "optim/eigenbasis.h"
 #include "muon/compat.h"
 #include "optim/closure.h"
+#include "optim/eigenbasis.h"
 #include "optim/elementwise_optimizer.h"
+#include "optim/instantiate.h"
 #include "optim/step_transaction.h"
 #include "optim/whole_matrix_optimizer.h"
+#include "option_fields.h"
 #include "util/fault_injection.h"
 #include "util/names.h"
 
@@ -30,15 +31,9 @@ SoapWeightDecay detail::parse_listed_enum<SoapWeightDecay>(const std::string& na
   return parse_soap_weight_decay(name);
 }
 
-template struct ListedOptions<SoapOptions>;
-template struct ListedParamState<SoapParamState, 6>;
-template class WholeMatrixOptimizer<Soap, SoapOptions, SoapParamState>;
+MUON_INSTANTIATE_LISTED(WholeMatrixOptimizer, Soap, SoapOptions, SoapParamState);
 
 namespace {
-
-using torch::optim::OptimizerParamGroup;
-using torch::serialize::InputArchive;
-using torch::serialize::OutputArchive;
 
 constexpr const char* kWho = "[muon::Soap] ";
 constexpr detail::EnumName<SoapWeightDecay> kWeightDecayMethods[] = {
