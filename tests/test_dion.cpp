@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "elementwise_cases.h"
 #include "expect_util.h"
 
 #include <cmath>
@@ -171,17 +172,8 @@ TEST(Dion, QIsTheSameDrawInEveryOptimizerAndDevice) {
 TEST(Dion, DefaultsAreDions) {
   // dion/dion.py Dion.__init__: lr 0.01, mu 0.95, rank_fraction 1.0,
   // rank_multiple_of 1, weight_decay 0.01, epsilon 1e-8, power_iters 1,
-  // qr_method "rcqr", rcqr_oversample 1.25.
-  const DionOptions o;
-  EXPECT_EQ(o.lr(), 0.01);
-  EXPECT_EQ(o.mu(), 0.95);
-  EXPECT_EQ(o.rank_fraction(), 1.0);
-  EXPECT_EQ(o.rank_multiple_of(), 1);
-  EXPECT_EQ(o.weight_decay(), 0.01);
-  EXPECT_EQ(o.epsilon(), 1e-8);
-  EXPECT_EQ(o.power_iters(), 1);
-  EXPECT_EQ(o.qr_method(), "rcqr");
-  EXPECT_EQ(o.rcqr_oversample(), 1.25);
+  // qr_method "rcqr", rcqr_oversample 1.25; the sketch's seed 0.
+  elementwise::expect_fields(DionOptions(), 0.01, 0.95, 1.0, 1, 0.01, 1e-8, 1, "rcqr", 1.25, 0);
 }
 
 TEST(Dion, InvalidOptionsNameArgumentAndValue) {
@@ -230,17 +222,8 @@ TEST(Dion, BuiltFromAConfigWithItsFieldsAndExplained) {
                   "dion_power_iters": 2, "dion_qr_method": "qr", "dion_rcqr_oversample": 2.0,
                   "dion_seed": 7})");
   ASSERT_NE(built.part, nullptr);
-  const auto& o = built.options();
-  EXPECT_EQ(o.lr(), 0.01);
-  EXPECT_EQ(o.mu(), 0.9);
-  EXPECT_EQ(o.rank_fraction(), 0.5);
-  EXPECT_EQ(o.rank_multiple_of(), 2);
-  EXPECT_EQ(o.weight_decay(), 0.05);
-  EXPECT_EQ(o.epsilon(), 1e-7);
-  EXPECT_EQ(o.power_iters(), 2);
-  EXPECT_EQ(o.qr_method(), "qr");
-  EXPECT_EQ(o.rcqr_oversample(), 2.0);
-  EXPECT_EQ(o.seed(), 7);
+  // Every field, as the config set it.
+  elementwise::expect_fields(built.options(), 0.01, 0.9, 0.5, 2, 0.05, 1e-7, 2, "qr", 2.0, 7);
   const auto text = built.step_and_explain();
   // w 8×4: momentum 8×4 and Q 4×r, r = 2·⌈0.5·4/2⌉ = 2, fp32.
   EXPECT_EQ(built.part->state_bytes(), 4 * (32 + 8));

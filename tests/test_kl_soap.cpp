@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "elementwise_cases.h"
 #include "expect_util.h"
 
 #include <algorithm>
@@ -253,14 +254,9 @@ TEST(KlSoap, StepsEqualEmergingOptimizersArithmetic) {
 }
 
 TEST(KlSoap, DefaultsAreEmergingOptimizers) {
-  const KlSoapOptions o;  // SoapBase.__init__ / REKLS.__init__ (lr required there)
-  EXPECT_EQ(o.beta1(), 0.9);
-  EXPECT_EQ(o.beta2(), 0.95);
-  EXPECT_EQ(o.shampoo_beta(), 0.95);
-  EXPECT_EQ(o.eps(), 1e-8);
-  EXPECT_EQ(o.weight_decay(), 0.01);
-  EXPECT_EQ(o.weight_decay_method(), "decoupled");
-  EXPECT_EQ(o.kind(), "kl_soap");
+  // SoapBase.__init__ / REKLS.__init__ (lr required there; 3e-3 as muon::Soap's):
+  // lr, beta1, beta2, shampoo_beta, eps, weight_decay, weight_decay_method, kind.
+  elementwise::expect_fields(KlSoapOptions(), 3e-3, 0.9, 0.95, 0.95, 1e-8, 0.01, "decoupled", "kl_soap");
 }
 
 TEST(KlSoap, InvalidOptionsNameArgumentAndValue) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "elementwise_cases.h"
 #include "expect_util.h"
 
 #include <algorithm>
@@ -127,14 +128,8 @@ TEST(Moso, FiveFp32StepsEqualEmergingOptimizersArithmetic) {
 }
 
 TEST(Moso, DefaultsAreEmergingOptimizers) {
-  const MosoOptions o;  // MOSO.__init__
-  EXPECT_EQ(o.lr(), 3e-4);
-  EXPECT_EQ(o.momentum(), 0.95);
-  EXPECT_EQ(o.rms_beta(), 0.95);
-  EXPECT_EQ(o.shampoo_beta(), 0.95);
-  EXPECT_EQ(o.eps(), 1e-8);
-  EXPECT_EQ(o.weight_decay(), 0.01);
-  EXPECT_EQ(o.max_update_rms(), 0.0);
+  // MOSO.__init__: lr, momentum, rms_beta, shampoo_beta, eps, weight_decay, max_update_rms.
+  elementwise::expect_fields(MosoOptions(), 3e-4, 0.95, 0.95, 0.95, 1e-8, 0.01, 0.0);
 }
 
 TEST(Moso, InvalidOptionsNameArgumentAndValue) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "elementwise_cases.h"
 #include "expect_util.h"
 
 #include <algorithm>
@@ -150,18 +151,11 @@ TEST(PsgdPro, FiveFp64StepsEqualEmergingOptimizersArithmetic) {
 }
 
 TEST(PsgdPro, DefaultsAreEmergingOptimizers) {
-  const PsgdProOptions o;  // PSGDPro.__init__
-  EXPECT_EQ(o.lr(), 3e-3);
-  EXPECT_EQ(o.weight_decay(), 0.01);
-  EXPECT_EQ(o.weight_decay_method(), "decoupled");
-  EXPECT_EQ(o.momentum(), 0.9);
-  EXPECT_EQ(o.beta_lip(), 0.9);
-  EXPECT_EQ(o.precond_lr(), 0.1);
-  EXPECT_EQ(o.precond_init_scale(), 1.0);
-  EXPECT_EQ(o.damping_noise_scale(), 0.1);
-  EXPECT_EQ(o.min_precond_lr(), 0.01);
-  EXPECT_EQ(o.warmup_steps(), 10000);
-  EXPECT_EQ(o.max_update_rms(), 0.0);
+  // PSGDPro.__init__: lr, weight_decay, weight_decay_method, momentum,
+  // beta_lip, precond_lr, precond_init_scale, damping_noise_scale,
+  // min_precond_lr, warmup_steps, max_update_rms; the draws' seed 0.
+  elementwise::expect_fields(PsgdProOptions(), 3e-3, 0.01, "decoupled", 0.9, 0.9, 0.1, 1.0, 0.1, 0.01, 10000,
+                             0.0, 0);
 }
 
 TEST(PsgdPro, InvalidOptionsNameArgumentAndValue) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "archive_util.h"
+#include "elementwise_cases.h"
 #include "expect_util.h"
 
 #include <algorithm>
@@ -221,25 +222,11 @@ TEST(Soap, OneDimensionalParametersGetAdamUnlessPreconditioned) {
 }
 
 TEST(Soap, DefaultsAreEmergingOptimizers) {
-  const SoapOptions o;
-  EXPECT_EQ(o.lr(), 3e-3);
-  EXPECT_EQ(o.beta1(), 0.9);
-  EXPECT_EQ(o.beta2(), 0.95);
-  EXPECT_EQ(o.shampoo_beta(), 0.95);
-  EXPECT_EQ(o.eps(), 1e-8);
-  EXPECT_EQ(o.weight_decay(), 0.01);
-  EXPECT_EQ(o.weight_decay_method(), SoapWeightDecay::kDecoupled);
-  EXPECT_FALSE(o.use_nesterov());
-  EXPECT_EQ(o.precondition_frequency(), 1);
-  EXPECT_EQ(o.adam_warmup_steps(), 0);
-  EXPECT_FALSE(o.precondition_1d());
-  EXPECT_TRUE(o.correct_bias());
-  EXPECT_TRUE(o.shampoo_bias_corrected());
-  EXPECT_FALSE(o.use_eigh());
-  EXPECT_FALSE(o.use_adaptive_criteria());
-  EXPECT_EQ(o.adaptive_update_tolerance(), 1e-7);
-  EXPECT_EQ(o.power_iter_steps(), 1);
-  EXPECT_EQ(o.max_update_rms(), 0.0);
+  // SOAP.__init__, in SoapOptions::kFields' order; correct_shampoo_beta_bias
+  // -1 is "as correct_bias", so the Kronecker factors are bias-corrected.
+  elementwise::expect_fields(SoapOptions(), 3e-3, 0.9, 0.95, 0.95, 1e-8, 0.01, SoapWeightDecay::kDecoupled, false, 1,
+                             0, false, true, -1, false, false, 1e-7, 1, 0.0);
+  EXPECT_TRUE(SoapOptions().shampoo_bias_corrected());
 }
 
 TEST(Soap, InvalidOptionsNameArgumentAndValue) {
