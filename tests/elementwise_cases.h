@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -100,12 +101,47 @@ const typename C::State& state_of(const typename C::Optimizer& opt, const at::Te
   return static_cast<const typename C::State&>(*opt.state().at(compat::state_key(p)));
 }
 
-/// Clones of every buffer of `st`.
+/// Clones of every buffer of `st` (an undefined one stays undefined).
 template <typename State>
 std::vector<at::Tensor> buffer_copies(const State& st) {
   std::vector<at::Tensor> out;
-  for (const at::Tensor* b : st.const_buffers()) out.push_back(b->clone());
+  for (const at::Tensor* b : st.const_buffers()) out.push_back(b->defined() ? b->clone() : at::Tensor());
   return out;
+}
+
+/// A check that building Opt over `params` with the options it is given
+/// raises c10::ValueError whose message holds each of the words.
+template <typename Opt, typename Options>
+auto refused_with(std::vector<at::Tensor> params) {
+  return [params](const Options& o, const std::vector<std::string>& words) {
+    expect_value_error([&] { Opt opt(params, o); }, words);
+  };
+}
+
+/// One step of `opt` on `p` with gradient `grad`; then `spoil()` (an edit
+/// of the options, a gradient out of range) makes the next step raise
+/// c10::ValueError with `words`, and that step changes nothing: p, every
+/// buffer of p's State bit for bit, and its step count of 1.
+template <typename State, typename Opt>
+void expect_spoiled_step_changes_nothing(Opt& opt, at::Tensor& p, const at::Tensor& grad,
+                                         const std::function<void()>& spoil, const std::vector<std::string>& words) {
+  p.mutable_grad() = grad;
+  opt.step();
+  const auto state = [&]() -> const State& { return static_cast<const State&>(*opt.state().at(compat::state_key(p))); };
+  const auto before = p.detach().clone();
+  const auto buffers_before = buffer_copies(state());
+  spoil();
+  expect_value_error([&] { opt.step(); }, words);
+  EXPECT_TRUE(at::equal(p.detach(), before));
+  EXPECT_EQ(state().step(), 1);
+  const auto buffers_after = buffer_copies(state());
+  ASSERT_EQ(buffers_after.size(), buffers_before.size());
+  for (size_t i = 0; i < buffers_after.size(); ++i) {
+    EXPECT_EQ(buffers_after[i].defined(), buffers_before[i].defined()) << State::kBuffers[i];
+    if (buffers_before[i].defined()) {
+      EXPECT_TRUE(at::equal(buffers_after[i], buffers_before[i])) << State::kBuffers[i];
+    }
+  }
 }
 
 /// expect_fields, over the field indices I.

@@ -178,9 +178,7 @@ TEST(Dion, DefaultsAreDions) {
 
 TEST(Dion, InvalidOptionsNameArgumentAndValue) {
   auto p = leaf(at::randn({4, 3}));
-  const auto bad = [&](DionOptions o, std::vector<std::string> parts) {
-    expect_value_error([&] { Dion opt({p}, o); }, parts);
-  };
+  const auto bad = elementwise::refused_with<Dion, DionOptions>({p});
   bad(DionOptions(-1), {"[muon::Dion]", "lr", "-1"});
   bad(DionOptions().mu(1.5), {"mu", "1.5"});
   bad(DionOptions().rank_fraction(0), {"rank_fraction", "0"});

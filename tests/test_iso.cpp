@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "archive_util.h"
+#include "elementwise_cases.h"
 #include "expect_util.h"
 
 #include <algorithm>
@@ -156,9 +157,7 @@ TEST(Iso, DefaultsAreEmergingOptimizers) {
 
 TEST(Iso, InvalidOptionsNameArgumentAndValue) {
   auto p = leaf(at::randn({4, 3}));
-  const auto bad = [&](IsoOptions o, std::vector<std::string> parts) {
-    expect_value_error([&] { Iso opt({p}, o); }, parts);
-  };
+  const auto bad = elementwise::refused_with<Iso, IsoOptions>({p});
   bad(IsoOptions(-1), {"[muon::Iso]", "lr", "-1"});
   bad(IsoOptions().momentum(1), {"momentum", "1"});
   bad(IsoOptions().retraction("svd"), {"retraction", "'svd'", "cayley"});
@@ -189,10 +188,8 @@ TEST(Iso, BuiltFromAConfigWithItsFieldsAndExplained) {
   ckpt::BuiltFromConfig<Iso, IsoOptions> built(
       "iso", R"({"optimizer": "iso", "lr": 0.01, "iso_momentum": 0.5, "iso_retraction": "polar"})");
   ASSERT_NE(built.part, nullptr);
-  const auto& o = built.options();
-  EXPECT_EQ(o.lr(), 0.01);
-  EXPECT_EQ(o.momentum(), 0.5);
-  EXPECT_EQ(o.retraction(), "polar");
+  // Every field: lr, momentum, retraction as the config set them; weight_decay the common field's 0.
+  elementwise::expect_fields(built.options(), 0.01, 0.5, "polar", 0.0);
   const auto text = built.step_and_explain();
   // w 8×4, k = 4: u and momentum_u 8×4, v and momentum_v 4×4, sigma 4; fp32.
   EXPECT_EQ(built.part->state_bytes(), 4 * (2 * 32 + 2 * 16 + 4));

@@ -261,9 +261,7 @@ TEST(KlSoap, DefaultsAreEmergingOptimizers) {
 
 TEST(KlSoap, InvalidOptionsNameArgumentAndValue) {
   auto p = leaf(at::randn({4, 3}));
-  const auto bad = [&](KlSoapOptions o, std::vector<std::string> parts) {
-    expect_value_error([&] { KlSoap opt({p}, o); }, parts);
-  };
+  const auto bad = elementwise::refused_with<KlSoap, KlSoapOptions>({p});
   bad(KlSoapOptions(-1), {"[muon::KlSoap]", "lr", "-1"});
   bad(KlSoapOptions().beta1(1), {"beta1", "1"});
   bad(KlSoapOptions().shampoo_beta(-0.1), {"shampoo_beta", "-0.1"});
@@ -280,28 +278,17 @@ TEST(KlSoap, InvalidOptionsNameArgumentAndValue) {
   EXPECT_TRUE(stacked.state().empty());
   // An edit between steps is checked by the step, which changes nothing.
   KlSoap opt({p}, KlSoapOptions(0.1));
-  p.mutable_grad() = at::randn({4, 3});
-  opt.step();
-  const auto before = p.detach().clone();
-  const auto l_before = state_of(opt, p).L().clone();
-  static_cast<KlSoapOptions&>(opt.param_groups()[0].options()).beta2(2);
-  expect_value_error([&] { opt.step(); }, {"beta2", "2"});
-  EXPECT_TRUE(at::equal(p.detach(), before));
-  EXPECT_TRUE(at::equal(state_of(opt, p).L(), l_before));
+  elementwise::expect_spoiled_step_changes_nothing<KlSoapParamState>(
+      opt, p, at::randn({4, 3}), [&] { static_cast<KlSoapOptions&>(opt.param_groups()[0].options()).beta2(2); },
+      {"beta2", "2"});
 }
 
 TEST(KlSoap, AGradientBeyondTheFactorsRangeChangesNothing) {
   auto p = leaf(at::randn({4, 6}));
   KlSoap opt({p}, KlSoapOptions(0.1));
-  p.mutable_grad() = at::randn({4, 6});
-  opt.step();
-  const auto before = p.detach().clone();
-  const auto m_before = state_of(opt, p).exp_avg().clone();
-  p.mutable_grad() = at::full({4, 6}, 1e30);
-  expect_value_error([&] { opt.step(); }, {"[muon::KlSoap]", "Kronecker factor", "not finite"});
-  EXPECT_TRUE(at::equal(p.detach(), before));
-  EXPECT_TRUE(at::equal(state_of(opt, p).exp_avg(), m_before));
-  EXPECT_EQ(state_of(opt, p).step(), 1);
+  elementwise::expect_spoiled_step_changes_nothing<KlSoapParamState>(
+      opt, p, at::randn({4, 6}), [&] { p.mutable_grad() = at::full({4, 6}, 1e30); },
+      {"[muon::KlSoap]", "Kronecker factor", "not finite"});
 }
 
 TEST(KlSoap, ResumedRunIsBitIdentical) {
@@ -324,12 +311,8 @@ TEST(KlSoap, EachEntryIsBuiltFromAConfigWithItsFieldsAndExplained) {
         kind, R"({"optimizer": ")" + kind + R"(", "lr": 0.01, ")" + kind + R"(_beta1": 0.5, ")" + kind +
                   R"(_shampoo_beta": 0.8, ")" + kind + R"(_eps": 1e-6})");
     ASSERT_NE(built.part, nullptr) << kind;
-    const auto& o = built.options();
-    EXPECT_EQ(o.kind(), kind);
-    EXPECT_EQ(o.lr(), 0.01);
-    EXPECT_EQ(o.beta1(), 0.5);
-    EXPECT_EQ(o.shampoo_beta(), 0.8);
-    EXPECT_EQ(o.eps(), 1e-6);
+    // Every field: the config's, the common weight_decay's 0, the rest the family's defaults.
+    elementwise::expect_fields(built.options(), 0.01, 0.5, 0.95, 0.8, 1e-6, 0.0, "decoupled", kind);
     const auto text = built.step_and_explain();
     // w 8×4: exp_avg, exp_avg_sq 8×4, L, Q_L 8×8, R, Q_R 4×4, eigvals 8 and 4; fp32.
     EXPECT_EQ(built.part->state_bytes(), 4 * (2 * 32 + 2 * 64 + 2 * 16 + 8 + 4)) << kind;

@@ -134,9 +134,7 @@ TEST(Moso, DefaultsAreEmergingOptimizers) {
 
 TEST(Moso, InvalidOptionsNameArgumentAndValue) {
   auto p = leaf(at::randn({4, 3}));
-  const auto bad = [&](MosoOptions o, std::vector<std::string> parts) {
-    expect_value_error([&] { Moso opt({p}, o); }, parts);
-  };
+  const auto bad = elementwise::refused_with<Moso, MosoOptions>({p});
   bad(MosoOptions(-1), {"[muon::Moso]", "lr", "-1"});
   bad(MosoOptions().momentum(1), {"momentum", "1"});
   bad(MosoOptions().rms_beta(-0.5), {"rms_beta", "-0.5"});
@@ -148,15 +146,9 @@ TEST(Moso, InvalidOptionsNameArgumentAndValue) {
   expect_value_error([&] { Moso opt({v}); }, {"[muon::Moso]", "1 dims", "matrices"});
   // An edit between steps is checked by the step, which changes nothing.
   Moso opt({p}, MosoOptions(0.1));
-  p.mutable_grad() = at::ones_like(p);
-  opt.step();
-  const auto before = p.detach().clone();
-  const auto m_before = state_of(opt, p).M().clone();
-  static_cast<MosoOptions&>(opt.param_groups()[0].options()).rms_beta(1);
-  expect_value_error([&] { opt.step(); }, {"rms_beta", "1"});
-  EXPECT_TRUE(at::equal(p.detach(), before));
-  EXPECT_TRUE(at::equal(state_of(opt, p).M(), m_before));
-  EXPECT_EQ(state_of(opt, p).step(), 1);
+  elementwise::expect_spoiled_step_changes_nothing<MosoParamState>(
+      opt, p, at::ones_like(p), [&] { static_cast<MosoOptions&>(opt.param_groups()[0].options()).rms_beta(1); },
+      {"rms_beta", "1"});
 }
 
 TEST(Moso, AGradientBeyondTheCovariancesRangeChangesNothing) {
@@ -164,15 +156,9 @@ TEST(Moso, AGradientBeyondTheCovariancesRangeChangesNothing) {
   // parameter and the covariance, and restores the momentum it had updated.
   auto p = leaf(at::randn({4, 6}));
   Moso opt({p}, MosoOptions(0.1));
-  p.mutable_grad() = at::randn({4, 6});
-  opt.step();
-  const auto before = p.detach().clone();
-  const auto b_before = state_of(opt, p).momentum_buffer().clone();
-  p.mutable_grad() = at::full({4, 6}, 1e30);
-  expect_value_error([&] { opt.step(); }, {"[muon::Moso]", "covariance M", "not finite"});
-  EXPECT_TRUE(at::equal(p.detach(), before));
-  EXPECT_TRUE(at::equal(state_of(opt, p).momentum_buffer(), b_before));
-  EXPECT_EQ(state_of(opt, p).step(), 1);
+  elementwise::expect_spoiled_step_changes_nothing<MosoParamState>(
+      opt, p, at::randn({4, 6}), [&] { p.mutable_grad() = at::full({4, 6}, 1e30); },
+      {"[muon::Moso]", "covariance M", "not finite"});
 }
 
 TEST(Moso, ResumedRunIsBitIdentical) {
@@ -193,13 +179,8 @@ TEST(Moso, BuiltFromAConfigWithItsFieldsAndExplained) {
       "moso", R"({"optimizer": "moso", "lr": 0.01, "moso_momentum": 0.5, "moso_rms_beta": 0.9,
                   "moso_shampoo_beta": 0.8, "moso_eps": 1e-6, "moso_max_update_rms": 2})");
   ASSERT_NE(built.part, nullptr);
-  const auto& o = built.options();
-  EXPECT_EQ(o.lr(), 0.01);
-  EXPECT_EQ(o.momentum(), 0.5);
-  EXPECT_EQ(o.rms_beta(), 0.9);
-  EXPECT_EQ(o.shampoo_beta(), 0.8);
-  EXPECT_EQ(o.eps(), 1e-6);
-  EXPECT_EQ(o.max_update_rms(), 2);
+  // Every field: the config's, its weight_decay 0 (the common field's default) included.
+  elementwise::expect_fields(built.options(), 0.01, 0.5, 0.9, 0.8, 1e-6, 0.0, 2.0);
   const auto text = built.step_and_explain();
   // w 8×4 (right side, 4×4): momentum_buffer and exp_avg_sq 8×4, M and Q_M 4×4; fp32.
   EXPECT_EQ(built.part->state_bytes(), 4 * (2 * 32 + 2 * 16));

@@ -191,12 +191,8 @@ TEST(PsgdPro, BuiltFromAConfigWithItsFieldsAndExplained) {
                       "psgd_pro_precond_lr": 0.2, "psgd_pro_warmup_steps": 50, "psgd_pro_seed": 3,
                       "psgd_pro_weight_decay_method": "l2"})");
   ASSERT_NE(built.part, nullptr);
-  const auto& o = built.options();
-  EXPECT_EQ(o.momentum(), 0.5);
-  EXPECT_EQ(o.precond_lr(), 0.2);
-  EXPECT_EQ(o.warmup_steps(), 50);
-  EXPECT_EQ(o.seed(), 3);
-  EXPECT_EQ(o.weight_decay_method(), "l2");
+  // Every field: the config's where it set them, the common weight_decay's 0, the rest PSGD-Pro's defaults.
+  elementwise::expect_fields(built.options(), 0.01, 0.0, "l2", 0.5, 0.9, 0.2, 1.0, 0.1, 0.01, 50, 0.0, 3);
   const auto text = built.step_and_explain();
   // w 8×4: exp_avg 8×4, Q_L 8×8, Q_R 4×4, two scalars; fp32.
   EXPECT_EQ(built.part->state_bytes(), 4 * (32 + 64 + 16 + 2));

@@ -273,13 +273,11 @@ TEST(Soap, BuiltFromAConfigWithItsFieldsAndExplained) {
                   "soap_weight_decay_method": "l2",
                   "soap_correct_shampoo_beta_bias": "false"})");
   ASSERT_NE(built.part, nullptr);
+  // Every field: the config's where it set them ("false" is 0 for
+  // correct_shampoo_beta_bias), the common weight_decay's 0, the rest SOAP's defaults.
   const auto& o = built.options();
-  EXPECT_EQ(o.lr(), 0.01);
-  EXPECT_EQ(o.shampoo_beta(), 0.9);
-  EXPECT_EQ(o.beta2(), 0.95);
-  EXPECT_EQ(o.precondition_frequency(), 5);
-  EXPECT_TRUE(o.use_eigh());
-  EXPECT_EQ(o.weight_decay_method(), SoapWeightDecay::kL2);
+  elementwise::expect_fields(o, 0.01, 0.9, 0.95, 0.9, 1e-8, 0.0, SoapWeightDecay::kL2, false, 5, 0, false, true, 0,
+                             true, false, 1e-7, 1, 0.0);
   EXPECT_FALSE(o.shampoo_bias_corrected());
   const auto text = built.step_and_explain();
   // w: exp_avg, exp_avg_sq 8×4, L, Q_L 8×8, R, Q_R 4×4, fp32.
