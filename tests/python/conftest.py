@@ -369,6 +369,18 @@ def value_error(fn, *patterns):
     return msg
 
 
+def stepped_matrix_and_bias(config):
+    """muon_cpp.make_optimizer over an 8×4 matrix "w" and a bias "b" of 8 with
+    `config` (a dict), after one step with gradients of ones: (opt, w, b)."""
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    b = torch.nn.Parameter(torch.randn(8))
+    import muon_cpp
+    opt = muon_cpp.make_optimizer([("w", w), ("b", b)], config)
+    w.grad, b.grad = torch.ones(8, 4), torch.ones(8)
+    opt.step()
+    return opt, w, b
+
+
 def edit_refused_at_step(opt, p, key, value, *patterns):
     """Sets param group 0's `key` to `value`, gives p a gradient of ones and
     expects opt.step() to raise a ValueError matching every regex in

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import muon_cpp
-from conftest import edit_refused_at_step, value_error
+from conftest import edit_refused_at_step, stepped_matrix_and_bias, value_error
 
 TOL = 1.8e-4
 
@@ -91,12 +91,7 @@ def test_defaults_and_config_fields():
     assert fields["mu"] == 0.95 and fields["rank_fraction"] == 1.0
     assert fields["qr_method"] == "rcqr" and fields["rcqr_oversample"] == 1.25
     assert "dion" in muon_cpp.optimizer_names()
-    w = torch.nn.Parameter(torch.randn(8, 4))
-    b = torch.nn.Parameter(torch.randn(8))
-    opt = muon_cpp.make_optimizer([("w", w), ("b", b)],
-                                  {"optimizer": "dion", "lr": 0.01, "dion_rank_fraction": 0.5})
-    w.grad, b.grad = torch.ones(8, 4), torch.ones(8)
-    opt.step()
+    opt, w, b = stepped_matrix_and_bias({"optimizer": "dion", "lr": 0.01, "dion_rank_fraction": 0.5})
     assert opt.state[w]["Q"].shape == (4, 2)
     assert "exp_avg" in opt.state[b]  # the bias goes to AdamW, as Dion's "adamw" groups
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import muon_cpp
-from conftest import edit_refused_at_step, value_error
+from conftest import edit_refused_at_step, stepped_matrix_and_bias, value_error
 
 TOL = 3.6e-4
 
@@ -68,11 +68,7 @@ def test_registry_entry_and_errors():
     fields = {f["name"]: f["default"] for f in muon_cpp.option_fields("iso")}
     assert fields["momentum"] == 0.9 and fields["retraction"] == "qr"
     assert "iso" in muon_cpp.optimizer_names()
-    w = torch.nn.Parameter(torch.randn(8, 4))
-    b = torch.nn.Parameter(torch.randn(8))
-    opt = muon_cpp.make_optimizer([("w", w), ("b", b)], {"optimizer": "iso", "lr": 0.01})
-    w.grad, b.grad = torch.ones(8, 4), torch.ones(8)
-    opt.step()
+    opt, w, b = stepped_matrix_and_bias({"optimizer": "iso", "lr": 0.01})
     assert opt.state[w]["u"].shape == (8, 4) and "exp_avg" in opt.state[b]
     p = leaf(torch.randn(4, 3))
     value_error(lambda: muon_cpp.Iso([p], retraction="svd"), "retraction", "svd")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import muon_cpp
-from conftest import value_error
+from conftest import stepped_matrix_and_bias, value_error
 
 CLASSES = {"kl_soap": muon_cpp.KlSoap, "rekls": muon_cpp.REKLS, "rekls_v3": muon_cpp.ReklsV3,
            "stacked_soap": muon_cpp.StackedSoap, "tp_rekls": muon_cpp.TpRekls}
@@ -113,11 +113,7 @@ def test_registry_entries_and_errors():
         fields = {f["name"]: f["default"] for f in muon_cpp.option_fields(kind)}
         assert fields["beta1"] == 0.9 and fields["beta2"] == 0.95 and fields["shampoo_beta"] == 0.95
         assert ("weight_decay_method" in fields) == (kind in ("rekls", "tp_rekls"))
-    w = torch.nn.Parameter(torch.randn(8, 4))
-    b = torch.nn.Parameter(torch.randn(8))
-    opt = muon_cpp.make_optimizer([("w", w), ("b", b)], {"optimizer": "kl_m_soap", "lr": 0.01})
-    w.grad, b.grad = torch.ones(8, 4), torch.ones(8)
-    opt.step()
+    opt, w, b = stepped_matrix_and_bias({"optimizer": "kl_m_soap", "lr": 0.01})
     assert opt.state[w]["Q_L"].shape == (8, 8) and "exp_avg" in opt.state[b]
     p = leaf(torch.randn(4, 3))
     value_error(lambda: muon_cpp.KlSoap([p], betas=(1.0, 0.9)), "beta1", "1")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import muon_cpp
-from conftest import edit_refused_at_step, value_error
+from conftest import edit_refused_at_step, stepped_matrix_and_bias, value_error
 
 TOL = 1e-5
 
@@ -85,11 +85,7 @@ def test_registry_entry_and_errors():
     assert fields["momentum"] == 0.95 and fields["rms_beta"] == 0.95 and fields["shampoo_beta"] == 0.95
     assert fields["eps"] == 1e-8 and fields["max_update_rms"] == 0.0
     assert "moso" in muon_cpp.optimizer_names()
-    w = torch.nn.Parameter(torch.randn(8, 4))
-    b = torch.nn.Parameter(torch.randn(8))
-    opt = muon_cpp.make_optimizer([("w", w), ("b", b)], {"optimizer": "moso", "lr": 0.01})
-    w.grad, b.grad = torch.ones(8, 4), torch.ones(8)
-    opt.step()
+    opt, w, b = stepped_matrix_and_bias({"optimizer": "moso", "lr": 0.01})
     assert opt.state[w]["Q_M"].shape == (4, 4) and "exp_avg" in opt.state[b]
     p = leaf(torch.randn(4, 3))
     value_error(lambda: muon_cpp.MOSO([p], rms_beta=1.0), "rms_beta", "1")
