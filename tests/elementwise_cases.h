@@ -109,6 +109,20 @@ std::vector<at::Tensor> buffer_copies(const State& st) {
   return out;
 }
 
+/// Every buffer of `st` bit for bit equal to `before` (buffer_copies of it
+/// earlier; undefined where it was undefined), a failure naming the buffer.
+template <typename State>
+void expect_same_buffers(const State& st, const std::vector<at::Tensor>& before) {
+  const auto after = buffer_copies(st);
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].defined(), before[i].defined()) << State::kBuffers[i];
+    if (before[i].defined()) {
+      EXPECT_TRUE(at::equal(after[i], before[i])) << State::kBuffers[i];
+    }
+  }
+}
+
 /// A check that building Opt over `params` with the options it is given
 /// raises c10::ValueError whose message holds each of the words.
 template <typename Opt, typename Options>
@@ -134,14 +148,7 @@ void expect_spoiled_step_changes_nothing(Opt& opt, at::Tensor& p, const at::Tens
   expect_value_error([&] { opt.step(); }, words);
   EXPECT_TRUE(at::equal(p.detach(), before));
   EXPECT_EQ(state().step(), 1);
-  const auto buffers_after = buffer_copies(state());
-  ASSERT_EQ(buffers_after.size(), buffers_before.size());
-  for (size_t i = 0; i < buffers_after.size(); ++i) {
-    EXPECT_EQ(buffers_after[i].defined(), buffers_before[i].defined()) << State::kBuffers[i];
-    if (buffers_before[i].defined()) {
-      EXPECT_TRUE(at::equal(buffers_after[i], buffers_before[i])) << State::kBuffers[i];
-    }
-  }
+  expect_same_buffers(state(), buffers_before);
 }
 
 /// expect_fields, over the field indices I.
@@ -312,10 +319,7 @@ void BadEditBetweenStepsChangesNothing() {
                      {std::string("[") + C::Optimizer::kKind + "]", "lr", "-0.5"});
   EXPECT_TRUE(at::equal(p.detach(), before));
   EXPECT_EQ(st.step(), 1);
-  const auto buffers_after = buffer_copies(st);
-  ASSERT_EQ(buffers_after.size(), buffers_before.size());
-  for (size_t i = 0; i < buffers_after.size(); ++i)
-    EXPECT_TRUE(at::equal(buffers_after[i], buffers_before[i])) << C::State::kBuffers[i];
+  expect_same_buffers(st, buffers_before);
 }
 
 /// muon::make_optimizer builds the optimizer from C::kConfig with its

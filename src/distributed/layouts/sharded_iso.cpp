@@ -2,12 +2,11 @@
 // around Iso's whole-matrix step (muon/distributed/layouts/sharded_iso.h).
 #include "muon/distributed/layouts/sharded_iso.h"
 
-#include <utility>
-
 #include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 
 namespace muon::distributed {
+
 template class OwnerComputeOptimizer<Iso, ShardedIso>;
 
 void ShardedIso::step_parameters() {

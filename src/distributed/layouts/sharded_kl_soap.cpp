@@ -3,13 +3,12 @@
 // (muon/distributed/layouts/sharded_kl_soap.h).
 #include "muon/distributed/layouts/sharded_kl_soap.h"
 
-#include <utility>
-
 #include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 #include "optim/elementwise_optimizer.h"
 
 namespace muon::distributed {
+
 template class OwnerComputeOptimizer<KlSoap, ShardedKlSoap>;
 
 void ShardedKlSoap::step_parameters() {

@@ -2,12 +2,11 @@
 // around MOSO's whole-matrix step (muon/distributed/layouts/sharded_moso.h).
 #include "muon/distributed/layouts/sharded_moso.h"
 
-#include <utility>
-
 #include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 
 namespace muon::distributed {
+
 template class OwnerComputeOptimizer<Moso, ShardedMoso>;
 
 void ShardedMoso::step_parameters() {

@@ -2,12 +2,11 @@
 // around PSGD-Pro's whole-matrix step (muon/distributed/layouts/sharded_psgd_pro.h).
 #include "muon/distributed/layouts/sharded_psgd_pro.h"
 
-#include <utility>
-
 #include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 
 namespace muon::distributed {
+
 template class OwnerComputeOptimizer<PsgdPro, ShardedPsgdPro>;
 
 void ShardedPsgdPro::step_parameters() {

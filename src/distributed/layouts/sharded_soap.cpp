@@ -2,8 +2,6 @@
 // around SOAP's whole-matrix step (muon/distributed/layouts/sharded_soap.h).
 #include "muon/distributed/layouts/sharded_soap.h"
 
-#include <utility>
-
 #include "distributed/layouts/owner_compute_impl.h"
 #include "distributed/layouts/sharded_internal.h"
 
