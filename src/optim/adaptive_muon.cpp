@@ -77,7 +77,7 @@ AdaptiveMuonOptions& AdaptiveMuonOptions::mode(const std::string& name) {
 
 void AdaptiveMuonOptions::validate() const {
   detail::check_decay(kWho, "beta2", beta2_);
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be > 0, got ", eps_);
+  detail::check_positive(kWho, "eps", eps_);
 }
 
 bool operator==(const AdaptiveMuonOptions& a, const AdaptiveMuonOptions& b) {

@@ -22,10 +22,8 @@ constexpr const char* kWho = "[muon::Lion] ";
 LionOptions::LionOptions(double lr) : lr_(lr) {}
 
 void LionOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
-  detail::check_decay(kWho, "beta1", beta1_);
-  detail::check_decay(kWho, "beta2", beta2_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}});
 }
 
 MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, Lion, LionOptions, LionParamState);

@@ -192,7 +192,7 @@ MuonOptions& MuonOptions::ns_steps(int64_t steps) {
 }
 
 MuonOptions& MuonOptions::ns_eps(double eps) {
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, kWho, "ns_eps must be > 0, got ", eps);
+  detail::check_positive(kWho, "ns_eps", eps);
   ns_.eps(eps);
   return *this;
 }
@@ -212,15 +212,13 @@ MuonOptions& MuonOptions::ns_compute_dtype(at::ScalarType dtype) {
 }
 
 void MuonOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kWho, "momentum", momentum_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
   TORCH_CHECK_VALUE(std::isfinite(extra_scale_factor_) && extra_scale_factor_ > 0, kWho,
                     "extra_scale_factor must be finite and > 0, got ", extra_scale_factor_);
   TORCH_CHECK_VALUE(ns_.steps() >= kMinNsSteps && ns_.steps() < kMaxNsSteps, kWho,
                     "ns_steps must be in [", kMinNsSteps, ", ", kMaxNsSteps, "), got ", ns_.steps());
-  TORCH_CHECK_VALUE(std::isfinite(ns_.eps()) && ns_.eps() > 0, kWho, "ns_eps must be > 0, got ",
-                    ns_.eps());
+  detail::check_positive(kWho, "ns_eps", ns_.eps());
   ns_.validate();
   TORCH_CHECK_VALUE(num_query_groups_ >= 1, kWho, "num_query_groups must be >= 1, got ",
                     num_query_groups_);
