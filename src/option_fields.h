@@ -5,6 +5,7 @@
 // src/registry_builtins.cpp); not installed.
 #pragma once
 
+#include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -59,40 +61,62 @@ struct OptionField {
   }
 };
 
-/// Makers of Options' fields (FieldSpec's makers plus the setter).
+/// Sets `out` to `value` when `named` and the value's type is T.
+template <class T, class V>
+void take_if_named(std::optional<T>& out, bool named, const V& value) {
+  if constexpr (std::is_same_v<std::decay_t<V>, T>) {
+    if (named) out = value;
+  }
+}
+
+/// The default of Options' listed field `name` (MUON_LISTED_FIELDS): its
+/// value in Options(), as its TORCH_ARG declares it. A name not listed, or
+/// listed with another type than T, raises.
+template <class T, class Options>
+T listed_default(const std::string& name) {
+  const Options defaults;
+  std::optional<T> found;
+  size_t i = 0;
+  std::apply([&](const auto&... value) { (take_if_named<T>(found, name == Options::kFields[i++], value), ...); },
+             Options::fields(defaults));
+  TORCH_CHECK(found.has_value(), "option field '", name, "' is not a listed field of its type");
+  return *found;
+}
+
+/// Makers of Options' fields (FieldSpec's makers plus the setter). The
+/// makers without a default take the options' own (listed_default).
 template <class Options>
 struct OptionFields {
   using Field = OptionField<Options>;
+
+  /// The field `spec`, set by `set` from the settings' value read by `read`.
+  template <class T, class Read>
+  static Field setting(FieldSpec spec, OptionSetter<Options, T> set, Read read) {
+    return {spec, [name = spec.name, set, read](Options& o, const OptimizerSettings& s) { (o.*set)((s.*read)(name)); }};
+  }
 
   /// A double field set by `set`.
   static Field real(std::string name, OptionSetter<Options, double> set, double def,
                     std::string doc, std::optional<double> min = std::nullopt,
                     std::optional<double> max = std::nullopt) {
-    auto spec = FieldSpec::real(name, def, std::move(doc), min, max);
-    return {std::move(spec),
-            [name, set](Options& o, const OptimizerSettings& s) { (o.*set)(s.get_double(name)); }};
+    return setting(FieldSpec::real(name, def, std::move(doc), min, max), set, &OptimizerSettings::get_double);
   }
   /// A bool field set by `set`.
   static Field boolean(std::string name, OptionSetter<Options, bool> set, bool def,
                        std::string doc) {
-    auto spec = FieldSpec::boolean(name, def, std::move(doc));
-    return {std::move(spec),
-            [name, set](Options& o, const OptimizerSettings& s) { (o.*set)(s.get_bool(name)); }};
+    return setting(FieldSpec::boolean(name, def, std::move(doc)), set, &OptimizerSettings::get_bool);
   }
   /// An int field set by `set`.
   static Field integer(std::string name, OptionSetter<Options, int64_t> set, int64_t def,
                        std::string doc, std::optional<double> min = std::nullopt,
                        std::optional<double> max = std::nullopt) {
-    auto spec = FieldSpec::integer(name, def, std::move(doc), min, max);
-    return {std::move(spec),
-            [name, set](Options& o, const OptimizerSettings& s) { (o.*set)(s.get_int(name)); }};
+    return setting(FieldSpec::integer(name, def, std::move(doc), min, max), set, &OptimizerSettings::get_int);
   }
   /// A string field (one of `choices` when not empty) set by `set`.
   static Field text(std::string name, OptionSetter<Options, std::string> set, std::string def,
                     std::string doc, std::vector<std::string> choices = {}) {
-    auto spec = FieldSpec::text(name, std::move(def), std::move(doc), std::move(choices));
-    return {std::move(spec),
-            [name, set](Options& o, const OptimizerSettings& s) { (o.*set)(s.get_string(name)); }};
+    return setting(FieldSpec::text(name, std::move(def), std::move(doc), std::move(choices)), set,
+                   &OptimizerSettings::get_string);
   }
   /// The common double field `name` (e.g. weight_decay), read, not declared.
   static Field common(std::string name, OptionSetter<Options, double> set) {
@@ -102,6 +126,25 @@ struct OptionFields {
   static Field custom(FieldSpec spec,
                       std::function<void(Options&, const OptimizerSettings&)> apply = {}) {
     return {std::move(spec), std::move(apply)};
+  }
+
+  // The same makers with the options' own default for the field (listed_default).
+
+  static Field real(const std::string& name, OptionSetter<Options, double> set, std::string doc,
+                    std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt) {
+    return real(name, set, listed_default<double, Options>(name), std::move(doc), min, max);
+  }
+  static Field boolean(const std::string& name, OptionSetter<Options, bool> set, std::string doc) {
+    return boolean(name, set, listed_default<bool, Options>(name), std::move(doc));
+  }
+  static Field integer(const std::string& name, OptionSetter<Options, int64_t> set, std::string doc,
+                       std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt) {
+    return integer(name, set, listed_default<int64_t, Options>(name), std::move(doc), min, max);
+  }
+  /// A string field, one of `choices`.
+  static Field text(const std::string& name, OptionSetter<Options, std::string> set, std::string doc,
+                    std::vector<std::string> choices) {
+    return text(name, set, listed_default<std::string, Options>(name), std::move(doc), std::move(choices));
   }
 };
 

@@ -199,15 +199,13 @@ NewtonSchulzOptions Dion2Options::ns() const {
 
 void Dion2Options::validate() const {
   const char* who = nordion2_ ? kWhoNor : kWho;
-  detail::check_non_negative(who, "lr", lr_);
+  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   TORCH_CHECK_VALUE(fraction_ > 0 && fraction_ <= 1, who, "fraction must be in (0, 1], got ",
                     fraction_);
   // The selected slices of M are multiplied by it at every selection: above 1 they overflow.
   TORCH_CHECK_VALUE(ef_decay_ >= 0 && ef_decay_ <= 1, who, nordion2_ ? "mu" : "ef_decay",
                     " must be in [0, 1], got ", ef_decay_);
-  detail::check_non_negative(who, "weight_decay", weight_decay_);
-  TORCH_CHECK_VALUE(std::isfinite(epsilon_) && epsilon_ > 0, who, "epsilon must be > 0, got ",
-                    epsilon_);
+  detail::check_positive(who, "epsilon", epsilon_);
   // v ← β·v + (1 − β)·u²: above 1 v turns negative and its square root NaN.
   detail::check_decay(who, "muon_beta2", muon_beta2_);
   detail::check_name(ns_coefficients_, accepted_coefficient_set_names(), who, "ns_coefficients");
@@ -326,19 +324,17 @@ OptimizerEntry dion2_entry(const bool nordion2) {
     o.ns_compute_dtype(detail::parse_dtype(s.get_string("ns_compute_dtype"), "", "ns_compute_dtype"));
   };
   std::vector<detail::OptionField<O>> fields{
-      F::real("fraction", &O::fraction, d.fraction(),
-              "fraction of rows (or columns) orthogonalized per step", 0.0, 1.0)
+      F::real("fraction", &O::fraction, "fraction of rows (or columns) orthogonalized per step", 0.0, 1.0)
           .exclusive_min(),
       F::real(nordion2 ? "mu" : "ef_decay", &O::ef_decay, d.ef_decay(),
               "error-feedback decay of the selected slices of the momentum", 0.0, 1.0),
       F::common("weight_decay", &O::weight_decay),
-      F::real("epsilon", &O::epsilon, d.epsilon(), "Newton–Schulz normalization epsilon", 0.0)
+      F::real("epsilon", &O::epsilon, "Newton–Schulz normalization epsilon", 0.0)
           .exclusive_min(),
       F::text("adjust_lr", &O::adjust_lr, to_string(d.adjust_lr()),
               "lr scale: spectral_norm sqrt(fan_out/fan_in), rms_norm 0.2·sqrt(max), none",
               {"spectral_norm", "rms_norm", "none"}),
-      F::boolean("flatten", &O::flatten, d.flatten(),
-                 "3-D+ parameters as one matrix (dim 0 × rest), else a batch"),
+      F::boolean("flatten", &O::flatten, "3-D+ parameters as one matrix (dim 0 × rest), else a batch"),
       F::text("coefficient_type", &O::ns_coefficients, d.ns_coefficients(),
               "Newton–Schulz coefficient set", accepted_coefficient_set_names()),
       F::integer("num_ns_steps", &O::ns_steps, 0, "Newton–Schulz steps (0: the set's default)", 0.0,
@@ -348,8 +344,7 @@ OptimizerEntry dion2_entry(const bool nordion2) {
                 dtype),
   };
   if (nordion2) {
-    fields.push_back(F::real("muon_beta2", &O::muon_beta2, d.muon_beta2(),
-                             "decay of the per-row variance", 0.0, 1.0)
+    fields.push_back(F::real("muon_beta2", &O::muon_beta2, "decay of the per-row variance", 0.0, 1.0)
                          .exclusive_max());
   }
   auto e = detail::options_entry<Dion2, O>(

@@ -147,12 +147,9 @@ at::Tensor detail::kl_soap_update(const at::Tensor& grad, const at::Tensor& inne
 KlSoapOptions::KlSoapOptions(double lr) : lr_(lr) {}
 
 void KlSoapOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
-  detail::check_decay(kWho, "beta1", beta1_);
-  detail::check_decay(kWho, "beta2", beta2_);
-  detail::check_decay(kWho, "shampoo_beta", shampoo_beta_);
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be > 0, got ", eps_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}, {"shampoo_beta", shampoo_beta_}});
+  detail::check_positive(kWho, "eps", eps_);
   detail::check_name(kind_, {"kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3", "stacked_soap"}, kWho, "kind");
   if (kind_ == "rekls" || kind_ == "tp_rekls") {
     detail::check_weight_decay_method(kWho, weight_decay_method_);
@@ -212,7 +209,6 @@ void KlSoap::step_parameters() {
 void detail::register_kl_soap(OptimizerRegistry& registry) {
   using O = KlSoapOptions;
   using F = detail::OptionFields<O>;
-  const O d;
   const std::array<std::pair<const char*, const char*>, 6> kinds{{
       {"kl_soap", "KL-SOAP (muon::KlSoap): Adam in the eigenbasis of KL-Shampoo's factors, one orthogonal "
                   "iteration a step (Emerging-Optimizers' KlSoapV3)"},
@@ -227,18 +223,17 @@ void detail::register_kl_soap(OptimizerRegistry& registry) {
   }};
   for (const auto& [name, doc] : kinds) {
     std::vector<detail::OptionField<O>> fields{
-        F::real("beta1", &O::beta1, d.beta1(), "the inner step's first-moment decay", 0.0, 1.0).exclusive_max(),
-        F::real("beta2", &O::beta2, d.beta2(), "the inner step's second-moment decay", 0.0, 1.0).exclusive_max(),
-        F::real("shampoo_beta", &O::shampoo_beta, d.shampoo_beta(), "decay of the Kronecker factors (bias-corrected)",
+        F::real("beta1", &O::beta1, "the inner step's first-moment decay", 0.0, 1.0).exclusive_max(),
+        F::real("beta2", &O::beta2, "the inner step's second-moment decay", 0.0, 1.0).exclusive_max(),
+        F::real("shampoo_beta", &O::shampoo_beta, "decay of the Kronecker factors (bias-corrected)",
                 0.0, 1.0)
             .exclusive_max(),
-        F::real("eps", &O::eps, d.eps(), "the eigenvalues' floor in the KL factor update; Adam's eps", 0.0)
+        F::real("eps", &O::eps, "the eigenvalues' floor in the KL factor update; Adam's eps", 0.0)
             .exclusive_min(),
         F::common("weight_decay", &O::weight_decay),
     };
     if (std::string(name) == "rekls" || std::string(name) == "tp_rekls") {
-      fields.push_back(F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
-                               "how weight decay enters the step", detail::weight_decay_method_names()));
+      fields.push_back(F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()));
     }
     auto e = detail::options_entry<KlSoap, O>(name, detail::kl_soap_state(name), doc, std::move(fields),
                                               [kind = std::string(name)](O& o, const OptimizerSettings&) {

@@ -22,11 +22,9 @@ constexpr const char* kWho = "[muon::LaProp] ";
 LaPropOptions::LaPropOptions(double lr) : lr_(lr) {}
 
 void LaPropOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
-  detail::check_decay(kWho, "beta1", beta1_);
-  detail::check_decay(kWho, "beta2", beta2_);
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}});
+  detail::check_denominator_eps(kWho, eps_);
 }
 
 // One step of LaProp on `p` (the header's formula; the order and the
@@ -52,21 +50,19 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, LaProp, LaPropOptions, LaPropParam
 void detail::register_laprop(OptimizerRegistry& registry) {
   using O = LaPropOptions;
   using F = detail::OptionFields<O>;
-  const O d;
   registry.add(detail::hookable<O>(detail::options_entry<LaProp, O>(
       "laprop", detail::laprop_state(),
       "LaProp (muon::LaProp): momentum of gradients normalized by the second moment, decoupled "
       "weight decay",
       {
-          F::real("beta1", &O::beta1, d.beta1(), "decay of the momentum of normalized gradients",
+          F::real("beta1", &O::beta1, "decay of the momentum of normalized gradients",
                   0.0, 1.0)
               .exclusive_max(),
-          F::real("beta2", &O::beta2, d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("eps", &O::eps, d.eps(), "added to the square root of the second moment", 0.0)
+          F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("eps", &O::eps, "added to the square root of the second moment", 0.0)
               .exclusive_min(),
           F::common("weight_decay", &O::weight_decay),
-          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
-                     "Adam-style bias correction of both moments"),
+          F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of both moments"),
       }), "decoupled"));
 }
 

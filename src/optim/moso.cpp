@@ -78,14 +78,10 @@ at::Tensor detail::moso_matrix_update(const at::Tensor& grad, MosoParamState& st
 MosoOptions::MosoOptions(double lr) : lr_(lr) {}
 
 void MosoOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}, {"max_update_rms", max_update_rms_}});
   // Each decay at 1 or above never forgets (or, above, diverges).
-  detail::check_decay(kWho, "momentum", momentum_);
-  detail::check_decay(kWho, "rms_beta", rms_beta_);
-  detail::check_decay(kWho, "shampoo_beta", shampoo_beta_);
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be > 0, got ", eps_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
-  detail::check_non_negative(kWho, "max_update_rms", max_update_rms_);
+  detail::check_decay(kWho, {{"momentum", momentum_}, {"rms_beta", rms_beta_}, {"shampoo_beta", shampoo_beta_}});
+  detail::check_positive(kWho, "eps", eps_);
 }
 
 // ---- Moso ----------------------------------------------------------------------
@@ -109,22 +105,20 @@ void Moso::step_parameters() {
 void detail::register_moso(OptimizerRegistry& registry) {
   using O = MosoOptions;
   using F = detail::OptionFields<O>;
-  const O d;
   auto e = detail::options_entry<Moso, O>(
       "moso", detail::moso_state(),
       "MOSO (muon::Moso): Muon's momentum preconditioned by RMSprop in the eigenbasis of its smaller side's "
       "covariance; 1-D, embedding and head parameters go to scalar_optimizer",
       {
-          F::real("momentum", &O::momentum, d.momentum(), "decay of Muon's momentum", 0.0, 1.0).exclusive_max(),
-          F::real("rms_beta", &O::rms_beta, d.rms_beta(), "decay of RMSprop's second moment", 0.0, 1.0)
+          F::real("momentum", &O::momentum, "decay of Muon's momentum", 0.0, 1.0).exclusive_max(),
+          F::real("rms_beta", &O::rms_beta, "decay of RMSprop's second moment", 0.0, 1.0)
               .exclusive_max(),
-          F::real("shampoo_beta", &O::shampoo_beta, d.shampoo_beta(), "decay of the covariance (bias-corrected)",
+          F::real("shampoo_beta", &O::shampoo_beta, "decay of the covariance (bias-corrected)",
                   0.0, 1.0)
               .exclusive_max(),
-          F::real("eps", &O::eps, d.eps(), "added to RMSprop's √v", 0.0).exclusive_min(),
+          F::real("eps", &O::eps, "added to RMSprop's √v", 0.0).exclusive_min(),
           F::common("weight_decay", &O::weight_decay),
-          F::real("max_update_rms", &O::max_update_rms, d.max_update_rms(),
-                  "clip the update's RMS to this (0: no clipping)", 0.0),
+          F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),
       });
   e.default_overrides = detail::scalar_defaults("moso");
   registry.add(detail::hookable<O>(std::move(e), "decoupled"));

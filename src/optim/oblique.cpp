@@ -20,10 +20,6 @@ namespace {
 constexpr const char* kSgd = "[muon::ObliqueSGD] ";
 constexpr const char* kAdam = "[muon::ObliqueAdam] ";
 
-void check_eps(const char* who, double eps) {
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, who, "eps must be > 0, got ", eps);
-}
-
 // Raises c10::ValueError unless every parameter of every group has at least
 // one dimension and the group's `dim` names one of them.
 template <typename Options>
@@ -59,11 +55,10 @@ void project_step_retract(at::Tensor& p, const at::Tensor& u, const std::string&
 ObliqueSGDOptions::ObliqueSGDOptions(double lr) : lr_(lr) {}
 
 void ObliqueSGDOptions::validate() const {
-  detail::check_non_negative(kSgd, "lr", lr_);
+  detail::check_non_negative(kSgd, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kSgd, "momentum", momentum_);
-  detail::check_non_negative(kSgd, "weight_decay", weight_decay_);
   detail::check_weight_decay_method(kSgd, weight_decay_method_);
-  check_eps(kSgd, eps_);
+  detail::check_positive(kSgd, "eps", eps_);
 }
 
 void ObliqueSGD::check_before_step() {
@@ -82,12 +77,10 @@ void ObliqueSGD::update(at::Tensor& p, const at::Tensor& grad, ObliqueSGDParamSt
 ObliqueAdamOptions::ObliqueAdamOptions(double lr) : lr_(lr) {}
 
 void ObliqueAdamOptions::validate() const {
-  detail::check_non_negative(kAdam, "lr", lr_);
-  detail::check_decay(kAdam, "beta1", beta1_);
-  detail::check_decay(kAdam, "beta2", beta2_);
-  detail::check_non_negative(kAdam, "weight_decay", weight_decay_);
+  detail::check_non_negative(kAdam, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(kAdam, {{"beta1", beta1_}, {"beta2", beta2_}});
   detail::check_weight_decay_method(kAdam, weight_decay_method_);
-  check_eps(kAdam, eps_);
+  detail::check_positive(kAdam, "eps", eps_);
 }
 
 void ObliqueAdam::check_before_step() {
@@ -120,18 +113,16 @@ void detail::register_oblique(OptimizerRegistry& registry) {
   {
     using O = ObliqueSGDOptions;
     using F = detail::OptionFields<O>;
-    const O d;
     auto e = detail::options_entry<ObliqueSGD, O>(
         "oblique_sgd", detail::oblique_sgd_state(),
         "ObliqueSGD (muon::ObliqueSGD): Riemannian SGD with momentum on unit-norm slices along dim",
         {
-            F::real("momentum", &O::momentum, d.momentum(), "momentum μ (u ← g + μ·u)", 0.0, 1.0)
+            F::real("momentum", &O::momentum, "momentum μ (u ← g + μ·u)", 0.0, 1.0)
                 .exclusive_max(),
             F::common("weight_decay", &O::weight_decay),
-            F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
-                    "how weight decay enters the step", detail::weight_decay_method_names()),
-            F::integer("dim", &O::dim, d.dim(), "the dimension the norms are taken along"),
-            F::real("eps", &O::eps, d.eps(), "lower bound of the retraction's norm", 0.0)
+            F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
+            F::integer("dim", &O::dim, "the dimension the norms are taken along"),
+            F::real("eps", &O::eps, "lower bound of the retraction's norm", 0.0)
                 .exclusive_min(),
         });
     e.default_overrides = detail::scalar_defaults("oblique_sgd");
@@ -139,22 +130,19 @@ void detail::register_oblique(OptimizerRegistry& registry) {
   }
   using O = ObliqueAdamOptions;
   using F = detail::OptionFields<O>;
-  const O d;
   auto e = detail::options_entry<ObliqueAdam, O>(
       "oblique_adam", detail::oblique_adam_state(),
       "ObliqueAdam (muon::ObliqueAdam): Riemannian Adam on unit-norm slices along dim",
       {
-          F::real("beta1", &O::beta1, d.beta1(), "first-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("beta2", &O::beta2, d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("beta1", &O::beta1, "first-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
           F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
-                  "how weight decay enters the step", detail::weight_decay_method_names()),
-          F::integer("dim", &O::dim, d.dim(), "the dimension the norms are taken along"),
-          F::real("eps", &O::eps, d.eps(), "added to √v / c2; lower bound of the retraction's norm",
+          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
+          F::integer("dim", &O::dim, "the dimension the norms are taken along"),
+          F::real("eps", &O::eps, "added to √v / c2; lower bound of the retraction's norm",
                   0.0)
               .exclusive_min(),
-          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
-                     "bias correction of both moments"),
+          F::boolean("correct_bias", &O::correct_bias, "bias correction of both moments"),
       });
   e.default_overrides = detail::scalar_defaults("oblique_adam");
   registry.add(detail::not_hookable(std::move(e), "it renormalizes slices of the weight after its update"));

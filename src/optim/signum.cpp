@@ -21,9 +21,8 @@ constexpr const char* kWho = "[muon::Signum] ";
 SignumOptions::SignumOptions(double lr) : lr_(lr) {}
 
 void SignumOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kWho, "momentum", momentum_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
   detail::check_weight_decay_method(kWho, weight_decay_method_);
 }
 
@@ -56,20 +55,17 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, Signum, SignumOptions, SignumParam
 void detail::register_signum(OptimizerRegistry& registry) {
   using O = SignumOptions;
   using F = detail::OptionFields<O>;
-  const O d;
   registry.add(detail::hookable<O>(detail::options_entry<Signum, O>(
       "signum", detail::signum_state(),
       "Signum (muon::Signum): the sign of a momentum, optionally Nesterov",
       {
-          F::real("momentum", &O::momentum, d.momentum(), "momentum decay β (0: signSGD)", 0.0,
+          F::real("momentum", &O::momentum, "momentum decay β (0: signSGD)", 0.0,
                   1.0)
               .exclusive_max(),
-          F::boolean("nesterov", &O::nesterov, d.nesterov(), "Nesterov look-ahead update"),
-          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
-                     "Adam-style bias correction of the momentum"),
+          F::boolean("nesterov", &O::nesterov, "Nesterov look-ahead update"),
+          F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of the momentum"),
           F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
-                  "how weight decay enters the step", detail::weight_decay_method_names()),
+          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
       }), "decoupled"));
 }
 

@@ -34,16 +34,12 @@ double sim_ademamix_beta(const SimAdEMAMixOptions& o, const int64_t step) {
 SimAdEMAMixOptions::SimAdEMAMixOptions(double lr) : lr_(lr) {}
 
 void SimAdEMAMixOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
-  detail::check_decay(kWho, "beta1", beta1_);
-  detail::check_decay(kWho, "beta2", beta2_);
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}, {"min_beta_fast", min_beta_fast_}});
+  detail::check_denominator_eps(kWho, eps_);
   detail::check_weight_decay_method(kWho, weight_decay_method_);
   TORCH_CHECK_VALUE(num_beta_fast_warmup_steps_ >= 0, kWho,
-                    "num_beta_fast_warmup_steps must be >= 0 (0: no warmup), got ",
-                    num_beta_fast_warmup_steps_);
-  detail::check_decay(kWho, "min_beta_fast", min_beta_fast_);
+                    "num_beta_fast_warmup_steps must be >= 0 (0: no warmup), got ", num_beta_fast_warmup_steps_);
   TORCH_CHECK_VALUE(std::isfinite(alpha_), kWho, "alpha must be finite, got ", alpha_);
 }
 
@@ -75,30 +71,24 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, SimAdEMAMix, SimAdEMAMixOptions, S
 void detail::register_sim_ademamix(OptimizerRegistry& registry) {
   using O = SimAdEMAMixOptions;
   using F = detail::OptionFields<O>;
-  const O d;
   registry.add(detail::hookable<O>(detail::options_entry<SimAdEMAMix, O>(
       "sim_ademamix", detail::sim_ademamix_state(),
       "Simplified AdEMAMix (muon::SimAdEMAMix): a theory-style momentum plus alpha times the "
       "gradient, over Adam's second moment",
       {
-          F::real("beta1", &O::beta1, d.beta1(), "momentum decay (final value of the warmup)", 0.0,
+          F::real("beta1", &O::beta1, "momentum decay (final value of the warmup)", 0.0,
                   1.0)
               .exclusive_max(),
-          F::real("beta2", &O::beta2, d.beta2(), "second-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("eps", &O::eps, d.eps(), "added to the square root of the second moment", 0.0)
+          F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("eps", &O::eps, "added to the square root of the second moment", 0.0)
               .exclusive_min(),
-          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(),
-                     "bias correction of both moments"),
-          F::integer("num_beta_fast_warmup_steps", &O::num_beta_fast_warmup_steps,
-                     d.num_beta_fast_warmup_steps(),
-                     "steps of the half-life warmup of beta1 from min_beta_fast (0: none)", 0.0),
-          F::real("min_beta_fast", &O::min_beta_fast, d.min_beta_fast(),
-                  "momentum decay at the start of the warmup", 0.0, 1.0)
+          F::boolean("correct_bias", &O::correct_bias, "bias correction of both moments"),
+          F::integer("num_beta_fast_warmup_steps", &O::num_beta_fast_warmup_steps, "steps of the half-life warmup of beta1 from min_beta_fast (0: none)", 0.0),
+          F::real("min_beta_fast", &O::min_beta_fast, "momentum decay at the start of the warmup", 0.0, 1.0)
               .exclusive_max(),
-          F::real("alpha", &O::alpha, d.alpha(), "weight of the current gradient in the update"),
+          F::real("alpha", &O::alpha, "weight of the current gradient in the update"),
           F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, d.weight_decay_method(),
-                  "how weight decay enters the step", detail::weight_decay_method_names()),
+          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
       }), "decoupled"));
 }
 

@@ -224,21 +224,19 @@ SoapOptions& SoapOptions::weight_decay_method(const std::string& name) {
 }
 
 void SoapOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
-  detail::check_decay(kWho, "beta1", beta1_);
-  detail::check_decay(kWho, "beta2", beta2_);
-  detail::check_decay(kWho, "shampoo_beta", shampoo_beta_);
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}, {"max_update_rms", max_update_rms_}});
+  detail::check_decay(kWho, {{"beta1", beta1_},
+                             {"beta2", beta2_},
+                             {"shampoo_beta", shampoo_beta_},
+                             {"adaptive_update_tolerance", adaptive_update_tolerance_}});
+  detail::check_denominator_eps(kWho, eps_);
   TORCH_CHECK_VALUE(precondition_frequency_ >= 1, kWho, "precondition_frequency must be >= 1, got ",
                     precondition_frequency_);
   TORCH_CHECK_VALUE(adam_warmup_steps_ >= 0, kWho, "adam_warmup_steps must be >= 0, got ", adam_warmup_steps_);
   TORCH_CHECK_VALUE(correct_shampoo_beta_bias_ >= -1 && correct_shampoo_beta_bias_ <= 1, kWho,
                     "correct_shampoo_beta_bias must be -1 (as correct_bias), 0 or 1, got ",
                     correct_shampoo_beta_bias_);
-  detail::check_decay(kWho, "adaptive_update_tolerance", adaptive_update_tolerance_);
   TORCH_CHECK_VALUE(power_iter_steps_ >= 1, kWho, "power_iter_steps must be >= 1, got ", power_iter_steps_);
-  detail::check_non_negative(kWho, "max_update_rms", max_update_rms_);
 }
 
 void detail::soap_apply_update(at::Tensor& p, const at::Tensor& update, const SoapOptions& o) {
@@ -276,37 +274,30 @@ void detail::register_soap(OptimizerRegistry& registry) {
       "SOAP (muon::Soap): Adam in the eigenbasis of Shampoo's Kronecker factors; 1-D, embedding and head "
       "parameters go to scalar_optimizer",
       {
-          F::real("beta1", &O::beta1, d.beta1(), "Adam's first-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("beta2", &O::beta2, d.beta2(), "Adam's second-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("shampoo_beta", &O::shampoo_beta, d.shampoo_beta(), "decay of the Kronecker factors L and R",
+          F::real("beta1", &O::beta1, "Adam's first-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("beta2", &O::beta2, "Adam's second-moment decay", 0.0, 1.0).exclusive_max(),
+          F::real("shampoo_beta", &O::shampoo_beta, "decay of the Kronecker factors L and R",
                   0.0, 1.0).exclusive_max(),
-          F::real("eps", &O::eps, d.eps(), "added to the square root of Adam's second moment", 0.0).exclusive_min(),
+          F::real("eps", &O::eps, "added to the square root of Adam's second moment", 0.0).exclusive_min(),
           F::common("weight_decay", &O::weight_decay),
           F::text("weight_decay_method", &O::weight_decay_method, to_string(d.weight_decay_method()),
                   "how weight decay enters the step", detail::weight_decay_method_names()),
-          F::boolean("use_nesterov", &O::use_nesterov, d.use_nesterov(), "Nesterov momentum in the inner Adam"),
-          F::integer("precondition_frequency", &O::precondition_frequency, d.precondition_frequency(),
-                     "steps between eigenbasis refreshes", 1.0),
-          F::integer("adam_warmup_steps", &O::adam_warmup_steps, d.adam_warmup_steps(),
-                     "steps of plain Adam before the first eigenbasis", 0.0),
-          F::boolean("precondition_1d", &O::precondition_1d, d.precondition_1d(),
-                     "precondition 1-D parameters with one factor"),
-          F::boolean("correct_bias", &O::correct_bias, d.correct_bias(), "Adam-style bias correction of both moments"),
+          F::boolean("use_nesterov", &O::use_nesterov, "Nesterov momentum in the inner Adam"),
+          F::integer("precondition_frequency", &O::precondition_frequency, "steps between eigenbasis refreshes", 1.0),
+          F::integer("adam_warmup_steps", &O::adam_warmup_steps, "steps of plain Adam before the first eigenbasis", 0.0),
+          F::boolean("precondition_1d", &O::precondition_1d, "precondition 1-D parameters with one factor"),
+          F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of both moments"),
           F::custom(FieldSpec::text("correct_shampoo_beta_bias", "auto",
                                     "bias correction of the factors' EMA (auto: as correct_bias)", {"auto", "true", "false"}),
                     [](O& o, const OptimizerSettings& s) {
                       const auto& bias = s.get_string("correct_shampoo_beta_bias");
                       o.correct_shampoo_beta_bias(bias == "auto" ? -1 : bias == "true" ? 1 : 0);
                     }),
-          F::boolean("use_eigh", &O::use_eigh, d.use_eigh(), "refresh the eigenbases by eigh (else orthogonal iteration)"),
-          F::boolean("use_adaptive_criteria", &O::use_adaptive_criteria, d.use_adaptive_criteria(),
-                     "refresh an eigenbasis only when it no longer diagonalizes its factor"),
-          F::real("adaptive_update_tolerance", &O::adaptive_update_tolerance, d.adaptive_update_tolerance(),
-                  "tolerance of use_adaptive_criteria", 0.0, 1.0).exclusive_max(),
-          F::integer("power_iter_steps", &O::power_iter_steps, d.power_iter_steps(),
-                     "orthogonal-iteration steps per refresh", 1.0),
-          F::real("max_update_rms", &O::max_update_rms, d.max_update_rms(),
-                  "clip the update's RMS to this (0: no clipping)", 0.0),
+          F::boolean("use_eigh", &O::use_eigh, "refresh the eigenbases by eigh (else orthogonal iteration)"),
+          F::boolean("use_adaptive_criteria", &O::use_adaptive_criteria, "refresh an eigenbasis only when it no longer diagonalizes its factor"),
+          F::real("adaptive_update_tolerance", &O::adaptive_update_tolerance, "tolerance of use_adaptive_criteria", 0.0, 1.0).exclusive_max(),
+          F::integer("power_iter_steps", &O::power_iter_steps, "orthogonal-iteration steps per refresh", 1.0),
+          F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),
       });
   e.default_overrides = detail::scalar_defaults("soap");
   registry.add(detail::hookable<O>(std::move(e), "decoupled"));
