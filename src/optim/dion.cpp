@@ -129,14 +129,13 @@ at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& st, const 
 DionOptions::DionOptions(double lr) : lr_(lr) {}
 
 void DionOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
+  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   // M ← M − (1 − mu)·P·Rᵀ: outside [0, 1] the feedback adds to M or removes more than P·Rᵀ.
   TORCH_CHECK_VALUE(mu_ >= 0 && mu_ <= 1, kWho, "mu must be in [0, 1], got ", mu_);
   TORCH_CHECK_VALUE(rank_fraction_ > 0 && rank_fraction_ <= 1, kWho, "rank_fraction must be in (0, 1], got ",
                     rank_fraction_);
   TORCH_CHECK_VALUE(rank_multiple_of_ >= 1, kWho, "rank_multiple_of must be >= 1, got ", rank_multiple_of_);
-  detail::check_non_negative(kWho, "weight_decay", weight_decay_);
-  TORCH_CHECK_VALUE(std::isfinite(epsilon_) && epsilon_ > 0, kWho, "epsilon must be > 0, got ", epsilon_);
+  detail::check_positive(kWho, "epsilon", epsilon_);
   TORCH_CHECK_VALUE(power_iters_ >= 1 && power_iters_ <= kMaxPowerIters, kWho, "power_iters must be in [1, ",
                     kMaxPowerIters, "], got ", power_iters_);
   detail::check_name(qr_method_, {"rcqr", "qr"}, kWho, "qr_method");
@@ -160,21 +159,18 @@ std::vector<int64_t> Dion::q_shape(const at::Tensor& param) const {
 }
 
 void Dion::step_matrices(const MatrixUpdate& update) {
-  auto& states = state();
-  for (auto& group : param_groups()) {
-    const auto& o = static_cast<const DionOptions&>(group.options());
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      auto& slot = states[compat::state_key(p)];
-      if (!slot) slot = std::make_unique<DionParamState>();
-      auto& st = static_cast<DionParamState&>(*slot);
-      if (!st.momentum().defined()) st.momentum(at::zeros_like(p, at::MemoryFormat::Contiguous));
-      const auto [rows, cols] = whole_matrix_dims(p);
-      const auto u = update(p, st, o, rows, cols);
-      muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
-      p.add_(u.view(p.sizes()), -o.lr() * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)));
-    }
-  }
+  detail::step_each_parameter<DionParamState, DionOptions>(
+      *this, kWho,
+      [&](const at::Tensor& p, DionParamState& st, const DionOptions& o) {
+        if (!st.momentum().defined()) st.momentum(at::zeros_like(p, at::MemoryFormat::Contiguous));
+        const auto [rows, cols] = whole_matrix_dims(p);
+        return update(p, st, o, rows, cols);
+      },
+      [this](at::Tensor& p, const at::Tensor& u, const DionOptions& o) {
+        const auto [rows, cols] = whole_matrix_dims(p);
+        muon::detail::scale_(p, 1 - o.lr() * o.weight_decay());
+        p.add_(u.view(p.sizes()), -o.lr() * std::sqrt(static_cast<double>(rows) / static_cast<double>(cols)));
+      });
 }
 
 void Dion::step_parameters() {
@@ -189,27 +185,25 @@ void Dion::step_parameters() {
 void detail::register_dion(OptimizerRegistry& registry) {
   using O = DionOptions;
   using F = detail::OptionFields<O>;
-  const O d;
   auto e = detail::options_entry<Dion, O>(
       "dion", detail::dion_state(),
       "Dion (muon::Dion): low-rank orthonormal updates by power iteration with QR and error feedback; "
       "1-D, embedding and head parameters go to scalar_optimizer",
       {
-          F::real("mu", &O::mu, d.mu(), "error-feedback decay: M -= (1 - mu)·P·Rᵀ", 0.0, 1.0),
-          F::real("rank_fraction", &O::rank_fraction, d.rank_fraction(), "rank r as a fraction of min(rows, cols)",
+          F::real("mu", &O::mu, "error-feedback decay: M -= (1 - mu)·P·Rᵀ", 0.0, 1.0),
+          F::real("rank_fraction", &O::rank_fraction, "rank r as a fraction of min(rows, cols)",
                   0.0, 1.0)
               .exclusive_min(),
-          F::integer("rank_multiple_of", &O::rank_multiple_of, d.rank_multiple_of(),
-                     "r rounded up to a multiple of this", 1.0),
+          F::integer("rank_multiple_of", &O::rank_multiple_of, "r rounded up to a multiple of this", 1.0),
           F::common("weight_decay", &O::weight_decay),
-          F::real("epsilon", &O::epsilon, d.epsilon(), "column normalization epsilon", 0.0).exclusive_min(),
-          F::integer("power_iters", &O::power_iters, d.power_iters(), "power iterations per step", 1.0,
+          F::real("epsilon", &O::epsilon, "column normalization epsilon", 0.0).exclusive_min(),
+          F::integer("power_iters", &O::power_iters, "power iterations per step", 1.0,
                      static_cast<double>(kMaxPowerIters)),
-          F::text("qr_method", &O::qr_method, d.qr_method(), "rcqr (randomized Cholesky QR) | qr (Householder)",
-                  {"rcqr", "qr"}),
-          F::real("rcqr_oversample", &O::rcqr_oversample, d.rcqr_oversample(), "RCQR's sketch oversampling", 1.0,
+          F::text("qr_method", &O::qr_method, "rcqr (randomized Cholesky QR) | qr (Householder)",
+                  std::vector<std::string>{"rcqr", "qr"}),
+          F::real("rcqr_oversample", &O::rcqr_oversample, "RCQR's sketch oversampling", 1.0,
                   8.0),
-          F::integer("seed", &O::seed, d.seed(), "seed of Q's start and RCQR's sketches", 0.0),
+          F::integer("seed", &O::seed, "seed of Q's start and RCQR's sketches", 0.0),
       });
   e.default_overrides = detail::scalar_defaults("dion");
   registry.add(detail::hookable<O>(std::move(e), "decoupled"));

@@ -89,19 +89,13 @@ void IsoOptions::validate() const {
 // ---- Iso -----------------------------------------------------------------------
 
 void Iso::step_parameters() {
-  auto& states = state();
-  for (auto& group : param_groups()) {
-    const auto& o = static_cast<const IsoOptions&>(group.options());
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      auto& slot = states[compat::state_key(p)];
-      if (!slot) slot = std::make_unique<IsoParamState>();
-      const auto [rows, cols] = whole_matrix_dims(p);
-      const auto x = detail::iso_matrix_update(p.detach().reshape({rows, cols}), p.grad().reshape({rows, cols}),
-                                               static_cast<IsoParamState&>(*slot), o);
-      p.detach().copy_(x.view(p.sizes()));
-    }
-  }
+  detail::step_each_parameter<IsoParamState, IsoOptions>(
+      *this, kWho,
+      [this](const at::Tensor& p, IsoParamState& st, const IsoOptions& o) {
+        const auto [rows, cols] = whole_matrix_dims(p);
+        return detail::iso_matrix_update(p.detach().reshape({rows, cols}), p.grad().reshape({rows, cols}), st, o);
+      },
+      [](at::Tensor& p, const at::Tensor& x, const IsoOptions&) { p.detach().copy_(x.view(p.sizes())); });
 }
 
 // Iso's entry (muon::Iso): defaults are Emerging-Optimizers', lr aside (the
@@ -110,15 +104,14 @@ void Iso::step_parameters() {
 void detail::register_iso(OptimizerRegistry& registry) {
   using O = IsoOptions;
   using F = detail::OptionFields<O>;
-  const O d;
   auto e = detail::options_entry<Iso, O>(
       "iso", detail::iso_state(),
       "Iso (muon::Iso): the Stiefel factors of each matrix's SVD moved by heavy-ball momentum and "
       "retracted, the singular values fixed; 1-D, embedding and head parameters go to scalar_optimizer",
       {
-          F::real("momentum", &O::momentum, d.momentum(), "heavy-ball momentum of the factors' gradients", 0.0, 1.0)
+          F::real("momentum", &O::momentum, "heavy-ball momentum of the factors' gradients", 0.0, 1.0)
               .exclusive_max(),
-          F::text("retraction", &O::retraction, d.retraction(), "qr | polar | cayley", {"qr", "polar", "cayley"}),
+          F::text("retraction", &O::retraction, "qr | polar | cayley", {"qr", "polar", "cayley"}),
           F::common("weight_decay", &O::weight_decay),
       });
   e.default_overrides = detail::scalar_defaults("iso");
