@@ -2,6 +2,8 @@
 #include "builtin_states.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +58,9 @@ StateField owner_field(std::string name, Get get, Shape shape, StateDtype dtype,
   return f;
 }
 
+// The shape of a whole-matrix field from the matrix's (rows, cols).
+using WholeShape = std::function<std::vector<int64_t>(int64_t, int64_t)>;
+
 // Shapes of owner_field: the matrix, its rows' or columns' square, and the
 // square of its smaller side.
 std::vector<int64_t> matrix_shape(int64_t rows, int64_t cols) { return {rows, cols}; }
@@ -66,6 +71,15 @@ std::vector<int64_t> smaller_square(int64_t rows, int64_t cols) {
   return {k, k};
 }
 
+// Adds to `s` the buffers the ListedParamState S lists (kBuffers, in their
+// order), each the field `field(name, get)` makes of its name and getter.
+template <typename S, typename Field>
+void add_listed_buffers(StateSchema& s, const Field& field) {
+  for (size_t i = 0; i < S::kBuffers.size(); ++i) {
+    s.add(field(std::string(S::kBuffers[i]), [i](S& st) -> at::Tensor& { return *st.buffers()[i]; }));
+  }
+}
+
 // The state of an element-wise optimizer Opt: its step and the buffers its
 // ListedParamState S lists, each of the parameter's shape, zeros at first use.
 template <typename S, typename Opt>
@@ -73,10 +87,21 @@ StateSchema listed_state() {
   auto s = StateSchema::of<S>();
   s.is_kind = StateSchema::is_a<Opt>();
   s.add(step_of<S>());
-  for (size_t i = 0; i < S::kBuffers.size(); ++i) {
-    s.add(StateField::tensor_of<S>(S::kBuffers[i],
-                                   [i](S& st) -> at::Tensor& { return *st.buffers()[i]; }));
-  }
+  add_listed_buffers<S>(s, [](const std::string& name, auto get) { return StateField::tensor_of<S>(name, get); });
+  return s;
+}
+
+// The state of a whole-matrix optimizer Opt (Opt::whole_matrix_dims): its
+// step and the buffers S lists, each of the shape `shapes` gives its name,
+// fp32 or wider, made by the first step.
+template <typename S, typename Opt>
+StateSchema whole_matrix_state(const std::map<std::string, WholeShape>& shapes) {
+  auto s = StateSchema::of<S>();
+  s.is_kind = StateSchema::is_a<Opt>();
+  s.add(step_of<S>());
+  add_listed_buffers<S>(s, [&shapes](const std::string& name, auto get) {
+    return owner_field<S, Opt>(name, get, shapes.at(name), StateDtype::kFloat32Wide, StateInit::kOnFirstUse);
+  });
   return s;
 }
 
@@ -168,19 +193,16 @@ StateSchema soap_state() {
   // Every tensor is of the whole matrix (Soap::whole_matrix_dims). L and R
   // exist for matrices (L alone for a 1-D parameter with precondition_1d):
   // made by the first step, as the bases by the first refresh.
-  const auto whole = [](std::string name, auto get, auto shape, StateDtype dtype, StateInit init) {
-    return owner_field<S, Soap>(std::move(name), get, shape, dtype, init);
-  };
-  const auto wide = StateDtype::kFloat32Wide;
-  const auto later = StateInit::kOnFirstUse;
-  s.add(whole("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }, matrix_shape, StateDtype::kParam,
-              StateInit::kZeros));
-  s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, matrix_shape, StateDtype::kParam,
-              StateInit::kZeros));
-  s.add(whole("L", [](S& st) -> at::Tensor& { return st.L(); }, rows_square, wide, later));
-  s.add(whole("R", [](S& st) -> at::Tensor& { return st.R(); }, cols_square, wide, later));
-  s.add(whole("Q_L", [](S& st) -> at::Tensor& { return st.Q_L(); }, rows_square, wide, later));
-  s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, cols_square, wide, later));
+  // Adam's moments are of the parameter's dtype, zeros at first; the
+  // factors and bases fp32 or wider.
+  const std::map<std::string, WholeShape> shapes{{"exp_avg", matrix_shape}, {"exp_avg_sq", matrix_shape},
+                                                 {"L", rows_square},        {"R", cols_square},
+                                                 {"Q_L", rows_square},      {"Q_R", cols_square}};
+  add_listed_buffers<S>(s, [&shapes](const std::string& name, auto get) {
+    const bool adam = name == "exp_avg" || name == "exp_avg_sq";
+    return owner_field<S, Soap>(name, get, shapes.at(name), adam ? StateDtype::kParam : StateDtype::kFloat32Wide,
+                                adam ? StateInit::kZeros : StateInit::kOnFirstUse);
+  });
   return s;
 }
 
@@ -233,63 +255,29 @@ StateSchema dion_state() {
 }
 
 StateSchema iso_state() {
-  using S = IsoParamState;
-  auto s = StateSchema::of<S>();
-  s.is_kind = StateSchema::is_a<Iso>();
-  s.add(step_of<S>());
-  // Every tensor is of the whole matrix (Iso::whole_matrix_dims: m × n,
-  // k = min(m, n)), fp32 or wider, made by the first step.
-  const auto whole = [](std::string name, auto get, auto shape) {
-    return owner_field<S, Iso>(std::move(name), get, shape, StateDtype::kFloat32Wide, StateInit::kOnFirstUse);
-  };
-  const auto left = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{rows, std::min(rows, cols)}; };
-  const auto right = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{cols, std::min(rows, cols)}; };
-  const auto sigma = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{std::min(rows, cols)}; };
-  s.add(whole("u", [](S& st) -> at::Tensor& { return st.u(); }, left));
-  s.add(whole("sigma", [](S& st) -> at::Tensor& { return st.sigma(); }, sigma));
-  s.add(whole("v", [](S& st) -> at::Tensor& { return st.v(); }, right));
-  s.add(whole("momentum_u", [](S& st) -> at::Tensor& { return st.momentum_u(); }, left));
-  s.add(whole("momentum_v", [](S& st) -> at::Tensor& { return st.momentum_v(); }, right));
-  return s;
+  // Of the m × n matrix, k = min(m, n): U (m × k), Σ (k), V (n × k) and
+  // the momenta of U and V.
+  const WholeShape left = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{rows, std::min(rows, cols)}; };
+  const WholeShape right = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{cols, std::min(rows, cols)}; };
+  const WholeShape sigma = [](int64_t rows, int64_t cols) { return std::vector<int64_t>{std::min(rows, cols)}; };
+  return whole_matrix_state<IsoParamState, Iso>(
+      {{"u", left}, {"sigma", sigma}, {"v", right}, {"momentum_u", left}, {"momentum_v", right}});
 }
 
 StateSchema moso_state() {
-  using S = MosoParamState;
-  auto s = StateSchema::of<S>();
-  s.is_kind = StateSchema::is_a<Moso>();
-  s.add(step_of<S>());
-  // Every tensor is of the whole matrix (Moso::whole_matrix_dims: m × n; M
-  // and Q_M of its smaller side), fp32 or wider, made by the first step.
-  const auto whole = [](std::string name, auto get, auto shape) {
-    return owner_field<S, Moso>(std::move(name), get, shape, StateDtype::kFloat32Wide, StateInit::kOnFirstUse);
-  };
-  s.add(whole("momentum_buffer", [](S& st) -> at::Tensor& { return st.momentum_buffer(); }, matrix_shape));
-  s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, matrix_shape));
-  s.add(whole("M", [](S& st) -> at::Tensor& { return st.M(); }, smaller_square));
-  s.add(whole("Q_M", [](S& st) -> at::Tensor& { return st.Q_M(); }, smaller_square));
-  return s;
+  // The moments of the m × n matrix; M and Q_M of its smaller side.
+  return whole_matrix_state<MosoParamState, Moso>({{"momentum_buffer", matrix_shape},
+                                                   {"exp_avg_sq", matrix_shape},
+                                                   {"M", smaller_square},
+                                                   {"Q_M", smaller_square}});
 }
 
 StateSchema psgd_pro_state() {
-  using S = PsgdProParamState;
-  auto s = StateSchema::of<S>();
-  s.is_kind = StateSchema::is_a<PsgdPro>();
-  s.add(step_of<S>());
-  // Every tensor is of the whole matrix (PsgdPro::whole_matrix_dims: m × n;
-  // Q_L and Q_R its rows' and columns' squares; the Lipschitz constants
-  // scalars), fp32 or wider, made by the first step.
-  const auto whole = [](std::string name, auto get, auto shape) {
-    return owner_field<S, PsgdPro>(std::move(name), get, shape, StateDtype::kFloat32Wide, StateInit::kOnFirstUse);
-  };
-  const auto rows_square = [](int64_t rows, int64_t) { return std::vector<int64_t>{rows, rows}; };
-  const auto cols_square = [](int64_t, int64_t cols) { return std::vector<int64_t>{cols, cols}; };
-  const auto scalar = [](int64_t, int64_t) { return std::vector<int64_t>{}; };
-  s.add(whole("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }, matrix_shape));
-  s.add(whole("Q_L", [](S& st) -> at::Tensor& { return st.Q_L(); }, rows_square));
-  s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, cols_square));
-  s.add(whole("lip_L", [](S& st) -> at::Tensor& { return st.lip_L(); }, scalar));
-  s.add(whole("lip_R", [](S& st) -> at::Tensor& { return st.lip_R(); }, scalar));
-  return s;
+  // The momentum of the m × n matrix; Q_L and Q_R its rows' and columns'
+  // squares; the Lipschitz constants scalars.
+  const WholeShape scalar = [](int64_t, int64_t) { return std::vector<int64_t>{}; };
+  return whole_matrix_state<PsgdProParamState, PsgdPro>(
+      {{"exp_avg", matrix_shape}, {"Q_L", rows_square}, {"Q_R", cols_square}, {"lip_L", scalar}, {"lip_R", scalar}});
 }
 
 StateSchema kl_soap_state(const std::string& kind) {
@@ -319,14 +307,10 @@ StateSchema kl_soap_state(const std::string& kind) {
     };
     return f;
   };
-  s.add(whole("exp_avg", [](S& st) -> at::Tensor& { return st.exp_avg(); }, kMatrix));
-  s.add(whole("exp_avg_sq", [](S& st) -> at::Tensor& { return st.exp_avg_sq(); }, kMatrix));
-  s.add(whole("L", [](S& st) -> at::Tensor& { return st.L(); }, kLeftSquare));
-  s.add(whole("R", [](S& st) -> at::Tensor& { return st.R(); }, kRightSquare));
-  s.add(whole("Q_L", [](S& st) -> at::Tensor& { return st.Q_L(); }, kLeftSquare));
-  s.add(whole("Q_R", [](S& st) -> at::Tensor& { return st.Q_R(); }, kRightSquare));
-  s.add(whole("eigvals_L", [](S& st) -> at::Tensor& { return st.eigvals_L(); }, kLeft));
-  s.add(whole("eigvals_R", [](S& st) -> at::Tensor& { return st.eigvals_R(); }, kRight));
+  const std::map<std::string, Side> sides{{"exp_avg", kMatrix}, {"exp_avg_sq", kMatrix}, {"L", kLeftSquare},
+                                          {"R", kRightSquare},  {"Q_L", kLeftSquare},    {"Q_R", kRightSquare},
+                                          {"eigvals_L", kLeft}, {"eigvals_R", kRight}};
+  add_listed_buffers<S>(s, [&](const std::string& name, auto get) { return whole(name, get, sides.at(name)); });
   return s;
 }
 

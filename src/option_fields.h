@@ -63,7 +63,8 @@ struct OptionField {
 
 /// Sets `out` to `value` when `named` and the value's type is T.
 template <class T, class V>
-void take_if_named(std::optional<T>& out, bool named, const V& value) {
+void take_if_named([[maybe_unused]] std::optional<T>& out, [[maybe_unused]] bool named,
+                   [[maybe_unused]] const V& value) {
   if constexpr (std::is_same_v<std::decay_t<V>, T>) {
     if (named) out = value;
   }

@@ -24,8 +24,10 @@
 #include "muon/distributed/layouts/make.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/adaptive_muon.h"
+#include "muon/optim/dion.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/muon.h"
+#include "muon/optim/soap.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/registry.h"
 #include "option_fields.h"
@@ -647,6 +649,33 @@ TEST(OptionFields, EntryDeclaresAndReadsTheSameFields) {
   // Options' own validate runs after the fields.
   const OptimizerSettings bad({{"lr", 0.5}, {"beta1", 1.5}, {"beta2", 0.75}, {"weight_decay", 0.0}});
   EXPECT_THROW(e.make_options(bad), c10::ValueError);
+}
+
+// A field made without a default takes its options' own: the field of that
+// name in kFields, read from Options() (listed_default). A name not listed,
+// or listed with another type, raises rather than inventing a default.
+TEST(OptionFields, WithoutADefaultTheOptionsOwnByName) {
+  using L = detail::OptionFields<LionOptions>;
+  const auto beta2 = L::real("beta2", &LionOptions::beta2, "b2", 0.0, 1.0);
+  EXPECT_EQ(std::get<double>(beta2.spec.default_value), LionOptions().beta2());
+  EXPECT_EQ(beta2.spec.min, 0.0);
+  using S = detail::OptionFields<SoapOptions>;
+  EXPECT_EQ(std::get<int64_t>(
+                S::integer("precondition_frequency", &SoapOptions::precondition_frequency, "f").spec.default_value),
+            SoapOptions().precondition_frequency());
+  EXPECT_EQ(std::get<bool>(S::boolean("use_nesterov", &SoapOptions::use_nesterov, "n").spec.default_value),
+            SoapOptions().use_nesterov());
+  using D = detail::OptionFields<DionOptions>;
+  const auto qr = D::text("qr_method", &DionOptions::qr_method, "q", {"rcqr", "qr", "other"});
+  EXPECT_EQ(std::get<std::string>(qr.spec.default_value), DionOptions().qr_method());
+  // Read from the settings as a field with an explicit default is.
+  LionOptions o;
+  beta2.apply(o, OptimizerSettings({{"beta2", 0.5}}));
+  EXPECT_EQ(o.beta2(), 0.5);
+  const auto unknown = error_of<c10::Error>([] { L::real("beta3", &LionOptions::beta2, "b3"); });
+  EXPECT_NE(unknown.find("'beta3' is not a listed field"), std::string::npos) << unknown;
+  const auto mistyped = error_of<c10::Error>([] { detail::listed_default<int64_t, LionOptions>("beta1"); });
+  EXPECT_NE(mistyped.find("'beta1' is not a listed field"), std::string::npos) << mistyped;
 }
 
 }  // namespace

@@ -191,8 +191,7 @@ void detail::register_dion(OptimizerRegistry& registry) {
       "1-D, embedding and head parameters go to scalar_optimizer",
       {
           F::real("mu", &O::mu, "error-feedback decay: M -= (1 - mu)·P·Rᵀ", 0.0, 1.0),
-          F::real("rank_fraction", &O::rank_fraction, "rank r as a fraction of min(rows, cols)",
-                  0.0, 1.0)
+          F::real("rank_fraction", &O::rank_fraction, "rank r as a fraction of min(rows, cols)", 0.0, 1.0)
               .exclusive_min(),
           F::integer("rank_multiple_of", &O::rank_multiple_of, "r rounded up to a multiple of this", 1.0),
           F::common("weight_decay", &O::weight_decay),
@@ -201,8 +200,7 @@ void detail::register_dion(OptimizerRegistry& registry) {
                      static_cast<double>(kMaxPowerIters)),
           F::text("qr_method", &O::qr_method, "rcqr (randomized Cholesky QR) | qr (Householder)",
                   std::vector<std::string>{"rcqr", "qr"}),
-          F::real("rcqr_oversample", &O::rcqr_oversample, "RCQR's sketch oversampling", 1.0,
-                  8.0),
+          F::real("rcqr_oversample", &O::rcqr_oversample, "RCQR's sketch oversampling", 1.0, 8.0),
           F::integer("seed", &O::seed, "seed of Q's start and RCQR's sketches", 0.0),
       });
   e.default_overrides = detail::scalar_defaults("dion");

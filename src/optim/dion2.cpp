@@ -329,14 +329,13 @@ OptimizerEntry dion2_entry(const bool nordion2) {
       F::real(nordion2 ? "mu" : "ef_decay", &O::ef_decay, d.ef_decay(),
               "error-feedback decay of the selected slices of the momentum", 0.0, 1.0),
       F::common("weight_decay", &O::weight_decay),
-      F::real("epsilon", &O::epsilon, "Newton–Schulz normalization epsilon", 0.0)
-          .exclusive_min(),
+      F::real("epsilon", &O::epsilon, "Newton–Schulz normalization epsilon", 0.0).exclusive_min(),
       F::text("adjust_lr", &O::adjust_lr, to_string(d.adjust_lr()),
               "lr scale: spectral_norm sqrt(fan_out/fan_in), rms_norm 0.2·sqrt(max), none",
               {"spectral_norm", "rms_norm", "none"}),
       F::boolean("flatten", &O::flatten, "3-D+ parameters as one matrix (dim 0 × rest), else a batch"),
-      F::text("coefficient_type", &O::ns_coefficients, d.ns_coefficients(),
-              "Newton–Schulz coefficient set", accepted_coefficient_set_names()),
+      F::text("coefficient_type", &O::ns_coefficients, d.ns_coefficients(), "Newton–Schulz coefficient set",
+              accepted_coefficient_set_names()),
       F::integer("num_ns_steps", &O::ns_steps, 0, "Newton–Schulz steps (0: the set's default)", 0.0,
                  static_cast<double>(kMaxNsSteps - 1)),
       F::custom(FieldSpec::text("ns_compute_dtype", "float32", "Newton–Schulz compute dtype",
@@ -344,8 +343,7 @@ OptimizerEntry dion2_entry(const bool nordion2) {
                 dtype),
   };
   if (nordion2) {
-    fields.push_back(F::real("muon_beta2", &O::muon_beta2, "decay of the per-row variance", 0.0, 1.0)
-                         .exclusive_max());
+    fields.push_back(F::real("muon_beta2", &O::muon_beta2, "decay of the per-row variance", 0.0, 1.0).exclusive_max());
   }
   auto e = detail::options_entry<Dion2, O>(
       name, detail::dion2_state(nordion2),

@@ -109,8 +109,7 @@ void detail::register_iso(OptimizerRegistry& registry) {
       "Iso (muon::Iso): the Stiefel factors of each matrix's SVD moved by heavy-ball momentum and "
       "retracted, the singular values fixed; 1-D, embedding and head parameters go to scalar_optimizer",
       {
-          F::real("momentum", &O::momentum, "heavy-ball momentum of the factors' gradients", 0.0, 1.0)
-              .exclusive_max(),
+          F::real("momentum", &O::momentum, "heavy-ball momentum of the factors' gradients", 0.0, 1.0).exclusive_max(),
           F::text("retraction", &O::retraction, "qr | polar | cayley", {"qr", "polar", "cayley"}),
           F::common("weight_decay", &O::weight_decay),
       });

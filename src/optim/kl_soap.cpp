@@ -225,15 +225,14 @@ void detail::register_kl_soap(OptimizerRegistry& registry) {
     std::vector<detail::OptionField<O>> fields{
         F::real("beta1", &O::beta1, "the inner step's first-moment decay", 0.0, 1.0).exclusive_max(),
         F::real("beta2", &O::beta2, "the inner step's second-moment decay", 0.0, 1.0).exclusive_max(),
-        F::real("shampoo_beta", &O::shampoo_beta, "decay of the Kronecker factors (bias-corrected)",
-                0.0, 1.0)
+        F::real("shampoo_beta", &O::shampoo_beta, "decay of the Kronecker factors (bias-corrected)", 0.0, 1.0)
             .exclusive_max(),
-        F::real("eps", &O::eps, "the eigenvalues' floor in the KL factor update; Adam's eps", 0.0)
-            .exclusive_min(),
+        F::real("eps", &O::eps, "the eigenvalues' floor in the KL factor update; Adam's eps", 0.0).exclusive_min(),
         F::common("weight_decay", &O::weight_decay),
     };
     if (std::string(name) == "rekls" || std::string(name) == "tp_rekls") {
-      fields.push_back(F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()));
+      fields.push_back(F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
+                               detail::weight_decay_method_names()));
     }
     auto e = detail::options_entry<KlSoap, O>(name, detail::kl_soap_state(name), doc, std::move(fields),
                                               [kind = std::string(name)](O& o, const OptimizerSettings&) {

@@ -50,20 +50,19 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, LaProp, LaPropOptions, LaPropParam
 void detail::register_laprop(OptimizerRegistry& registry) {
   using O = LaPropOptions;
   using F = detail::OptionFields<O>;
-  registry.add(detail::hookable<O>(detail::options_entry<LaProp, O>(
-      "laprop", detail::laprop_state(),
-      "LaProp (muon::LaProp): momentum of gradients normalized by the second moment, decoupled "
-      "weight decay",
-      {
-          F::real("beta1", &O::beta1, "decay of the momentum of normalized gradients",
-                  0.0, 1.0)
-              .exclusive_max(),
-          F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("eps", &O::eps, "added to the square root of the second moment", 0.0)
-              .exclusive_min(),
-          F::common("weight_decay", &O::weight_decay),
-          F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of both moments"),
-      }), "decoupled"));
+  registry.add(detail::hookable<O>(
+      detail::options_entry<LaProp, O>(
+          "laprop", detail::laprop_state(),
+          "LaProp (muon::LaProp): momentum of gradients normalized by the second moment, decoupled "
+          "weight decay",
+          {
+              F::real("beta1", &O::beta1, "decay of the momentum of normalized gradients", 0.0, 1.0).exclusive_max(),
+              F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
+              F::real("eps", &O::eps, "added to the square root of the second moment", 0.0).exclusive_min(),
+              F::common("weight_decay", &O::weight_decay),
+              F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of both moments"),
+          }),
+      "decoupled"));
 }
 
 }  // namespace muon

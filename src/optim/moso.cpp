@@ -111,10 +111,8 @@ void detail::register_moso(OptimizerRegistry& registry) {
       "covariance; 1-D, embedding and head parameters go to scalar_optimizer",
       {
           F::real("momentum", &O::momentum, "decay of Muon's momentum", 0.0, 1.0).exclusive_max(),
-          F::real("rms_beta", &O::rms_beta, "decay of RMSprop's second moment", 0.0, 1.0)
-              .exclusive_max(),
-          F::real("shampoo_beta", &O::shampoo_beta, "decay of the covariance (bias-corrected)",
-                  0.0, 1.0)
+          F::real("rms_beta", &O::rms_beta, "decay of RMSprop's second moment", 0.0, 1.0).exclusive_max(),
+          F::real("shampoo_beta", &O::shampoo_beta, "decay of the covariance (bias-corrected)", 0.0, 1.0)
               .exclusive_max(),
           F::real("eps", &O::eps, "added to RMSprop's √v", 0.0).exclusive_min(),
           F::common("weight_decay", &O::weight_decay),

@@ -117,13 +117,12 @@ void detail::register_oblique(OptimizerRegistry& registry) {
         "oblique_sgd", detail::oblique_sgd_state(),
         "ObliqueSGD (muon::ObliqueSGD): Riemannian SGD with momentum on unit-norm slices along dim",
         {
-            F::real("momentum", &O::momentum, "momentum μ (u ← g + μ·u)", 0.0, 1.0)
-                .exclusive_max(),
+            F::real("momentum", &O::momentum, "momentum μ (u ← g + μ·u)", 0.0, 1.0).exclusive_max(),
             F::common("weight_decay", &O::weight_decay),
-            F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
+            F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
+                    detail::weight_decay_method_names()),
             F::integer("dim", &O::dim, "the dimension the norms are taken along"),
-            F::real("eps", &O::eps, "lower bound of the retraction's norm", 0.0)
-                .exclusive_min(),
+            F::real("eps", &O::eps, "lower bound of the retraction's norm", 0.0).exclusive_min(),
         });
     e.default_overrides = detail::scalar_defaults("oblique_sgd");
     registry.add(detail::not_hookable(std::move(e), "it renormalizes slices of the weight after its update"));
@@ -137,11 +136,10 @@ void detail::register_oblique(OptimizerRegistry& registry) {
           F::real("beta1", &O::beta1, "first-moment decay", 0.0, 1.0).exclusive_max(),
           F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
           F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
+          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
+                  detail::weight_decay_method_names()),
           F::integer("dim", &O::dim, "the dimension the norms are taken along"),
-          F::real("eps", &O::eps, "added to √v / c2; lower bound of the retraction's norm",
-                  0.0)
-              .exclusive_min(),
+          F::real("eps", &O::eps, "added to √v / c2; lower bound of the retraction's norm", 0.0).exclusive_min(),
           F::boolean("correct_bias", &O::correct_bias, "bias correction of both moments"),
       });
   e.default_overrides = detail::scalar_defaults("oblique_adam");

@@ -190,15 +190,14 @@ void detail::register_psgd_pro(OptimizerRegistry& registry) {
       "1-D, embedding and head parameters go to scalar_optimizer",
       {
           F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
+          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
+                  detail::weight_decay_method_names()),
           F::real("momentum", &O::momentum, "decay of the gradient's EMA", 0.0, 1.0).exclusive_max(),
-          F::real("beta_lip", &O::beta_lip, "EMA decay of the Lipschitz constants", 0.0, 1.0)
-              .exclusive_max(),
-          F::real("precond_lr", &O::precond_lr, "the preconditioner's lr at step 0", 0.0)
-              .exclusive_min(),
-          F::real("precond_init_scale", &O::precond_init_scale, "scale of the initial factors", 0.0)
-              .exclusive_min(),
-          F::real("damping_noise_scale", &O::damping_noise_scale, "scale of the noise the factors are fitted with", 0.0),
+          F::real("beta_lip", &O::beta_lip, "EMA decay of the Lipschitz constants", 0.0, 1.0).exclusive_max(),
+          F::real("precond_lr", &O::precond_lr, "the preconditioner's lr at step 0", 0.0).exclusive_min(),
+          F::real("precond_init_scale", &O::precond_init_scale, "scale of the initial factors", 0.0).exclusive_min(),
+          F::real("damping_noise_scale", &O::damping_noise_scale, "scale of the noise the factors are fitted with",
+                  0.0),
           F::real("min_precond_lr", &O::min_precond_lr, "floor of the preconditioner's lr", 0.0),
           F::integer("warmup_steps", &O::warmup_steps, "steps of the preconditioner lr's 1/sqrt schedule", 1.0),
           F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),

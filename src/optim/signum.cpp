@@ -55,18 +55,18 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, Signum, SignumOptions, SignumParam
 void detail::register_signum(OptimizerRegistry& registry) {
   using O = SignumOptions;
   using F = detail::OptionFields<O>;
-  registry.add(detail::hookable<O>(detail::options_entry<Signum, O>(
-      "signum", detail::signum_state(),
-      "Signum (muon::Signum): the sign of a momentum, optionally Nesterov",
-      {
-          F::real("momentum", &O::momentum, "momentum decay β (0: signSGD)", 0.0,
-                  1.0)
-              .exclusive_max(),
-          F::boolean("nesterov", &O::nesterov, "Nesterov look-ahead update"),
-          F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of the momentum"),
-          F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
-      }), "decoupled"));
+  registry.add(detail::hookable<O>(
+      detail::options_entry<Signum, O>(
+          "signum", detail::signum_state(), "Signum (muon::Signum): the sign of a momentum, optionally Nesterov",
+          {
+              F::real("momentum", &O::momentum, "momentum decay β (0: signSGD)", 0.0, 1.0).exclusive_max(),
+              F::boolean("nesterov", &O::nesterov, "Nesterov look-ahead update"),
+              F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of the momentum"),
+              F::common("weight_decay", &O::weight_decay),
+              F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
+                      detail::weight_decay_method_names()),
+          }),
+      "decoupled"));
 }
 
 }  // namespace muon

@@ -71,25 +71,26 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, SimAdEMAMix, SimAdEMAMixOptions, S
 void detail::register_sim_ademamix(OptimizerRegistry& registry) {
   using O = SimAdEMAMixOptions;
   using F = detail::OptionFields<O>;
-  registry.add(detail::hookable<O>(detail::options_entry<SimAdEMAMix, O>(
-      "sim_ademamix", detail::sim_ademamix_state(),
-      "Simplified AdEMAMix (muon::SimAdEMAMix): a theory-style momentum plus alpha times the "
-      "gradient, over Adam's second moment",
-      {
-          F::real("beta1", &O::beta1, "momentum decay (final value of the warmup)", 0.0,
-                  1.0)
-              .exclusive_max(),
-          F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("eps", &O::eps, "added to the square root of the second moment", 0.0)
-              .exclusive_min(),
-          F::boolean("correct_bias", &O::correct_bias, "bias correction of both moments"),
-          F::integer("num_beta_fast_warmup_steps", &O::num_beta_fast_warmup_steps, "steps of the half-life warmup of beta1 from min_beta_fast (0: none)", 0.0),
-          F::real("min_beta_fast", &O::min_beta_fast, "momentum decay at the start of the warmup", 0.0, 1.0)
-              .exclusive_max(),
-          F::real("alpha", &O::alpha, "weight of the current gradient in the update"),
-          F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step", detail::weight_decay_method_names()),
-      }), "decoupled"));
+  registry.add(detail::hookable<O>(
+      detail::options_entry<SimAdEMAMix, O>(
+          "sim_ademamix", detail::sim_ademamix_state(),
+          "Simplified AdEMAMix (muon::SimAdEMAMix): a theory-style momentum plus alpha times the "
+          "gradient, over Adam's second moment",
+          {
+              F::real("beta1", &O::beta1, "momentum decay (final value of the warmup)", 0.0, 1.0).exclusive_max(),
+              F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
+              F::real("eps", &O::eps, "added to the square root of the second moment", 0.0).exclusive_min(),
+              F::boolean("correct_bias", &O::correct_bias, "bias correction of both moments"),
+              F::integer("num_beta_fast_warmup_steps", &O::num_beta_fast_warmup_steps,
+                         "steps of the half-life warmup of beta1 from min_beta_fast (0: none)", 0.0),
+              F::real("min_beta_fast", &O::min_beta_fast, "momentum decay at the start of the warmup", 0.0, 1.0)
+                  .exclusive_max(),
+              F::real("alpha", &O::alpha, "weight of the current gradient in the update"),
+              F::common("weight_decay", &O::weight_decay),
+              F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
+                      detail::weight_decay_method_names()),
+          }),
+      "decoupled"));
 }
 
 }  // namespace muon

@@ -276,26 +276,30 @@ void detail::register_soap(OptimizerRegistry& registry) {
       {
           F::real("beta1", &O::beta1, "Adam's first-moment decay", 0.0, 1.0).exclusive_max(),
           F::real("beta2", &O::beta2, "Adam's second-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("shampoo_beta", &O::shampoo_beta, "decay of the Kronecker factors L and R",
-                  0.0, 1.0).exclusive_max(),
+          F::real("shampoo_beta", &O::shampoo_beta, "decay of the Kronecker factors L and R", 0.0, 1.0).exclusive_max(),
           F::real("eps", &O::eps, "added to the square root of Adam's second moment", 0.0).exclusive_min(),
           F::common("weight_decay", &O::weight_decay),
           F::text("weight_decay_method", &O::weight_decay_method, to_string(d.weight_decay_method()),
                   "how weight decay enters the step", detail::weight_decay_method_names()),
           F::boolean("use_nesterov", &O::use_nesterov, "Nesterov momentum in the inner Adam"),
           F::integer("precondition_frequency", &O::precondition_frequency, "steps between eigenbasis refreshes", 1.0),
-          F::integer("adam_warmup_steps", &O::adam_warmup_steps, "steps of plain Adam before the first eigenbasis", 0.0),
+          F::integer("adam_warmup_steps", &O::adam_warmup_steps, "steps of plain Adam before the first eigenbasis",
+                     0.0),
           F::boolean("precondition_1d", &O::precondition_1d, "precondition 1-D parameters with one factor"),
           F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of both moments"),
-          F::custom(FieldSpec::text("correct_shampoo_beta_bias", "auto",
-                                    "bias correction of the factors' EMA (auto: as correct_bias)", {"auto", "true", "false"}),
-                    [](O& o, const OptimizerSettings& s) {
-                      const auto& bias = s.get_string("correct_shampoo_beta_bias");
-                      o.correct_shampoo_beta_bias(bias == "auto" ? -1 : bias == "true" ? 1 : 0);
-                    }),
+          F::custom(
+              FieldSpec::text("correct_shampoo_beta_bias", "auto",
+                              "bias correction of the factors' EMA (auto: as correct_bias)", {"auto", "true", "false"}),
+              [](O& o, const OptimizerSettings& s) {
+                const auto& bias = s.get_string("correct_shampoo_beta_bias");
+                o.correct_shampoo_beta_bias(bias == "auto" ? -1 : bias == "true" ? 1 : 0);
+              }),
           F::boolean("use_eigh", &O::use_eigh, "refresh the eigenbases by eigh (else orthogonal iteration)"),
-          F::boolean("use_adaptive_criteria", &O::use_adaptive_criteria, "refresh an eigenbasis only when it no longer diagonalizes its factor"),
-          F::real("adaptive_update_tolerance", &O::adaptive_update_tolerance, "tolerance of use_adaptive_criteria", 0.0, 1.0).exclusive_max(),
+          F::boolean("use_adaptive_criteria", &O::use_adaptive_criteria,
+                     "refresh an eigenbasis only when it no longer diagonalizes its factor"),
+          F::real("adaptive_update_tolerance", &O::adaptive_update_tolerance, "tolerance of use_adaptive_criteria", 0.0,
+                  1.0)
+              .exclusive_max(),
           F::integer("power_iter_steps", &O::power_iter_steps, "orthogonal-iteration steps per refresh", 1.0),
           F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),
       });
