@@ -10,11 +10,14 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_util.h"
 #include "muon/compat.h"
+#include "muon/optim/dion.h"
 #include "muon/optim/dion2.h"
+#include "muon/optim/iso.h"
 #include "muon/optim/laprop.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/soap.h"
@@ -185,6 +188,29 @@ TEST(WholeStep, StandaloneOptimizersChangeNothingWhenTheirStepFails) {
   fail_standalone<Soap>(SoapOptions(0.01), true, "muon::Soap");
   fail_standalone<Dion2>(NorDion2Options(0.01), false, "muon::Dion2");
   fail_standalone<LaProp>(LaPropOptions(0.01), true, "muon::LaProp");
+}
+
+// A whole-matrix optimizer's step that fails in its update names the
+// parameter it failed on, and what failed (detail::step_each_parameter).
+TEST(WholeStep, WholeMatrixStepsNameTheParameterTheyFailedOn) {
+  Disarm disarm;
+  auto named = make_params();
+  named.erase("fc.bias");
+  const auto failure_of = [&named](torch::optim::Optimizer& opt) {
+    set_grads(named, 11);
+    detail::inject_fault_at(0);
+    auto message = error_of([&] { opt.step(); });
+    detail::inject_fault_at(-1);
+    return message;
+  };
+  Iso iso(named.values(), IsoOptions(0.01));
+  Dion dion(named.values(), DionOptions(0.01));
+  for (const auto& [opt, words] : std::vector<std::pair<torch::optim::Optimizer*, std::vector<std::string>>>{
+           {&iso, {"[muon::Iso] ", "Iso's retraction"}}, {&dion, {"[muon::Dion] ", "Dion's orthogonalization"}}}) {
+    const auto message = failure_of(*opt);
+    for (const auto& word : words) EXPECT_NE(message.find(word), std::string::npos) << message;
+    EXPECT_NE(message.find("parameter 0 of group 0 (shape [8, 6])"), std::string::npos) << message;
+  }
 }
 
 // muon::set_whole_steps(false) trades the transaction for its memory: no
