@@ -214,8 +214,7 @@ MuonOptions& MuonOptions::ns_compute_dtype(at::ScalarType dtype) {
 void MuonOptions::validate() const {
   detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kWho, "momentum", momentum_);
-  TORCH_CHECK_VALUE(std::isfinite(extra_scale_factor_) && extra_scale_factor_ > 0, kWho,
-                    "extra_scale_factor must be finite and > 0, got ", extra_scale_factor_);
+  detail::check_finite_positive(kWho, "extra_scale_factor", extra_scale_factor_);
   TORCH_CHECK_VALUE(ns_.steps() >= kMinNsSteps && ns_.steps() < kMaxNsSteps, kWho,
                     "ns_steps must be in [", kMinNsSteps, ", ", kMaxNsSteps, "), got ", ns_.steps());
   detail::check_positive(kWho, "ns_eps", ns_.eps());
@@ -238,8 +237,7 @@ void MuonOptions::validate() const {
                       num_query_groups_, " × ", split_sizes_[i], " = ", block,
                       " rows (split_sizes ", c10::IntArrayRef(split_sizes_), ")");
   }
-  TORCH_CHECK_VALUE(std::isfinite(spectral_wd_beta_) && spectral_wd_beta_ > 0, kWho,
-                    "spectral_wd_beta must be finite and > 0, got ", spectral_wd_beta_);
+  detail::check_finite_positive(kWho, "spectral_wd_beta", spectral_wd_beta_);
   if (weight_decay_mode_ == WeightDecayMode::kSpectralClipped) {
     // The decoupled form: each step moves a fraction c = lr·wd of the way.
     const double c = lr_ * weight_decay_;
@@ -252,8 +250,7 @@ void MuonOptions::validate() const {
                     kWho, "spectral_sigma_min must be <= spectral_sigma_max (both finite), got "
                     "spectral_sigma_min ", spectral_sigma_min_, ", spectral_sigma_max ",
                     spectral_sigma_max_);
-  TORCH_CHECK_VALUE(std::isfinite(spectral_hardcap_beta_) && spectral_hardcap_beta_ > 0, kWho,
-                    "spectral_hardcap_beta must be finite and > 0, got ", spectral_hardcap_beta_);
+  detail::check_finite_positive(kWho, "spectral_hardcap_beta", spectral_hardcap_beta_);
 }
 
 double MuonOptions::get_lr() const { return lr(); }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <string>
 
 namespace muon::detail {
 
@@ -27,12 +28,18 @@ inline void check_positive(const char* who, const char* name, double value) {
   TORCH_CHECK_VALUE(std::isfinite(value) && value > 0, who, name, " must be > 0, got ", value);
 }
 
+/// Raises c10::ValueError "<who><name> must be finite and > 0, got <value>"
+/// (with " (<why>)" after "> 0" when `why` is given) unless `value` is
+/// finite and > 0.
+inline void check_finite_positive(const char* who, const char* name, double value, const char* why = nullptr) {
+  TORCH_CHECK_VALUE(std::isfinite(value) && value > 0, who, name, " must be finite and > 0",
+                    why != nullptr ? std::string(" (") + why + ")" : std::string(), ", got ", value);
+}
+
 /// An Adam-style denominator's eps, which keeps 0/0 out of a zero gradient
-/// element: raises c10::ValueError "<who>eps must be finite and > 0 (...), got
-/// <value>" unless it is.
+/// element (check_finite_positive of "eps").
 inline void check_denominator_eps(const char* who, double eps) {
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, who,
-                    "eps must be finite and > 0 (it keeps 0/0 out of a zero gradient element), got ", eps);
+  check_finite_positive(who, "eps", eps, "it keeps 0/0 out of a zero gradient element");
 }
 
 /// A field's name and value, for the checks of several fields at once.

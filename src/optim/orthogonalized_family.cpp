@@ -21,6 +21,7 @@
 #include "muon/config.h"
 #include "muon/scaling.h"
 #include "optim/muon_fused.h"
+#include "optim/option_checks.h"
 #include "optim/step_transaction.h"
 #include "option_fields.h"
 #include "registry_internal.h"
@@ -126,13 +127,11 @@ OrthogonalizedKind parse_orthogonalized_kind(const std::string& name) {
 }
 
 void OrthogonalizedVariantOptions::validate() const {
-  TORCH_CHECK_VALUE(std::isfinite(spectral_radius_) && spectral_radius_ > 0, who(kind_),
-                    "spectral_radius must be finite and > 0, got ", spectral_radius_);
+  detail::check_finite_positive(who(kind_).c_str(), "spectral_radius", spectral_radius_);
   TORCH_CHECK_VALUE(std::isfinite(hyperball_radius_) && hyperball_radius_ >= 0, who(kind_),
                     "hyperball_radius must be finite and >= 0 (0: each parameter's norm), got ",
                     hyperball_radius_);
-  TORCH_CHECK_VALUE(std::isfinite(hyperball_eps_) && hyperball_eps_ > 0, who(kind_),
-                    "hyperball_eps must be finite and > 0, got ", hyperball_eps_);
+  detail::check_finite_positive(who(kind_).c_str(), "hyperball_eps", hyperball_eps_);
 }
 
 bool operator==(const OrthogonalizedVariantOptions& a, const OrthogonalizedVariantOptions& b) {

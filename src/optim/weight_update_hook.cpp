@@ -8,6 +8,7 @@
 #include <cmath>
 #include <utility>
 
+#include "optim/option_checks.h"
 #include "util/names.h"
 #include "util/scale.h"
 
@@ -87,7 +88,7 @@ HookedWeightDecay parse_hooked_weight_decay(const std::string& name, const std::
 }
 
 void WeightUpdateHookOptions::validate() const {
-  TORCH_CHECK_VALUE(std::isfinite(eps_) && eps_ > 0, kWho, "eps must be finite and > 0, got ", eps_);
+  detail::check_finite_positive(kWho, "eps", eps_);
   TORCH_CHECK_VALUE(std::isfinite(radius_) && radius_ >= eps_, kWho, "radius must be finite and >= eps (",
                     eps_, "), got ", radius_);
   TORCH_CHECK_VALUE(outward_scale_ >= 0 && outward_scale_ <= 1, kWho, "outward_scale must be in [0, 1], got ",
