@@ -7,10 +7,12 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "muon/optim/muon.h"
 #include "muon/registry.h"
+#include "option_fields.h"
 
 namespace muon::detail {
 
@@ -55,5 +57,18 @@ MuonOptions muon_options_from(const OptimizerSettings& settings);
 /// that send those parameters to the scalar optimizer; `who` names them.
 /// src/registry_builtins.cpp.
 std::vector<OverrideRule> scalar_defaults(const std::string& who);
+
+/// The entry of an optimizer of matrices (dion, iso, moso, psgd_pro, soap):
+/// options_entry, its doc followed by "; 1-D, embedding and head parameters
+/// go to scalar_optimizer", and scalar_defaults(name) as its default
+/// routing rules, which send those parameters there.
+template <class Opt, class Options>
+OptimizerEntry matrix_entry(const std::string& name, StateSchema state, const std::string& doc,
+                            std::vector<OptionField<Options>> fields) {
+  auto e = options_entry<Opt, Options>(
+      name, std::move(state), doc + "; 1-D, embedding and head parameters go to scalar_optimizer", std::move(fields));
+  e.default_overrides = scalar_defaults(name);
+  return e;
+}
 
 }  // namespace muon::detail

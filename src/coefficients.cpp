@@ -181,17 +181,10 @@ CoefficientSet custom_coefficient_set(const std::vector<std::vector<double>>& tu
   return set;
 }
 
-std::string to_string(NewtonSchulzMethod method) { return detail::name_of(method, kMethods); }
+MUON_DEFINE_ENUM_NAMES(NewtonSchulzMethod, parse_newton_schulz_method, kMethods, "[muon::NewtonSchulzOptions] ",
+                       "method");
 
-NewtonSchulzMethod parse_newton_schulz_method(const std::string& name) {
-  return detail::parse_name(name, kMethods, "[muon::NewtonSchulzOptions] ", "method");
-}
-
-std::string to_string(NsEpsMode mode) { return detail::name_of(mode, kEpsModes); }
-
-NsEpsMode parse_ns_eps_mode(const std::string& name) {
-  return detail::parse_name(name, kEpsModes, "[muon::NewtonSchulzOptions] ", "eps_mode");
-}
+MUON_DEFINE_ENUM_NAMES(NsEpsMode, parse_ns_eps_mode, kEpsModes, "[muon::NewtonSchulzOptions] ", "eps_mode");
 
 std::vector<std::string> ns_eps_mode_names() { return detail::names_of(kEpsModes); }
 

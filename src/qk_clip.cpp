@@ -53,11 +53,7 @@ std::string row_end_text(int64_t row_begin, int64_t count) {
 
 }  // namespace
 
-std::string to_string(QkvRows rows) { return detail::name_of(rows, kRowNames); }
-
-QkvRows parse_qkv_rows(const std::string& name) {
-  return detail::parse_name(name, kRowNames, kWho, "qkv rows");
-}
+MUON_DEFINE_ENUM_NAMES(QkvRows, parse_qkv_rows, kRowNames, kWho, "qkv rows");
 
 void QkClipOptions::validate() const {
   TORCH_CHECK_VALUE(num_heads_ >= 1, kWho, "num_heads must be >= 1, got ", num_heads_);

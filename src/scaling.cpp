@@ -21,11 +21,7 @@ constexpr detail::EnumName<ScaleMode> kScaleModes[] = {
 
 std::vector<std::string> scale_mode_names() { return detail::names_of(kScaleModes); }
 
-std::string to_string(ScaleMode mode) { return detail::name_of(mode, kScaleModes); }
-
-ScaleMode parse_scale_mode(const std::string& name) {
-  return detail::parse_name(name, kScaleModes, "[muon::parse_scale_mode] ", "scale mode");
-}
+MUON_DEFINE_ENUM_NAMES(ScaleMode, parse_scale_mode, kScaleModes, "[muon::parse_scale_mode] ", "scale mode");
 
 double scale_factor(int64_t rows, int64_t cols, ScaleMode mode, double extra_scale_factor) {
   TORCH_CHECK_VALUE(rows >= 1, "[muon::scale_factor] rows must be >= 1, got ", rows);

@@ -16,11 +16,7 @@ constexpr detail::EnumName<DecayStyle> kDecayStyles[] = {{DecayStyle::kConstant,
                                                         {DecayStyle::kCosine, "cosine"}};
 }  // namespace
 
-std::string to_string(DecayStyle style) { return detail::name_of(style, kDecayStyles); }
-
-DecayStyle parse_decay_style(const std::string& name) {
-  return detail::parse_name(name, kDecayStyles, kWho, "decay style");
-}
+MUON_DEFINE_ENUM_NAMES(DecayStyle, parse_decay_style, kDecayStyles, kWho, "decay style");
 
 LrScheduleOptions& LrScheduleOptions::style(const std::string& name) {
   style_ = parse_decay_style(name);

@@ -175,7 +175,7 @@ void expect_invalid_options(
     const std::vector<std::pair<typename C::Options, std::vector<std::string>>>& invalid) {
   auto p = leaf(at::randn({3}));
   expect_value_error([&] { typename C::Optimizer opt({p}, typename C::Options(-1)); },
-                     {std::string("[") + C::Optimizer::kKind + "]", "lr", "-1"});
+                     {std::string("[") + C::Optimizer::kNames.kind + "]", "lr", "-1"});
   for (const auto& [options, words] : invalid)
     expect_value_error([&] { typename C::Optimizer opt({p}, options); }, words);
 }
@@ -257,7 +257,7 @@ void LoadRejectsAnotherOptimizersArchiveAndChangesNothing() {
   const auto bytes = archive_after_a_step<typename C::Other>(p);
   typename C::Optimizer opt({p}, typename C::Options(0.2));
   expect_value_error([&] { load_from_string(opt, bytes); },
-                     {std::string("[") + C::Optimizer::kKind + "]", C::Other::kKind});
+                     {std::string("[") + C::Optimizer::kNames.kind + "]", C::Other::kNames.kind});
   EXPECT_DOUBLE_EQ(opt.param_groups()[0].options().get_lr(), 0.2);
   EXPECT_TRUE(opt.state().empty());
 }
@@ -315,8 +315,7 @@ void BadEditBetweenStepsChangesNothing() {
   expect_value_error([&] { opt.step(); }, C::bad_edit_words());
   o = good;
   o.set_lr(-0.5);
-  expect_value_error([&] { opt.step(); },
-                     {std::string("[") + C::Optimizer::kKind + "]", "lr", "-0.5"});
+  expect_value_error([&] { opt.step(); }, {std::string("[") + C::Optimizer::kNames.kind + "]", "lr", "-0.5"});
   EXPECT_TRUE(at::equal(p.detach(), before));
   EXPECT_EQ(st.step(), 1);
   expect_same_buffers(st, buffers_before);

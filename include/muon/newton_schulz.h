@@ -55,6 +55,8 @@
 #include <utility>
 #include <vector>
 
+#include "muon/enum_names.h"
+
 /// The reference returned by `coefficient_set` is to a registry entry that
 /// lives for the whole program, never to the name argument: g++ 14's
 /// -Wdangling-reference guesses otherwise when the name is a temporary.
@@ -128,9 +130,7 @@ std::vector<std::string> accepted_coefficient_set_names();
 enum class NsEpsMode { kAdd, kClamp };
 
 /// "add" | "clamp".
-std::string to_string(NsEpsMode mode);
-/// Inverse of `to_string`; unknown names raise c10::ValueError listing the valid ones.
-NsEpsMode parse_ns_eps_mode(const std::string& name);
+MUON_ENUM_NAMES(NsEpsMode, parse_ns_eps_mode);
 /// "add", "clamp": every name parse_ns_eps_mode accepts.
 std::vector<std::string> ns_eps_mode_names();
 
@@ -144,9 +144,7 @@ CoefficientSet custom_coefficient_set(const std::vector<std::vector<double>>& tu
 enum class NewtonSchulzMethod { kAuto, kStandard, kGram };
 
 /// "auto" | "standard" | "gram".
-std::string to_string(NewtonSchulzMethod method);
-/// Inverse of `to_string`; unknown names raise c10::ValueError listing the valid ones.
-NewtonSchulzMethod parse_newton_schulz_method(const std::string& name);
+MUON_ENUM_NAMES(NewtonSchulzMethod, parse_newton_schulz_method);
 
 /// `auto` chooses Gram Newton–Schulz for 16-bit compute when long side /
 /// short side >= kGramMinAspect and the schedule has at least kGramMinSteps

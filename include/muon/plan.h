@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "muon/enum_names.h"
+
 namespace muon::plan {
 
 /// Model and machine JSON texts are at most this long (8 MiB); the other
@@ -173,8 +175,7 @@ enum class LayoutKind {
   kTensorParallel,     ///< tensor parallel over the whole world (duplicated NS)
   kTensorParallelSharded,  ///< 2-D: tensor parallel × sharded data parallel
 };
-std::string to_string(LayoutKind kind);
-LayoutKind parse_layout(const std::string& name);
+MUON_ENUM_NAMES(LayoutKind, parse_layout);
 std::vector<LayoutKind> all_layouts();
 
 /// What is being planned.

@@ -34,6 +34,8 @@
 #include <utility>
 #include <vector>
 
+#include "muon/enum_names.h"
+
 namespace muon {
 
 /// Which rows of a weight hold which heads (the weight's dim 0 is its output
@@ -53,9 +55,7 @@ enum class QkvRows {
 };
 
 /// "query" | "key" | "grouped" | "blocked".
-std::string to_string(QkvRows rows);
-/// Inverse of to_string; other names raise c10::ValueError listing the valid ones.
-QkvRows parse_qkv_rows(const std::string& name);
+MUON_ENUM_NAMES(QkvRows, parse_qkv_rows);
 
 /// The attention's shape and the clip's settings.
 struct QkClipOptions {

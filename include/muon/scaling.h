@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "muon/enum_names.h"
+
 namespace muon {
 
 enum class ScaleMode {
@@ -23,9 +25,7 @@ enum class ScaleMode {
 };
 
 /// "shape_scaling" | "spectral" | "unit_rms_norm" | "match_rms_adamw".
-std::string to_string(ScaleMode mode);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-ScaleMode parse_scale_mode(const std::string& name);
+MUON_ENUM_NAMES(ScaleMode, parse_scale_mode);
 std::vector<std::string> scale_mode_names();
 
 /// The factor for a rows×cols logical matrix, times `extra_scale_factor`

@@ -25,15 +25,15 @@
 #include <string>
 #include <vector>
 
+#include "muon/enum_names.h"
+
 namespace muon {
 
 /// The decay after warmup.
 enum class DecayStyle { kConstant, kLinear, kCosine };
 
 /// "constant" | "linear" | "cosine".
-std::string to_string(DecayStyle style);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-DecayStyle parse_decay_style(const std::string& name);
+MUON_ENUM_NAMES(DecayStyle, parse_decay_style);
 
 /// Options of `WarmupDecaySchedule`, as chained setters.
 struct LrScheduleOptions {

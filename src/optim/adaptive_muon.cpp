@@ -64,11 +64,7 @@ void apply_namo(OrthogonalizeItem& item, const Orthogonalizer& parts, const at::
 
 }  // namespace
 
-std::string to_string(AdaptiveMode mode) { return detail::name_of(mode, kModes); }
-
-AdaptiveMode parse_adaptive_mode(const std::string& name) {
-  return detail::parse_name(name, kModes, kWho, "mode");
-}
+MUON_DEFINE_ENUM_NAMES(AdaptiveMode, parse_adaptive_mode, kModes, kWho, "mode");
 
 AdaptiveMuonOptions& AdaptiveMuonOptions::mode(const std::string& name) {
   mode_ = parse_adaptive_mode(name);

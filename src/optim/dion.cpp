@@ -126,8 +126,6 @@ at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& st, const 
 
 // ---- DionOptions ---------------------------------------------------------------
 
-DionOptions::DionOptions(double lr) : lr_(lr) {}
-
 void DionOptions::validate() const {
   detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   // M ← M − (1 − mu)·P·Rᵀ: outside [0, 1] the feedback adds to M or removes more than P·Rᵀ.
@@ -185,10 +183,9 @@ void Dion::step_parameters() {
 void detail::register_dion(OptimizerRegistry& registry) {
   using O = DionOptions;
   using F = detail::OptionFields<O>;
-  auto e = detail::options_entry<Dion, O>(
+  auto e = detail::matrix_entry<Dion, O>(
       "dion", detail::dion_state(),
-      "Dion (muon::Dion): low-rank orthonormal updates by power iteration with QR and error feedback; "
-      "1-D, embedding and head parameters go to scalar_optimizer",
+      "Dion (muon::Dion): low-rank orthonormal updates by power iteration with QR and error feedback",
       {
           F::real("mu", &O::mu, "error-feedback decay: M -= (1 - mu)·P·Rᵀ", 0.0, 1.0),
           F::real("rank_fraction", &O::rank_fraction, "rank r as a fraction of min(rows, cols)", 0.0, 1.0)
@@ -203,7 +200,6 @@ void detail::register_dion(OptimizerRegistry& registry) {
           F::real("rcqr_oversample", &O::rcqr_oversample, "RCQR's sketch oversampling", 1.0, 8.0),
           F::integer("seed", &O::seed, "seed of Q's start and RCQR's sketches", 0.0),
       });
-  e.default_overrides = detail::scalar_defaults("dion");
   registry.add(detail::hookable<O>(std::move(e), "decoupled"));
 }
 

@@ -67,11 +67,7 @@ at::Tensor normuon_normalize(const at::Tensor& o, at::Tensor& v, double beta2) {
 
 }  // namespace
 
-std::string to_string(const Dion2AdjustLr mode) { return detail::name_of(mode, kAdjustLrModes); }
-
-Dion2AdjustLr parse_dion2_adjust_lr(const std::string& name) {
-  return detail::parse_name(name, kAdjustLrModes, kWho, "adjust_lr");
-}
+MUON_DEFINE_ENUM_NAMES(Dion2AdjustLr, parse_dion2_adjust_lr, kAdjustLrModes, kWho, "adjust_lr");
 
 namespace detail {
 
@@ -180,8 +176,6 @@ at::Tensor dion2_update(const at::Tensor& grad, Dion2ParamState& st, const Dion2
 }  // namespace detail
 
 // ---- Dion2Options ------------------------------------------------------------
-
-Dion2Options::Dion2Options(double lr) : lr_(lr) {}
 
 Dion2Options NorDion2Options(double lr) { return Dion2Options(lr).nordion2(true); }
 

@@ -203,14 +203,14 @@ namespace detail {
 /// "[<kind>] ", the prefix of `Derived`'s messages (e.g. "[muon::Lion] ").
 template <typename Derived>
 const char* who_of() {
-  static const std::string who = std::string("[") + Derived::kKind + "] ";
+  static const std::string who = std::string("[") + Derived::kNames.kind + "] ";
   return who.c_str();
 }
 
 /// "<kind>Options", the options type `Derived`'s messages name.
 template <typename Derived>
 const char* options_name_of() {
-  static const std::string name = std::string(Derived::kKind) + "Options";
+  static const std::string name = std::string(Derived::kNames.kind) + "Options";
   return name.c_str();
 }
 
@@ -263,13 +263,13 @@ int64_t ElementwiseOptimizer<Derived, Options, State>::state_bytes() const {
 template <typename Derived, typename Options, typename State>
 void ElementwiseOptimizer<Derived, Options, State>::save(
     torch::serialize::OutputArchive& archive) const {
-  detail::save_with_options<State, Options>(*this, archive, Derived::kPrefix, Derived::kKind);
+  detail::save_with_options<State, Options>(*this, archive, Derived::kNames.prefix, Derived::kNames.kind);
 }
 
 template <typename Derived, typename Options, typename State>
 void ElementwiseOptimizer<Derived, Options, State>::load(torch::serialize::InputArchive& archive) {
-  detail::load_with_options<State, Options>(*this, archive, Derived::kPrefix,
-                                            detail::who_of<Derived>(), Derived::kKind);
+  detail::load_with_options<State, Options>(*this, archive, Derived::kNames.prefix, detail::who_of<Derived>(),
+                                            Derived::kNames.kind);
 }
 
 }  // namespace muon

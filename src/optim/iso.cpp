@@ -75,8 +75,6 @@ at::Tensor detail::iso_matrix_update(const at::Tensor& param, const at::Tensor& 
 
 // ---- IsoOptions ----------------------------------------------------------------
 
-IsoOptions::IsoOptions(double lr) : lr_(lr) {}
-
 void IsoOptions::validate() const {
   detail::check_non_negative(kWho, "lr", lr_);
   // Mu ← momentum·Mu + gU: at 1 or above the momentum never decays.
@@ -104,16 +102,15 @@ void Iso::step_parameters() {
 void detail::register_iso(OptimizerRegistry& registry) {
   using O = IsoOptions;
   using F = detail::OptionFields<O>;
-  auto e = detail::options_entry<Iso, O>(
+  auto e = detail::matrix_entry<Iso, O>(
       "iso", detail::iso_state(),
       "Iso (muon::Iso): the Stiefel factors of each matrix's SVD moved by heavy-ball momentum and "
-      "retracted, the singular values fixed; 1-D, embedding and head parameters go to scalar_optimizer",
+      "retracted, the singular values fixed",
       {
           F::real("momentum", &O::momentum, "heavy-ball momentum of the factors' gradients", 0.0, 1.0).exclusive_max(),
           F::text("retraction", &O::retraction, "qr | polar | cayley", {"qr", "polar", "cayley"}),
           F::common("weight_decay", &O::weight_decay),
       });
-  e.default_overrides = detail::scalar_defaults("iso");
   registry.add(detail::not_hookable(std::move(e), "it rebuilds the weight from its factors U·diag(σ)·Vᵀ rather than adding an update"));
 }
 

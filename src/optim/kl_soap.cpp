@@ -144,8 +144,6 @@ at::Tensor detail::kl_soap_update(const at::Tensor& grad, const at::Tensor& inne
 
 // ---- KlSoapOptions ----------------------------------------------------------------
 
-KlSoapOptions::KlSoapOptions(double lr) : lr_(lr) {}
-
 void KlSoapOptions::validate() const {
   detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}, {"shampoo_beta", shampoo_beta_}});
@@ -187,16 +185,11 @@ void KlSoap::step_parameters() {
       [this](const at::Tensor& p, KlSoapParamState& st, const KlSoapOptions& o) {
         const auto [rows, cols] = whole_matrix_dims(p);
         const auto grad = p.grad().reshape({rows, cols});
-        const bool l2 = o.weight_decay() != 0 && o.weight_decay_method() == "l2";
-        const auto inner = l2 ? grad.add(p.detach().reshape({rows, cols}), o.weight_decay()) : grad;
+        const auto inner = detail::l2_gradient(p, grad, o.weight_decay_method(), o.weight_decay());
         return detail::kl_soap_update(grad, inner, p.sizes().slice(1), st, o);
       },
       [](at::Tensor& p, const at::Tensor& u, const KlSoapOptions& o) {
-        // Decoupled or independent weight decay on p (l2 entered the inner step).
-        if (o.weight_decay_method() != "l2") {
-          detail::apply_weight_decay(p, p.grad(), o.weight_decay_method(), o.lr(), o.weight_decay());
-        }
-        p.detach().add_(u.view(p.sizes()), -o.lr());
+        detail::decay_and_update(p, u, o.weight_decay_method(), o.lr(), o.weight_decay());
       });
 }
 

@@ -19,8 +19,6 @@ constexpr const char* kWho = "[muon::LaProp] ";
 
 }  // namespace
 
-LaPropOptions::LaPropOptions(double lr) : lr_(lr) {}
-
 void LaPropOptions::validate() const {
   detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}});

@@ -75,8 +75,6 @@ at::Tensor detail::moso_matrix_update(const at::Tensor& grad, MosoParamState& st
 
 // ---- MosoOptions ---------------------------------------------------------------
 
-MosoOptions::MosoOptions(double lr) : lr_(lr) {}
-
 void MosoOptions::validate() const {
   detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}, {"max_update_rms", max_update_rms_}});
   // Each decay at 1 or above never forgets (or, above, diverges).
@@ -94,8 +92,7 @@ void Moso::step_parameters() {
         return detail::moso_matrix_update(p.grad().reshape({rows, cols}), st, o);
       },
       [](at::Tensor& p, const at::Tensor& u, const MosoOptions& o) {
-        if (o.weight_decay() != 0) p.detach().add_(p.detach(), -o.lr() * o.weight_decay());
-        p.detach().add_(u.view(p.sizes()), -o.lr());
+        detail::decay_and_update(p, u, "decoupled", o.lr(), o.weight_decay());
       });
 }
 
@@ -105,10 +102,10 @@ void Moso::step_parameters() {
 void detail::register_moso(OptimizerRegistry& registry) {
   using O = MosoOptions;
   using F = detail::OptionFields<O>;
-  auto e = detail::options_entry<Moso, O>(
+  auto e = detail::matrix_entry<Moso, O>(
       "moso", detail::moso_state(),
       "MOSO (muon::Moso): Muon's momentum preconditioned by RMSprop in the eigenbasis of its smaller side's "
-      "covariance; 1-D, embedding and head parameters go to scalar_optimizer",
+      "covariance",
       {
           F::real("momentum", &O::momentum, "decay of Muon's momentum", 0.0, 1.0).exclusive_max(),
           F::real("rms_beta", &O::rms_beta, "decay of RMSprop's second moment", 0.0, 1.0).exclusive_max(),
@@ -118,7 +115,6 @@ void detail::register_moso(OptimizerRegistry& registry) {
           F::common("weight_decay", &O::weight_decay),
           F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),
       });
-  e.default_overrides = detail::scalar_defaults("moso");
   registry.add(detail::hookable<O>(std::move(e), "decoupled"));
 }
 

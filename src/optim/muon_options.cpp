@@ -130,27 +130,13 @@ NewtonSchulzOptions read_ns(InputArchive& archive) {
 
 // ---- enums -------------------------------------------------------------------
 
-std::string to_string(MomentumStyle style) { return detail::name_of(style, kMomentumStyles); }
+MUON_DEFINE_ENUM_NAMES(MomentumStyle, parse_momentum_style, kMomentumStyles, kWho, "momentum_style");
 
-MomentumStyle parse_momentum_style(const std::string& name) {
-  return detail::parse_name(name, kMomentumStyles, kWho, "momentum_style");
-}
+MUON_DEFINE_ENUM_NAMES(WeightDecayMode, parse_weight_decay_mode, kWeightDecayModes, kWho, "weight_decay_mode");
 
-std::string to_string(WeightDecayMode mode) { return detail::name_of(mode, kWeightDecayModes); }
-
-WeightDecayMode parse_weight_decay_mode(const std::string& name) {
-  return detail::parse_name(name, kWeightDecayModes, kWho, "weight_decay_mode");
-}
-
-std::string to_string(SpectralUpdate update) { return detail::name_of(update, kSpectralUpdates); }
-
-SpectralUpdate parse_spectral_update(const std::string& name) {
-  return detail::parse_name(name, kSpectralUpdates, kWho, "spectral_update");
-}
+MUON_DEFINE_ENUM_NAMES(SpectralUpdate, parse_spectral_update, kSpectralUpdates, kWho, "spectral_update");
 
 // ---- MuonOptions -------------------------------------------------------------
-
-MuonOptions::MuonOptions(double lr) : lr_(lr) {}
 
 MuonOptions& MuonOptions::momentum_style(const std::string& name) {
   momentum_style_ = parse_momentum_style(name);

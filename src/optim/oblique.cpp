@@ -52,8 +52,6 @@ void project_step_retract(at::Tensor& p, const at::Tensor& u, const std::string&
 
 }  // namespace
 
-ObliqueSGDOptions::ObliqueSGDOptions(double lr) : lr_(lr) {}
-
 void ObliqueSGDOptions::validate() const {
   detail::check_non_negative(kSgd, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kSgd, "momentum", momentum_);
@@ -73,8 +71,6 @@ void ObliqueSGD::update(at::Tensor& p, const at::Tensor& grad, ObliqueSGDParamSt
   u.mul_(o.momentum()).add_(grad);
   project_step_retract(p, u, o.weight_decay_method(), o.lr(), o.weight_decay(), o.dim(), o.eps());
 }
-
-ObliqueAdamOptions::ObliqueAdamOptions(double lr) : lr_(lr) {}
 
 void ObliqueAdamOptions::validate() const {
   detail::check_non_negative(kAdam, {{"lr", lr_}, {"weight_decay", weight_decay_}});

@@ -120,11 +120,7 @@ std::shared_ptr<Orthogonalizer> checked_strategy(std::shared_ptr<Orthogonalizer>
 
 }  // namespace
 
-std::string to_string(OrthogonalizedKind kind) { return detail::name_of(kind, kKinds); }
-
-OrthogonalizedKind parse_orthogonalized_kind(const std::string& name) {
-  return detail::parse_name(name, kKinds, "[muon::OrthogonalizedVariant] ", "kind");
-}
+MUON_DEFINE_ENUM_NAMES(OrthogonalizedKind, parse_orthogonalized_kind, kKinds, "[muon::OrthogonalizedVariant] ", "kind");
 
 void OrthogonalizedVariantOptions::validate() const {
   detail::check_finite_positive(who(kind_).c_str(), "spectral_radius", spectral_radius_);

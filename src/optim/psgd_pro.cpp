@@ -141,8 +141,6 @@ at::Tensor detail::psgd_pro_update(const at::Tensor& grad, PsgdProParamState& st
 
 // ---- PsgdProOptions ------------------------------------------------------------
 
-PsgdProOptions::PsgdProOptions(double lr) : lr_(lr) {}
-
 void PsgdProOptions::validate() const {
   detail::check_non_negative(kWho, {{"lr", lr_},
                                     {"weight_decay", weight_decay_},
@@ -166,15 +164,10 @@ void PsgdPro::step_parameters() {
       [this](const at::Tensor& p, PsgdProParamState& st, const PsgdProOptions& o) {
         const auto [rows, cols] = whole_matrix_dims(p);
         const auto grad = p.grad().reshape({rows, cols});
-        const bool l2 = o.weight_decay() != 0 && o.weight_decay_method() == "l2";
-        return detail::psgd_pro_update(l2 ? grad.add(p.detach().reshape({rows, cols}), o.weight_decay()) : grad,
-                                       st, o);
+        return detail::psgd_pro_update(detail::l2_gradient(p, grad, o.weight_decay_method(), o.weight_decay()), st, o);
       },
       [](at::Tensor& p, const at::Tensor& u, const PsgdProOptions& o) {
-        if (o.weight_decay_method() != "l2") {
-          detail::apply_weight_decay(p, p.grad(), o.weight_decay_method(), o.lr(), o.weight_decay());
-        }
-        p.detach().add_(u.view(p.sizes()), -o.lr());
+        detail::decay_and_update(p, u, o.weight_decay_method(), o.lr(), o.weight_decay());
       });
 }
 
@@ -184,10 +177,9 @@ void PsgdPro::step_parameters() {
 void detail::register_psgd_pro(OptimizerRegistry& registry) {
   using O = PsgdProOptions;
   using F = detail::OptionFields<O>;
-  auto e = detail::options_entry<PsgdPro, O>(
+  auto e = detail::matrix_entry<PsgdPro, O>(
       "psgd_pro", detail::psgd_pro_state(),
-      "PSGD-Pro (muon::PsgdPro): the momentum preconditioned by Kronecker factors fitted by Procrustes steps; "
-      "1-D, embedding and head parameters go to scalar_optimizer",
+      "PSGD-Pro (muon::PsgdPro): the momentum preconditioned by Kronecker factors fitted by Procrustes steps",
       {
           F::common("weight_decay", &O::weight_decay),
           F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
@@ -203,7 +195,6 @@ void detail::register_psgd_pro(OptimizerRegistry& registry) {
           F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),
           F::integer("seed", &O::seed, "seed of the random draws", 0.0),
       });
-  e.default_overrides = detail::scalar_defaults("psgd_pro");
   registry.add(detail::hookable<O>(std::move(e), "decoupled"));
 }
 

@@ -27,9 +27,7 @@ constexpr detail::EnumName<DefaultRule> kDefaultRules[] = {{DefaultRule::kNdimBe
 
 }  // namespace
 
-std::string to_string(Route route) { return detail::name_of(route, kRoutes); }
-
-Route parse_route(const std::string& name) { return detail::parse_name(name, kRoutes, kWho, "route"); }
+MUON_DEFINE_ENUM_NAMES(Route, parse_route, kRoutes, kWho, "route");
 
 std::string to_string(DefaultRule rule) { return detail::name_of(rule, kDefaultRules); }
 

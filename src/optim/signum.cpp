@@ -18,8 +18,6 @@ constexpr const char* kWho = "[muon::Signum] ";
 
 }  // namespace
 
-SignumOptions::SignumOptions(double lr) : lr_(lr) {}
-
 void SignumOptions::validate() const {
   detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kWho, "momentum", momentum_);

@@ -31,8 +31,6 @@ double sim_ademamix_beta(const SimAdEMAMixOptions& o, const int64_t step) {
   return beta_of_half_life((1 - a) * half_life(o.min_beta_fast()) + a * half_life(o.beta1()));
 }
 
-SimAdEMAMixOptions::SimAdEMAMixOptions(double lr) : lr_(lr) {}
-
 void SimAdEMAMixOptions::validate() const {
   detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
   detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}, {"min_beta_fast", min_beta_fast_}});

@@ -133,13 +133,7 @@ at::Tensor adam_update(const at::Tensor& g, SoapParamState& st, const SoapOption
 
 }  // namespace
 
-std::string to_string(const SoapWeightDecay method) {
-  return detail::name_of(method, kWeightDecayMethods);
-}
-
-SoapWeightDecay parse_soap_weight_decay(const std::string& name) {
-  return detail::parse_name(name, kWeightDecayMethods, kWho, "weight_decay_method");
-}
+MUON_DEFINE_ENUM_NAMES(SoapWeightDecay, parse_soap_weight_decay, kWeightDecayMethods, kWho, "weight_decay_method");
 
 namespace detail {
 
@@ -216,8 +210,6 @@ at::Tensor soap_matrix_update(const at::Tensor& grad, const at::Tensor& adam_gra
 
 }  // namespace detail
 
-SoapOptions::SoapOptions(double lr) : lr_(lr) {}
-
 SoapOptions& SoapOptions::weight_decay_method(const std::string& name) {
   weight_decay_method_ = parse_soap_weight_decay(name);
   return *this;
@@ -269,10 +261,8 @@ void detail::register_soap(OptimizerRegistry& registry) {
   using O = SoapOptions;
   using F = detail::OptionFields<O>;
   const O d;
-  auto e = detail::options_entry<Soap, O>(
-      "soap", detail::soap_state(),
-      "SOAP (muon::Soap): Adam in the eigenbasis of Shampoo's Kronecker factors; 1-D, embedding and head "
-      "parameters go to scalar_optimizer",
+  auto e = detail::matrix_entry<Soap, O>(
+      "soap", detail::soap_state(), "SOAP (muon::Soap): Adam in the eigenbasis of Shampoo's Kronecker factors",
       {
           F::real("beta1", &O::beta1, "Adam's first-moment decay", 0.0, 1.0).exclusive_max(),
           F::real("beta2", &O::beta2, "Adam's second-moment decay", 0.0, 1.0).exclusive_max(),
@@ -303,7 +293,6 @@ void detail::register_soap(OptimizerRegistry& registry) {
           F::integer("power_iter_steps", &O::power_iter_steps, "orthogonal-iteration steps per refresh", 1.0),
           F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),
       });
-  e.default_overrides = detail::scalar_defaults("soap");
   registry.add(detail::hookable<O>(std::move(e), "decoupled"));
 }
 

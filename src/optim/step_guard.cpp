@@ -56,11 +56,7 @@ std::string describe_or_default(const std::function<std::string(size_t, size_t)>
 
 }  // namespace
 
-std::string to_string(NonFinitePolicy policy) { return detail::name_of(policy, kPolicies); }
-
-NonFinitePolicy parse_nonfinite_policy(const std::string& name) {
-  return detail::parse_name(name, kPolicies, "[muon] ", "nonfinite policy");
-}
+MUON_DEFINE_ENUM_NAMES(NonFinitePolicy, parse_nonfinite_policy, kPolicies, "[muon] ", "nonfinite policy");
 
 std::vector<std::string> nonfinite_policy_names() { return detail::names_of(kPolicies); }
 

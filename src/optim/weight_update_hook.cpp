@@ -57,11 +57,7 @@ double square_sum(const at::Tensor& t) { return t.square().sum().item<double>();
 
 }  // namespace
 
-std::string to_string(WeightUpdateHookKind kind) { return detail::name_of(kind, kHookNames); }
-
-WeightUpdateHookKind parse_weight_update_hook(const std::string& name) {
-  return detail::parse_name(name, kHookNames, kWho, "weight_update_hook");
-}
+MUON_DEFINE_ENUM_NAMES(WeightUpdateHookKind, parse_weight_update_hook, kHookNames, kWho, "weight_update_hook");
 
 std::vector<std::string> weight_update_hook_names() {
   std::vector<std::string> out;

@@ -19,6 +19,21 @@
 namespace muon {
 namespace detail {
 
+/// The gradient `grad` (the whole matrix) of `p` as an update under weight
+/// decay `method` sees it: grad + wd·p under "l2" with wd != 0 (a new
+/// tensor), else `grad` itself.
+inline at::Tensor l2_gradient(const at::Tensor& p, const at::Tensor& grad, const std::string& method, double wd) {
+  return wd != 0 && method == "l2" ? grad.add(p.detach().reshape(grad.sizes()), wd) : grad;
+}
+
+/// Weight decay by `method` as apply_weight_decay makes it ("decoupled" or
+/// "independent"; under "l2" it entered the gradient, l2_gradient), then
+/// p ← p − lr·u, `u` of p's numel.
+inline void decay_and_update(at::Tensor& p, const at::Tensor& u, const std::string& method, double lr, double wd) {
+  if (method != "l2") apply_weight_decay(p, p.grad(), method, lr, wd);
+  p.detach().add_(u.view(p.sizes()), -lr);
+}
+
 /// One process's step of a whole-matrix optimizer `opt` (State its
 /// per-parameter state, Options its group options): for each parameter p
 /// with a gradient, `compute(p, state, options)` returns its update, a
@@ -73,11 +88,11 @@ void WholeMatrixOptimizer<Derived, Options, State>::check_before_step() {
   for (const auto g : c10::irange(param_groups_.size())) {
     for (const auto& p : param_groups_[g].params()) {
       if (Derived::kMinDims == 1) {
-        TORCH_CHECK_VALUE(p.dim() >= 1, who, "parameter of group ", g, " is 0-d; ", Derived::kKind,
+        TORCH_CHECK_VALUE(p.dim() >= 1, who, "parameter of group ", g, " is 0-d; ", Derived::kNames.kind,
                           " steps parameters with at least one dimension");
       }
       TORCH_CHECK_VALUE(p.dim() >= Derived::kMinDims, who, "parameter of group ", g, " has ", p.dim(), " dims; ",
-                        Derived::kKind, " steps matrices (give 0-d and 1-d parameters to another optimizer)");
+                        Derived::kNames.kind, " steps matrices (give 0-d and 1-d parameters to another optimizer)");
     }
   }
 }
@@ -106,13 +121,13 @@ int64_t WholeMatrixOptimizer<Derived, Options, State>::state_bytes() const {
 
 template <typename Derived, typename Options, typename State>
 void WholeMatrixOptimizer<Derived, Options, State>::save(torch::serialize::OutputArchive& archive) const {
-  detail::save_with_options<State, Options>(*this, archive, Derived::kPrefix, Derived::kKind);
+  detail::save_with_options<State, Options>(*this, archive, Derived::kNames.prefix, Derived::kNames.kind);
 }
 
 template <typename Derived, typename Options, typename State>
 void WholeMatrixOptimizer<Derived, Options, State>::load(torch::serialize::InputArchive& archive) {
-  detail::load_with_options<State, Options>(*this, archive, Derived::kPrefix, detail::who_of<Derived>(),
-                                            Derived::kKind);
+  detail::load_with_options<State, Options>(*this, archive, Derived::kNames.prefix, detail::who_of<Derived>(),
+                                            Derived::kNames.kind);
 }
 
 }  // namespace muon

@@ -85,6 +85,16 @@ Enum parse_name(const std::string& name, const EnumName<Enum> (&names)[N], const
                     join(names, [](const EnumName<Enum>& n) { return std::string(n.name); }));
 }
 
+/// Defines the two functions MUON_ENUM_NAMES declares (muon/enum_names.h)
+/// from one table `names` of EnumName<Type>: `to_string` by name_of, and
+/// `parse_fn` by parse_name, whose error says "<who>unknown <what> '<name>';
+/// valid names: ...". Written where the declaration's namespace is open, with a
+/// `;` after it.
+#define MUON_DEFINE_ENUM_NAMES(Type, parse_fn, names, who, what)                                        \
+  std::string to_string(Type value) { return ::muon::detail::name_of(value, names); }                   \
+  Type parse_fn(const std::string& name) { return ::muon::detail::parse_name(name, names, who, what); } \
+  static_assert(true, "MUON_DEFINE_ENUM_NAMES(...) is followed by ;")
+
 /// Whether `name` is one of `names`; otherwise raises the same error as
 /// parse_name, listing `names`.
 inline void check_name(const std::string& name, const std::vector<std::string>& names,

@@ -62,6 +62,7 @@
 #include <string>
 #include <vector>
 
+#include "muon/enum_names.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/orthogonalizer.h"
 
@@ -78,9 +79,7 @@ enum class AdaptiveMode {
 };
 
 /// "normuon" | "adamuon" | "namo".
-std::string to_string(AdaptiveMode mode);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-AdaptiveMode parse_adaptive_mode(const std::string& name);
+MUON_ENUM_NAMES(AdaptiveMode, parse_adaptive_mode);
 
 /// The second-moment settings of `AdaptiveMuon`, shared by all its groups.
 /// Defaults: normuon, β2 0.95, ε 1e-8 (NorMuon's and Megatron-Core's values).

@@ -60,36 +60,27 @@ namespace muon {
 /// Options of `muon::Dion` (per parameter group), as chained setters, with
 /// Dion's names and defaults.
 struct DionOptions : public ListedOptions<DionOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  DionOptions(double lr = 0.01);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 0.01;
-  /// Error-feedback decay: M ← M − (1 − mu)·P·Rᵀ, in [0, 1].
-  TORCH_ARG(double, mu) = 0.95;
-  /// Rank r as a fraction of min(rows, cols), in (0, 1].
-  TORCH_ARG(double, rank_fraction) = 1.0;
-  /// r rounded up to a multiple of this, >= 1 (then capped at min(rows, cols)).
-  TORCH_ARG(int64_t, rank_multiple_of) = 1;
-  /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
-  TORCH_ARG(double, weight_decay) = 0.01;
-  /// Column normalization epsilon, > 0.
-  TORCH_ARG(double, epsilon) = 1e-8;
-  /// Power iterations per step, in [1, 16].
-  TORCH_ARG(int64_t, power_iters) = 1;
-  /// "rcqr" (randomized Cholesky QR, Dion's) | "qr" (Householder).
-  TORCH_ARG(std::string, qr_method) = "rcqr";
-  /// RCQR's sketch oversampling, in [1, 8].
-  TORCH_ARG(double, rcqr_oversample) = 1.25;
-  /// Seed of Q's start and RCQR's sketches, >= 0.
-  TORCH_ARG(int64_t, seed) = 0;
-
- public:
+  MUON_OPTIONS(DionOptions, 0.01,
+               /// Error-feedback decay: M ← M − (1 − mu)·P·Rᵀ, in [0, 1].
+               (double, mu, 0.95),
+               /// Rank r as a fraction of min(rows, cols), in (0, 1].
+               (double, rank_fraction, 1.0),
+               /// r rounded up to a multiple of this, >= 1 (then capped at min(rows, cols)).
+               (int64_t, rank_multiple_of, 1),
+               /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
+               (double, weight_decay, 0.01),
+               /// Column normalization epsilon, > 0.
+               (double, epsilon, 1e-8),
+               /// Power iterations per step, in [1, 16].
+               (int64_t, power_iters, 1),
+               /// "rcqr" (randomized Cholesky QR, Dion's) | "qr" (Householder).
+               (std::string, qr_method, "rcqr"),
+               /// RCQR's sketch oversampling, in [1, 8].
+               (double, rcqr_oversample, 1.25),
+               /// Seed of Q's start and RCQR's sketches, >= 0.
+               (int64_t, seed, 0))
   /// Checks every field; raises c10::ValueError "[muon::Dion] <arg> must be ..., got <value>".
   void validate() const;
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, mu, rank_fraction, rank_multiple_of, weight_decay, epsilon, power_iters,
-                     qr_method, rcqr_oversample, seed)
 };
 
 /// Per-parameter state of `muon::Dion`: `momentum` M (the parameter's shape
@@ -97,14 +88,11 @@ struct DionOptions : public ListedOptions<DionOptions> {
 /// factor `Q` (min(rows, cols) × r of the whole matrix, the parameter's
 /// dtype), held whole by one process (the matrix's owner in the sharded layout).
 struct DionParamState : public ListedParamState<DionParamState, 2> {
-  /// M, with error feedback.
-  TORCH_ARG(at::Tensor, momentum);
-  /// Q, the normalized right factor of the last step (N(0, 1) at first).
-  TORCH_ARG(at::Tensor, Q);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(momentum, Q)
+  MUON_STATE_BUFFERS(
+      /// M, with error feedback.
+      momentum,
+      /// Q, the normalized right factor of the last step (N(0, 1) at first).
+      Q)
 };
 
 namespace detail {
@@ -145,15 +133,12 @@ class Dion : public WholeMatrixOptimizer<Dion, DionOptions, DionParamState> {
  public:
   using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// Messages say "[muon::Dion] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::Dion";
-  /// Archive keys "dion_groups", "dion_options/<i>", ...
-  static constexpr const char* kPrefix = "dion";
+  /// Messages say "[muon::Dion] ..."; archive keys "dion_groups", "dion_options/<i>", ...
+  static constexpr OptimizerNames kNames{"muon::Dion", "dion"};
   /// Q's shape for `param` (min(rows, cols) × r of its whole matrix, r by its group's options).
   std::vector<int64_t> q_shape(const at::Tensor& param) const;
 
  protected:
-  friend class WholeMatrixOptimizer<Dion, DionOptions, DionParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
   void step_parameters() override;
 

@@ -60,6 +60,7 @@
 #include <tuple>
 #include <vector>
 
+#include "muon/enum_names.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/listed_fields.h"
 #include "muon/optim/settings_digest.h"
@@ -76,43 +77,35 @@ enum class Dion2AdjustLr {
 };
 
 /// "spectral_norm" | "rms_norm" | "none".
-std::string to_string(Dion2AdjustLr mode);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-Dion2AdjustLr parse_dion2_adjust_lr(const std::string& name);
+MUON_ENUM_NAMES(Dion2AdjustLr, parse_dion2_adjust_lr);
 
 /// Options of `muon::Dion2` (per parameter group), as chained setters, with
 /// Dion's names and defaults. `nordion2` selects NorDion2 (then `ef_decay`
 /// is NorDion2's `mu`); see NorDion2Options.
 struct Dion2Options : public ListedOptions<Dion2Options> {
-  /// Options with learning rate `lr` and every other field at its default.
-  Dion2Options(double lr = 0.01);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 0.01;
-  /// Fraction of the rows (or columns) orthogonalized per step, in (0, 1].
-  TORCH_ARG(double, fraction) = 0.25;
-  /// Error-feedback decay of the selected slices of the momentum, in [0, 1] (NorDion2's mu).
-  TORCH_ARG(double, ef_decay) = 0.95;
-  /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
-  TORCH_ARG(double, weight_decay) = 0.01;
-  /// Newton–Schulz normalization epsilon (X / (‖X‖_F·1.02 + epsilon)), > 0.
-  TORCH_ARG(double, epsilon) = 1e-8;
-  /// spectral_norm (default) | rms_norm | none.
-  TORCH_ARG(Dion2AdjustLr, adjust_lr) = Dion2AdjustLr::kSpectralNorm;
-  /// One matrix (dim 0) × (the rest) for 3-D+ parameters, else a batch over the last two dims.
-  TORCH_ARG(bool, flatten) = false;
-  /// NorDion2: rows always, NorMuon's per-row normalization of O.
-  TORCH_ARG(bool, nordion2) = false;
-  /// NorDion2's variance decay, in [0, 1) (above 1 the variance turns negative).
-  TORCH_ARG(double, muon_beta2) = 0.95;
-  /// Newton–Schulz coefficient set (a name of muon/newton_schulz.h).
-  TORCH_ARG(std::string, ns_coefficients) = "polar_express_5";
-  /// Newton–Schulz steps (0: the set's default, 5).
-  TORCH_ARG(int64_t, ns_steps) = 0;
-  /// Newton–Schulz compute dtype: kFloat (default), kBFloat16 (Dion's), kDouble.
-  TORCH_ARG(at::ScalarType, ns_compute_dtype) = at::kFloat;
-
- public:
+  MUON_OPTIONS(Dion2Options, 0.01,
+               /// Fraction of the rows (or columns) orthogonalized per step, in (0, 1].
+               (double, fraction, 0.25),
+               /// Error-feedback decay of the selected slices of the momentum, in [0, 1] (NorDion2's mu).
+               (double, ef_decay, 0.95),
+               /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
+               (double, weight_decay, 0.01),
+               /// Newton–Schulz normalization epsilon (X / (‖X‖_F·1.02 + epsilon)), > 0.
+               (double, epsilon, 1e-8),
+               /// spectral_norm (default) | rms_norm | none.
+               (Dion2AdjustLr, adjust_lr, Dion2AdjustLr::kSpectralNorm),
+               /// One matrix (dim 0) × (the rest) for 3-D+ parameters, else a batch over the last two dims.
+               (bool, flatten, false),
+               /// NorDion2: rows always, NorMuon's per-row normalization of O.
+               (bool, nordion2, false),
+               /// NorDion2's variance decay, in [0, 1) (above 1 the variance turns negative).
+               (double, muon_beta2, 0.95),
+               /// Newton–Schulz coefficient set (a name of muon/newton_schulz.h).
+               (std::string, ns_coefficients, "polar_express_5"),
+               /// Newton–Schulz steps (0: the set's default, 5).
+               (int64_t, ns_steps, 0),
+               /// Newton–Schulz compute dtype: kFloat (default), kBFloat16 (Dion's), kDouble.
+               (at::ScalarType, ns_compute_dtype, at::kFloat))
   /// adjust_lr by name.
   Dion2Options& adjust_lr(const std::string& name);
   /// The Newton–Schulz options these fields describe.
@@ -121,9 +114,6 @@ struct Dion2Options : public ListedOptions<Dion2Options> {
   const char* algorithm() const { return nordion2_ ? "nordion2" : "dion2"; }
   /// Checks every field; raises c10::ValueError "[muon::Dion2] <arg> must be ..., got <value>".
   void validate() const;
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, fraction, ef_decay, weight_decay, epsilon, adjust_lr, flatten, nordion2,
-                     muon_beta2, ns_coefficients, ns_steps, ns_compute_dtype)
 };
 
 /// NorDion2's options with NorDion2's defaults (Dion's nordion2.py): Dion2Options with nordion2 on.
@@ -135,14 +125,11 @@ Dion2Options NorDion2Options(double lr = 0.01);
 /// flatten), in the parameter's dtype. Both split with the parameter's rows
 /// (dim 0) in the sharded layout.
 struct Dion2ParamState : public ListedParamState<Dion2ParamState, 2> {
-  /// M, with error feedback.
-  TORCH_ARG(at::Tensor, momentum);
-  /// NorDion2's per-row second moment.
-  TORCH_ARG(at::Tensor, variance);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(momentum, variance)
+  MUON_STATE_BUFFERS(
+      /// M, with error feedback.
+      momentum,
+      /// NorDion2's per-row second moment.
+      variance)
 };
 
 namespace detail {

@@ -17,9 +17,7 @@
 /// LibTorch's state, and `state_bytes` over the buffers the state lists.
 /// `Derived` supplies only:
 ///
-///   static constexpr const char* kKind;    // "muon::Lion": messages say "[muon::Lion] ...",
-///                                          // options "muon::LionOptions"; archive kind
-///   static constexpr const char* kPrefix;  // "lion": archive keys "lion_groups", ...
+///   static constexpr OptimizerNames kNames{"muon::Lion", "lion"};  // muon/optim/optimizer_names.h
 ///   static void update(at::Tensor& param, const at::Tensor& grad, State& state,
 ///                      const Options& options);  // one step on one parameter
 ///
@@ -38,6 +36,7 @@
 #include <vector>
 
 #include "muon/optim/listed_fields.h"
+#include "muon/optim/optimizer_names.h"
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"

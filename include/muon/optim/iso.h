@@ -48,23 +48,15 @@ namespace muon {
 /// Options of `muon::Iso` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults.
 struct IsoOptions : public ListedOptions<IsoOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  IsoOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 1e-3;
-  /// Heavy-ball momentum of the factors' gradients, in [0, 1).
-  TORCH_ARG(double, momentum) = 0.9;
-  /// "qr" | "polar" | "cayley".
-  TORCH_ARG(std::string, retraction) = "qr";
-  /// Iso has no weight decay: must be 0 (the registry's common field).
-  TORCH_ARG(double, weight_decay) = 0.0;
-
- public:
+  MUON_OPTIONS(IsoOptions, 1e-3,
+               /// Heavy-ball momentum of the factors' gradients, in [0, 1).
+               (double, momentum, 0.9),
+               /// "qr" | "polar" | "cayley".
+               (std::string, retraction, "qr"),
+               /// Iso has no weight decay: must be 0 (the registry's common field).
+               (double, weight_decay, 0.0))
   /// Checks every field; raises c10::ValueError "[muon::Iso] <arg> must be ..., got <value>".
   void validate() const;
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, momentum, retraction, weight_decay)
 };
 
 /// Per-parameter state of `muon::Iso`, all of the whole matrix and held by
@@ -72,20 +64,17 @@ struct IsoOptions : public ListedOptions<IsoOptions> {
 /// first step: `u` (m × k), `sigma` (k), `v` (n × k), `momentum_u`,
 /// `momentum_v`.
 struct IsoParamState : public ListedParamState<IsoParamState, 5> {
-  /// U, the left Stiefel factor.
-  TORCH_ARG(at::Tensor, u);
-  /// σ, the singular values (fixed).
-  TORCH_ARG(at::Tensor, sigma);
-  /// V, the right Stiefel factor.
-  TORCH_ARG(at::Tensor, v);
-  /// Mu, U's momentum.
-  TORCH_ARG(at::Tensor, momentum_u);
-  /// Mv, V's momentum.
-  TORCH_ARG(at::Tensor, momentum_v);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(u, sigma, v, momentum_u, momentum_v)
+  MUON_STATE_BUFFERS(
+      /// U, the left Stiefel factor.
+      u,
+      /// σ, the singular values (fixed).
+      sigma,
+      /// V, the right Stiefel factor.
+      v,
+      /// Mu, U's momentum.
+      momentum_u,
+      /// Mv, V's momentum.
+      momentum_v)
 };
 
 namespace detail {
@@ -107,13 +96,10 @@ class Iso : public WholeMatrixOptimizer<Iso, IsoOptions, IsoParamState> {
  public:
   using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// Messages say "[muon::Iso] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::Iso";
-  /// Archive keys "iso_groups", "iso_options/<i>", ...
-  static constexpr const char* kPrefix = "iso";
+  /// Messages say "[muon::Iso] ..."; archive keys "iso_groups", "iso_options/<i>", ...
+  static constexpr OptimizerNames kNames{"muon::Iso", "iso"};
 
  protected:
-  friend class WholeMatrixOptimizer<Iso, IsoOptions, IsoParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
   void step_parameters() override;
 };

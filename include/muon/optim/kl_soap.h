@@ -67,54 +67,40 @@ namespace muon {
 /// Emerging-Optimizers' names and defaults (lr, which it requires, 3e-3 as
 /// muon::Soap's).
 struct KlSoapOptions : public ListedOptions<KlSoapOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  KlSoapOptions(double lr = 3e-3);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 3e-3;
-  /// The inner step's first-moment decay, in [0, 1).
-  TORCH_ARG(double, beta1) = 0.9;
-  /// The inner step's second-moment decay, in [0, 1).
-  TORCH_ARG(double, beta2) = 0.95;
-  /// Decay of the Kronecker factors (bias-corrected), in [0, 1).
-  TORCH_ARG(double, shampoo_beta) = 0.95;
-  /// The eigenvalues' floor in the KL factor update, and Adam's eps; > 0.
-  TORCH_ARG(double, eps) = 1e-8;
-  /// Weight decay, >= 0.
-  TORCH_ARG(double, weight_decay) = 0.01;
-  /// "decoupled"; rekls and tp_rekls also "independent" or "l2".
-  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
-  /// The entry: "kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3" or "stacked_soap".
-  TORCH_ARG(std::string, kind) = "kl_soap";
-
- public:
+  MUON_OPTIONS(KlSoapOptions, 3e-3,
+               /// The inner step's first-moment decay, in [0, 1).
+               (double, beta1, 0.9),
+               /// The inner step's second-moment decay, in [0, 1).
+               (double, beta2, 0.95),
+               /// Decay of the Kronecker factors (bias-corrected), in [0, 1).
+               (double, shampoo_beta, 0.95),
+               /// The eigenvalues' floor in the KL factor update, and Adam's eps; > 0.
+               (double, eps, 1e-8),
+               /// Weight decay, >= 0.
+               (double, weight_decay, 0.01),
+               /// "decoupled"; rekls and tp_rekls also "independent" or "l2".
+               (std::string, weight_decay_method, "decoupled"),
+               /// The entry: "kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3" or "stacked_soap".
+               (std::string, kind, "kl_soap"))
   /// Checks every field; raises c10::ValueError "[muon::KlSoap] <arg> must be ..., got <value>".
   void validate() const;
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, beta1, beta2, shampoo_beta, eps, weight_decay, weight_decay_method, kind)
 };
 
 /// Per-parameter state of `muon::KlSoap`, all of the (stacked) matrix and
 /// held by the process that steps it (the owner in the sharded layout), made
 /// by the first step; Emerging-Optimizers' names.
 struct KlSoapParamState : public ListedParamState<KlSoapParamState, 8> {
-  /// m, the first moment in the eigenbasis (m × n).
-  TORCH_ARG(at::Tensor, exp_avg);
-  /// v, the second moment in the eigenbasis (m × n; MAdam's scaled by 2¹⁶).
-  TORCH_ARG(at::Tensor, exp_avg_sq);
-  /// L (m × m) and R (n × n), the Kronecker factors.
-  TORCH_ARG(at::Tensor, L);
-  TORCH_ARG(at::Tensor, R);
-  /// Q_L and Q_R, their eigenbases (columns by descending eigenvalue).
-  TORCH_ARG(at::Tensor, Q_L);
-  TORCH_ARG(at::Tensor, Q_R);
-  /// λ_L (m) and λ_R (n), the eigenvalues found with them.
-  TORCH_ARG(at::Tensor, eigvals_L);
-  TORCH_ARG(at::Tensor, eigvals_R);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq, L, R, Q_L, Q_R, eigvals_L, eigvals_R)
+  MUON_STATE_BUFFERS(
+      /// m, the first moment in the eigenbasis (m × n).
+      exp_avg,
+      /// v, the second moment in the eigenbasis (m × n; MAdam's scaled by 2¹⁶).
+      exp_avg_sq,
+      /// L (m × m) and R (n × n), the Kronecker factors.
+      L, R,
+      /// Q_L and Q_R, their eigenbases (columns by descending eigenvalue).
+      Q_L, Q_R,
+      /// λ_L (m) and λ_R (n), the eigenvalues found with them.
+      eigvals_L, eigvals_R)
 };
 
 namespace detail {
@@ -143,17 +129,14 @@ class KlSoap : public WholeMatrixOptimizer<KlSoap, KlSoapOptions, KlSoapParamSta
  public:
   using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// Messages say "[muon::KlSoap] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::KlSoap";
-  /// Archive keys "kl_soap_groups", "kl_soap_options/<i>", ...
-  static constexpr const char* kPrefix = "kl_soap";
+  /// Messages say "[muon::KlSoap] ..."; archive keys "kl_soap_groups", "kl_soap_options/<i>", ...
+  static constexpr OptimizerNames kNames{"muon::KlSoap", "kl_soap"};
   /// The options' checks and the parameters' dims (stacked_soap: 2 or 3).
   void check_before_step() override;
   /// The (stacked) matrix `param`'s state is of.
   std::pair<int64_t, int64_t> preconditioned_dims(const at::Tensor& param) const;
 
  protected:
-  friend class WholeMatrixOptimizer<KlSoap, KlSoapOptions, KlSoapParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
   void step_parameters() override;
 };

@@ -38,26 +38,18 @@ namespace muon {
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9, β2 0.999, ε 1e-8,
 /// no weight decay, bias correction on.
 struct LaPropOptions : public ListedOptions<LaPropOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  LaPropOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 1e-3;
-  /// Decay of the momentum of normalized gradients, in [0, 1).
-  TORCH_ARG(double, beta1) = 0.9;
-  /// Decay of the second moment, in [0, 1).
-  TORCH_ARG(double, beta2) = 0.999;
-  /// Added to √v̂ in the denominator, > 0 (at 0, an element whose gradients
-  /// have all been 0 would divide 0 by 0).
-  TORCH_ARG(double, eps) = 1e-8;
-  /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
-  TORCH_ARG(double, weight_decay) = 0.0;
-  /// Divide v by 1 − β2^t and m by 1 − β1^t (Adam's bias correction).
-  TORCH_ARG(bool, correct_bias) = true;
-
- public:
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, beta1, beta2, eps, weight_decay, correct_bias)
+  MUON_OPTIONS(LaPropOptions, 1e-3,
+               /// Decay of the momentum of normalized gradients, in [0, 1).
+               (double, beta1, 0.9),
+               /// Decay of the second moment, in [0, 1).
+               (double, beta2, 0.999),
+               /// Added to √v̂ in the denominator, > 0 (at 0, an element whose gradients
+               /// have all been 0 would divide 0 by 0).
+               (double, eps, 1e-8),
+               /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
+               (double, weight_decay, 0.0),
+               /// Divide v by 1 − β2^t and m by 1 − β1^t (Adam's bias correction).
+               (bool, correct_bias, true))
   /// Checks every field; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
   void validate() const;
 };
@@ -65,15 +57,12 @@ struct LaPropOptions : public ListedOptions<LaPropOptions> {
 /// Per-parameter state of `muon::LaProp`: `step` (steps taken on this
 /// parameter, t of the bias correction) and the two moments.
 struct LaPropParamState : public ListedParamState<LaPropParamState, 2> {
-  /// Momentum m of the normalized gradients: the parameter's shape, dtype
-  /// and device; zeros at first use.
-  TORCH_ARG(at::Tensor, exp_avg);
-  /// Second moment v: like `exp_avg`.
-  TORCH_ARG(at::Tensor, exp_avg_sq);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq)
+  MUON_STATE_BUFFERS(
+      /// Momentum m of the normalized gradients: the parameter's shape, dtype
+      /// and device; zeros at first use.
+      exp_avg,
+      /// Second moment v: like `exp_avg`.
+      exp_avg_sq)
 };
 
 /// The LaProp optimizer: a `torch::optim::Optimizer` for parameters of any shape.
@@ -91,10 +80,8 @@ class LaProp : public ElementwiseOptimizer<LaProp, LaPropOptions, LaPropParamSta
   /// over one group of parameters: (param_groups | params, LaPropOptions defaults = {}).
   using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// Messages say "[muon::LaProp] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::LaProp";
-  /// Archive keys "laprop_groups", "laprop_options/<i>", "laprop_group_size/<i>".
-  static constexpr const char* kPrefix = "laprop";
+  /// Messages say "[muon::LaProp] ..."; archive keys "laprop_groups", "laprop_options/<i>", "laprop_group_size/<i>".
+  static constexpr OptimizerNames kNames{"muon::LaProp", "laprop"};
   /// One LaProp step on `param` (the header's formula).
   static void update(at::Tensor& param, const at::Tensor& grad, LaPropParamState& state,
                      const LaPropOptions& options);

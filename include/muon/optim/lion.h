@@ -32,21 +32,13 @@ namespace muon {
 /// Options of `muon::Lion` (per parameter group), as chained setters.
 /// Defaults are the paper's: lr 1e-4, β1 0.9, β2 0.99, no weight decay.
 struct LionOptions : public ListedOptions<LionOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  LionOptions(double lr = 1e-4);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 1e-4;
-  /// Interpolation weight of the momentum in the update direction, in [0, 1).
-  TORCH_ARG(double, beta1) = 0.9;
-  /// Decay of the momentum buffer, in [0, 1).
-  TORCH_ARG(double, beta2) = 0.99;
-  /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
-  TORCH_ARG(double, weight_decay) = 0.0;
-
- public:
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, beta1, beta2, weight_decay)
+  MUON_OPTIONS(LionOptions, 1e-4,
+               /// Interpolation weight of the momentum in the update direction, in [0, 1).
+               (double, beta1, 0.9),
+               /// Decay of the momentum buffer, in [0, 1).
+               (double, beta2, 0.99),
+               /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
+               (double, weight_decay, 0.0))
   /// Checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
   void validate() const;
 };
@@ -54,12 +46,9 @@ struct LionOptions : public ListedOptions<LionOptions> {
 /// Per-parameter state of `muon::Lion`: `step` (steps taken on this
 /// parameter) and the momentum.
 struct LionParamState : public ListedParamState<LionParamState, 1> {
-  /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
-  TORCH_ARG(at::Tensor, exp_avg);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(exp_avg)
+  MUON_STATE_BUFFERS(
+      /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
+      exp_avg)
 };
 
 /// The Lion optimizer: a `torch::optim::Optimizer` for parameters of any shape.
@@ -77,10 +66,8 @@ class Lion : public ElementwiseOptimizer<Lion, LionOptions, LionParamState> {
   /// over one group of parameters: (param_groups | params, LionOptions defaults = {}).
   using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// Messages say "[muon::Lion] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::Lion";
-  /// Archive keys "lion_groups", "lion_options/<i>", "lion_group_size/<i>".
-  static constexpr const char* kPrefix = "lion";
+  /// Messages say "[muon::Lion] ..."; archive keys "lion_groups", "lion_options/<i>", "lion_group_size/<i>".
+  static constexpr OptimizerNames kNames{"muon::Lion", "lion"};
   /// One Lion step on `param` (the header's formula).
   static void update(at::Tensor& param, const at::Tensor& grad, LionParamState& state,
                      const LionOptions& options);

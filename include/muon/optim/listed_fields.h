@@ -3,12 +3,14 @@
 /// Options and per-parameter states that list their fields once and get
 /// their archive form, equality and settings digest from the list.
 ///
-/// `ListedOptions<Self>` is a group's options. `Self` lists its fields once,
-/// after their TORCH_ARG declarations:
+/// `ListedOptions<Self>` is a group's options. `Self` declares its
+/// constructor and fields with MUON_OPTIONS (below): each field's type, name
+/// and default once, the default lr in the constructor. Options that declare
+/// their fields themselves (TORCH_ARG) list them after the declarations:
 ///
 ///   MUON_LISTED_FIELDS(lr, beta1, ...)
 ///
-/// which declares `kFields` (the archive keys "lr", "beta1", ...: the field
+/// Either way `Self` has `kFields` (the archive keys "lr", "beta1", ...: the field
 /// names) and `fields(o)` (a std::tie of o's fields, same order, o const or
 /// not), with `lr` among them; `Self` gets `serialize` (each field under its key;
 /// enums by their names, dtypes by torch's names), field-wise equality,
@@ -18,7 +20,8 @@
 /// parsers where it instantiates the options).
 ///
 /// `ListedParamState<Self, N>` is a state of a step counter and N buffers;
-/// `Self` lists them once, `MUON_LISTED_BUFFERS(exp_avg, ...)`, which declares
+/// `Self` declares them once, `MUON_STATE_BUFFERS(exp_avg, ...)` (or lists
+/// its own TORCH_ARG buffers, `MUON_LISTED_BUFFERS(exp_avg, ...)`), which gives
 /// `kBuffers` (their archive keys: the names) and `buffers()` (pointers to
 /// them), and gets serialize, bit-equality and `const_buffers`.
 ///
@@ -37,7 +40,8 @@
 
 #include "muon/optim/settings_digest.h"
 
-// MUON_LISTED_EACH_(m, a, b, ...) is m(a), m(b), ... for 1 to 20 arguments.
+// MUON_LISTED_EACH_(m, s, a, b, ...) is m(a) s() m(b) s() ... for 1 to 20 arguments:
+// s is MUON_LISTED_COMMA_ (a list) or MUON_LISTED_NONE_ (declarations).
 #define MUON_LISTED_CAT_(a, b) MUON_LISTED_CAT2_(a, b)
 #define MUON_LISTED_CAT2_(a, b) a##b
 #define MUON_LISTED_NTH_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, \
@@ -46,28 +50,30 @@
 #define MUON_LISTED_COUNT_(...)                                                                  \
   MUON_LISTED_NTH_(__VA_ARGS__, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, \
                    2, 1, 0)
-#define MUON_LISTED_EACH_(m, ...) \
-  MUON_LISTED_CAT_(MUON_LISTED_EACH_, MUON_LISTED_COUNT_(__VA_ARGS__))(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_1(m, a) m(a)
-#define MUON_LISTED_EACH_2(m, a, ...) m(a), MUON_LISTED_EACH_1(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_3(m, a, ...) m(a), MUON_LISTED_EACH_2(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_4(m, a, ...) m(a), MUON_LISTED_EACH_3(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_5(m, a, ...) m(a), MUON_LISTED_EACH_4(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_6(m, a, ...) m(a), MUON_LISTED_EACH_5(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_7(m, a, ...) m(a), MUON_LISTED_EACH_6(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_8(m, a, ...) m(a), MUON_LISTED_EACH_7(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_9(m, a, ...) m(a), MUON_LISTED_EACH_8(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_10(m, a, ...) m(a), MUON_LISTED_EACH_9(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_11(m, a, ...) m(a), MUON_LISTED_EACH_10(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_12(m, a, ...) m(a), MUON_LISTED_EACH_11(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_13(m, a, ...) m(a), MUON_LISTED_EACH_12(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_14(m, a, ...) m(a), MUON_LISTED_EACH_13(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_15(m, a, ...) m(a), MUON_LISTED_EACH_14(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_16(m, a, ...) m(a), MUON_LISTED_EACH_15(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_17(m, a, ...) m(a), MUON_LISTED_EACH_16(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_18(m, a, ...) m(a), MUON_LISTED_EACH_17(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_19(m, a, ...) m(a), MUON_LISTED_EACH_18(m, __VA_ARGS__)
-#define MUON_LISTED_EACH_20(m, a, ...) m(a), MUON_LISTED_EACH_19(m, __VA_ARGS__)
+#define MUON_LISTED_EACH_(m, s, ...) \
+  MUON_LISTED_CAT_(MUON_LISTED_EACH_, MUON_LISTED_COUNT_(__VA_ARGS__))(m, s, __VA_ARGS__)
+#define MUON_LISTED_COMMA_() ,
+#define MUON_LISTED_NONE_()
+#define MUON_LISTED_EACH_1(m, s, a) m(a)
+#define MUON_LISTED_EACH_2(m, s, a, ...) m(a) s() MUON_LISTED_EACH_1(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_3(m, s, a, ...) m(a) s() MUON_LISTED_EACH_2(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_4(m, s, a, ...) m(a) s() MUON_LISTED_EACH_3(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_5(m, s, a, ...) m(a) s() MUON_LISTED_EACH_4(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_6(m, s, a, ...) m(a) s() MUON_LISTED_EACH_5(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_7(m, s, a, ...) m(a) s() MUON_LISTED_EACH_6(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_8(m, s, a, ...) m(a) s() MUON_LISTED_EACH_7(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_9(m, s, a, ...) m(a) s() MUON_LISTED_EACH_8(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_10(m, s, a, ...) m(a) s() MUON_LISTED_EACH_9(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_11(m, s, a, ...) m(a) s() MUON_LISTED_EACH_10(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_12(m, s, a, ...) m(a) s() MUON_LISTED_EACH_11(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_13(m, s, a, ...) m(a) s() MUON_LISTED_EACH_12(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_14(m, s, a, ...) m(a) s() MUON_LISTED_EACH_13(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_15(m, s, a, ...) m(a) s() MUON_LISTED_EACH_14(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_16(m, s, a, ...) m(a) s() MUON_LISTED_EACH_15(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_17(m, s, a, ...) m(a) s() MUON_LISTED_EACH_16(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_18(m, s, a, ...) m(a) s() MUON_LISTED_EACH_17(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_19(m, s, a, ...) m(a) s() MUON_LISTED_EACH_18(m, s, __VA_ARGS__)
+#define MUON_LISTED_EACH_20(m, s, a, ...) m(a) s() MUON_LISTED_EACH_19(m, s, __VA_ARGS__)
 #define MUON_LISTED_KEY_(name) #name
 #define MUON_LISTED_MEMBER_(name) o.name##_
 #define MUON_LISTED_POINTER_(name) &name##_
@@ -75,20 +81,57 @@
 /// In an options struct, after its TORCH_ARG fields: `kFields`, the names of
 /// the fields (their archive keys), and `fields(o)`, a std::tie of o's fields
 /// in that order (o const or not).
-#define MUON_LISTED_FIELDS(...)                                                          \
-  static constexpr std::array kFields{MUON_LISTED_EACH_(MUON_LISTED_KEY_, __VA_ARGS__)}; \
-  template <typename O>                                                                  \
-  static auto fields(O& o) {                                                             \
-    return std::tie(MUON_LISTED_EACH_(MUON_LISTED_MEMBER_, __VA_ARGS__));                \
+#define MUON_LISTED_FIELDS(...)                                                                              \
+  static constexpr std::array kFields{MUON_LISTED_EACH_(MUON_LISTED_KEY_, MUON_LISTED_COMMA_, __VA_ARGS__)}; \
+  template <typename O>                                                                                      \
+  static auto fields(O& o) {                                                                                 \
+    return std::tie(MUON_LISTED_EACH_(MUON_LISTED_MEMBER_, MUON_LISTED_COMMA_, __VA_ARGS__));                \
   }
 
 /// In a per-parameter state, after its TORCH_ARG buffers: `kBuffers`, their
 /// names (archive keys), and `buffers()`, pointers to them in that order.
-#define MUON_LISTED_BUFFERS(...)                                                          \
-  static constexpr std::array kBuffers{MUON_LISTED_EACH_(MUON_LISTED_KEY_, __VA_ARGS__)}; \
-  std::array<at::Tensor*, kBuffers.size()> buffers() {                                    \
-    return {MUON_LISTED_EACH_(MUON_LISTED_POINTER_, __VA_ARGS__)};                        \
+#define MUON_LISTED_BUFFERS(...)                                                                              \
+  static constexpr std::array kBuffers{MUON_LISTED_EACH_(MUON_LISTED_KEY_, MUON_LISTED_COMMA_, __VA_ARGS__)}; \
+  std::array<at::Tensor*, kBuffers.size()> buffers() {                                                        \
+    return {MUON_LISTED_EACH_(MUON_LISTED_POINTER_, MUON_LISTED_COMMA_, __VA_ARGS__)};                        \
   }
+
+/// An options struct's constructor and fields, each name written once:
+///
+///   struct LionOptions : public ListedOptions<LionOptions> {
+///     MUON_OPTIONS(LionOptions, 1e-4,
+///         /// Interpolation weight of the momentum, in [0, 1).
+///         (double, beta1, 0.9),
+///         (double, weight_decay, 0.0))
+///     void validate() const;
+///   };
+///
+/// declares `LionOptions(double lr = 1e-4)` (torch's pattern: the learning
+/// rate first, every other field at its default; the only place the default
+/// lr is written), the field `lr`, a `TORCH_ARG(type, name) = default` for
+/// each `(type, name, default)`, and MUON_LISTED_FIELDS(lr, beta1,
+/// weight_decay): kFields and fields(o) in that order. What follows it is
+/// public.
+#define MUON_OPTIONS(Self, lr_default, ...)                                     \
+  Self(double lr = lr_default) : lr_(lr) {} /* NOLINT: torch's implicit form */ \
+  TORCH_ARG(double, lr);                                                        \
+  MUON_LISTED_EACH_(MUON_OPTIONS_FIELD_, MUON_LISTED_NONE_, __VA_ARGS__)        \
+ public:                                                                        \
+  MUON_LISTED_FIELDS(lr, MUON_LISTED_EACH_(MUON_OPTIONS_NAME_, MUON_LISTED_COMMA_, __VA_ARGS__))
+#define MUON_OPTIONS_FIELD_(field) MUON_OPTIONS_FIELD2_ field
+#define MUON_OPTIONS_FIELD2_(type, name, value) TORCH_ARG(type, name) = value;
+#define MUON_OPTIONS_NAME_(field) MUON_OPTIONS_NAME2_ field
+#define MUON_OPTIONS_NAME2_(type, name, value) name
+
+/// A per-parameter state's buffers, each name written once:
+/// `MUON_STATE_BUFFERS(exp_avg, exp_avg_sq)` declares a
+/// `TORCH_ARG(at::Tensor, name)` for each, then MUON_LISTED_BUFFERS of the
+/// same names. What follows it is public.
+#define MUON_STATE_BUFFERS(...)                                         \
+  MUON_LISTED_EACH_(MUON_STATE_BUFFER_, MUON_LISTED_NONE_, __VA_ARGS__) \
+ public:                                                                \
+  MUON_LISTED_BUFFERS(__VA_ARGS__)
+#define MUON_STATE_BUFFER_(name) TORCH_ARG(at::Tensor, name);
 
 namespace muon {
 

@@ -51,47 +51,36 @@ namespace muon {
 /// Options of `muon::Moso` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults.
 struct MosoOptions : public ListedOptions<MosoOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  MosoOptions(double lr = 3e-4);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 3e-4;
-  /// Decay of Muon's momentum B, in [0, 1).
-  TORCH_ARG(double, momentum) = 0.95;
-  /// Decay of RMSprop's second moment in the eigenbasis, in [0, 1).
-  TORCH_ARG(double, rms_beta) = 0.95;
-  /// Decay of the covariance M (bias-corrected), in [0, 1).
-  TORCH_ARG(double, shampoo_beta) = 0.95;
-  /// Added to √v, > 0.
-  TORCH_ARG(double, eps) = 1e-8;
-  /// Decoupled weight decay, >= 0.
-  TORCH_ARG(double, weight_decay) = 0.01;
-  /// The update's RMS is clipped to this; 0: no clipping. >= 0.
-  TORCH_ARG(double, max_update_rms) = 0.0;
-
- public:
+  MUON_OPTIONS(MosoOptions, 3e-4,
+               /// Decay of Muon's momentum B, in [0, 1).
+               (double, momentum, 0.95),
+               /// Decay of RMSprop's second moment in the eigenbasis, in [0, 1).
+               (double, rms_beta, 0.95),
+               /// Decay of the covariance M (bias-corrected), in [0, 1).
+               (double, shampoo_beta, 0.95),
+               /// Added to √v, > 0.
+               (double, eps, 1e-8),
+               /// Decoupled weight decay, >= 0.
+               (double, weight_decay, 0.01),
+               /// The update's RMS is clipped to this; 0: no clipping. >= 0.
+               (double, max_update_rms, 0.0))
   /// Checks every field; raises c10::ValueError "[muon::Moso] <arg> must be ..., got <value>".
   void validate() const;
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, momentum, rms_beta, shampoo_beta, eps, weight_decay, max_update_rms)
 };
 
 /// Per-parameter state of `muon::Moso`, all of the whole matrix and held by
 /// the process that steps it (the owner in the sharded layout), made by the
 /// first step; Emerging-Optimizers' names.
 struct MosoParamState : public ListedParamState<MosoParamState, 4> {
-  /// B, Muon's momentum (m × n).
-  TORCH_ARG(at::Tensor, momentum_buffer);
-  /// v, RMSprop's second moment in the eigenbasis (m × n).
-  TORCH_ARG(at::Tensor, exp_avg_sq);
-  /// M, the smaller side's covariance of B (s × s).
-  TORCH_ARG(at::Tensor, M);
-  /// Q, M's eigenbasis (s × s), columns by descending eigenvalue.
-  TORCH_ARG(at::Tensor, Q_M);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(momentum_buffer, exp_avg_sq, M, Q_M)
+  MUON_STATE_BUFFERS(
+      /// B, Muon's momentum (m × n).
+      momentum_buffer,
+      /// v, RMSprop's second moment in the eigenbasis (m × n).
+      exp_avg_sq,
+      /// M, the smaller side's covariance of B (s × s).
+      M,
+      /// Q, M's eigenbasis (s × s), columns by descending eigenvalue.
+      Q_M)
 };
 
 namespace detail {
@@ -112,13 +101,10 @@ class Moso : public WholeMatrixOptimizer<Moso, MosoOptions, MosoParamState> {
  public:
   using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// Messages say "[muon::Moso] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::Moso";
-  /// Archive keys "moso_groups", "moso_options/<i>", ...
-  static constexpr const char* kPrefix = "moso";
+  /// Messages say "[muon::Moso] ..."; archive keys "moso_groups", "moso_options/<i>", ...
+  static constexpr OptimizerNames kNames{"muon::Moso", "moso"};
 
  protected:
-  friend class WholeMatrixOptimizer<Moso, MosoOptions, MosoParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
   void step_parameters() override;
 };

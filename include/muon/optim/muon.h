@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "muon/enum_names.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/orthogonalizer.h"
 #include "muon/optim/settings_digest.h"
@@ -65,9 +66,7 @@ enum class MomentumStyle {
 };
 
 /// "ema" | "classic".
-std::string to_string(MomentumStyle style);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-MomentumStyle parse_momentum_style(const std::string& name);
+MUON_ENUM_NAMES(MomentumStyle, parse_momentum_style);
 
 /// How weight decay enters the step.
 enum class WeightDecayMode {
@@ -95,9 +94,7 @@ enum class WeightDecayMode {
 };
 
 /// "decoupled" | "independent" | "l2" | "palm" | "spectral_clipped" | "cautious".
-std::string to_string(WeightDecayMode mode);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-WeightDecayMode parse_weight_decay_mode(const std::string& name);
+MUON_ENUM_NAMES(WeightDecayMode, parse_weight_decay_mode);
 
 /// What step 4 makes of the update's matrices (muon/spectral.h).
 enum class SpectralUpdate {
@@ -110,9 +107,7 @@ enum class SpectralUpdate {
 };
 
 /// "none" | "clip" | "hardcap".
-std::string to_string(SpectralUpdate update);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-SpectralUpdate parse_spectral_update(const std::string& name);
+MUON_ENUM_NAMES(SpectralUpdate, parse_spectral_update);
 
 /// Default learning rate: Keller Jordan's 0.02, tuned for `kShapeScaling`.
 constexpr double kDefaultMuonLr = 0.02;
@@ -142,10 +137,10 @@ constexpr double kDefaultMuonMomentum = 0.95;
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>,
                      public DigestibleOptions {
   /// Options with learning rate `lr` and every other field at its default.
-  MuonOptions(double lr = kDefaultMuonLr);  // NOLINT(google-explicit-constructor): torch pattern
+  MuonOptions(double lr = kDefaultMuonLr) : lr_(lr) {}  // NOLINT(google-explicit-constructor): torch pattern
 
   /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = kDefaultMuonLr;
+  TORCH_ARG(double, lr);
   /// Momentum μ in [0, 1).
   TORCH_ARG(double, momentum) = kDefaultMuonMomentum;
   /// Use the Nesterov look-ahead update instead of the buffer itself.

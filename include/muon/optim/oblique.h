@@ -44,38 +44,27 @@ namespace muon {
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight decay
 /// (method "decoupled"), dim 0, eps 1e-8.
 struct ObliqueSGDOptions : public ListedOptions<ObliqueSGDOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  ObliqueSGDOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 1e-3;
-  /// Momentum μ, in [0, 1): u ← g + μ·u.
-  TORCH_ARG(double, momentum) = 0.9;
-  /// Weight decay, >= 0, applied as `weight_decay_method` says.
-  TORCH_ARG(double, weight_decay) = 0.0;
-  /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
-  /// (wd·p added to the projected gradient), Emerging-Optimizers' methods.
-  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
-  /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
-  TORCH_ARG(int64_t, dim) = 0;
-  /// Lower bound of the norm the retraction divides by, > 0.
-  TORCH_ARG(double, eps) = 1e-8;
-
- public:
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, momentum, weight_decay, weight_decay_method, dim, eps)
+  MUON_OPTIONS(ObliqueSGDOptions, 1e-3,
+               /// Momentum μ, in [0, 1): u ← g + μ·u.
+               (double, momentum, 0.9),
+               /// Weight decay, >= 0, applied as `weight_decay_method` says.
+               (double, weight_decay, 0.0),
+               /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+               /// (wd·p added to the projected gradient), Emerging-Optimizers' methods.
+               (std::string, weight_decay_method, "decoupled"),
+               /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
+               (int64_t, dim, 0),
+               /// Lower bound of the norm the retraction divides by, > 0.
+               (double, eps, 1e-8))
   /// Checks every field; raises c10::ValueError "[muon::ObliqueSGD] <arg> must be ..., got <value>".
   void validate() const;
 };
 
 /// Per-parameter state of `muon::ObliqueSGD`: `step` and the momentum buffer.
 struct ObliqueSGDParamState : public ListedParamState<ObliqueSGDParamState, 1> {
-  /// Momentum u: the parameter's shape, dtype and device; zeros at first use.
-  TORCH_ARG(at::Tensor, momentum_buffer);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(momentum_buffer)
+  MUON_STATE_BUFFERS(
+      /// Momentum u: the parameter's shape, dtype and device; zeros at first use.
+      momentum_buffer)
 };
 
 /// Riemannian SGD with momentum on the oblique manifold: a
@@ -92,10 +81,8 @@ class ObliqueSGD : public ElementwiseOptimizer<ObliqueSGD, ObliqueSGDOptions, Ob
   /// ObliqueSGD over `param_groups` or over one group of parameters.
   using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// Messages say "[muon::ObliqueSGD] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::ObliqueSGD";
-  /// Archive keys "oblique_sgd_groups", ...
-  static constexpr const char* kPrefix = "oblique_sgd";
+  /// Messages say "[muon::ObliqueSGD] ..."; archive keys "oblique_sgd_groups", ...
+  static constexpr OptimizerNames kNames{"muon::ObliqueSGD", "oblique_sgd"};
   /// The options' checks, then `dim` against every parameter's ndim.
   void check_before_step() override;
   /// One step on `param` (the header's formula).
@@ -107,43 +94,32 @@ class ObliqueSGD : public ElementwiseOptimizer<ObliqueSGD, ObliqueSGDOptions, Ob
 /// Defaults are Emerging-Optimizers': lr 1e-3, betas (0.9, 0.99), no weight
 /// decay (method "decoupled"), dim 0, eps 1e-8, bias correction on.
 struct ObliqueAdamOptions : public ListedOptions<ObliqueAdamOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  ObliqueAdamOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 1e-3;
-  /// First-moment decay β1, in [0, 1).
-  TORCH_ARG(double, beta1) = 0.9;
-  /// Second-moment decay β2, in [0, 1).
-  TORCH_ARG(double, beta2) = 0.99;
-  /// Weight decay, >= 0, applied as `weight_decay_method` says.
-  TORCH_ARG(double, weight_decay) = 0.0;
-  /// "decoupled", "independent" or "l2", as ObliqueSGDOptions'.
-  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
-  /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
-  TORCH_ARG(int64_t, dim) = 0;
-  /// Added to √v / c2, and the lower bound of the retraction's norm; > 0.
-  TORCH_ARG(double, eps) = 1e-8;
-  /// c_i = 1 − β_i^t (else 1).
-  TORCH_ARG(bool, correct_bias) = true;
-
- public:
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, beta1, beta2, weight_decay, weight_decay_method, dim, eps, correct_bias)
+  MUON_OPTIONS(ObliqueAdamOptions, 1e-3,
+               /// First-moment decay β1, in [0, 1).
+               (double, beta1, 0.9),
+               /// Second-moment decay β2, in [0, 1).
+               (double, beta2, 0.99),
+               /// Weight decay, >= 0, applied as `weight_decay_method` says.
+               (double, weight_decay, 0.0),
+               /// "decoupled", "independent" or "l2", as ObliqueSGDOptions'.
+               (std::string, weight_decay_method, "decoupled"),
+               /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
+               (int64_t, dim, 0),
+               /// Added to √v / c2, and the lower bound of the retraction's norm; > 0.
+               (double, eps, 1e-8),
+               /// c_i = 1 − β_i^t (else 1).
+               (bool, correct_bias, true))
   /// Checks every field; raises c10::ValueError "[muon::ObliqueAdam] <arg> must be ..., got <value>".
   void validate() const;
 };
 
 /// Per-parameter state of `muon::ObliqueAdam`: `step` (t) and both moments.
 struct ObliqueAdamParamState : public ListedParamState<ObliqueAdamParamState, 2> {
-  /// First moment m; zeros at first use.
-  TORCH_ARG(at::Tensor, exp_avg);
-  /// Second moment v; zeros at first use.
-  TORCH_ARG(at::Tensor, exp_avg_sq);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq)
+  MUON_STATE_BUFFERS(
+      /// First moment m; zeros at first use.
+      exp_avg,
+      /// Second moment v; zeros at first use.
+      exp_avg_sq)
 };
 
 /// Riemannian Adam on the oblique manifold: a `torch::optim::Optimizer` for
@@ -154,10 +130,8 @@ class ObliqueAdam
   /// ObliqueAdam over `param_groups` or over one group of parameters.
   using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// Messages say "[muon::ObliqueAdam] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::ObliqueAdam";
-  /// Archive keys "oblique_adam_groups", ...
-  static constexpr const char* kPrefix = "oblique_adam";
+  /// Messages say "[muon::ObliqueAdam] ..."; archive keys "oblique_adam_groups", ...
+  static constexpr OptimizerNames kNames{"muon::ObliqueAdam", "oblique_adam"};
   /// The options' checks, then `dim` against every parameter's ndim.
   void check_before_step() override;
   /// One step on `param` (the header's formula).

@@ -71,6 +71,7 @@
 #include <string>
 #include <vector>
 
+#include "muon/enum_names.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/orthogonalizer.h"
 
@@ -91,9 +92,7 @@ enum class OrthogonalizedKind {
 };
 
 /// "polargrad" | "scion" | "mop" | "spel" | "muon_hyperball" (the registry names).
-std::string to_string(OrthogonalizedKind kind);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-OrthogonalizedKind parse_orthogonalized_kind(const std::string& name);
+MUON_ENUM_NAMES(OrthogonalizedKind, parse_orthogonalized_kind);
 
 /// The variant's own settings, shared by all its groups.
 struct OrthogonalizedVariantOptions {

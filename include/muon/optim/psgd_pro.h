@@ -56,41 +56,31 @@ namespace muon {
 /// Options of `muon::PsgdPro` (per parameter group), as chained setters,
 /// with Emerging-Optimizers' names and defaults.
 struct PsgdProOptions : public ListedOptions<PsgdProOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  PsgdProOptions(double lr = 3e-3);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 3e-3;
-  /// Weight decay, >= 0, applied as `weight_decay_method` says.
-  TORCH_ARG(double, weight_decay) = 0.01;
-  /// "decoupled", "independent" or "l2" (Emerging-Optimizers' WeightDecayMixin).
-  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
-  /// Decay of the gradient's EMA, in [0, 1).
-  TORCH_ARG(double, momentum) = 0.9;
-  /// EMA decay of the Lipschitz constants, in [0, 1).
-  TORCH_ARG(double, beta_lip) = 0.9;
-  /// The preconditioner's learning rate at step 0, > 0.
-  TORCH_ARG(double, precond_lr) = 0.1;
-  /// Scale of the initial factors (init_scale·I), > 0.
-  TORCH_ARG(double, precond_init_scale) = 1.0;
-  /// Scale of the noise added to the momentum to fit the factors, >= 0.
-  TORCH_ARG(double, damping_noise_scale) = 0.1;
-  /// The floor of the preconditioner's learning rate, in [0, precond_lr].
-  TORCH_ARG(double, min_precond_lr) = 0.01;
-  /// Steps of the preconditioner's learning rate schedule, >= 1.
-  TORCH_ARG(int64_t, warmup_steps) = 10000;
-  /// The update's RMS is clipped to this; 0: no clipping. >= 0.
-  TORCH_ARG(double, max_update_rms) = 0.0;
-  /// Seed of the random draws, >= 0.
-  TORCH_ARG(int64_t, seed) = 0;
-
- public:
+  MUON_OPTIONS(PsgdProOptions, 3e-3,
+               /// Weight decay, >= 0, applied as `weight_decay_method` says.
+               (double, weight_decay, 0.01),
+               /// "decoupled", "independent" or "l2" (Emerging-Optimizers' WeightDecayMixin).
+               (std::string, weight_decay_method, "decoupled"),
+               /// Decay of the gradient's EMA, in [0, 1).
+               (double, momentum, 0.9),
+               /// EMA decay of the Lipschitz constants, in [0, 1).
+               (double, beta_lip, 0.9),
+               /// The preconditioner's learning rate at step 0, > 0.
+               (double, precond_lr, 0.1),
+               /// Scale of the initial factors (init_scale·I), > 0.
+               (double, precond_init_scale, 1.0),
+               /// Scale of the noise added to the momentum to fit the factors, >= 0.
+               (double, damping_noise_scale, 0.1),
+               /// The floor of the preconditioner's learning rate, in [0, precond_lr].
+               (double, min_precond_lr, 0.01),
+               /// Steps of the preconditioner's learning rate schedule, >= 1.
+               (int64_t, warmup_steps, 10000),
+               /// The update's RMS is clipped to this; 0: no clipping. >= 0.
+               (double, max_update_rms, 0.0),
+               /// Seed of the random draws, >= 0.
+               (int64_t, seed, 0))
   /// Checks every field; raises c10::ValueError "[muon::PsgdPro] <arg> must be ..., got <value>".
   void validate() const;
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, weight_decay, weight_decay_method, momentum, beta_lip, precond_lr,
-                     precond_init_scale, damping_noise_scale, min_precond_lr, warmup_steps,
-                     max_update_rms, seed)
 };
 
 /// Per-parameter state of `muon::PsgdPro`, all of the whole matrix and held
@@ -98,20 +88,17 @@ struct PsgdProOptions : public ListedOptions<PsgdProOptions> {
 /// the first step; Emerging-Optimizers' names (its lists Q and L as Q_L,
 /// Q_R and lip_L, lip_R).
 struct PsgdProParamState : public ListedParamState<PsgdProParamState, 5> {
-  /// m, the gradient's EMA (m × n).
-  TORCH_ARG(at::Tensor, exp_avg);
-  /// The left factor (m × m).
-  TORCH_ARG(at::Tensor, Q_L);
-  /// The right factor (n × n).
-  TORCH_ARG(at::Tensor, Q_R);
-  /// The left factor's Lipschitz constant (a scalar tensor).
-  TORCH_ARG(at::Tensor, lip_L);
-  /// The right factor's Lipschitz constant (a scalar tensor).
-  TORCH_ARG(at::Tensor, lip_R);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(exp_avg, Q_L, Q_R, lip_L, lip_R)
+  MUON_STATE_BUFFERS(
+      /// m, the gradient's EMA (m × n).
+      exp_avg,
+      /// The left factor (m × m).
+      Q_L,
+      /// The right factor (n × n).
+      Q_R,
+      /// The left factor's Lipschitz constant (a scalar tensor).
+      lip_L,
+      /// The right factor's Lipschitz constant (a scalar tensor).
+      lip_R)
 };
 
 namespace detail {
@@ -136,13 +123,10 @@ class PsgdPro : public WholeMatrixOptimizer<PsgdPro, PsgdProOptions, PsgdProPara
  public:
   using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// Messages say "[muon::PsgdPro] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::PsgdPro";
-  /// Archive keys "psgd_pro_groups", "psgd_pro_options/<i>", ...
-  static constexpr const char* kPrefix = "psgd_pro";
+  /// Messages say "[muon::PsgdPro] ..."; archive keys "psgd_pro_groups", "psgd_pro_options/<i>", ...
+  static constexpr OptimizerNames kNames{"muon::PsgdPro", "psgd_pro"};
 
  protected:
-  friend class WholeMatrixOptimizer<PsgdPro, PsgdProOptions, PsgdProParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
   void step_parameters() override;
 };

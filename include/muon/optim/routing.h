@@ -22,15 +22,15 @@
 #include <string>
 #include <vector>
 
+#include "muon/enum_names.h"
+
 namespace muon {
 
 /// The optimizer a parameter goes to.
 enum class Route { kMuon, kAdamW };
 
 /// "muon" | "adamw".
-std::string to_string(Route route);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-Route parse_route(const std::string& name);
+MUON_ENUM_NAMES(Route, parse_route);
 
 /// A default rule: parameters it matches go to AdamW (the scalar optimizer).
 enum class DefaultRule {

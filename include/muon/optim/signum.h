@@ -41,28 +41,20 @@ namespace muon {
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight
 /// decay (method "decoupled"), bias correction on, nesterov off.
 struct SignumOptions : public ListedOptions<SignumOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  SignumOptions(double lr = 1e-3);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 1e-3;
-  /// Momentum decay β, in [0, 1) (0: signSGD).
-  TORCH_ARG(double, momentum) = 0.9;
-  /// Weight decay, >= 0, applied as `weight_decay_method` says.
-  TORCH_ARG(double, weight_decay) = 0.0;
-  /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
-  /// (wd·p added to the gradient the step uses; `p.grad` itself is left
-  /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
-  TORCH_ARG(std::string, weight_decay_method) = "decoupled";
-  /// Divide the momentum by 1 − β^t (Adam's bias correction; it changes
-  /// only the Nesterov combination, never the sign of m alone).
-  TORCH_ARG(bool, correct_bias) = true;
-  /// Nesterov look-ahead: the sign of β·m/(1 − β^(t+1)) + (1 − β)·g/(1 − β^t).
-  TORCH_ARG(bool, nesterov) = false;
-
- public:
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, momentum, weight_decay, weight_decay_method, correct_bias, nesterov)
+  MUON_OPTIONS(SignumOptions, 1e-3,
+               /// Momentum decay β, in [0, 1) (0: signSGD).
+               (double, momentum, 0.9),
+               /// Weight decay, >= 0, applied as `weight_decay_method` says.
+               (double, weight_decay, 0.0),
+               /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+               /// (wd·p added to the gradient the step uses; `p.grad` itself is left
+               /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
+               (std::string, weight_decay_method, "decoupled"),
+               /// Divide the momentum by 1 − β^t (Adam's bias correction; it changes
+               /// only the Nesterov combination, never the sign of m alone).
+               (bool, correct_bias, true),
+               /// Nesterov look-ahead: the sign of β·m/(1 − β^(t+1)) + (1 − β)·g/(1 − β^t).
+               (bool, nesterov, false))
   /// Checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
   void validate() const;
 };
@@ -70,12 +62,9 @@ struct SignumOptions : public ListedOptions<SignumOptions> {
 /// Per-parameter state of `muon::Signum`: `step` (steps taken on this
 /// parameter, t of the bias correction) and the momentum.
 struct SignumParamState : public ListedParamState<SignumParamState, 1> {
-  /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
-  TORCH_ARG(at::Tensor, exp_avg);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(exp_avg)
+  MUON_STATE_BUFFERS(
+      /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
+      exp_avg)
 };
 
 /// The Signum optimizer: a `torch::optim::Optimizer` for parameters of any shape.
@@ -93,10 +82,8 @@ class Signum : public ElementwiseOptimizer<Signum, SignumOptions, SignumParamSta
   /// over one group of parameters: (param_groups | params, SignumOptions defaults = {}).
   using ElementwiseOptimizer::ElementwiseOptimizer;
 
-  /// Messages say "[muon::Signum] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::Signum";
-  /// Archive keys "signum_groups", "signum_options/<i>", "signum_group_size/<i>".
-  static constexpr const char* kPrefix = "signum";
+  /// Messages say "[muon::Signum] ..."; archive keys "signum_groups", "signum_options/<i>", "signum_group_size/<i>".
+  static constexpr OptimizerNames kNames{"muon::Signum", "signum"};
   /// One Signum step on `param` (the header's formula).
   static void update(at::Tensor& param, const at::Tensor& grad, SignumParamState& state,
                      const SignumOptions& options);

@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "muon/enum_names.h"
 #include "muon/optim/listed_fields.h"
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
@@ -63,57 +64,49 @@ enum class SoapWeightDecay {
 };
 
 /// "decoupled" | "independent" | "l2".
-std::string to_string(SoapWeightDecay method);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-SoapWeightDecay parse_soap_weight_decay(const std::string& name);
+MUON_ENUM_NAMES(SoapWeightDecay, parse_soap_weight_decay);
 
 /// Options of `muon::Soap` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults (lr aside: it has none there;
 /// 3e-3 is its earlier default).
 struct SoapOptions : public ListedOptions<SoapOptions> {
-  /// Options with learning rate `lr` and every other field at its default.
-  SoapOptions(double lr = 3e-3);  // NOLINT(google-explicit-constructor): torch pattern
-
-  /// Learning rate, >= 0.
-  TORCH_ARG(double, lr) = 3e-3;
-  /// Adam's first-moment decay, in [0, 1).
-  TORCH_ARG(double, beta1) = 0.9;
-  /// Adam's second-moment decay, in [0, 1).
-  TORCH_ARG(double, beta2) = 0.95;
-  /// Decay of the Kronecker factors L and R, in [0, 1).
-  TORCH_ARG(double, shampoo_beta) = 0.95;
-  /// Added to Adam's √v̂, > 0 (0 would divide 0 by 0 on a zero gradient element).
-  TORCH_ARG(double, eps) = 1e-8;
-  /// Weight decay, >= 0, applied as `weight_decay_method` says.
-  TORCH_ARG(double, weight_decay) = 0.01;
-  /// decoupled (default) | independent | l2.
-  TORCH_ARG(SoapWeightDecay, weight_decay_method) = SoapWeightDecay::kDecoupled;
-  /// Nesterov momentum in the inner Adam.
-  TORCH_ARG(bool, use_nesterov) = false;
-  /// Steps between eigenbasis refreshes, >= 1.
-  TORCH_ARG(int64_t, precondition_frequency) = 1;
-  /// Steps of plain Adam before the first eigenbasis (computed at step
-  /// adam_warmup_steps + 1, 1-based), >= 0.
-  TORCH_ARG(int64_t, adam_warmup_steps) = 0;
-  /// Precondition 1-D parameters with one factor (else plain Adam).
-  TORCH_ARG(bool, precondition_1d) = false;
-  /// Adam's bias correction of both moments.
-  TORCH_ARG(bool, correct_bias) = true;
-  /// Bias correction of the factors' EMA: 1 (yes), 0 (no), -1 (as correct_bias, the default).
-  TORCH_ARG(int64_t, correct_shampoo_beta_bias) = -1;
-  /// Refresh the eigenbases by eigh every time (else orthogonal iteration after the first).
-  TORCH_ARG(bool, use_eigh) = false;
-  /// Refresh a factor's eigenbasis only when Qᵀ·K·Q is not diagonal within
-  /// `adaptive_update_tolerance` (‖diag‖ < (1 − tol)·‖K‖).
-  TORCH_ARG(bool, use_adaptive_criteria) = false;
-  /// See use_adaptive_criteria; in [0, 1).
-  TORCH_ARG(double, adaptive_update_tolerance) = 1e-7;
-  /// Orthogonal-iteration steps per refresh, >= 1.
-  TORCH_ARG(int64_t, power_iter_steps) = 1;
-  /// Clip the update's RMS to this (0: no clipping), >= 0.
-  TORCH_ARG(double, max_update_rms) = 0.0;
-
- public:
+  MUON_OPTIONS(SoapOptions, 3e-3,
+               /// Adam's first-moment decay, in [0, 1).
+               (double, beta1, 0.9),
+               /// Adam's second-moment decay, in [0, 1).
+               (double, beta2, 0.95),
+               /// Decay of the Kronecker factors L and R, in [0, 1).
+               (double, shampoo_beta, 0.95),
+               /// Added to Adam's √v̂, > 0 (0 would divide 0 by 0 on a zero gradient element).
+               (double, eps, 1e-8),
+               /// Weight decay, >= 0, applied as `weight_decay_method` says.
+               (double, weight_decay, 0.01),
+               /// decoupled (default) | independent | l2.
+               (SoapWeightDecay, weight_decay_method, SoapWeightDecay::kDecoupled),
+               /// Nesterov momentum in the inner Adam.
+               (bool, use_nesterov, false),
+               /// Steps between eigenbasis refreshes, >= 1.
+               (int64_t, precondition_frequency, 1),
+               /// Steps of plain Adam before the first eigenbasis (computed at step
+               /// adam_warmup_steps + 1, 1-based), >= 0.
+               (int64_t, adam_warmup_steps, 0),
+               /// Precondition 1-D parameters with one factor (else plain Adam).
+               (bool, precondition_1d, false),
+               /// Adam's bias correction of both moments.
+               (bool, correct_bias, true),
+               /// Bias correction of the factors' EMA: 1 (yes), 0 (no), -1 (as correct_bias, the default).
+               (int64_t, correct_shampoo_beta_bias, -1),
+               /// Refresh the eigenbases by eigh every time (else orthogonal iteration after the first).
+               (bool, use_eigh, false),
+               /// Refresh a factor's eigenbasis only when Qᵀ·K·Q is not diagonal within
+               /// `adaptive_update_tolerance` (‖diag‖ < (1 − tol)·‖K‖).
+               (bool, use_adaptive_criteria, false),
+               /// See use_adaptive_criteria; in [0, 1).
+               (double, adaptive_update_tolerance, 1e-7),
+               /// Orthogonal-iteration steps per refresh, >= 1.
+               (int64_t, power_iter_steps, 1),
+               /// Clip the update's RMS to this (0: no clipping), >= 0.
+               (double, max_update_rms, 0.0))
   /// weight_decay_method by name.
   SoapOptions& weight_decay_method(const std::string& name);
   /// Whether the factors' EMA is bias-corrected (correct_shampoo_beta_bias, or correct_bias at -1).
@@ -122,11 +115,6 @@ struct SoapOptions : public ListedOptions<SoapOptions> {
   }
   /// Checks every field; raises c10::ValueError "[muon::Soap] <arg> must be ..., got <value>".
   void validate() const;
-  /// kFields (the archive keys) and fields(o) (a std::tie), in this order.
-  MUON_LISTED_FIELDS(lr, beta1, beta2, shampoo_beta, eps, weight_decay, weight_decay_method,
-                     use_nesterov, precondition_frequency, adam_warmup_steps, precondition_1d,
-                     correct_bias, correct_shampoo_beta_bias, use_eigh, use_adaptive_criteria,
-                     adaptive_update_tolerance, power_iter_steps, max_update_rms)
 };
 
 /// Per-parameter state of `muon::Soap` (Emerging-Optimizers' names; its
@@ -138,22 +126,19 @@ struct SoapOptions : public ListedOptions<SoapOptions> {
 /// layout only the owner of a matrix holds these tensors (whole); every
 /// rank counts `step`.
 struct SoapParamState : public ListedParamState<SoapParamState, 6> {
-  /// Adam's first moment, in the eigenbasis.
-  TORCH_ARG(at::Tensor, exp_avg);
-  /// Adam's second moment, in the eigenbasis.
-  TORCH_ARG(at::Tensor, exp_avg_sq);
-  /// Left Kronecker factor (EMA of G·Gᵀ).
-  TORCH_ARG(at::Tensor, L);
-  /// Right Kronecker factor (EMA of Gᵀ·G).
-  TORCH_ARG(at::Tensor, R);
-  /// Eigenbasis of L (columns by descending eigenvalue).
-  TORCH_ARG(at::Tensor, Q_L);
-  /// Eigenbasis of R.
-  TORCH_ARG(at::Tensor, Q_R);
-
- public:
-  /// kBuffers (the archive keys) and buffers() (pointers), in this order.
-  MUON_LISTED_BUFFERS(exp_avg, exp_avg_sq, L, R, Q_L, Q_R)
+  MUON_STATE_BUFFERS(
+      /// Adam's first moment, in the eigenbasis.
+      exp_avg,
+      /// Adam's second moment, in the eigenbasis.
+      exp_avg_sq,
+      /// Left Kronecker factor (EMA of G·Gᵀ).
+      L,
+      /// Right Kronecker factor (EMA of Gᵀ·G).
+      R,
+      /// Eigenbasis of L (columns by descending eigenvalue).
+      Q_L,
+      /// Eigenbasis of R.
+      Q_R)
 };
 
 namespace detail {
@@ -188,10 +173,8 @@ class Soap : public WholeMatrixOptimizer<Soap, SoapOptions, SoapParamState> {
  public:
   using WholeMatrixOptimizer::WholeMatrixOptimizer;
 
-  /// Messages say "[muon::Soap] ..."; the archive's kind.
-  static constexpr const char* kKind = "muon::Soap";
-  /// Archive keys "soap_groups", "soap_options/<i>", ...
-  static constexpr const char* kPrefix = "soap";
+  /// Messages say "[muon::Soap] ..."; archive keys "soap_groups", "soap_options/<i>", ...
+  static constexpr OptimizerNames kNames{"muon::Soap", "soap"};
   /// SOAP steps 1-D parameters too (a column; Adam unless precondition_1d).
   static constexpr int64_t kMinDims = 1;
 
@@ -199,7 +182,6 @@ class Soap : public WholeMatrixOptimizer<Soap, SoapOptions, SoapParamState> {
   virtual bool is_one_d(const at::Tensor& param) const { return param.dim() == 1; }
 
  protected:
-  friend class WholeMatrixOptimizer<Soap, SoapOptions, SoapParamState>;
   /// Steps every parameter with a gradient (after the step's checks).
   void step_parameters() override;
 };

@@ -37,6 +37,8 @@
 #include <utility>
 #include <vector>
 
+#include "muon/enum_names.h"
+
 namespace muon {
 
 /// What a step does when a gradient holds NaN or ±Inf (see the top of this header).
@@ -50,9 +52,7 @@ enum class NonFinitePolicy {
 };
 
 /// "error" | "skip_step" | "propagate".
-std::string to_string(NonFinitePolicy policy);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-NonFinitePolicy parse_nonfinite_policy(const std::string& name);
+MUON_ENUM_NAMES(NonFinitePolicy, parse_nonfinite_policy);
 /// The policies' names, in declaration order.
 std::vector<std::string> nonfinite_policy_names();
 

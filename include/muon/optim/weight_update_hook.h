@@ -41,15 +41,15 @@
 #include <utility>
 #include <vector>
 
+#include "muon/enum_names.h"
+
 namespace muon {
 
 /// Which hook a param group wears.
 enum class WeightUpdateHookKind { kNone, kHyperball, kRadialBrake, kRelativeUpdate };
 
 /// "none" | "hyperball" | "radial_brake" | "relative_update".
-std::string to_string(WeightUpdateHookKind kind);
-/// Inverse of to_string; an unknown name raises c10::ValueError listing the valid ones.
-WeightUpdateHookKind parse_weight_update_hook(const std::string& name);
+MUON_ENUM_NAMES(WeightUpdateHookKind, parse_weight_update_hook);
 /// The hooks' names, in declaration order.
 std::vector<std::string> weight_update_hook_names();
 

@@ -7,8 +7,8 @@
 /// step's checks (muon/optim/step_guard.h: options validated, parameters of
 /// at least `Derived::kMinDims` dims, 2 unless Derived says 1), `state_bytes`, and `save`/`load` in LibTorch's
 /// optimizer archive layout with the options beside it
-/// (muon/optim/listed_fields.h). `Derived` names itself (`kKind`, e.g.
-/// "muon::Dion"; `kPrefix`, its archive keys' prefix) and steps its
+/// (muon/optim/listed_fields.h). `Derived` names itself (`kNames`,
+/// muon/optim/optimizer_names.h: e.g. {"muon::Dion", "dion"}) and steps its
 /// parameters (`step_parameters`); the layouts override `whole_matrix_dims`
 /// and `holds_whole_state` for row shards.
 #include <ATen/ATen.h>
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "muon/optim/listed_fields.h"
+#include "muon/optim/optimizer_names.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
 

@@ -48,11 +48,7 @@ at::Tensor rows_padded(const at::Tensor& matrix, int64_t offset, int64_t count) 
 
 }  // namespace detail
 
-std::string to_string(ShardedMode mode) { return muon::detail::name_of(mode, kModes); }
-
-ShardedMode parse_sharded_mode(const std::string& name) {
-  return muon::detail::parse_name(name, kModes, kWho, "sharded mode");
-}
+MUON_DEFINE_ENUM_NAMES(ShardedMode, parse_sharded_mode, kModes, kWho, "sharded mode");
 
 ShardedOptions& ShardedOptions::mode(const std::string& name) {
   mode_ = parse_sharded_mode(name);

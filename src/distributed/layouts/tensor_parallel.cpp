@@ -36,11 +36,7 @@ const void* impl_key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
 
 // ---- modes -------------------------------------------------------------------------
 
-std::string to_string(TensorParallelMode mode) { return muon::detail::name_of(mode, kModes); }
-
-TensorParallelMode parse_tensor_parallel_mode(const std::string& name) {
-  return muon::detail::parse_name(name, kModes, kWho, "mode");
-}
+MUON_DEFINE_ENUM_NAMES(TensorParallelMode, parse_tensor_parallel_mode, kModes, kWho, "mode");
 
 TensorParallelOptions& TensorParallelOptions::mode(const std::string& name) {
   mode_ = parse_tensor_parallel_mode(name);

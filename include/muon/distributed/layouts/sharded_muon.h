@@ -49,6 +49,7 @@
 #include "muon/distributed/layouts/tensor_parallel.h"
 #include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/distributed/runtime/group.h"
+#include "muon/enum_names.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/orthogonalizer.h"
@@ -64,9 +65,7 @@ enum class ShardedMode {
 };
 
 /// "owner_compute" | "replicated".
-std::string to_string(ShardedMode mode);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-ShardedMode parse_sharded_mode(const std::string& name);
+MUON_ENUM_NAMES(ShardedMode, parse_sharded_mode);
 
 /// Options of `ShardedMuon` beyond MuonOptions: the mode, the overlap and
 /// the shard of every parameter.

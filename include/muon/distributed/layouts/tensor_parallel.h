@@ -40,6 +40,7 @@
 #include "muon/distributed/layouts/newton_schulz.h"
 #include "muon/distributed/layouts/tensor_parallel_shard.h"
 #include "muon/distributed/runtime/group.h"
+#include "muon/enum_names.h"
 #include "muon/newton_schulz.h"
 #include "muon/optim/hybrid.h"
 #include "muon/optim/muon.h"
@@ -58,9 +59,7 @@ enum class TensorParallelMode {
 };
 
 /// "duplicated" | "distributed" | "blockwise".
-std::string to_string(TensorParallelMode mode);
-/// Inverse of to_string; unknown names raise c10::ValueError listing the valid ones.
-TensorParallelMode parse_tensor_parallel_mode(const std::string& name);
+MUON_ENUM_NAMES(TensorParallelMode, parse_tensor_parallel_mode);
 
 /// Tensor-parallel options of `TensorParallelMuon`: the mode and the shard of
 /// every sharded parameter. Parameters without a shard are whole matrices
