@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "archive_util.h"
 #include "muon/optim/dion2.h"
@@ -20,6 +21,7 @@
 #include "muon/optim/signum.h"
 #include "muon/optim/sim_ademamix.h"
 #include "muon/optim/soap.h"
+#include "util/names.h"
 
 namespace {
 
@@ -189,6 +191,85 @@ TEST(ListedFieldsMacros, ListEveryNameOnceAsKeyAndTie) {
   EXPECT_EQ(std::string(TwoBuffers::kBuffers[1]), "second");
   EXPECT_EQ(b.buffers()[0], &b.first_);
   EXPECT_EQ(b.buffers()[1], &b.second_);
+}
+
+// The most fields MUON_OPTIONS takes: lr and 19 of its own, of every kind
+// of default (a number, a sign, a word, a string, an enum).
+enum class Shade { kLight, kDark };
+MUON_ENUM_NAMES(Shade, parse_shade);
+constexpr muon::detail::EnumName<Shade> kShades[] = {{Shade::kLight, "light"}, {Shade::kDark, "dark"}};
+MUON_DEFINE_ENUM_NAMES(Shade, parse_shade, kShades, "[test] ", "shade");
+
+struct NineteenOptions {
+  MUON_OPTIONS(NineteenOptions, 0.5,
+               /// A comment between the fields is a comment.
+               (double, f1, 1.0), (double, f2, -2.0), (int64_t, f3, 3), (bool, f4, true), (std::string, f5, "five"),
+               (Shade, f6, Shade::kDark), (double, f7, 7e-7), (double, f8, 8), (double, f9, 9), (double, f10, 10),
+               (double, f11, 11), (double, f12, 12), (double, f13, 13), (double, f14, 14), (double, f15, 15),
+               (double, f16, 16), (double, f17, 17), (double, f18, 18), (double, f19, 19))
+  // What follows the macro is public.
+  int after() const { return 1; }
+};
+
+// Three buffers declared and listed by one macro.
+struct ThreeBuffers {
+  MUON_STATE_BUFFERS(first, second, third)
+};
+
+TEST(ListedFieldsMacros, OptionsDeclareEveryFieldWithItsDefaultAndListItOnce) {
+  static_assert(NineteenOptions::kFields.size() == 20);
+  const std::vector<std::string> keys(NineteenOptions::kFields.begin(), NineteenOptions::kFields.end());
+  std::vector<std::string> expected{"lr"};
+  for (int i = 1; i <= 19; ++i) expected.push_back("f" + std::to_string(i));
+  EXPECT_EQ(keys, expected);
+
+  // The constructor's lr, else its default; every other field its own default.
+  const NineteenOptions defaults;
+  EXPECT_EQ(defaults.lr(), 0.5);
+  EXPECT_EQ(NineteenOptions(0.25).lr(), 0.25);
+  EXPECT_EQ(defaults.f1(), 1.0);
+  EXPECT_EQ(defaults.f2(), -2.0);
+  EXPECT_EQ(defaults.f3(), 3);
+  EXPECT_TRUE(defaults.f4());
+  EXPECT_EQ(defaults.f5(), "five");
+  EXPECT_EQ(defaults.f6(), Shade::kDark);
+  EXPECT_EQ(defaults.f7(), 7e-7);
+  EXPECT_EQ(defaults.f19(), 19.0);
+  EXPECT_EQ(defaults.after(), 1);
+
+  // fields() ties the fields themselves, in the listed order; the setters chain.
+  NineteenOptions o;
+  std::get<0>(NineteenOptions::fields(o)) = 0.125;
+  std::get<19>(NineteenOptions::fields(o)) = -19.0;
+  EXPECT_EQ(o.lr(), 0.125);
+  EXPECT_EQ(o.f19(), -19.0);
+  EXPECT_EQ(o.f5("other").f3(4).f5(), "other");
+  EXPECT_EQ(std::get<3>(NineteenOptions::fields(o)), 4);
+}
+
+TEST(ListedFieldsMacros, StateBuffersAreDeclaredAndListedOnce) {
+  static_assert(ThreeBuffers::kBuffers.size() == 3);
+  EXPECT_EQ(std::string(ThreeBuffers::kBuffers[0]), "first");
+  EXPECT_EQ(std::string(ThreeBuffers::kBuffers[2]), "third");
+  ThreeBuffers b;
+  b.second(at::ones({2}));
+  EXPECT_EQ(b.buffers()[0], &b.first());
+  EXPECT_EQ(b.buffers()[1], &b.second());
+  EXPECT_EQ(b.buffers()[2], &b.third());
+  EXPECT_TRUE(at::equal(*b.buffers()[1], at::ones({2})));
+}
+
+TEST(ListedFieldsMacros, EnumNamesAreDeclaredAndDefinedFromOneTable) {
+  EXPECT_EQ(to_string(Shade::kLight), "light");
+  EXPECT_EQ(to_string(Shade::kDark), "dark");
+  EXPECT_EQ(parse_shade("dark"), Shade::kDark);
+  try {
+    parse_shade("grey");
+    FAIL() << "no error";
+  } catch (const c10::ValueError& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_NE(what.find("[test] unknown shade 'grey'; valid names: light, dark"), std::string::npos) << what;
+  }
 }
 
 }  // namespace
