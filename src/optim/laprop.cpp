@@ -13,16 +13,11 @@
 #include "util/scale.h"
 
 namespace muon {
-namespace {
-
-constexpr const char* kWho = "[muon::LaProp] ";
-
-}  // namespace
-
 void LaPropOptions::validate() const {
-  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}});
-  detail::check_denominator_eps(kWho, eps_);
+  const char* who = detail::who_of<LaProp>();
+  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(who, {{"beta1", beta1_}, {"beta2", beta2_}});
+  detail::check_denominator_eps(who, eps_);
 }
 
 // One step of LaProp on `p` (the header's formula; the order and the

@@ -13,15 +13,10 @@
 #include "util/scale.h"
 
 namespace muon {
-namespace {
-
-constexpr const char* kWho = "[muon::Lion] ";
-
-}  // namespace
-
 void LionOptions::validate() const {
-  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}});
+  const char* who = detail::who_of<Lion>();
+  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(who, {{"beta1", beta1_}, {"beta2", beta2_}});
 }
 
 MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, Lion, LionOptions, LionParamState);

@@ -12,16 +12,11 @@
 #include "option_fields.h"
 
 namespace muon {
-namespace {
-
-constexpr const char* kWho = "[muon::Signum] ";
-
-}  // namespace
-
 void SignumOptions::validate() const {
-  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(kWho, "momentum", momentum_);
-  detail::check_weight_decay_method(kWho, weight_decay_method_);
+  const char* who = detail::who_of<Signum>();
+  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(who, "momentum", momentum_);
+  detail::check_weight_decay_method(who, weight_decay_method_);
 }
 
 // One step of Signum on `p` (the header's formula; the order and the

@@ -15,8 +15,6 @@
 namespace muon {
 namespace {
 
-constexpr const char* kWho = "[muon::SimAdEMAMix] ";
-
 // Steps until a decay b halves a value, less one, and its inverse (the
 // half-life map of the warmup; 1e-8 keeps ln(b) finite at b = 0).
 double half_life(const double beta) { return std::log(0.5) / std::log(beta + 1e-8) - 1; }
@@ -32,13 +30,14 @@ double sim_ademamix_beta(const SimAdEMAMixOptions& o, const int64_t step) {
 }
 
 void SimAdEMAMixOptions::validate() const {
-  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}, {"min_beta_fast", min_beta_fast_}});
-  detail::check_denominator_eps(kWho, eps_);
-  detail::check_weight_decay_method(kWho, weight_decay_method_);
-  TORCH_CHECK_VALUE(num_beta_fast_warmup_steps_ >= 0, kWho,
+  const char* who = detail::who_of<SimAdEMAMix>();
+  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
+  detail::check_decay(who, {{"beta1", beta1_}, {"beta2", beta2_}, {"min_beta_fast", min_beta_fast_}});
+  detail::check_denominator_eps(who, eps_);
+  detail::check_weight_decay_method(who, weight_decay_method_);
+  TORCH_CHECK_VALUE(num_beta_fast_warmup_steps_ >= 0, who,
                     "num_beta_fast_warmup_steps must be >= 0 (0: no warmup), got ", num_beta_fast_warmup_steps_);
-  TORCH_CHECK_VALUE(std::isfinite(alpha_), kWho, "alpha must be finite, got ", alpha_);
+  TORCH_CHECK_VALUE(std::isfinite(alpha_), who, "alpha must be finite, got ", alpha_);
 }
 
 // One step of Simplified AdEMAMix on `p` (the header's formula; the order

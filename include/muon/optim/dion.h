@@ -59,41 +59,36 @@ namespace muon {
 
 /// Options of `muon::Dion` (per parameter group), as chained setters, with
 /// Dion's names and defaults.
-struct DionOptions : public ListedOptions<DionOptions> {
-  MUON_OPTIONS(DionOptions, 0.01,
-               /// Error-feedback decay: M ← M − (1 − mu)·P·Rᵀ, in [0, 1].
-               (double, mu, 0.95),
-               /// Rank r as a fraction of min(rows, cols), in (0, 1].
-               (double, rank_fraction, 1.0),
-               /// r rounded up to a multiple of this, >= 1 (then capped at min(rows, cols)).
-               (int64_t, rank_multiple_of, 1),
-               /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
-               (double, weight_decay, 0.01),
-               /// Column normalization epsilon, > 0.
-               (double, epsilon, 1e-8),
-               /// Power iterations per step, in [1, 16].
-               (int64_t, power_iters, 1),
-               /// "rcqr" (randomized Cholesky QR, Dion's) | "qr" (Householder).
-               (std::string, qr_method, "rcqr"),
-               /// RCQR's sketch oversampling, in [1, 8].
-               (double, rcqr_oversample, 1.25),
-               /// Seed of Q's start and RCQR's sketches, >= 0.
-               (int64_t, seed, 0))
-  /// Checks every field; raises c10::ValueError "[muon::Dion] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::Dion] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(DionOptions, 0.01,
+                    /// Error-feedback decay: M ← M − (1 − mu)·P·Rᵀ, in [0, 1].
+                    (double, mu, 0.95),
+                    /// Rank r as a fraction of min(rows, cols), in (0, 1].
+                    (double, rank_fraction, 1.0),
+                    /// r rounded up to a multiple of this, >= 1 (then capped at min(rows, cols)).
+                    (int64_t, rank_multiple_of, 1),
+                    /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
+                    (double, weight_decay, 0.01),
+                    /// Column normalization epsilon, > 0.
+                    (double, epsilon, 1e-8),
+                    /// Power iterations per step, in [1, 16].
+                    (int64_t, power_iters, 1),
+                    /// "rcqr" (randomized Cholesky QR, Dion's) | "qr" (Householder).
+                    (std::string, qr_method, "rcqr"),
+                    /// RCQR's sketch oversampling, in [1, 8].
+                    (double, rcqr_oversample, 1.25),
+                    /// Seed of Q's start and RCQR's sketches, >= 0.
+                    (int64_t, seed, 0));
 
 /// Per-parameter state of `muon::Dion`: `momentum` M (the parameter's shape
 /// and dtype, split with its rows in the sharded layout) and the right
 /// factor `Q` (min(rows, cols) × r of the whole matrix, the parameter's
 /// dtype), held whole by one process (the matrix's owner in the sharded layout).
-struct DionParamState : public ListedParamState<DionParamState, 2> {
-  MUON_STATE_BUFFERS(
-      /// M, with error feedback.
-      momentum,
-      /// Q, the normalized right factor of the last step (N(0, 1) at first).
-      Q)
-};
+MUON_DEFINE_STATE(DionParamState,
+                  /// M, with error feedback.
+                  momentum,
+                  /// Q, the normalized right factor of the last step (N(0, 1) at first).
+                  Q);
 
 namespace detail {
 

@@ -124,13 +124,11 @@ Dion2Options NorDion2Options(double lr = 0.01);
 /// matrix (the parameter's shape with the last dim 1; (dim 0, 1) with
 /// flatten), in the parameter's dtype. Both split with the parameter's rows
 /// (dim 0) in the sharded layout.
-struct Dion2ParamState : public ListedParamState<Dion2ParamState, 2> {
-  MUON_STATE_BUFFERS(
-      /// M, with error feedback.
-      momentum,
-      /// NorDion2's per-row second moment.
-      variance)
-};
+MUON_DEFINE_STATE(Dion2ParamState,
+                  /// M, with error feedback.
+                  momentum,
+                  /// NorDion2's per-row second moment.
+                  variance);
 
 namespace detail {
 

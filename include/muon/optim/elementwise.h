@@ -22,6 +22,7 @@
 ///                      const Options& options);  // one step on one parameter
 ///
 /// and inherits the constructors (`using ElementwiseOptimizer::ElementwiseOptimizer;`).
+/// MUON_DEFINE_ELEMENTWISE(Lion, "lion") declares such a class whole (below).
 /// The members are defined in the library (src/optim/elementwise_optimizer.h)
 /// and instantiated there for each optimizer.
 #include <ATen/ATen.h>
@@ -79,5 +80,21 @@ class ElementwiseOptimizer : public torch::optim::Optimizer, public StateBytes, 
   /// Bytes held in the state's buffers.
   int64_t state_bytes() const override;
 };
+
+/// An element-wise optimizer declared whole: the class `Name`, an
+/// ElementwiseOptimizer over `Name##Options` and `Name##ParamState` with its
+/// constructors, kNames {"muon::" #Name, prefix} (messages say
+/// "[muon::Name] ...", archive keys "<prefix>_groups", "<prefix>_options/<i>",
+/// ...), and `update`, its step on one parameter, which the library defines.
+///
+///   MUON_DEFINE_ELEMENTWISE(Lion, "lion");
+#define MUON_DEFINE_ELEMENTWISE(Name, prefix)                                               \
+  class Name : public ::muon::ElementwiseOptimizer<Name, Name##Options, Name##ParamState> { \
+   public:                                                                                  \
+    using ElementwiseOptimizer::ElementwiseOptimizer;                                       \
+    static constexpr ::muon::OptimizerNames kNames{"muon::" #Name, prefix};                 \
+    static void update(at::Tensor& param, const at::Tensor& grad, Name##ParamState& state,  \
+                       const Name##Options& options);                                       \
+  }
 
 }  // namespace muon

@@ -47,35 +47,30 @@ namespace muon {
 
 /// Options of `muon::Iso` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults.
-struct IsoOptions : public ListedOptions<IsoOptions> {
-  MUON_OPTIONS(IsoOptions, 1e-3,
-               /// Heavy-ball momentum of the factors' gradients, in [0, 1).
-               (double, momentum, 0.9),
-               /// "qr" | "polar" | "cayley".
-               (std::string, retraction, "qr"),
-               /// Iso has no weight decay: must be 0 (the registry's common field).
-               (double, weight_decay, 0.0))
-  /// Checks every field; raises c10::ValueError "[muon::Iso] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::Iso] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(IsoOptions, 1e-3,
+                    /// Heavy-ball momentum of the factors' gradients, in [0, 1).
+                    (double, momentum, 0.9),
+                    /// "qr" | "polar" | "cayley".
+                    (std::string, retraction, "qr"),
+                    /// Iso has no weight decay: must be 0 (the registry's common field).
+                    (double, weight_decay, 0.0));
 
 /// Per-parameter state of `muon::Iso`, all of the whole matrix and held by
 /// the process that steps it (the owner in the sharded layout), made by the
 /// first step: `u` (m × k), `sigma` (k), `v` (n × k), `momentum_u`,
 /// `momentum_v`.
-struct IsoParamState : public ListedParamState<IsoParamState, 5> {
-  MUON_STATE_BUFFERS(
-      /// U, the left Stiefel factor.
-      u,
-      /// σ, the singular values (fixed).
-      sigma,
-      /// V, the right Stiefel factor.
-      v,
-      /// Mu, U's momentum.
-      momentum_u,
-      /// Mv, V's momentum.
-      momentum_v)
-};
+MUON_DEFINE_STATE(IsoParamState,
+                  /// U, the left Stiefel factor.
+                  u,
+                  /// σ, the singular values (fixed).
+                  sigma,
+                  /// V, the right Stiefel factor.
+                  v,
+                  /// Mu, U's momentum.
+                  momentum_u,
+                  /// Mv, V's momentum.
+                  momentum_v);
 
 namespace detail {
 

@@ -66,42 +66,37 @@ namespace muon {
 /// Options of `muon::KlSoap` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults (lr, which it requires, 3e-3 as
 /// muon::Soap's).
-struct KlSoapOptions : public ListedOptions<KlSoapOptions> {
-  MUON_OPTIONS(KlSoapOptions, 3e-3,
-               /// The inner step's first-moment decay, in [0, 1).
-               (double, beta1, 0.9),
-               /// The inner step's second-moment decay, in [0, 1).
-               (double, beta2, 0.95),
-               /// Decay of the Kronecker factors (bias-corrected), in [0, 1).
-               (double, shampoo_beta, 0.95),
-               /// The eigenvalues' floor in the KL factor update, and Adam's eps; > 0.
-               (double, eps, 1e-8),
-               /// Weight decay, >= 0.
-               (double, weight_decay, 0.01),
-               /// "decoupled"; rekls and tp_rekls also "independent" or "l2".
-               (std::string, weight_decay_method, "decoupled"),
-               /// The entry: "kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3" or "stacked_soap".
-               (std::string, kind, "kl_soap"))
-  /// Checks every field; raises c10::ValueError "[muon::KlSoap] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::KlSoap] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(KlSoapOptions, 3e-3,
+                    /// The inner step's first-moment decay, in [0, 1).
+                    (double, beta1, 0.9),
+                    /// The inner step's second-moment decay, in [0, 1).
+                    (double, beta2, 0.95),
+                    /// Decay of the Kronecker factors (bias-corrected), in [0, 1).
+                    (double, shampoo_beta, 0.95),
+                    /// The eigenvalues' floor in the KL factor update, and Adam's eps; > 0.
+                    (double, eps, 1e-8),
+                    /// Weight decay, >= 0.
+                    (double, weight_decay, 0.01),
+                    /// "decoupled"; rekls and tp_rekls also "independent" or "l2".
+                    (std::string, weight_decay_method, "decoupled"),
+                    /// The entry: "kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3" or "stacked_soap".
+                    (std::string, kind, "kl_soap"));
 
 /// Per-parameter state of `muon::KlSoap`, all of the (stacked) matrix and
 /// held by the process that steps it (the owner in the sharded layout), made
 /// by the first step; Emerging-Optimizers' names.
-struct KlSoapParamState : public ListedParamState<KlSoapParamState, 8> {
-  MUON_STATE_BUFFERS(
-      /// m, the first moment in the eigenbasis (m × n).
-      exp_avg,
-      /// v, the second moment in the eigenbasis (m × n; MAdam's scaled by 2¹⁶).
-      exp_avg_sq,
-      /// L (m × m) and R (n × n), the Kronecker factors.
-      L, R,
-      /// Q_L and Q_R, their eigenbases (columns by descending eigenvalue).
-      Q_L, Q_R,
-      /// λ_L (m) and λ_R (n), the eigenvalues found with them.
-      eigvals_L, eigvals_R)
-};
+MUON_DEFINE_STATE(KlSoapParamState,
+                  /// m, the first moment in the eigenbasis (m × n).
+                  exp_avg,
+                  /// v, the second moment in the eigenbasis (m × n; MAdam's scaled by 2¹⁶).
+                  exp_avg_sq,
+                  /// L (m × m) and R (n × n), the Kronecker factors.
+                  L, R,
+                  /// Q_L and Q_R, their eigenbases (columns by descending eigenvalue).
+                  Q_L, Q_R,
+                  /// λ_L (m) and λ_R (n), the eigenvalues found with them.
+                  eigvals_L, eigvals_R);
 
 namespace detail {
 

@@ -37,33 +37,28 @@ namespace muon {
 /// Options of `muon::LaProp` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9, β2 0.999, ε 1e-8,
 /// no weight decay, bias correction on.
-struct LaPropOptions : public ListedOptions<LaPropOptions> {
-  MUON_OPTIONS(LaPropOptions, 1e-3,
-               /// Decay of the momentum of normalized gradients, in [0, 1).
-               (double, beta1, 0.9),
-               /// Decay of the second moment, in [0, 1).
-               (double, beta2, 0.999),
-               /// Added to √v̂ in the denominator, > 0 (at 0, an element whose gradients
-               /// have all been 0 would divide 0 by 0).
-               (double, eps, 1e-8),
-               /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
-               (double, weight_decay, 0.0),
-               /// Divide v by 1 − β2^t and m by 1 − β1^t (Adam's bias correction).
-               (bool, correct_bias, true))
-  /// Checks every field; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(LaPropOptions, 1e-3,
+                    /// Decay of the momentum of normalized gradients, in [0, 1).
+                    (double, beta1, 0.9),
+                    /// Decay of the second moment, in [0, 1).
+                    (double, beta2, 0.999),
+                    /// Added to √v̂ in the denominator, > 0 (at 0, an element whose gradients
+                    /// have all been 0 would divide 0 by 0).
+                    (double, eps, 1e-8),
+                    /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
+                    (double, weight_decay, 0.0),
+                    /// Divide v by 1 − β2^t and m by 1 − β1^t (Adam's bias correction).
+                    (bool, correct_bias, true));
 
 /// Per-parameter state of `muon::LaProp`: `step` (steps taken on this
 /// parameter, t of the bias correction) and the two moments.
-struct LaPropParamState : public ListedParamState<LaPropParamState, 2> {
-  MUON_STATE_BUFFERS(
-      /// Momentum m of the normalized gradients: the parameter's shape, dtype
-      /// and device; zeros at first use.
-      exp_avg,
-      /// Second moment v: like `exp_avg`.
-      exp_avg_sq)
-};
+MUON_DEFINE_STATE(LaPropParamState,
+                  /// Momentum m of the normalized gradients: the parameter's shape, dtype
+                  /// and device; zeros at first use.
+                  exp_avg,
+                  /// Second moment v: like `exp_avg`.
+                  exp_avg_sq);
 
 /// The LaProp optimizer: a `torch::optim::Optimizer` for parameters of any shape.
 ///
@@ -74,17 +69,6 @@ struct LaPropParamState : public ListedParamState<LaPropParamState, 2> {
 /// by position), with the options beside it; `state_bytes` counts
 /// the two moment buffers. Constructors, step, checks and save/load are
 /// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
-class LaProp : public ElementwiseOptimizer<LaProp, LaPropOptions, LaPropParamState> {
- public:
-  /// LaProp over `param_groups` (groups without options get the defaults) or
-  /// over one group of parameters: (param_groups | params, LaPropOptions defaults = {}).
-  using ElementwiseOptimizer::ElementwiseOptimizer;
-
-  /// Messages say "[muon::LaProp] ..."; archive keys "laprop_groups", "laprop_options/<i>", "laprop_group_size/<i>".
-  static constexpr OptimizerNames kNames{"muon::LaProp", "laprop"};
-  /// One LaProp step on `param` (the header's formula).
-  static void update(at::Tensor& param, const at::Tensor& grad, LaPropParamState& state,
-                     const LaPropOptions& options);
-};
+MUON_DEFINE_ELEMENTWISE(LaProp, "laprop");
 
 }  // namespace muon

@@ -31,25 +31,20 @@ namespace muon {
 
 /// Options of `muon::Lion` (per parameter group), as chained setters.
 /// Defaults are the paper's: lr 1e-4, β1 0.9, β2 0.99, no weight decay.
-struct LionOptions : public ListedOptions<LionOptions> {
-  MUON_OPTIONS(LionOptions, 1e-4,
-               /// Interpolation weight of the momentum in the update direction, in [0, 1).
-               (double, beta1, 0.9),
-               /// Decay of the momentum buffer, in [0, 1).
-               (double, beta2, 0.99),
-               /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
-               (double, weight_decay, 0.0))
-  /// Checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(LionOptions, 1e-4,
+                    /// Interpolation weight of the momentum in the update direction, in [0, 1).
+                    (double, beta1, 0.9),
+                    /// Decay of the momentum buffer, in [0, 1).
+                    (double, beta2, 0.99),
+                    /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
+                    (double, weight_decay, 0.0));
 
 /// Per-parameter state of `muon::Lion`: `step` (steps taken on this
 /// parameter) and the momentum.
-struct LionParamState : public ListedParamState<LionParamState, 1> {
-  MUON_STATE_BUFFERS(
-      /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
-      exp_avg)
-};
+MUON_DEFINE_STATE(LionParamState,
+                  /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
+                  exp_avg);
 
 /// The Lion optimizer: a `torch::optim::Optimizer` for parameters of any shape.
 ///
@@ -60,17 +55,6 @@ struct LionParamState : public ListedParamState<LionParamState, 1> {
 /// by position), with the options beside it; `state_bytes` counts the
 /// momentum buffers. Constructors, step, checks and save/load are
 /// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
-class Lion : public ElementwiseOptimizer<Lion, LionOptions, LionParamState> {
- public:
-  /// Lion over `param_groups` (groups without options get the defaults) or
-  /// over one group of parameters: (param_groups | params, LionOptions defaults = {}).
-  using ElementwiseOptimizer::ElementwiseOptimizer;
-
-  /// Messages say "[muon::Lion] ..."; archive keys "lion_groups", "lion_options/<i>", "lion_group_size/<i>".
-  static constexpr OptimizerNames kNames{"muon::Lion", "lion"};
-  /// One Lion step on `param` (the header's formula).
-  static void update(at::Tensor& param, const at::Tensor& grad, LionParamState& state,
-                     const LionOptions& options);
-};
+MUON_DEFINE_ELEMENTWISE(Lion, "lion");
 
 }  // namespace muon

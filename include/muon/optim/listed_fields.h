@@ -133,6 +133,32 @@
   MUON_LISTED_BUFFERS(__VA_ARGS__)
 #define MUON_STATE_BUFFER_(name) TORCH_ARG(at::Tensor, name);
 
+/// A whole options struct from its description: the struct `Self`, a
+/// muon::ListedOptions<Self>, with MUON_OPTIONS(Self, lr_default, fields...)
+/// and `void validate() const`, which the library defines: each field's
+/// checks, raising c10::ValueError "[<kind>] <field> must be ..., got <value>".
+///
+///   MUON_DEFINE_OPTIONS(LionOptions, 1e-4,
+///       /// Interpolation weight of the momentum, in [0, 1).
+///       (double, beta1, 0.9),
+///       (double, weight_decay, 0.0));
+///
+/// An options struct with members of its own (a parsing setter, say) is
+/// written out, with MUON_OPTIONS inside it.
+#define MUON_DEFINE_OPTIONS(Self, lr_default, ...)   \
+  struct Self : public ::muon::ListedOptions<Self> { \
+    MUON_OPTIONS(Self, lr_default, __VA_ARGS__)      \
+    void validate() const;                           \
+  }
+
+/// A whole per-parameter state from its buffers' names: the struct `Self`, a
+/// muon::ListedParamState of `step` and as many buffers as are named, with
+/// MUON_STATE_BUFFERS of them (`MUON_DEFINE_STATE(LionParamState, exp_avg);`).
+#define MUON_DEFINE_STATE(Self, ...)                                                     \
+  struct Self : public ::muon::ListedParamState<Self, MUON_LISTED_COUNT_(__VA_ARGS__)> { \
+    MUON_STATE_BUFFERS(__VA_ARGS__)                                                      \
+  }
+
 namespace muon {
 
 /// Options whose fields `Self` lists (see the top of this header).

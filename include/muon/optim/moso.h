@@ -50,38 +50,33 @@ namespace muon {
 
 /// Options of `muon::Moso` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults.
-struct MosoOptions : public ListedOptions<MosoOptions> {
-  MUON_OPTIONS(MosoOptions, 3e-4,
-               /// Decay of Muon's momentum B, in [0, 1).
-               (double, momentum, 0.95),
-               /// Decay of RMSprop's second moment in the eigenbasis, in [0, 1).
-               (double, rms_beta, 0.95),
-               /// Decay of the covariance M (bias-corrected), in [0, 1).
-               (double, shampoo_beta, 0.95),
-               /// Added to √v, > 0.
-               (double, eps, 1e-8),
-               /// Decoupled weight decay, >= 0.
-               (double, weight_decay, 0.01),
-               /// The update's RMS is clipped to this; 0: no clipping. >= 0.
-               (double, max_update_rms, 0.0))
-  /// Checks every field; raises c10::ValueError "[muon::Moso] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::Moso] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(MosoOptions, 3e-4,
+                    /// Decay of Muon's momentum B, in [0, 1).
+                    (double, momentum, 0.95),
+                    /// Decay of RMSprop's second moment in the eigenbasis, in [0, 1).
+                    (double, rms_beta, 0.95),
+                    /// Decay of the covariance M (bias-corrected), in [0, 1).
+                    (double, shampoo_beta, 0.95),
+                    /// Added to √v, > 0.
+                    (double, eps, 1e-8),
+                    /// Decoupled weight decay, >= 0.
+                    (double, weight_decay, 0.01),
+                    /// The update's RMS is clipped to this; 0: no clipping. >= 0.
+                    (double, max_update_rms, 0.0));
 
 /// Per-parameter state of `muon::Moso`, all of the whole matrix and held by
 /// the process that steps it (the owner in the sharded layout), made by the
 /// first step; Emerging-Optimizers' names.
-struct MosoParamState : public ListedParamState<MosoParamState, 4> {
-  MUON_STATE_BUFFERS(
-      /// B, Muon's momentum (m × n).
-      momentum_buffer,
-      /// v, RMSprop's second moment in the eigenbasis (m × n).
-      exp_avg_sq,
-      /// M, the smaller side's covariance of B (s × s).
-      M,
-      /// Q, M's eigenbasis (s × s), columns by descending eigenvalue.
-      Q_M)
-};
+MUON_DEFINE_STATE(MosoParamState,
+                  /// B, Muon's momentum (m × n).
+                  momentum_buffer,
+                  /// v, RMSprop's second moment in the eigenbasis (m × n).
+                  exp_avg_sq,
+                  /// M, the smaller side's covariance of B (s × s).
+                  M,
+                  /// Q, M's eigenbasis (s × s), columns by descending eigenvalue.
+                  Q_M);
 
 namespace detail {
 

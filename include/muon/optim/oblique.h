@@ -43,29 +43,24 @@ namespace muon {
 /// Options of `muon::ObliqueSGD` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight decay
 /// (method "decoupled"), dim 0, eps 1e-8.
-struct ObliqueSGDOptions : public ListedOptions<ObliqueSGDOptions> {
-  MUON_OPTIONS(ObliqueSGDOptions, 1e-3,
-               /// Momentum μ, in [0, 1): u ← g + μ·u.
-               (double, momentum, 0.9),
-               /// Weight decay, >= 0, applied as `weight_decay_method` says.
-               (double, weight_decay, 0.0),
-               /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
-               /// (wd·p added to the projected gradient), Emerging-Optimizers' methods.
-               (std::string, weight_decay_method, "decoupled"),
-               /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
-               (int64_t, dim, 0),
-               /// Lower bound of the norm the retraction divides by, > 0.
-               (double, eps, 1e-8))
-  /// Checks every field; raises c10::ValueError "[muon::ObliqueSGD] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::ObliqueSGD] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(ObliqueSGDOptions, 1e-3,
+                    /// Momentum μ, in [0, 1): u ← g + μ·u.
+                    (double, momentum, 0.9),
+                    /// Weight decay, >= 0, applied as `weight_decay_method` says.
+                    (double, weight_decay, 0.0),
+                    /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+                    /// (wd·p added to the projected gradient), Emerging-Optimizers' methods.
+                    (std::string, weight_decay_method, "decoupled"),
+                    /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
+                    (int64_t, dim, 0),
+                    /// Lower bound of the norm the retraction divides by, > 0.
+                    (double, eps, 1e-8));
 
 /// Per-parameter state of `muon::ObliqueSGD`: `step` and the momentum buffer.
-struct ObliqueSGDParamState : public ListedParamState<ObliqueSGDParamState, 1> {
-  MUON_STATE_BUFFERS(
-      /// Momentum u: the parameter's shape, dtype and device; zeros at first use.
-      momentum_buffer)
-};
+MUON_DEFINE_STATE(ObliqueSGDParamState,
+                  /// Momentum u: the parameter's shape, dtype and device; zeros at first use.
+                  momentum_buffer);
 
 /// Riemannian SGD with momentum on the oblique manifold: a
 /// `torch::optim::Optimizer` for parameters with at least one dimension.
@@ -93,34 +88,29 @@ class ObliqueSGD : public ElementwiseOptimizer<ObliqueSGD, ObliqueSGDOptions, Ob
 /// Options of `muon::ObliqueAdam` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, betas (0.9, 0.99), no weight
 /// decay (method "decoupled"), dim 0, eps 1e-8, bias correction on.
-struct ObliqueAdamOptions : public ListedOptions<ObliqueAdamOptions> {
-  MUON_OPTIONS(ObliqueAdamOptions, 1e-3,
-               /// First-moment decay β1, in [0, 1).
-               (double, beta1, 0.9),
-               /// Second-moment decay β2, in [0, 1).
-               (double, beta2, 0.99),
-               /// Weight decay, >= 0, applied as `weight_decay_method` says.
-               (double, weight_decay, 0.0),
-               /// "decoupled", "independent" or "l2", as ObliqueSGDOptions'.
-               (std::string, weight_decay_method, "decoupled"),
-               /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
-               (int64_t, dim, 0),
-               /// Added to √v / c2, and the lower bound of the retraction's norm; > 0.
-               (double, eps, 1e-8),
-               /// c_i = 1 − β_i^t (else 1).
-               (bool, correct_bias, true))
-  /// Checks every field; raises c10::ValueError "[muon::ObliqueAdam] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::ObliqueAdam] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(ObliqueAdamOptions, 1e-3,
+                    /// First-moment decay β1, in [0, 1).
+                    (double, beta1, 0.9),
+                    /// Second-moment decay β2, in [0, 1).
+                    (double, beta2, 0.99),
+                    /// Weight decay, >= 0, applied as `weight_decay_method` says.
+                    (double, weight_decay, 0.0),
+                    /// "decoupled", "independent" or "l2", as ObliqueSGDOptions'.
+                    (std::string, weight_decay_method, "decoupled"),
+                    /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
+                    (int64_t, dim, 0),
+                    /// Added to √v / c2, and the lower bound of the retraction's norm; > 0.
+                    (double, eps, 1e-8),
+                    /// c_i = 1 − β_i^t (else 1).
+                    (bool, correct_bias, true));
 
 /// Per-parameter state of `muon::ObliqueAdam`: `step` (t) and both moments.
-struct ObliqueAdamParamState : public ListedParamState<ObliqueAdamParamState, 2> {
-  MUON_STATE_BUFFERS(
-      /// First moment m; zeros at first use.
-      exp_avg,
-      /// Second moment v; zeros at first use.
-      exp_avg_sq)
-};
+MUON_DEFINE_STATE(ObliqueAdamParamState,
+                  /// First moment m; zeros at first use.
+                  exp_avg,
+                  /// Second moment v; zeros at first use.
+                  exp_avg_sq);
 
 /// Riemannian Adam on the oblique manifold: a `torch::optim::Optimizer` for
 /// parameters with at least one dimension; as muon::ObliqueSGD otherwise.

@@ -55,51 +55,46 @@ namespace muon {
 
 /// Options of `muon::PsgdPro` (per parameter group), as chained setters,
 /// with Emerging-Optimizers' names and defaults.
-struct PsgdProOptions : public ListedOptions<PsgdProOptions> {
-  MUON_OPTIONS(PsgdProOptions, 3e-3,
-               /// Weight decay, >= 0, applied as `weight_decay_method` says.
-               (double, weight_decay, 0.01),
-               /// "decoupled", "independent" or "l2" (Emerging-Optimizers' WeightDecayMixin).
-               (std::string, weight_decay_method, "decoupled"),
-               /// Decay of the gradient's EMA, in [0, 1).
-               (double, momentum, 0.9),
-               /// EMA decay of the Lipschitz constants, in [0, 1).
-               (double, beta_lip, 0.9),
-               /// The preconditioner's learning rate at step 0, > 0.
-               (double, precond_lr, 0.1),
-               /// Scale of the initial factors (init_scale·I), > 0.
-               (double, precond_init_scale, 1.0),
-               /// Scale of the noise added to the momentum to fit the factors, >= 0.
-               (double, damping_noise_scale, 0.1),
-               /// The floor of the preconditioner's learning rate, in [0, precond_lr].
-               (double, min_precond_lr, 0.01),
-               /// Steps of the preconditioner's learning rate schedule, >= 1.
-               (int64_t, warmup_steps, 10000),
-               /// The update's RMS is clipped to this; 0: no clipping. >= 0.
-               (double, max_update_rms, 0.0),
-               /// Seed of the random draws, >= 0.
-               (int64_t, seed, 0))
-  /// Checks every field; raises c10::ValueError "[muon::PsgdPro] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::PsgdPro] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(PsgdProOptions, 3e-3,
+                    /// Weight decay, >= 0, applied as `weight_decay_method` says.
+                    (double, weight_decay, 0.01),
+                    /// "decoupled", "independent" or "l2" (Emerging-Optimizers' WeightDecayMixin).
+                    (std::string, weight_decay_method, "decoupled"),
+                    /// Decay of the gradient's EMA, in [0, 1).
+                    (double, momentum, 0.9),
+                    /// EMA decay of the Lipschitz constants, in [0, 1).
+                    (double, beta_lip, 0.9),
+                    /// The preconditioner's learning rate at step 0, > 0.
+                    (double, precond_lr, 0.1),
+                    /// Scale of the initial factors (init_scale·I), > 0.
+                    (double, precond_init_scale, 1.0),
+                    /// Scale of the noise added to the momentum to fit the factors, >= 0.
+                    (double, damping_noise_scale, 0.1),
+                    /// The floor of the preconditioner's learning rate, in [0, precond_lr].
+                    (double, min_precond_lr, 0.01),
+                    /// Steps of the preconditioner's learning rate schedule, >= 1.
+                    (int64_t, warmup_steps, 10000),
+                    /// The update's RMS is clipped to this; 0: no clipping. >= 0.
+                    (double, max_update_rms, 0.0),
+                    /// Seed of the random draws, >= 0.
+                    (int64_t, seed, 0));
 
 /// Per-parameter state of `muon::PsgdPro`, all of the whole matrix and held
 /// by the process that steps it (the owner in the sharded layout), made by
 /// the first step; Emerging-Optimizers' names (its lists Q and L as Q_L,
 /// Q_R and lip_L, lip_R).
-struct PsgdProParamState : public ListedParamState<PsgdProParamState, 5> {
-  MUON_STATE_BUFFERS(
-      /// m, the gradient's EMA (m × n).
-      exp_avg,
-      /// The left factor (m × m).
-      Q_L,
-      /// The right factor (n × n).
-      Q_R,
-      /// The left factor's Lipschitz constant (a scalar tensor).
-      lip_L,
-      /// The right factor's Lipschitz constant (a scalar tensor).
-      lip_R)
-};
+MUON_DEFINE_STATE(PsgdProParamState,
+                  /// m, the gradient's EMA (m × n).
+                  exp_avg,
+                  /// The left factor (m × m).
+                  Q_L,
+                  /// The right factor (n × n).
+                  Q_R,
+                  /// The left factor's Lipschitz constant (a scalar tensor).
+                  lip_L,
+                  /// The right factor's Lipschitz constant (a scalar tensor).
+                  lip_R);
 
 namespace detail {
 

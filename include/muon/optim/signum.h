@@ -40,32 +40,27 @@ namespace muon {
 /// Options of `muon::Signum` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight
 /// decay (method "decoupled"), bias correction on, nesterov off.
-struct SignumOptions : public ListedOptions<SignumOptions> {
-  MUON_OPTIONS(SignumOptions, 1e-3,
-               /// Momentum decay β, in [0, 1) (0: signSGD).
-               (double, momentum, 0.9),
-               /// Weight decay, >= 0, applied as `weight_decay_method` says.
-               (double, weight_decay, 0.0),
-               /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
-               /// (wd·p added to the gradient the step uses; `p.grad` itself is left
-               /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
-               (std::string, weight_decay_method, "decoupled"),
-               /// Divide the momentum by 1 − β^t (Adam's bias correction; it changes
-               /// only the Nesterov combination, never the sign of m alone).
-               (bool, correct_bias, true),
-               /// Nesterov look-ahead: the sign of β·m/(1 − β^(t+1)) + (1 − β)·g/(1 − β^t).
-               (bool, nesterov, false))
-  /// Checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
-  void validate() const;
-};
+/// validate(): checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
+MUON_DEFINE_OPTIONS(SignumOptions, 1e-3,
+                    /// Momentum decay β, in [0, 1) (0: signSGD).
+                    (double, momentum, 0.9),
+                    /// Weight decay, >= 0, applied as `weight_decay_method` says.
+                    (double, weight_decay, 0.0),
+                    /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+                    /// (wd·p added to the gradient the step uses; `p.grad` itself is left
+                    /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
+                    (std::string, weight_decay_method, "decoupled"),
+                    /// Divide the momentum by 1 − β^t (Adam's bias correction; it changes
+                    /// only the Nesterov combination, never the sign of m alone).
+                    (bool, correct_bias, true),
+                    /// Nesterov look-ahead: the sign of β·m/(1 − β^(t+1)) + (1 − β)·g/(1 − β^t).
+                    (bool, nesterov, false));
 
 /// Per-parameter state of `muon::Signum`: `step` (steps taken on this
 /// parameter, t of the bias correction) and the momentum.
-struct SignumParamState : public ListedParamState<SignumParamState, 1> {
-  MUON_STATE_BUFFERS(
-      /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
-      exp_avg)
-};
+MUON_DEFINE_STATE(SignumParamState,
+                  /// Momentum m: the parameter's shape, dtype and device; zeros at first use.
+                  exp_avg);
 
 /// The Signum optimizer: a `torch::optim::Optimizer` for parameters of any shape.
 ///
@@ -76,17 +71,6 @@ struct SignumParamState : public ListedParamState<SignumParamState, 1> {
 /// by position), with the options beside it; `state_bytes` counts
 /// the momentum buffers. Constructors, step, checks and save/load are
 /// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
-class Signum : public ElementwiseOptimizer<Signum, SignumOptions, SignumParamState> {
- public:
-  /// Signum over `param_groups` (groups without options get the defaults) or
-  /// over one group of parameters: (param_groups | params, SignumOptions defaults = {}).
-  using ElementwiseOptimizer::ElementwiseOptimizer;
-
-  /// Messages say "[muon::Signum] ..."; archive keys "signum_groups", "signum_options/<i>", "signum_group_size/<i>".
-  static constexpr OptimizerNames kNames{"muon::Signum", "signum"};
-  /// One Signum step on `param` (the header's formula).
-  static void update(at::Tensor& param, const at::Tensor& grad, SignumParamState& state,
-                     const SignumOptions& options);
-};
+MUON_DEFINE_ELEMENTWISE(Signum, "signum");
 
 }  // namespace muon

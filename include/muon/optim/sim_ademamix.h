@@ -45,33 +45,30 @@ namespace muon {
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9999, β2 0.999, ε 1e-8,
 /// no weight decay (method "decoupled"), bias correction on, no β warmup
 /// (min_beta_fast 0.9 when one is set), α 2.
-struct SimAdEMAMixOptions : public ListedOptions<SimAdEMAMixOptions> {
-  MUON_OPTIONS(SimAdEMAMixOptions, 1e-3,
-               /// Decay β of the momentum (Emerging-Optimizers' β_fast final value), in [0, 1).
-               (double, beta1, 0.9999),
-               /// Decay of the second moment, in [0, 1).
-               (double, beta2, 0.999),
-               /// Added to √v̂ in the denominator, > 0 (0 would divide 0 by 0 on a zero gradient element).
-               (double, eps, 1e-8),
-               /// Weight decay, >= 0, applied as `weight_decay_method` says.
-               (double, weight_decay, 0.0),
-               /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
-               /// (wd·p added to the gradient the step uses; `p.grad` itself is left
-               /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
-               (std::string, weight_decay_method, "decoupled"),
-               /// Divide m by (1 − β^t)/(1 − β) and v by 1 − β2^t.
-               (bool, correct_bias, true),
-               /// Steps N over which β rises from `min_beta_fast` to `beta1` (half-life
-               /// linear warmup), >= 0; 0 disables the warmup (Emerging-Optimizers' None).
-               (int64_t, num_beta_fast_warmup_steps, 0),
-               /// β at the start of the warmup, in [0, 1).
-               (double, min_beta_fast, 0.9),
-               /// Weight α of the current gradient in the update, finite.
-               (double, alpha, 2.0))
-  /// Archive keys of the fields, in `fields`' order.
-  /// Checks every field; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ...".
-  void validate() const;
-};
+/// validate(): archive keys of the fields, in `fields`' order. Checks every field; raises c10::ValueError
+/// "[muon::SimAdEMAMix] <arg> must be ...".
+MUON_DEFINE_OPTIONS(SimAdEMAMixOptions, 1e-3,
+                    /// Decay β of the momentum (Emerging-Optimizers' β_fast final value), in [0, 1).
+                    (double, beta1, 0.9999),
+                    /// Decay of the second moment, in [0, 1).
+                    (double, beta2, 0.999),
+                    /// Added to √v̂ in the denominator, > 0 (0 would divide 0 by 0 on a zero gradient element).
+                    (double, eps, 1e-8),
+                    /// Weight decay, >= 0, applied as `weight_decay_method` says.
+                    (double, weight_decay, 0.0),
+                    /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+                    /// (wd·p added to the gradient the step uses; `p.grad` itself is left
+                    /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
+                    (std::string, weight_decay_method, "decoupled"),
+                    /// Divide m by (1 − β^t)/(1 − β) and v by 1 − β2^t.
+                    (bool, correct_bias, true),
+                    /// Steps N over which β rises from `min_beta_fast` to `beta1` (half-life
+                    /// linear warmup), >= 0; 0 disables the warmup (Emerging-Optimizers' None).
+                    (int64_t, num_beta_fast_warmup_steps, 0),
+                    /// β at the start of the warmup, in [0, 1).
+                    (double, min_beta_fast, 0.9),
+                    /// Weight α of the current gradient in the update, finite.
+                    (double, alpha, 2.0));
 
 /// β of step `step` (1-based) under `options`' warmup: `beta1` when
 /// num_beta_fast_warmup_steps is 0 or step >= it, else the half-life
@@ -81,14 +78,12 @@ double sim_ademamix_beta(const SimAdEMAMixOptions& options, int64_t step);
 
 /// Per-parameter state of `muon::SimAdEMAMix`: `step` (steps taken on this
 /// parameter, t of the bias correction and the warmup) and the two moments.
-struct SimAdEMAMixParamState : public ListedParamState<SimAdEMAMixParamState, 2> {
-  MUON_STATE_BUFFERS(
-      /// Momentum m (a sum of β-discounted gradients): the parameter's shape,
-      /// dtype and device; zeros at first use.
-      exp_avg,
-      /// Second moment v: like `exp_avg`.
-      exp_avg_sq)
-};
+MUON_DEFINE_STATE(SimAdEMAMixParamState,
+                  /// Momentum m (a sum of β-discounted gradients): the parameter's shape,
+                  /// dtype and device; zeros at first use.
+                  exp_avg,
+                  /// Second moment v: like `exp_avg`.
+                  exp_avg_sq);
 
 /// Simplified AdEMAMix: a `torch::optim::Optimizer` for parameters of any shape.
 ///
@@ -99,19 +94,6 @@ struct SimAdEMAMixParamState : public ListedParamState<SimAdEMAMixParamState, 2>
 /// by position), with the options beside it; `state_bytes` counts
 /// the two moment buffers. Constructors, step, checks and save/load are
 /// muon::ElementwiseOptimizer's (muon/optim/elementwise.h).
-class SimAdEMAMix
-    : public ElementwiseOptimizer<SimAdEMAMix, SimAdEMAMixOptions, SimAdEMAMixParamState> {
- public:
-  /// SimAdEMAMix over `param_groups` (groups without options get the defaults) or
-  /// over one group of parameters: (param_groups | params, SimAdEMAMixOptions defaults = {}).
-  using ElementwiseOptimizer::ElementwiseOptimizer;
-
-  /// Messages say "[muon::SimAdEMAMix] ..."; archive keys "sim_ademamix_groups", "sim_ademamix_options/<i>",
-  /// "sim_ademamix_group_size/<i>".
-  static constexpr OptimizerNames kNames{"muon::SimAdEMAMix", "sim_ademamix"};
-  /// One Simplified AdEMAMix step on `param` (the header's formula).
-  static void update(at::Tensor& param, const at::Tensor& grad, SimAdEMAMixParamState& state,
-                     const SimAdEMAMixOptions& options);
-};
+MUON_DEFINE_ELEMENTWISE(SimAdEMAMix, "sim_ademamix");
 
 }  // namespace muon

@@ -125,21 +125,19 @@ struct SoapOptions : public ListedOptions<SoapOptions> {
 /// Q_L and Q_R exist from the first eigenbasis refresh on. In the sharded
 /// layout only the owner of a matrix holds these tensors (whole); every
 /// rank counts `step`.
-struct SoapParamState : public ListedParamState<SoapParamState, 6> {
-  MUON_STATE_BUFFERS(
-      /// Adam's first moment, in the eigenbasis.
-      exp_avg,
-      /// Adam's second moment, in the eigenbasis.
-      exp_avg_sq,
-      /// Left Kronecker factor (EMA of G·Gᵀ).
-      L,
-      /// Right Kronecker factor (EMA of Gᵀ·G).
-      R,
-      /// Eigenbasis of L (columns by descending eigenvalue).
-      Q_L,
-      /// Eigenbasis of R.
-      Q_R)
-};
+MUON_DEFINE_STATE(SoapParamState,
+                  /// Adam's first moment, in the eigenbasis.
+                  exp_avg,
+                  /// Adam's second moment, in the eigenbasis.
+                  exp_avg_sq,
+                  /// Left Kronecker factor (EMA of G·Gᵀ).
+                  L,
+                  /// Right Kronecker factor (EMA of Gᵀ·G).
+                  R,
+                  /// Eigenbasis of L (columns by descending eigenvalue).
+                  Q_L,
+                  /// Eigenbasis of R.
+                  Q_R);
 
 namespace detail {
 

@@ -83,35 +83,33 @@ void add_strategy_factories(
   }
 }
 
+// Makes building `name` raise c10::ValueError "<kWho>optimizer '<name>' <why>".
+void refuse(BuildContext& context, const std::string& name, std::string why) {
+  context.factories[name] = [name, why = std::move(why)](
+                                std::vector<OptimizerParamGroup>,
+                                const std::vector<OptimizerSettings>&) -> std::unique_ptr<torch::optim::Optimizer> {
+    TORCH_CHECK_VALUE(false, kWho, "optimizer '", name, "' ", why);
+  };
+}
+
 // Optimizers that need each parameter's whole matrix and have no strategy
 // for the layout `kind` (tensor_parallel): building one raises, naming it
 // and the layout.
 void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& kind) {
-  context.factories["soap"] = [kind](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
-      -> std::unique_ptr<torch::optim::Optimizer> {
-    TORCH_CHECK_VALUE(false, kWho, "optimizer 'soap' preconditions whole matrices and does not run in layout '",
-                      kind, "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
-  };
+  const std::string splits =
+      " whole matrices and does not run in layout '" + kind + "', which splits them; use layout ";
+  const std::string owner_compute = "'sharded' (owner-compute), 'layerwise' (or 'none')";
+  refuse(context, "soap", "preconditions" + splits + owner_compute);
   for (const auto& [name, needs] : {std::make_pair("iso", "factorizes"),
                                     std::make_pair("psgd_pro", "preconditions"),
                                     std::make_pair("moso", "preconditions"), std::make_pair("kl_soap", "preconditions"),
                                     std::make_pair("kl_m_soap", "preconditions"), std::make_pair("rekls", "preconditions"),
                                     std::make_pair("rekls_v3", "preconditions"), std::make_pair("tp_rekls", "preconditions"),
                                     std::make_pair("stacked_soap", "preconditions")}) {
-    context.factories[name] = [kind, name = std::string(name), needs = std::string(needs)](
-                                  std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
-        -> std::unique_ptr<torch::optim::Optimizer> {
-      TORCH_CHECK_VALUE(false, kWho, "optimizer '", name, "' ", needs, " whole matrices and does not run in layout '",
-                        kind, "', which splits them; use layout 'sharded', 'layerwise' (or 'none')");
-    };
+    refuse(context, name, needs + splits + "'sharded', 'layerwise' (or 'none')");
   }
   for (const char* name : {"dion2", "nordion2"}) {
-    context.factories[name] = [kind, name](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
-        -> std::unique_ptr<torch::optim::Optimizer> {
-      TORCH_CHECK_VALUE(false, kWho, "optimizer '", name, "' selects rows or columns of whole matrices and does not ",
-                        "run in layout '", kind,
-                        "', which splits them; use layout 'sharded' (owner-compute), 'layerwise' (or 'none')");
-    };
+    refuse(context, name, "selects rows or columns of" + splits + owner_compute);
   }
 }
 
@@ -121,12 +119,9 @@ void refuse_whole_matrix_optimizers(BuildContext& context, const std::string& ki
 // raises, naming it and the layout.
 void refuse_normalizing_optimizers(BuildContext& context, const std::string& kind) {
   for (const char* name : {"oblique_sgd", "oblique_adam"}) {
-    context.factories[name] = [kind, name](std::vector<OptimizerParamGroup>, const std::vector<OptimizerSettings>&)
-        -> std::unique_ptr<torch::optim::Optimizer> {
-      TORCH_CHECK_VALUE(false, kWho, "optimizer '", name, "' normalizes whole slices of each parameter along ",
-                        "its dim and does not run in layout '", kind,
-                        "', which splits parameters; use layout 'layerwise' (or 'none')");
-    };
+    refuse(context, name,
+           "normalizes whole slices of each parameter along its dim and does not run in layout '" + kind +
+               "', which splits parameters; use layout 'layerwise' (or 'none')");
   }
 }
 
