@@ -8,10 +8,13 @@
 #include <gtest/gtest.h>
 #include <torch/serialize/archive.h>
 
+#include <cmath>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "archive_util.h"
@@ -257,6 +260,36 @@ TEST(ListedFieldsMacros, StateBuffersAreDeclaredAndListedOnce) {
   EXPECT_EQ(b.buffers()[1], &b.second());
   EXPECT_EQ(b.buffers()[2], &b.third());
   EXPECT_TRUE(at::equal(*b.buffers()[1], at::ones({2})));
+}
+
+// MUON_DEFINE_OPTIONS, MUON_DEFINE_STATE and MUON_DEFINE_ELEMENTWISE define
+// the library's types whole: the bases, the buffer count from the names,
+// the kind from the class name, and validate() naming that kind.
+TEST(ListedFieldsMacros, WholeTypesAreDefinedFromTheirDescription) {
+  static_assert(std::is_base_of_v<muon::ListedOptions<muon::LionOptions>, muon::LionOptions>);
+  static_assert(std::is_base_of_v<muon::ListedParamState<muon::SoapParamState, 6>, muon::SoapParamState>);
+  static_assert(muon::SoapParamState::kBuffers.size() == 6);
+  static_assert(std::is_base_of_v<muon::ListedParamState<muon::LaPropParamState, 2>, muon::LaPropParamState>);
+  static_assert(std::is_base_of_v<
+                muon::ElementwiseOptimizer<muon::SimAdEMAMix, muon::SimAdEMAMixOptions, muon::SimAdEMAMixParamState>,
+                muon::SimAdEMAMix>);
+  EXPECT_EQ(std::string(muon::SimAdEMAMix::kNames.kind), "muon::SimAdEMAMix");
+  EXPECT_EQ(std::string(muon::SimAdEMAMix::kNames.prefix), "sim_ademamix");
+  EXPECT_EQ(std::string(muon::LaProp::kNames.kind), "muon::LaProp");
+  EXPECT_EQ(std::string(muon::LaProp::kNames.prefix), "laprop");
+  EXPECT_EQ(muon::LionOptions().lr(), 1e-4);
+  for (const auto& [check, words] : std::vector<std::pair<std::function<void()>, std::string>>{
+           {[] { muon::LionOptions().beta1(1.5).validate(); }, "[muon::Lion] beta1"},
+           {[] { muon::SignumOptions().momentum(-0.5).validate(); }, "[muon::Signum] momentum"},
+           {[] { muon::SimAdEMAMixOptions().alpha(NAN).validate(); }, "[muon::SimAdEMAMix] alpha must be finite"}}) {
+    try {
+      check();
+      ADD_FAILURE() << "no error for " << words;
+    } catch (const c10::ValueError& e) {
+      const std::string what = e.what_without_backtrace();
+      EXPECT_EQ(what.rfind(words, 0), 0u) << what;
+    }
+  }
 }
 
 TEST(ListedFieldsMacros, EnumNamesAreDeclaredAndDefinedFromOneTable) {
