@@ -47,6 +47,7 @@
 #include "muon/optim/laprop.h"
 #include "muon/optim/lion.h"
 #include "muon/optim/listed_fields.h"
+#include "muon/optim/listed_optimizer.h"
 #include "muon/optim/moso.h"
 #include "muon/optim/muon.h"
 #include "muon/optim/oblique.h"

@@ -4,8 +4,9 @@
 // Emerging-Optimizers' weight decay methods, and save/load in LibTorch's archive layout with each
 // group's options written beside it under "<prefix>_groups", "<prefix>_options/<i>" and
 // "<prefix>_group_size/<i>" (LibTorch's generic loader restores state
-// only), and the definitions of muon::ElementwiseOptimizer (muon/optim/elementwise.h),
-// which each optimizer's source file instantiates. Internal.
+// only), and the definitions of muon::ListedOptimizer (muon/optim/listed_optimizer.h)
+// and muon::ElementwiseOptimizer (muon/optim/elementwise.h), which each
+// optimizer's source file instantiates. Internal.
 #pragma once
 
 #include <ATen/core/grad_mode.h>
@@ -217,59 +218,64 @@ const char* options_name_of() {
 }  // namespace detail
 
 template <typename Derived, typename Options, typename State>
-ElementwiseOptimizer<Derived, Options, State>::ElementwiseOptimizer(
-    std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults)
+ListedOptimizer<Derived, Options, State>::ListedOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                                                          const Options& defaults)
     : Optimizer(param_groups, std::make_unique<Options>(defaults)) {
   defaults.validate();
   compat::reapply_group_options(*this, param_groups);
-  check_before_step();
 }
 
 template <typename Derived, typename Options, typename State>
-ElementwiseOptimizer<Derived, Options, State>::ElementwiseOptimizer(std::vector<at::Tensor> params,
-                                                                    Options defaults)
-    : ElementwiseOptimizer(
-          std::vector<torch::optim::OptimizerParamGroup>{
-              torch::optim::OptimizerParamGroup(std::move(params))},
-          std::move(defaults)) {}
-
-template <typename Derived, typename Options, typename State>
-void ElementwiseOptimizer<Derived, Options, State>::check_before_step() {
-  detail::check_group_options<Options>(param_groups_, detail::who_of<Derived>(),
-                                       detail::options_name_of<Derived>());
+at::Tensor ListedOptimizer<Derived, Options, State>::step(LossClosure closure) {
+  return guarded_step(
+      *this, closure, detail::who_of<Derived>(), [this] { check_before_step(); }, [this] { step_parameters(); });
 }
 
 template <typename Derived, typename Options, typename State>
-at::Tensor ElementwiseOptimizer<Derived, Options, State>::step(LossClosure closure) {
-  return guarded_step(*this, closure, detail::who_of<Derived>(), [this] { check_before_step(); },
-                      [this] {
-                        detail::for_each_stepped<State, Options>(
-                            *this,
-                            [](const at::Tensor& p) {
-                              auto st = std::make_unique<State>();
-                              for (at::Tensor* buffer : st->buffers())
-                                *buffer = at::zeros_like(p, at::MemoryFormat::Preserve);
-                              return st;
-                            },
-                            &Derived::update);
-                      });
-}
-
-template <typename Derived, typename Options, typename State>
-int64_t ElementwiseOptimizer<Derived, Options, State>::state_bytes() const {
+int64_t ListedOptimizer<Derived, Options, State>::state_bytes() const {
   return detail::buffer_bytes<State>(*this, [](const State& s) { return s.const_buffers(); });
 }
 
 template <typename Derived, typename Options, typename State>
-void ElementwiseOptimizer<Derived, Options, State>::save(
-    torch::serialize::OutputArchive& archive) const {
+void ListedOptimizer<Derived, Options, State>::save(torch::serialize::OutputArchive& archive) const {
   detail::save_with_options<State, Options>(*this, archive, Derived::kNames.prefix, Derived::kNames.kind);
 }
 
 template <typename Derived, typename Options, typename State>
-void ElementwiseOptimizer<Derived, Options, State>::load(torch::serialize::InputArchive& archive) {
+void ListedOptimizer<Derived, Options, State>::load(torch::serialize::InputArchive& archive) {
   detail::load_with_options<State, Options>(*this, archive, Derived::kNames.prefix, detail::who_of<Derived>(),
                                             Derived::kNames.kind);
+}
+
+template <typename Derived, typename Options, typename State>
+ElementwiseOptimizer<Derived, Options, State>::ElementwiseOptimizer(
+    std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults)
+    : ListedOptimizer<Derived, Options, State>(std::move(param_groups), defaults) {
+  check_before_step();
+}
+
+template <typename Derived, typename Options, typename State>
+ElementwiseOptimizer<Derived, Options, State>::ElementwiseOptimizer(std::vector<at::Tensor> params, Options defaults)
+    : ElementwiseOptimizer(
+          std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
+          std::move(defaults)) {}
+
+template <typename Derived, typename Options, typename State>
+void ElementwiseOptimizer<Derived, Options, State>::check_before_step() {
+  detail::check_group_options<Options>(this->param_groups_, detail::who_of<Derived>(),
+                                       detail::options_name_of<Derived>());
+}
+
+template <typename Derived, typename Options, typename State>
+void ElementwiseOptimizer<Derived, Options, State>::step_parameters() {
+  detail::for_each_stepped<State, Options>(
+      *this,
+      [](const at::Tensor& p) {
+        auto st = std::make_unique<State>();
+        for (at::Tensor* buffer : st->buffers()) *buffer = at::zeros_like(p, at::MemoryFormat::Preserve);
+        return st;
+      },
+      &Derived::update);
 }
 
 }  // namespace muon

@@ -63,9 +63,7 @@ void step_each_parameter(Opt& opt, const char* who, const Compute& compute, cons
 template <typename Derived, typename Options, typename State>
 WholeMatrixOptimizer<Derived, Options, State>::WholeMatrixOptimizer(
     std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults, bool check)
-    : Optimizer(param_groups, std::make_unique<Options>(defaults)) {
-  defaults.validate();
-  compat::reapply_group_options(*this, param_groups);
+    : ListedOptimizer<Derived, Options, State>(std::move(param_groups), defaults) {
   if (check) check_before_step();
 }
 
@@ -84,9 +82,9 @@ WholeMatrixOptimizer<Derived, Options, State>::WholeMatrixOptimizer(std::vector<
 template <typename Derived, typename Options, typename State>
 void WholeMatrixOptimizer<Derived, Options, State>::check_before_step() {
   const char* who = detail::who_of<Derived>();
-  detail::check_group_options<Options>(param_groups_, who, detail::options_name_of<Derived>());
-  for (const auto g : c10::irange(param_groups_.size())) {
-    for (const auto& p : param_groups_[g].params()) {
+  detail::check_group_options<Options>(this->param_groups_, who, detail::options_name_of<Derived>());
+  for (const auto g : c10::irange(this->param_groups_.size())) {
+    for (const auto& p : this->param_groups_[g].params()) {
       if (Derived::kMinDims == 1) {
         TORCH_CHECK_VALUE(p.dim() >= 1, who, "parameter of group ", g, " is 0-d; ", Derived::kNames.kind,
                           " steps parameters with at least one dimension");
@@ -106,28 +104,6 @@ std::pair<int64_t, int64_t> WholeMatrixOptimizer<Derived, Options, State>::whole
 template <typename Derived, typename Options, typename State>
 bool WholeMatrixOptimizer<Derived, Options, State>::holds_whole_state(const at::Tensor& /*param*/) const {
   return true;
-}
-
-template <typename Derived, typename Options, typename State>
-at::Tensor WholeMatrixOptimizer<Derived, Options, State>::step(LossClosure closure) {
-  return guarded_step(
-      *this, closure, detail::who_of<Derived>(), [this] { check_before_step(); }, [this] { step_parameters(); });
-}
-
-template <typename Derived, typename Options, typename State>
-int64_t WholeMatrixOptimizer<Derived, Options, State>::state_bytes() const {
-  return detail::buffer_bytes<State>(*this, [](const State& s) { return s.const_buffers(); });
-}
-
-template <typename Derived, typename Options, typename State>
-void WholeMatrixOptimizer<Derived, Options, State>::save(torch::serialize::OutputArchive& archive) const {
-  detail::save_with_options<State, Options>(*this, archive, Derived::kNames.prefix, Derived::kNames.kind);
-}
-
-template <typename Derived, typename Options, typename State>
-void WholeMatrixOptimizer<Derived, Options, State>::load(torch::serialize::InputArchive& archive) {
-  detail::load_with_options<State, Options>(*this, archive, Derived::kNames.prefix, detail::who_of<Derived>(),
-                                            Derived::kNames.kind);
 }
 
 }  // namespace muon

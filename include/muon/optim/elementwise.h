@@ -9,12 +9,12 @@
 /// fields or buffers once and gets its archive form, equality and settings
 /// digest from the list; the options write their own `validate`.
 ///
-/// `ElementwiseOptimizer<Derived, Options, State>` is a
-/// `torch::optim::Optimizer` whose step updates each parameter with a
-/// gradient on its own. It owns the constructors (defaults validated, group
-/// options checked), `step(closure)` with the checks of
+/// `ElementwiseOptimizer<Derived, Options, State>` is a muon::ListedOptimizer
+/// (muon/optim/listed_optimizer.h: `step(closure)` with the checks of
 /// muon/optim/step_guard.h, `save`/`load` with each group's options beside
-/// LibTorch's state, and `state_bytes` over the buffers the state lists.
+/// LibTorch's state, `state_bytes` over the buffers the state lists) whose
+/// step updates each parameter with a gradient on its own. It owns the
+/// constructors (defaults validated, group options checked).
 /// `Derived` supplies only:
 ///
 ///   static constexpr OptimizerNames kNames{"muon::Lion", "lion"};  // muon/optim/optimizer_names.h
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "muon/optim/listed_fields.h"
+#include "muon/optim/listed_optimizer.h"
 #include "muon/optim/optimizer_names.h"
 #include "muon/optim/settings_digest.h"
 #include "muon/optim/state_bytes.h"
@@ -55,7 +56,7 @@ using ElementwiseParamState = ListedParamState<Self, N>;
 
 /// The optimizer skeleton (see the top of this header).
 template <typename Derived, typename Options, typename State>
-class ElementwiseOptimizer : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+class ElementwiseOptimizer : public ListedOptimizer<Derived, Options, State> {
  public:
   /// The optimizer over `param_groups`; groups without options get
   /// `defaults`. Raises c10::ValueError for invalid options or parameters.
@@ -64,21 +65,13 @@ class ElementwiseOptimizer : public torch::optim::Optimizer, public StateBytes, 
   /// The optimizer over one group of `params`.
   explicit ElementwiseOptimizer(std::vector<at::Tensor> params, Options defaults = {});
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first (options of every group, gradients,
-  /// the non-finite policy); a failed check changes nothing.
-  at::Tensor step(LossClosure closure = nullptr) override;
-  /// Validates every group's options and parameters; raises c10::ValueError.
+  /// Validates every group's options; raises c10::ValueError.
   void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores options and state written by `save` into an optimizer of the
-  /// same kind with the same group structure (raises c10::ValueError
-  /// otherwise, changing nothing).
-  void load(torch::serialize::InputArchive& archive) override;
-  /// Bytes held in the state's buffers.
-  int64_t state_bytes() const override;
+
+ protected:
+  /// `Derived::update` on every parameter with a gradient, its state made
+  /// (zero buffers of the parameter's shape) at its first step.
+  void step_parameters() override;
 };
 
 /// An element-wise optimizer declared whole: the class `Name`, an

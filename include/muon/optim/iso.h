@@ -87,16 +87,6 @@ at::Tensor iso_matrix_update(const at::Tensor& param, const at::Tensor& grad, Is
 /// the top of this header).
 ///
 ///     muon::Iso opt(model->parameters(), muon::IsoOptions(1e-3).retraction("cayley"));
-class Iso : public WholeMatrixOptimizer<Iso, IsoOptions, IsoParamState> {
- public:
-  using WholeMatrixOptimizer::WholeMatrixOptimizer;
-
-  /// Messages say "[muon::Iso] ..."; archive keys "iso_groups", "iso_options/<i>", ...
-  static constexpr OptimizerNames kNames{"muon::Iso", "iso"};
-
- protected:
-  /// Steps every parameter with a gradient (after the step's checks).
-  void step_parameters() override;
-};
+MUON_DEFINE_WHOLE_MATRIX(Iso, "iso");
 
 }  // namespace muon

@@ -92,16 +92,6 @@ at::Tensor moso_matrix_update(const at::Tensor& grad, MosoParamState& state, con
 /// the top of this header).
 ///
 ///     muon::Moso opt(model->parameters(), muon::MosoOptions(3e-4).max_update_rms(1.0));
-class Moso : public WholeMatrixOptimizer<Moso, MosoOptions, MosoParamState> {
- public:
-  using WholeMatrixOptimizer::WholeMatrixOptimizer;
-
-  /// Messages say "[muon::Moso] ..."; archive keys "moso_groups", "moso_options/<i>", ...
-  static constexpr OptimizerNames kNames{"muon::Moso", "moso"};
-
- protected:
-  /// Steps every parameter with a gradient (after the step's checks).
-  void step_parameters() override;
-};
+MUON_DEFINE_WHOLE_MATRIX(Moso, "moso");
 
 }  // namespace muon

@@ -114,16 +114,6 @@ uint64_t psgd_pro_seed(const PsgdProOptions& options, int64_t rows, int64_t cols
 /// (see the top of this header).
 ///
 ///     muon::PsgdPro opt(model->parameters(), muon::PsgdProOptions(3e-3));
-class PsgdPro : public WholeMatrixOptimizer<PsgdPro, PsgdProOptions, PsgdProParamState> {
- public:
-  using WholeMatrixOptimizer::WholeMatrixOptimizer;
-
-  /// Messages say "[muon::PsgdPro] ..."; archive keys "psgd_pro_groups", "psgd_pro_options/<i>", ...
-  static constexpr OptimizerNames kNames{"muon::PsgdPro", "psgd_pro"};
-
- protected:
-  /// Steps every parameter with a gradient (after the step's checks).
-  void step_parameters() override;
-};
+MUON_DEFINE_WHOLE_MATRIX(PsgdPro, "psgd_pro");
 
 }  // namespace muon

@@ -3,14 +3,17 @@
 /// The base of the optimizers that step each parameter as one whole matrix
 /// (dim 0 × the product of the others; a 1-D parameter is a column) with
 /// state of the whole matrix: muon::Soap, muon::KlSoap, muon::Dion,
-/// muon::Iso and muon::Moso. It gives them torch::optim's constructors, the
-/// step's checks (muon/optim/step_guard.h: options validated, parameters of
-/// at least `Derived::kMinDims` dims, 2 unless Derived says 1), `state_bytes`, and `save`/`load` in LibTorch's
-/// optimizer archive layout with the options beside it
-/// (muon/optim/listed_fields.h). `Derived` names itself (`kNames`,
+/// muon::Iso and muon::Moso. A muon::ListedOptimizer
+/// (muon/optim/listed_optimizer.h: the step with the checks of
+/// muon/optim/step_guard.h, `state_bytes`, and `save`/`load` in LibTorch's
+/// optimizer archive layout with the options beside it), it gives them
+/// torch::optim's constructors and the step's checks (options validated,
+/// parameters of at least `Derived::kMinDims` dims, 2 unless Derived says
+/// 1). `Derived` names itself (`kNames`,
 /// muon/optim/optimizer_names.h: e.g. {"muon::Dion", "dion"}) and steps its
 /// parameters (`step_parameters`); the layouts override `whole_matrix_dims`
-/// and `holds_whole_state` for row shards.
+/// and `holds_whole_state` for row shards. MUON_DEFINE_WHOLE_MATRIX(Iso,
+/// "iso") declares such a class whole (below).
 #include <ATen/ATen.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "muon/optim/listed_fields.h"
+#include "muon/optim/listed_optimizer.h"
 #include "muon/optim/optimizer_names.h"
 #include "muon/optim/state_bytes.h"
 #include "muon/optim/step_guard.h"
@@ -27,10 +31,8 @@
 namespace muon {
 
 template <typename Derived, typename Options, typename State>
-class WholeMatrixOptimizer : public torch::optim::Optimizer, public StateBytes, public StepGuard {
+class WholeMatrixOptimizer : public ListedOptimizer<Derived, Options, State> {
  public:
-  /// The options of a group.
-  using OptionsType = Options;
   /// The fewest dims a parameter may have (a derived class may say 1).
   static constexpr int64_t kMinDims = 2;
 
@@ -40,19 +42,8 @@ class WholeMatrixOptimizer : public torch::optim::Optimizer, public StateBytes, 
   /// Over one group of `params`.
   explicit WholeMatrixOptimizer(std::vector<at::Tensor> params, Options defaults = {});
 
-  /// One step on every parameter with a gradient; `closure`, if given, runs
-  /// first with grad mode enabled and its loss is returned. The checks of
-  /// muon/optim/step_guard.h run first.
-  at::Tensor step(LossClosure closure = nullptr) override;
   /// Validates every group's options and parameters; raises c10::ValueError.
   void check_before_step() override;
-  /// Writes options and state.
-  void save(torch::serialize::OutputArchive& archive) const override;
-  /// Restores what `save` wrote into an optimizer of the same kind and group
-  /// structure (raises otherwise, changing nothing).
-  void load(torch::serialize::InputArchive& archive) override;
-  /// Bytes held in the state tensors.
-  int64_t state_bytes() const override;
 
   /// The (rows, cols) of the whole matrix `param` is (a part of).
   virtual std::pair<int64_t, int64_t> whole_matrix_dims(const at::Tensor& param) const;
@@ -63,8 +54,23 @@ class WholeMatrixOptimizer : public torch::optim::Optimizer, public StateBytes, 
  protected:
   /// For layouts: builds the optimizer and checks it.
   WholeMatrixOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups, Options defaults, bool check);
-  /// Steps every parameter with a gradient (after the step's checks).
-  virtual void step_parameters() = 0;
 };
+
+/// A whole-matrix optimizer declared whole: the class `Name`, a
+/// WholeMatrixOptimizer over `Name##Options` and `Name##ParamState` with its
+/// constructors, kNames {"muon::" #Name, prefix} (messages say
+/// "[muon::Name] ...", archive keys "<prefix>_groups", "<prefix>_options/<i>",
+/// ...), and `step_parameters`, which the library defines.
+///
+///   MUON_DEFINE_WHOLE_MATRIX(Iso, "iso");
+#define MUON_DEFINE_WHOLE_MATRIX(Name, prefix)                                              \
+  class Name : public ::muon::WholeMatrixOptimizer<Name, Name##Options, Name##ParamState> { \
+   public:                                                                                  \
+    using WholeMatrixOptimizer::WholeMatrixOptimizer;                                       \
+    static constexpr ::muon::OptimizerNames kNames{"muon::" #Name, prefix};                 \
+                                                                                            \
+   protected:                                                                               \
+    void step_parameters() override;                                                        \
+  }
 
 }  // namespace muon
