@@ -141,19 +141,19 @@ namespace detail {
 bool all_finite(const at::Tensor& t) {
   if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return true;
   if (t.device().is_cpu() && t.is_contiguous() && !t.is_sparse()) {
+    const auto bits = [&](auto exponent_mask) {
+      using Bits = decltype(exponent_mask);
+      return exponents_finite(static_cast<const Bits*>(t.data_ptr()), t.numel(), exponent_mask);
+    };
     switch (t.scalar_type()) {
       case at::kFloat:
-        return exponents_finite(static_cast<const uint32_t*>(t.data_ptr()), t.numel(),
-                                uint32_t{0x7F800000u});
+        return bits(uint32_t{0x7F800000u});
       case at::kDouble:
-        return exponents_finite(static_cast<const uint64_t*>(t.data_ptr()), t.numel(),
-                                uint64_t{0x7FF0000000000000ull});
+        return bits(uint64_t{0x7FF0000000000000ull});
       case at::kBFloat16:
-        return exponents_finite(static_cast<const uint16_t*>(t.data_ptr()), t.numel(),
-                                uint16_t{0x7F80u});
+        return bits(uint16_t{0x7F80u});
       case at::kHalf:
-        return exponents_finite(static_cast<const uint16_t*>(t.data_ptr()), t.numel(),
-                                uint16_t{0x7C00u});
+        return bits(uint16_t{0x7C00u});
       default:
         break;
     }

@@ -117,4 +117,18 @@ void apply_decay_and_rows(at::Tensor& p, const at::Tensor& rows, const Options& 
   p.detach().add_(rows.view(p.sizes()), -o.lr());
 }
 
+/// The owner-compute step of an optimizer whose weight decay method may be
+/// "l2" (the KL-SOAP family, PSGD-Pro): each rank sends gradient_payload,
+/// each owner runs `at_owner(p, whole payload, state, options)`, every rank
+/// applies apply_decay_and_rows.
+template <typename State, typename Options, typename Opt, typename AtOwner>
+void owner_compute_gradient_step(Opt& opt, ShardedOrthogonalizer& strategy, const AtOwner& at_owner) {
+  owner_compute_step<State, Options>(
+      opt, strategy,
+      [](const at::Tensor& p, const at::Tensor& grad, State&, const Options& o) {
+        return gradient_payload(p, grad, o);
+      },
+      at_owner, apply_decay_and_rows<Options>);
+}
+
 }  // namespace muon::distributed::detail

@@ -12,17 +12,13 @@ namespace muon::distributed {
 template class OwnerComputeOptimizer<KlSoap, ShardedKlSoap>;
 
 void ShardedKlSoap::step_parameters() {
-  detail::owner_compute_step<KlSoapParamState, KlSoapOptions>(
+  // At each owner: the family's step on the whole gradient (and parameter), as one process has them.
+  detail::owner_compute_gradient_step<KlSoapParamState, KlSoapOptions>(
       *this, *strategy_,
-      [](const at::Tensor& p, const at::Tensor& grad, KlSoapParamState&, const KlSoapOptions& o) {
-        return detail::gradient_payload(p, grad, o);
-      },
-      // At each owner: the family's step on the whole gradient (and parameter), as one process has them.
       [this](const at::Tensor& p, const at::Tensor& whole, KlSoapParamState& st, const KlSoapOptions& o) {
         const auto [grad, inner] = detail::received_gradient(whole, whole_matrix_dims(p).second, o);
         return muon::detail::kl_soap_update(grad, inner, p.sizes().slice(1), st, o);
-      },
-      detail::apply_decay_and_rows<KlSoapOptions>);
+      });
 }
 
 }  // namespace muon::distributed

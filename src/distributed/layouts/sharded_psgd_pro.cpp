@@ -10,17 +10,13 @@ namespace muon::distributed {
 template class OwnerComputeOptimizer<PsgdPro, ShardedPsgdPro>;
 
 void ShardedPsgdPro::step_parameters() {
-  detail::owner_compute_step<PsgdProParamState, PsgdProOptions>(
+  // At each owner: PSGD-Pro's step on the whole gradient (G + wd·p under l2), as one process has it.
+  detail::owner_compute_gradient_step<PsgdProParamState, PsgdProOptions>(
       *this, *strategy_,
-      [](const at::Tensor& p, const at::Tensor& grad, PsgdProParamState&, const PsgdProOptions& o) {
-        return detail::gradient_payload(p, grad, o);
-      },
-      // At each owner: PSGD-Pro's step on the whole gradient (G + wd·p under l2), as one process has it.
       [this](const at::Tensor& p, const at::Tensor& whole, PsgdProParamState& st, const PsgdProOptions& o) {
         return muon::detail::psgd_pro_update(detail::received_gradient(whole, whole_matrix_dims(p).second, o).second,
                                              st, o);
-      },
-      detail::apply_decay_and_rows<PsgdProOptions>);
+      });
 }
 
 }  // namespace muon::distributed
