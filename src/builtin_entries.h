@@ -71,4 +71,20 @@ OptimizerEntry matrix_entry(const std::string& name, StateSchema state, const st
   return e;
 }
 
+/// The entry of Opt, a muon::ListedOptimizer whose options are written with
+/// MUON_OPTIONS, under its prefix (Opt::kNames): options_entry with the
+/// fields of the options' own description (listed_option_fields).
+template <class Opt>
+OptimizerEntry listed_entry(StateSchema state, const std::string& doc) {
+  using Options = typename Opt::OptionsType;
+  return options_entry<Opt, Options>(Opt::kNames.prefix, std::move(state), doc, listed_option_fields<Options>());
+}
+
+/// listed_entry as matrix_entry makes it: the scalar parameters routed to scalar_optimizer.
+template <class Opt>
+OptimizerEntry listed_matrix_entry(StateSchema state, const std::string& doc) {
+  using Options = typename Opt::OptionsType;
+  return matrix_entry<Opt, Options>(Opt::kNames.prefix, std::move(state), doc, listed_option_fields<Options>());
+}
+
 }  // namespace muon::detail

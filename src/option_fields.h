@@ -8,8 +8,11 @@
 #include <c10/util/Exception.h>
 #include <torch/optim/optimizer.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +23,7 @@
 
 #include "muon/compat.h"
 #include "muon/registry.h"
+#include "optim/option_checks.h"
 
 namespace muon::detail {
 
@@ -148,6 +152,86 @@ struct OptionFields {
     return text(name, set, listed_default<std::string, Options>(name), std::move(doc), std::move(choices));
   }
 };
+
+template <class T>
+constexpr bool kNoSpecFor = false;
+
+/// The spec of a listed field `name` of type T from its default and rule
+/// (MUON_OPTIONS): the rule's doc, bounds and choices.
+template <class T>
+FieldSpec spec_by_rule(const std::string& name, const T& def, const FieldRule& rule) {
+  const auto bound = [](double b) { return std::isfinite(b) ? std::optional<double>(b) : std::nullopt; };
+  FieldSpec spec;
+  if constexpr (std::is_same_v<T, double>) {
+    spec = FieldSpec::real(name, def, rule.doc, bound(rule.min), bound(rule.max));
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    spec = FieldSpec::integer(name, def, rule.doc, bound(rule.min), bound(rule.max));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    spec = FieldSpec::boolean(name, def, rule.doc);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    spec = FieldSpec::text(name, def, rule.doc, rule_choices(rule));
+  } else {
+    static_assert(kNoSpecFor<T>, "a listed field of this type (an enum, a dtype) needs an OptionField of its own");
+  }
+  spec.min_exclusive = rule.min_exclusive;
+  spec.max_exclusive = rule.max_exclusive;
+  return spec;
+}
+
+/// The value of field `name` of type T in `settings`.
+template <class T>
+T setting_of(const OptimizerSettings& settings, const std::string& name) {
+  if constexpr (std::is_same_v<T, double>) return settings.get_double(name);
+  if constexpr (std::is_same_v<T, int64_t>) return settings.get_int(name);
+  if constexpr (std::is_same_v<T, bool>) return settings.get_bool(name);
+  if constexpr (std::is_same_v<T, std::string>) return settings.get_string(name);
+}
+
+/// Whether `name` is one of muon::common_fields() (lr, weight_decay, ...),
+/// which every entry reads and none declares.
+inline bool is_common_field(const std::string& name) {
+  for (const auto& f : common_fields()) {
+    if (f.name == name) return true;
+  }
+  return false;
+}
+
+/// Options' listed field I as an entry's field: spec_by_rule of its
+/// default (in Options()) and rule, set from the settings' value under its
+/// name; read, not declared, when it is a common field.
+template <class Options, size_t I>
+OptionField<Options> listed_field() {
+  const Options defaults;
+  const auto& def = std::get<I>(Options::fields(defaults));
+  using T = std::decay_t<decltype(def)>;
+  OptionField<Options> field{spec_by_rule<T>(Options::kFields[I], def, Options::kRules[I]),
+                             [](Options& o, const OptimizerSettings& s) {
+                               std::get<I>(Options::fields(o)) = setting_of<T>(s, Options::kFields[I]);
+                             }};
+  field.declared = !is_common_field(field.spec.name);
+  return field;
+}
+
+template <class Options, size_t... I>
+std::vector<OptionField<Options>> listed_fields_at(std::index_sequence<I...> /*fields*/) {
+  return {listed_field<Options, I>()...};
+}
+
+/// The entry's fields of options written with MUON_OPTIONS, from the
+/// options' own description: each listed field but lr (the constructor
+/// takes it) and those named in `except`, in the list's order, its spec
+/// from its default and rule.
+template <class Options>
+std::vector<OptionField<Options>> listed_option_fields(std::initializer_list<std::string> except = {}) {
+  auto all = listed_fields_at<Options>(std::make_index_sequence<Options::kFields.size()>());
+  std::vector<OptionField<Options>> out;
+  for (auto& f : all) {
+    bool keep = f.spec.name != "lr";
+    for (const auto& name : except) keep = keep && f.spec.name != name;
+    if (keep) out.push_back(std::move(f));
+  }
+  return out;
+}
 
 /// The FieldSpecs `fields` declare, in order.
 template <class Options>

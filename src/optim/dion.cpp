@@ -33,7 +33,6 @@ MUON_INSTANTIATE_LISTED(WholeMatrixOptimizer, Dion, DionOptions, DionParamState)
 namespace {
 
 constexpr const char* kWho = "[muon::Dion] ";
-constexpr int64_t kMaxPowerIters = 16;
 
 // The seed of a draw for a rows × cols matrix: the options' seed, the shape and `draw`.
 uint64_t draw_seed(const DionOptions& o, int64_t rows, int64_t cols, uint64_t draw) {
@@ -66,7 +65,8 @@ at::Tensor dion_initial_q(int64_t rows, int64_t cols, const DionOptions& o, cons
 }
 
 uint64_t dion_sketch_seed(const DionOptions& o, int64_t rows, int64_t cols, int64_t step, int64_t iteration) {
-  return draw_seed(o, rows, cols, 1 + static_cast<uint64_t>(step) * kMaxPowerIters + static_cast<uint64_t>(iteration));
+  return draw_seed(o, rows, cols,
+                   1 + static_cast<uint64_t>(step) * kDionMaxPowerIters + static_cast<uint64_t>(iteration));
 }
 
 at::Tensor dion_next_q(const at::Tensor& r, const at::Tensor& q_old, const at::Tensor& zero, const DionOptions& o,
@@ -126,21 +126,7 @@ at::Tensor dion_matrix_update(const at::Tensor& grad, DionParamState& st, const 
 
 // ---- DionOptions ---------------------------------------------------------------
 
-void DionOptions::validate() const {
-  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  // M ← M − (1 − mu)·P·Rᵀ: outside [0, 1] the feedback adds to M or removes more than P·Rᵀ.
-  TORCH_CHECK_VALUE(mu_ >= 0 && mu_ <= 1, kWho, "mu must be in [0, 1], got ", mu_);
-  TORCH_CHECK_VALUE(rank_fraction_ > 0 && rank_fraction_ <= 1, kWho, "rank_fraction must be in (0, 1], got ",
-                    rank_fraction_);
-  TORCH_CHECK_VALUE(rank_multiple_of_ >= 1, kWho, "rank_multiple_of must be >= 1, got ", rank_multiple_of_);
-  detail::check_positive(kWho, "epsilon", epsilon_);
-  TORCH_CHECK_VALUE(power_iters_ >= 1 && power_iters_ <= kMaxPowerIters, kWho, "power_iters must be in [1, ",
-                    kMaxPowerIters, "], got ", power_iters_);
-  detail::check_name(qr_method_, {"rcqr", "qr"}, kWho, "qr_method");
-  TORCH_CHECK_VALUE(rcqr_oversample_ >= 1 && rcqr_oversample_ <= 8, kWho,
-                    "rcqr_oversample must be in [1, 8], got ", rcqr_oversample_);
-  TORCH_CHECK_VALUE(seed_ >= 0, kWho, "seed must be >= 0, got ", seed_);
-}
+void DionOptions::validate() const { detail::check_listed_fields(*this, kWho); }
 
 // ---- Dion ----------------------------------------------------------------------
 
@@ -181,26 +167,11 @@ void Dion::step_parameters() {
 // (the common fields). Dion steps matrices: 1-D, embedding and head
 // parameters go to scalar_optimizer (Dion's "adamw" / "lion" groups).
 void detail::register_dion(OptimizerRegistry& registry) {
-  using O = DionOptions;
-  using F = detail::OptionFields<O>;
-  auto e = detail::matrix_entry<Dion, O>(
+  auto e = detail::matrix_entry<Dion, DionOptions>(
       "dion", detail::dion_state(),
       "Dion (muon::Dion): low-rank orthonormal updates by power iteration with QR and error feedback",
-      {
-          F::real("mu", &O::mu, "error-feedback decay: M -= (1 - mu)·P·Rᵀ", 0.0, 1.0),
-          F::real("rank_fraction", &O::rank_fraction, "rank r as a fraction of min(rows, cols)", 0.0, 1.0)
-              .exclusive_min(),
-          F::integer("rank_multiple_of", &O::rank_multiple_of, "r rounded up to a multiple of this", 1.0),
-          F::common("weight_decay", &O::weight_decay),
-          F::real("epsilon", &O::epsilon, "column normalization epsilon", 0.0).exclusive_min(),
-          F::integer("power_iters", &O::power_iters, "power iterations per step", 1.0,
-                     static_cast<double>(kMaxPowerIters)),
-          F::text("qr_method", &O::qr_method, "rcqr (randomized Cholesky QR) | qr (Householder)",
-                  std::vector<std::string>{"rcqr", "qr"}),
-          F::real("rcqr_oversample", &O::rcqr_oversample, "RCQR's sketch oversampling", 1.0, 8.0),
-          F::integer("seed", &O::seed, "seed of Q's start and RCQR's sketches", 0.0),
-      });
-  registry.add(detail::hookable<O>(std::move(e), "decoupled"));
+      detail::listed_option_fields<DionOptions>());
+  registry.add(detail::hookable<DionOptions>(std::move(e), "decoupled"));
 }
 
 }  // namespace muon

@@ -40,7 +40,7 @@ namespace muon::detail {
 /// The weight decay methods of Emerging-Optimizers' WeightDecayMixin
 /// (emerging_optimizers/mixin.py), in order: "decoupled", "independent", "l2".
 inline const std::vector<std::string>& weight_decay_method_names() {
-  static const std::vector<std::string> names{"decoupled", "independent", "l2"};
+  static const std::vector<std::string> names = rule_choices(rule::weight_decay_method());
   return names;
 }
 
@@ -51,14 +51,6 @@ inline int weight_decay_method_code(const std::string& method) {
     if (names[i] == method) return static_cast<int>(i);
   }
   return -1;
-}
-
-/// Raises c10::ValueError "<who>weight_decay_method must be one of ..., got
-/// '<method>'" unless `method` is one of weight_decay_method_names().
-inline void check_weight_decay_method(const char* who, const std::string& method) {
-  TORCH_CHECK_VALUE(weight_decay_method_code(method) >= 0, who,
-                    "weight_decay_method must be one of decoupled, independent, l2, got '", method,
-                    "'");
 }
 
 /// Weight decay `wd` by `method`, as Emerging-Optimizers' WeightDecayMixin

@@ -76,10 +76,7 @@ at::Tensor detail::iso_matrix_update(const at::Tensor& param, const at::Tensor& 
 // ---- IsoOptions ----------------------------------------------------------------
 
 void IsoOptions::validate() const {
-  detail::check_non_negative(kWho, "lr", lr_);
-  // Mu ← momentum·Mu + gU: at 1 or above the momentum never decays.
-  detail::check_decay(kWho, "momentum", momentum_);
-  detail::check_name(retraction_, {"qr", "polar", "cayley"}, kWho, "retraction");
+  detail::check_listed_fields(*this, kWho);
   TORCH_CHECK_VALUE(weight_decay_ == 0, kWho, "weight_decay must be 0 (Iso keeps the singular values and has no ",
                     "weight decay), got ", weight_decay_);
 }
@@ -100,18 +97,11 @@ void Iso::step_parameters() {
 // common field); weight_decay must stay 0. Iso steps matrices: 1-D,
 // embedding and head parameters go to scalar_optimizer.
 void detail::register_iso(OptimizerRegistry& registry) {
-  using O = IsoOptions;
-  using F = detail::OptionFields<O>;
-  auto e = detail::matrix_entry<Iso, O>(
-      "iso", detail::iso_state(),
-      "Iso (muon::Iso): the Stiefel factors of each matrix's SVD moved by heavy-ball momentum and "
-      "retracted, the singular values fixed",
-      {
-          F::real("momentum", &O::momentum, "heavy-ball momentum of the factors' gradients", 0.0, 1.0).exclusive_max(),
-          F::text("retraction", &O::retraction, "qr | polar | cayley", {"qr", "polar", "cayley"}),
-          F::common("weight_decay", &O::weight_decay),
-      });
-  registry.add(detail::not_hookable(std::move(e), "it rebuilds the weight from its factors U·diag(σ)·Vᵀ rather than adding an update"));
+  registry.add(detail::not_hookable(
+      detail::listed_matrix_entry<Iso>(detail::iso_state(),
+                                       "Iso (muon::Iso): the Stiefel factors of each matrix's SVD moved by heavy-ball "
+                                       "momentum and retracted, the singular values fixed"),
+      "it rebuilds the weight from its factors U·diag(σ)·Vᵀ rather than adding an update"));
 }
 
 }  // namespace muon

@@ -145,16 +145,10 @@ at::Tensor detail::kl_soap_update(const at::Tensor& grad, const at::Tensor& inne
 // ---- KlSoapOptions ----------------------------------------------------------------
 
 void KlSoapOptions::validate() const {
-  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(kWho, {{"beta1", beta1_}, {"beta2", beta2_}, {"shampoo_beta", shampoo_beta_}});
-  detail::check_positive(kWho, "eps", eps_);
-  detail::check_name(kind_, {"kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3", "stacked_soap"}, kWho, "kind");
-  if (kind_ == "rekls" || kind_ == "tp_rekls") {
-    detail::check_weight_decay_method(kWho, weight_decay_method_);
-  } else {
-    TORCH_CHECK_VALUE(weight_decay_method_ == "decoupled", kWho, "weight_decay_method must be 'decoupled' for ",
-                      kind_, " (Emerging-Optimizers fixes it; rekls takes others), got '", weight_decay_method_, "'");
-  }
+  detail::check_listed_fields(*this, kWho);
+  TORCH_CHECK_VALUE(weight_decay_method_ == "decoupled" || kind_ == "rekls" || kind_ == "tp_rekls", kWho,
+                    "weight_decay_method must be 'decoupled' for ", kind_,
+                    " (Emerging-Optimizers fixes it; rekls takes others), got '", weight_decay_method_, "'");
 }
 
 // ---- KlSoap ---------------------------------------------------------------------
@@ -201,7 +195,6 @@ void KlSoap::step_parameters() {
 // head parameters go to scalar_optimizer.
 void detail::register_kl_soap(OptimizerRegistry& registry) {
   using O = KlSoapOptions;
-  using F = detail::OptionFields<O>;
   const std::array<std::pair<const char*, const char*>, 6> kinds{{
       {"kl_soap", "KL-SOAP (muon::KlSoap): Adam in the eigenbasis of KL-Shampoo's factors, one orthogonal "
                   "iteration a step (Emerging-Optimizers' KlSoapV3)"},
@@ -215,18 +208,10 @@ void detail::register_kl_soap(OptimizerRegistry& registry) {
                        "else (b·m, n)"},
   }};
   for (const auto& [name, doc] : kinds) {
-    std::vector<detail::OptionField<O>> fields{
-        F::real("beta1", &O::beta1, "the inner step's first-moment decay", 0.0, 1.0).exclusive_max(),
-        F::real("beta2", &O::beta2, "the inner step's second-moment decay", 0.0, 1.0).exclusive_max(),
-        F::real("shampoo_beta", &O::shampoo_beta, "decay of the Kronecker factors (bias-corrected)", 0.0, 1.0)
-            .exclusive_max(),
-        F::real("eps", &O::eps, "the eigenvalues' floor in the KL factor update; Adam's eps", 0.0).exclusive_min(),
-        F::common("weight_decay", &O::weight_decay),
-    };
-    if (std::string(name) == "rekls" || std::string(name) == "tp_rekls") {
-      fields.push_back(F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
-                               detail::weight_decay_method_names()));
-    }
+    // The entry's name is the kind; only rekls' kinds take another weight decay method.
+    const bool rekls = std::string(name) == "rekls" || std::string(name) == "tp_rekls";
+    auto fields = rekls ? detail::listed_option_fields<O>({"kind"})
+                        : detail::listed_option_fields<O>({"kind", "weight_decay_method"});
     auto e = detail::options_entry<KlSoap, O>(name, detail::kl_soap_state(name), doc, std::move(fields),
                                               [kind = std::string(name)](O& o, const OptimizerSettings&) {
                                                 o.kind(kind);

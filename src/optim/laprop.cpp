@@ -13,12 +13,7 @@
 #include "util/scale.h"
 
 namespace muon {
-void LaPropOptions::validate() const {
-  const char* who = detail::who_of<LaProp>();
-  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(who, {{"beta1", beta1_}, {"beta2", beta2_}});
-  detail::check_denominator_eps(who, eps_);
-}
+void LaPropOptions::validate() const { detail::check_listed_fields(*this, detail::who_of<LaProp>()); }
 
 // One step of LaProp on `p` (the header's formula; the order and the
 // operations of Emerging-Optimizers' LaProp and calculate_laprop_update).
@@ -41,20 +36,11 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, LaProp, LaPropOptions, LaPropParam
 
 // Defaults are LaPropOptions' own (Emerging-Optimizers'), lr aside (the common field).
 void detail::register_laprop(OptimizerRegistry& registry) {
-  using O = LaPropOptions;
-  using F = detail::OptionFields<O>;
-  registry.add(detail::hookable<O>(
-      detail::options_entry<LaProp, O>(
-          "laprop", detail::laprop_state(),
+  registry.add(detail::hookable<LaPropOptions>(
+      detail::listed_entry<LaProp>(
+          detail::laprop_state(),
           "LaProp (muon::LaProp): momentum of gradients normalized by the second moment, decoupled "
-          "weight decay",
-          {
-              F::real("beta1", &O::beta1, "decay of the momentum of normalized gradients", 0.0, 1.0).exclusive_max(),
-              F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
-              F::real("eps", &O::eps, "added to the square root of the second moment", 0.0).exclusive_min(),
-              F::common("weight_decay", &O::weight_decay),
-              F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of both moments"),
-          }),
+          "weight decay"),
       "decoupled"));
 }
 

@@ -13,11 +13,7 @@
 #include "util/scale.h"
 
 namespace muon {
-void LionOptions::validate() const {
-  const char* who = detail::who_of<Lion>();
-  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(who, {{"beta1", beta1_}, {"beta2", beta2_}});
-}
+void LionOptions::validate() const { detail::check_listed_fields(*this, detail::who_of<Lion>()); }
 
 MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, Lion, LionOptions, LionParamState);
 
@@ -32,18 +28,10 @@ void Lion::update(at::Tensor& p, const at::Tensor& grad, LionParamState& st, con
 }
 
 void detail::register_lion(OptimizerRegistry& registry) {
-  using O = LionOptions;
-  using F = detail::OptionFields<O>;
-  registry.add(detail::hookable<O>(detail::options_entry<Lion, O>(
-      "lion", detail::lion_state(),
-      "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay",
-      {
-          F::real("beta1", &O::beta1, 0.9, "interpolation weight of the momentum in the update",
-                  0.0, 1.0)
-              .exclusive_max(),
-          F::real("beta2", &O::beta2, 0.99, "momentum decay", 0.0, 1.0).exclusive_max(),
-          F::common("weight_decay", &O::weight_decay),
-      }), "decoupled"));
+  registry.add(detail::hookable<LionOptions>(
+      detail::listed_entry<Lion>(detail::lion_state(),
+                                 "Lion (muon::Lion): sign of interpolated momentum, decoupled weight decay"),
+      "decoupled"));
 }
 
 }  // namespace muon

@@ -75,12 +75,7 @@ at::Tensor detail::moso_matrix_update(const at::Tensor& grad, MosoParamState& st
 
 // ---- MosoOptions ---------------------------------------------------------------
 
-void MosoOptions::validate() const {
-  detail::check_non_negative(kWho, {{"lr", lr_}, {"weight_decay", weight_decay_}, {"max_update_rms", max_update_rms_}});
-  // Each decay at 1 or above never forgets (or, above, diverges).
-  detail::check_decay(kWho, {{"momentum", momentum_}, {"rms_beta", rms_beta_}, {"shampoo_beta", shampoo_beta_}});
-  detail::check_positive(kWho, "eps", eps_);
-}
+void MosoOptions::validate() const { detail::check_listed_fields(*this, kWho); }
 
 // ---- Moso ----------------------------------------------------------------------
 
@@ -100,22 +95,11 @@ void Moso::step_parameters() {
 // weight_decay aside (the common fields). MOSO steps matrices: 1-D,
 // embedding and head parameters go to scalar_optimizer.
 void detail::register_moso(OptimizerRegistry& registry) {
-  using O = MosoOptions;
-  using F = detail::OptionFields<O>;
-  auto e = detail::matrix_entry<Moso, O>(
-      "moso", detail::moso_state(),
-      "MOSO (muon::Moso): Muon's momentum preconditioned by RMSprop in the eigenbasis of its smaller side's "
-      "covariance",
-      {
-          F::real("momentum", &O::momentum, "decay of Muon's momentum", 0.0, 1.0).exclusive_max(),
-          F::real("rms_beta", &O::rms_beta, "decay of RMSprop's second moment", 0.0, 1.0).exclusive_max(),
-          F::real("shampoo_beta", &O::shampoo_beta, "decay of the covariance (bias-corrected)", 0.0, 1.0)
-              .exclusive_max(),
-          F::real("eps", &O::eps, "added to RMSprop's √v", 0.0).exclusive_min(),
-          F::common("weight_decay", &O::weight_decay),
-          F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),
-      });
-  registry.add(detail::hookable<O>(std::move(e), "decoupled"));
+  registry.add(detail::hookable<MosoOptions>(
+      detail::listed_matrix_entry<Moso>(detail::moso_state(),
+                                        "MOSO (muon::Moso): Muon's momentum preconditioned by RMSprop in the "
+                                        "eigenbasis of its smaller side's covariance"),
+      "decoupled"));
 }
 
 }  // namespace muon

@@ -17,13 +17,13 @@
 namespace muon {
 namespace {
 
-constexpr const char* kSgd = "[muon::ObliqueSGD] ";
-constexpr const char* kAdam = "[muon::ObliqueAdam] ";
-
-// Raises c10::ValueError unless every parameter of every group has at least
-// one dimension and the group's `dim` names one of them.
-template <typename Options>
-void check_dims(const std::vector<torch::optim::OptimizerParamGroup>& groups, const char* who) {
+// Raises c10::ValueError unless every parameter of every group of `opt` has
+// at least one dimension and the group's `dim` names one of them.
+template <typename Opt>
+void check_dims(const Opt& opt) {
+  using Options = typename Opt::OptionsType;
+  const char* who = detail::who_of<Opt>();
+  const auto& groups = opt.param_groups();
   for (const auto i : c10::irange(groups.size())) {
     const auto dim = static_cast<const Options&>(groups[i].options()).dim();
     for (const auto& p : groups[i].params()) {
@@ -52,16 +52,18 @@ void project_step_retract(at::Tensor& p, const at::Tensor& u, const std::string&
 
 }  // namespace
 
-void ObliqueSGDOptions::validate() const {
-  detail::check_non_negative(kSgd, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(kSgd, "momentum", momentum_);
-  detail::check_weight_decay_method(kSgd, weight_decay_method_);
-  detail::check_positive(kSgd, "eps", eps_);
-}
+void ObliqueSGDOptions::validate() const { detail::check_listed_fields(*this, detail::who_of<ObliqueSGD>()); }
+
+void ObliqueAdamOptions::validate() const { detail::check_listed_fields(*this, detail::who_of<ObliqueAdam>()); }
 
 void ObliqueSGD::check_before_step() {
   ElementwiseOptimizer::check_before_step();
-  check_dims<ObliqueSGDOptions>(param_groups_, kSgd);
+  check_dims(*this);
+}
+
+void ObliqueAdam::check_before_step() {
+  ElementwiseOptimizer::check_before_step();
+  check_dims(*this);
 }
 
 void ObliqueSGD::update(at::Tensor& p, const at::Tensor& grad, ObliqueSGDParamState& st,
@@ -70,18 +72,6 @@ void ObliqueSGD::update(at::Tensor& p, const at::Tensor& grad, ObliqueSGDParamSt
   auto& u = st.momentum_buffer();
   u.mul_(o.momentum()).add_(grad);
   project_step_retract(p, u, o.weight_decay_method(), o.lr(), o.weight_decay(), o.dim(), o.eps());
-}
-
-void ObliqueAdamOptions::validate() const {
-  detail::check_non_negative(kAdam, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(kAdam, {{"beta1", beta1_}, {"beta2", beta2_}});
-  detail::check_weight_decay_method(kAdam, weight_decay_method_);
-  detail::check_positive(kAdam, "eps", eps_);
-}
-
-void ObliqueAdam::check_before_step() {
-  ElementwiseOptimizer::check_before_step();
-  check_dims<ObliqueAdamOptions>(param_groups_, kAdam);
 }
 
 // √v is divided by c2, not √c2: Emerging-Optimizers' ObliqueAdam.
@@ -106,40 +96,17 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, ObliqueAdam, ObliqueAdamOptions, O
 // field). Emerging-Optimizers steps matrices with these: 1-D, embedding and
 // head parameters go to scalar_optimizer, as Iso's and Dion's entries send them.
 void detail::register_oblique(OptimizerRegistry& registry) {
-  {
-    using O = ObliqueSGDOptions;
-    using F = detail::OptionFields<O>;
-    auto e = detail::options_entry<ObliqueSGD, O>(
-        "oblique_sgd", detail::oblique_sgd_state(),
-        "ObliqueSGD (muon::ObliqueSGD): Riemannian SGD with momentum on unit-norm slices along dim",
-        {
-            F::real("momentum", &O::momentum, "momentum μ (u ← g + μ·u)", 0.0, 1.0).exclusive_max(),
-            F::common("weight_decay", &O::weight_decay),
-            F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
-                    detail::weight_decay_method_names()),
-            F::integer("dim", &O::dim, "the dimension the norms are taken along"),
-            F::real("eps", &O::eps, "lower bound of the retraction's norm", 0.0).exclusive_min(),
-        });
-    e.default_overrides = detail::scalar_defaults("oblique_sgd");
-    registry.add(detail::not_hookable(std::move(e), "it renormalizes slices of the weight after its update"));
-  }
-  using O = ObliqueAdamOptions;
-  using F = detail::OptionFields<O>;
-  auto e = detail::options_entry<ObliqueAdam, O>(
-      "oblique_adam", detail::oblique_adam_state(),
-      "ObliqueAdam (muon::ObliqueAdam): Riemannian Adam on unit-norm slices along dim",
-      {
-          F::real("beta1", &O::beta1, "first-moment decay", 0.0, 1.0).exclusive_max(),
-          F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
-          F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
-                  detail::weight_decay_method_names()),
-          F::integer("dim", &O::dim, "the dimension the norms are taken along"),
-          F::real("eps", &O::eps, "added to √v / c2; lower bound of the retraction's norm", 0.0).exclusive_min(),
-          F::boolean("correct_bias", &O::correct_bias, "bias correction of both moments"),
-      });
-  e.default_overrides = detail::scalar_defaults("oblique_adam");
-  registry.add(detail::not_hookable(std::move(e), "it renormalizes slices of the weight after its update"));
+  const char* why = "it renormalizes slices of the weight after its update";
+  registry.add(detail::not_hookable(
+      detail::listed_matrix_entry<ObliqueSGD>(
+          detail::oblique_sgd_state(),
+          "ObliqueSGD (muon::ObliqueSGD): Riemannian SGD with momentum on unit-norm slices along dim"),
+      why));
+  registry.add(
+      detail::not_hookable(detail::listed_matrix_entry<ObliqueAdam>(
+                               detail::oblique_adam_state(),
+                               "ObliqueAdam (muon::ObliqueAdam): Riemannian Adam on unit-norm slices along dim"),
+                           why));
 }
 
 }  // namespace muon

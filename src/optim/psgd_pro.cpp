@@ -142,18 +142,9 @@ at::Tensor detail::psgd_pro_update(const at::Tensor& grad, PsgdProParamState& st
 // ---- PsgdProOptions ------------------------------------------------------------
 
 void PsgdProOptions::validate() const {
-  detail::check_non_negative(kWho, {{"lr", lr_},
-                                    {"weight_decay", weight_decay_},
-                                    {"damping_noise_scale", damping_noise_scale_},
-                                    {"max_update_rms", max_update_rms_}});
-  detail::check_weight_decay_method(kWho, weight_decay_method_);
-  detail::check_decay(kWho, {{"momentum", momentum_}, {"beta_lip", beta_lip_}});
-  detail::check_positive(kWho, "precond_lr", precond_lr_);
-  detail::check_positive(kWho, "precond_init_scale", precond_init_scale_);
-  TORCH_CHECK_VALUE(min_precond_lr_ >= 0 && min_precond_lr_ <= precond_lr_, kWho,
-                    "min_precond_lr must be in [0, precond_lr = ", precond_lr_, "], got ", min_precond_lr_);
-  TORCH_CHECK_VALUE(warmup_steps_ >= 1, kWho, "warmup_steps must be >= 1, got ", warmup_steps_);
-  TORCH_CHECK_VALUE(seed_ >= 0, kWho, "seed must be >= 0, got ", seed_);
+  detail::check_listed_fields(*this, kWho);
+  TORCH_CHECK_VALUE(min_precond_lr_ <= precond_lr_, kWho, "min_precond_lr must be in [0, precond_lr = ", precond_lr_,
+                    "], got ", min_precond_lr_);
 }
 
 // ---- PsgdPro -------------------------------------------------------------------
@@ -175,27 +166,11 @@ void PsgdPro::step_parameters() {
 // and weight_decay aside (the common fields). It steps matrices: 1-D,
 // embedding and head parameters go to scalar_optimizer.
 void detail::register_psgd_pro(OptimizerRegistry& registry) {
-  using O = PsgdProOptions;
-  using F = detail::OptionFields<O>;
-  auto e = detail::matrix_entry<PsgdPro, O>(
-      "psgd_pro", detail::psgd_pro_state(),
-      "PSGD-Pro (muon::PsgdPro): the momentum preconditioned by Kronecker factors fitted by Procrustes steps",
-      {
-          F::common("weight_decay", &O::weight_decay),
-          F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
-                  detail::weight_decay_method_names()),
-          F::real("momentum", &O::momentum, "decay of the gradient's EMA", 0.0, 1.0).exclusive_max(),
-          F::real("beta_lip", &O::beta_lip, "EMA decay of the Lipschitz constants", 0.0, 1.0).exclusive_max(),
-          F::real("precond_lr", &O::precond_lr, "the preconditioner's lr at step 0", 0.0).exclusive_min(),
-          F::real("precond_init_scale", &O::precond_init_scale, "scale of the initial factors", 0.0).exclusive_min(),
-          F::real("damping_noise_scale", &O::damping_noise_scale, "scale of the noise the factors are fitted with",
-                  0.0),
-          F::real("min_precond_lr", &O::min_precond_lr, "floor of the preconditioner's lr", 0.0),
-          F::integer("warmup_steps", &O::warmup_steps, "steps of the preconditioner lr's 1/sqrt schedule", 1.0),
-          F::real("max_update_rms", &O::max_update_rms, "clip the update's RMS to this (0: no clipping)", 0.0),
-          F::integer("seed", &O::seed, "seed of the random draws", 0.0),
-      });
-  registry.add(detail::hookable<O>(std::move(e), "decoupled"));
+  registry.add(detail::hookable<PsgdProOptions>(
+      detail::listed_matrix_entry<PsgdPro>(
+          detail::psgd_pro_state(),
+          "PSGD-Pro (muon::PsgdPro): the momentum preconditioned by Kronecker factors fitted by Procrustes steps"),
+      "decoupled"));
 }
 
 }  // namespace muon

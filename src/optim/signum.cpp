@@ -12,12 +12,7 @@
 #include "option_fields.h"
 
 namespace muon {
-void SignumOptions::validate() const {
-  const char* who = detail::who_of<Signum>();
-  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(who, "momentum", momentum_);
-  detail::check_weight_decay_method(who, weight_decay_method_);
-}
+void SignumOptions::validate() const { detail::check_listed_fields(*this, detail::who_of<Signum>()); }
 
 // One step of Signum on `p` (the header's formula; the order and the
 // operations of Emerging-Optimizers' SingleMomentumOptimizer.step and
@@ -46,19 +41,9 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, Signum, SignumOptions, SignumParam
 
 // Defaults are SignumOptions' own (Emerging-Optimizers'), lr aside (the common field).
 void detail::register_signum(OptimizerRegistry& registry) {
-  using O = SignumOptions;
-  using F = detail::OptionFields<O>;
-  registry.add(detail::hookable<O>(
-      detail::options_entry<Signum, O>(
-          "signum", detail::signum_state(), "Signum (muon::Signum): the sign of a momentum, optionally Nesterov",
-          {
-              F::real("momentum", &O::momentum, "momentum decay β (0: signSGD)", 0.0, 1.0).exclusive_max(),
-              F::boolean("nesterov", &O::nesterov, "Nesterov look-ahead update"),
-              F::boolean("correct_bias", &O::correct_bias, "Adam-style bias correction of the momentum"),
-              F::common("weight_decay", &O::weight_decay),
-              F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
-                      detail::weight_decay_method_names()),
-          }),
+  registry.add(detail::hookable<SignumOptions>(
+      detail::listed_entry<Signum>(detail::signum_state(),
+                                   "Signum (muon::Signum): the sign of a momentum, optionally Nesterov"),
       "decoupled"));
 }
 

@@ -29,16 +29,7 @@ double sim_ademamix_beta(const SimAdEMAMixOptions& o, const int64_t step) {
   return beta_of_half_life((1 - a) * half_life(o.min_beta_fast()) + a * half_life(o.beta1()));
 }
 
-void SimAdEMAMixOptions::validate() const {
-  const char* who = detail::who_of<SimAdEMAMix>();
-  detail::check_non_negative(who, {{"lr", lr_}, {"weight_decay", weight_decay_}});
-  detail::check_decay(who, {{"beta1", beta1_}, {"beta2", beta2_}, {"min_beta_fast", min_beta_fast_}});
-  detail::check_denominator_eps(who, eps_);
-  detail::check_weight_decay_method(who, weight_decay_method_);
-  TORCH_CHECK_VALUE(num_beta_fast_warmup_steps_ >= 0, who,
-                    "num_beta_fast_warmup_steps must be >= 0 (0: no warmup), got ", num_beta_fast_warmup_steps_);
-  TORCH_CHECK_VALUE(std::isfinite(alpha_), who, "alpha must be finite, got ", alpha_);
-}
+void SimAdEMAMixOptions::validate() const { detail::check_listed_fields(*this, detail::who_of<SimAdEMAMix>()); }
 
 // One step of Simplified AdEMAMix on `p` (the header's formula; the order
 // and the operations of Emerging-Optimizers' TwoMomentsOptimizer.step and
@@ -66,27 +57,11 @@ MUON_INSTANTIATE_LISTED(ElementwiseOptimizer, SimAdEMAMix, SimAdEMAMixOptions, S
 
 // Defaults are SimAdEMAMixOptions' own (Emerging-Optimizers'), lr aside (the common field).
 void detail::register_sim_ademamix(OptimizerRegistry& registry) {
-  using O = SimAdEMAMixOptions;
-  using F = detail::OptionFields<O>;
-  registry.add(detail::hookable<O>(
-      detail::options_entry<SimAdEMAMix, O>(
-          "sim_ademamix", detail::sim_ademamix_state(),
+  registry.add(detail::hookable<SimAdEMAMixOptions>(
+      detail::listed_entry<SimAdEMAMix>(
+          detail::sim_ademamix_state(),
           "Simplified AdEMAMix (muon::SimAdEMAMix): a theory-style momentum plus alpha times the "
-          "gradient, over Adam's second moment",
-          {
-              F::real("beta1", &O::beta1, "momentum decay (final value of the warmup)", 0.0, 1.0).exclusive_max(),
-              F::real("beta2", &O::beta2, "second-moment decay", 0.0, 1.0).exclusive_max(),
-              F::real("eps", &O::eps, "added to the square root of the second moment", 0.0).exclusive_min(),
-              F::boolean("correct_bias", &O::correct_bias, "bias correction of both moments"),
-              F::integer("num_beta_fast_warmup_steps", &O::num_beta_fast_warmup_steps,
-                         "steps of the half-life warmup of beta1 from min_beta_fast (0: none)", 0.0),
-              F::real("min_beta_fast", &O::min_beta_fast, "momentum decay at the start of the warmup", 0.0, 1.0)
-                  .exclusive_max(),
-              F::real("alpha", &O::alpha, "weight of the current gradient in the update"),
-              F::common("weight_decay", &O::weight_decay),
-              F::text("weight_decay_method", &O::weight_decay_method, "how weight decay enters the step",
-                      detail::weight_decay_method_names()),
-          }),
+          "gradient, over Adam's second moment"),
       "decoupled"));
 }
 

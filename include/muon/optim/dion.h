@@ -57,28 +57,32 @@
 
 namespace muon {
 
+/// Most power iterations one Dion step takes (each draw's seed counts on it).
+inline constexpr int64_t kDionMaxPowerIters = 16;
+
 /// Options of `muon::Dion` (per parameter group), as chained setters, with
 /// Dion's names and defaults.
-/// validate(): checks every field; raises c10::ValueError "[muon::Dion] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule; raises c10::ValueError "[muon::Dion] <arg> must be ..., got <value>".
 MUON_DEFINE_OPTIONS(DionOptions, 0.01,
                     /// Error-feedback decay: M ← M − (1 − mu)·P·Rᵀ, in [0, 1].
-                    (double, mu, 0.95),
+                    (double, mu, 0.95, rule::in("error-feedback decay: M -= (1 - mu)·P·Rᵀ", 0, 1)),
                     /// Rank r as a fraction of min(rows, cols), in (0, 1].
-                    (double, rank_fraction, 1.0),
+                    (double, rank_fraction, 1.0, rule::in("rank r as a fraction of min(rows, cols)", 0, 1).open_min()),
                     /// r rounded up to a multiple of this, >= 1 (then capped at min(rows, cols)).
-                    (int64_t, rank_multiple_of, 1),
+                    (int64_t, rank_multiple_of, 1, rule::at_least("r rounded up to a multiple of this", 1)),
                     /// Decoupled weight decay X ← X·(1 − lr·weight_decay), >= 0.
-                    (double, weight_decay, 0.01),
+                    (double, weight_decay, 0.01, rule::non_negative("decoupled weight decay")),
                     /// Column normalization epsilon, > 0.
-                    (double, epsilon, 1e-8),
+                    (double, epsilon, 1e-8, rule::positive("column normalization epsilon")),
                     /// Power iterations per step, in [1, 16].
-                    (int64_t, power_iters, 1),
+                    (int64_t, power_iters, 1, rule::in("power iterations per step", 1, kDionMaxPowerIters)),
                     /// "rcqr" (randomized Cholesky QR, Dion's) | "qr" (Householder).
-                    (std::string, qr_method, "rcqr"),
+                    (std::string, qr_method, "rcqr",
+                     rule::one_of("rcqr (randomized Cholesky QR) | qr (Householder)", "rcqr|qr")),
                     /// RCQR's sketch oversampling, in [1, 8].
-                    (double, rcqr_oversample, 1.25),
+                    (double, rcqr_oversample, 1.25, rule::in("RCQR's sketch oversampling", 1, 8)),
                     /// Seed of Q's start and RCQR's sketches, >= 0.
-                    (int64_t, seed, 0));
+                    (int64_t, seed, 0, rule::non_negative("seed of Q's start and RCQR's sketches")));
 
 /// Per-parameter state of `muon::Dion`: `momentum` M (the parameter's shape
 /// and dtype, split with its rows in the sharded layout) and the right

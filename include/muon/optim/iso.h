@@ -47,14 +47,15 @@ namespace muon {
 
 /// Options of `muon::Iso` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults.
-/// validate(): checks every field; raises c10::ValueError "[muon::Iso] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule, and weight_decay is 0; raises c10::ValueError "[muon::Iso] <arg> must be
+/// ..., got <value>".
 MUON_DEFINE_OPTIONS(IsoOptions, 1e-3,
                     /// Heavy-ball momentum of the factors' gradients, in [0, 1).
-                    (double, momentum, 0.9),
+                    (double, momentum, 0.9, rule::decay("heavy-ball momentum of the factors' gradients")),
                     /// "qr" | "polar" | "cayley".
-                    (std::string, retraction, "qr"),
+                    (std::string, retraction, "qr", rule::one_of("qr | polar | cayley", "qr|polar|cayley")),
                     /// Iso has no weight decay: must be 0 (the registry's common field).
-                    (double, weight_decay, 0.0));
+                    (double, weight_decay, 0.0, rule::non_negative("none: Iso keeps the singular values")));
 
 /// Per-parameter state of `muon::Iso`, all of the whole matrix and held by
 /// the process that steps it (the owner in the sharded layout), made by the

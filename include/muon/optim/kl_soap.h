@@ -66,22 +66,25 @@ namespace muon {
 /// Options of `muon::KlSoap` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults (lr, which it requires, 3e-3 as
 /// muon::Soap's).
-/// validate(): checks every field; raises c10::ValueError "[muon::KlSoap] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule, and weight_decay_method is "decoupled" unless kind is rekls or tp_rekls;
+/// raises c10::ValueError "[muon::KlSoap] <arg> must be ..., got <value>".
 MUON_DEFINE_OPTIONS(KlSoapOptions, 3e-3,
                     /// The inner step's first-moment decay, in [0, 1).
-                    (double, beta1, 0.9),
+                    (double, beta1, 0.9, rule::decay("the inner step's first-moment decay")),
                     /// The inner step's second-moment decay, in [0, 1).
-                    (double, beta2, 0.95),
+                    (double, beta2, 0.95, rule::decay("the inner step's second-moment decay")),
                     /// Decay of the Kronecker factors (bias-corrected), in [0, 1).
-                    (double, shampoo_beta, 0.95),
+                    (double, shampoo_beta, 0.95, rule::decay("decay of the Kronecker factors (bias-corrected)")),
                     /// The eigenvalues' floor in the KL factor update, and Adam's eps; > 0.
-                    (double, eps, 1e-8),
+                    (double, eps, 1e-8, rule::positive("the eigenvalues' floor in the KL factor update; Adam's eps")),
                     /// Weight decay, >= 0.
-                    (double, weight_decay, 0.01),
+                    (double, weight_decay, 0.01, rule::non_negative("decoupled weight decay")),
                     /// "decoupled"; rekls and tp_rekls also "independent" or "l2".
-                    (std::string, weight_decay_method, "decoupled"),
+                    (std::string, weight_decay_method, "decoupled", rule::weight_decay_method()),
                     /// The entry: "kl_soap", "kl_m_soap", "rekls", "tp_rekls", "rekls_v3" or "stacked_soap".
-                    (std::string, kind, "kl_soap"));
+                    (std::string, kind, "kl_soap",
+                     rule::one_of("the variant (the entry's name)",
+                                  "kl_soap|kl_m_soap|rekls|tp_rekls|rekls_v3|stacked_soap")));
 
 /// Per-parameter state of `muon::KlSoap`, all of the (stacked) matrix and
 /// held by the process that steps it (the owner in the sharded layout), made

@@ -37,19 +37,19 @@ namespace muon {
 /// Options of `muon::LaProp` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9, β2 0.999, ε 1e-8,
 /// no weight decay, bias correction on.
-/// validate(): checks every field; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule; raises c10::ValueError "[muon::LaProp] <arg> must be ..., got <value>".
 MUON_DEFINE_OPTIONS(LaPropOptions, 1e-3,
                     /// Decay of the momentum of normalized gradients, in [0, 1).
-                    (double, beta1, 0.9),
+                    (double, beta1, 0.9, rule::decay("decay of the momentum of normalized gradients")),
                     /// Decay of the second moment, in [0, 1).
-                    (double, beta2, 0.999),
+                    (double, beta2, 0.999, rule::decay("second-moment decay")),
                     /// Added to √v̂ in the denominator, > 0 (at 0, an element whose gradients
                     /// have all been 0 would divide 0 by 0).
-                    (double, eps, 1e-8),
+                    (double, eps, 1e-8, rule::denominator_eps("added to the square root of the second moment")),
                     /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
-                    (double, weight_decay, 0.0),
+                    (double, weight_decay, 0.0, rule::non_negative("decoupled weight decay")),
                     /// Divide v by 1 − β2^t and m by 1 − β1^t (Adam's bias correction).
-                    (bool, correct_bias, true));
+                    (bool, correct_bias, true, rule::any("Adam-style bias correction of both moments")));
 
 /// Per-parameter state of `muon::LaProp`: `step` (steps taken on this
 /// parameter, t of the bias correction) and the two moments.

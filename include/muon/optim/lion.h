@@ -31,14 +31,14 @@ namespace muon {
 
 /// Options of `muon::Lion` (per parameter group), as chained setters.
 /// Defaults are the paper's: lr 1e-4, β1 0.9, β2 0.99, no weight decay.
-/// validate(): checks every field; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule; raises c10::ValueError "[muon::Lion] <arg> must be ..., got <value>".
 MUON_DEFINE_OPTIONS(LionOptions, 1e-4,
                     /// Interpolation weight of the momentum in the update direction, in [0, 1).
-                    (double, beta1, 0.9),
+                    (double, beta1, 0.9, rule::decay("interpolation weight of the momentum in the update")),
                     /// Decay of the momentum buffer, in [0, 1).
-                    (double, beta2, 0.99),
+                    (double, beta2, 0.99, rule::decay("momentum decay")),
                     /// Decoupled weight decay, >= 0: p ← p·(1 − lr·wd).
-                    (double, weight_decay, 0.0));
+                    (double, weight_decay, 0.0, rule::non_negative("decoupled weight decay")));
 
 /// Per-parameter state of `muon::Lion`: `step` (steps taken on this
 /// parameter) and the momentum.

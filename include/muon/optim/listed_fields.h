@@ -4,8 +4,9 @@
 /// their archive form, equality and settings digest from the list.
 ///
 /// `ListedOptions<Self>` is a group's options. `Self` declares its
-/// constructor and fields with MUON_OPTIONS (below): each field's type, name
-/// and default once, the default lr in the constructor. Options that declare
+/// constructor and fields with MUON_OPTIONS (below): each field's type, name,
+/// default and rule (muon::FieldRule: its range and doc line) once, the
+/// default lr in the constructor. Options that declare
 /// their fields themselves (TORCH_ARG) list them after the declarations:
 ///
 ///   MUON_LISTED_FIELDS(lr, beta1, ...)
@@ -36,6 +37,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 
 #include "muon/optim/settings_digest.h"
@@ -101,27 +103,39 @@
 ///   struct LionOptions : public ListedOptions<LionOptions> {
 ///     MUON_OPTIONS(LionOptions, 1e-4,
 ///         /// Interpolation weight of the momentum, in [0, 1).
-///         (double, beta1, 0.9),
-///         (double, weight_decay, 0.0))
+///         (double, beta1, 0.9, rule::decay("interpolation weight of the momentum")),
+///         (double, weight_decay, 0.0, rule::non_negative("decoupled weight decay")))
 ///     void validate() const;
 ///   };
 ///
 /// declares `LionOptions(double lr = 1e-4)` (torch's pattern: the learning
 /// rate first, every other field at its default; the only place the default
 /// lr is written), the field `lr`, a `TORCH_ARG(type, name) = default` for
-/// each `(type, name, default)`, and MUON_LISTED_FIELDS(lr, beta1,
-/// weight_decay): kFields and fields(o) in that order. What follows it is
-/// public.
-#define MUON_OPTIONS(Self, lr_default, ...)                                     \
-  Self(double lr = lr_default) : lr_(lr) {} /* NOLINT: torch's implicit form */ \
-  TORCH_ARG(double, lr);                                                        \
-  MUON_LISTED_EACH_(MUON_OPTIONS_FIELD_, MUON_LISTED_NONE_, __VA_ARGS__)        \
- public:                                                                        \
-  MUON_LISTED_FIELDS(lr, MUON_LISTED_EACH_(MUON_OPTIONS_NAME_, MUON_LISTED_COMMA_, __VA_ARGS__))
+/// each `(type, name, default[, rule])`, MUON_LISTED_FIELDS(lr, beta1,
+/// weight_decay): kFields and fields(o) in that order, and `kRules`, each
+/// field's muon::FieldRule in that order (lr's: >= 0; a row without a rule:
+/// rule::any). What follows it is public.
+#define MUON_OPTIONS(Self, lr_default, ...)                                                      \
+  Self(double lr = lr_default) : lr_(lr) {} /* NOLINT: torch's implicit form */                  \
+  TORCH_ARG(double, lr);                                                                         \
+  MUON_LISTED_EACH_(MUON_OPTIONS_FIELD_, MUON_LISTED_NONE_, __VA_ARGS__)                         \
+ public:                                                                                         \
+  MUON_LISTED_FIELDS(lr, MUON_LISTED_EACH_(MUON_OPTIONS_NAME_, MUON_LISTED_COMMA_, __VA_ARGS__)) \
+  static constexpr std::array<::muon::FieldRule, kFields.size()> kRules{                         \
+      ::muon::rule::non_negative("learning rate"),                                               \
+      MUON_LISTED_EACH_(MUON_OPTIONS_RULE_, MUON_LISTED_COMMA_, __VA_ARGS__)};
+// A row is (type, name, default) or (type, name, default, rule): the macros
+// below take `default[, rule]` as their variadic part and pick from it with
+// a trailing empty argument, so a row without a rule needs no empty one.
 #define MUON_OPTIONS_FIELD_(field) MUON_OPTIONS_FIELD2_ field
-#define MUON_OPTIONS_FIELD2_(type, name, value) TORCH_ARG(type, name) = value;
+#define MUON_OPTIONS_FIELD2_(type, name, ...) TORCH_ARG(type, name) = MUON_OPTIONS_HEAD_(__VA_ARGS__, );
 #define MUON_OPTIONS_NAME_(field) MUON_OPTIONS_NAME2_ field
-#define MUON_OPTIONS_NAME2_(type, name, value) name
+#define MUON_OPTIONS_NAME2_(type, name, ...) name
+#define MUON_OPTIONS_RULE_(field) MUON_OPTIONS_RULE2_ field
+#define MUON_OPTIONS_RULE2_(type, name, ...) \
+  ::muon::FieldRule { MUON_OPTIONS_TAIL_(__VA_ARGS__, ) }
+#define MUON_OPTIONS_HEAD_(value, ...) value
+#define MUON_OPTIONS_TAIL_(value, ...) __VA_ARGS__
 
 /// A per-parameter state's buffers, each name written once:
 /// `MUON_STATE_BUFFERS(exp_avg, exp_avg_sq)` declares a
@@ -135,13 +149,14 @@
 
 /// A whole options struct from its description: the struct `Self`, a
 /// muon::ListedOptions<Self>, with MUON_OPTIONS(Self, lr_default, fields...)
-/// and `void validate() const`, which the library defines: each field's
-/// checks, raising c10::ValueError "[<kind>] <field> must be ..., got <value>".
+/// and `void validate() const`, which the library defines: each field
+/// checked by its rule (and the checks across fields), raising
+/// c10::ValueError "[<kind>] <field> must be ..., got <value>".
 ///
 ///   MUON_DEFINE_OPTIONS(LionOptions, 1e-4,
 ///       /// Interpolation weight of the momentum, in [0, 1).
-///       (double, beta1, 0.9),
-///       (double, weight_decay, 0.0));
+///       (double, beta1, 0.9, rule::decay("interpolation weight of the momentum")),
+///       (double, weight_decay, 0.0, rule::non_negative("decoupled weight decay")));
 ///
 /// An options struct with members of its own (a parsing setter, say) is
 /// written out, with MUON_OPTIONS inside it.
@@ -160,6 +175,100 @@
   }
 
 namespace muon {
+
+/// What an options field accepts, and the line --help shows for it: the
+/// fourth element of a MUON_OPTIONS row, written with the makers of
+/// muon::rule. The library checks a listed field by its rule in the
+/// options' validate() ("[<kind>] <field> must be in [0, 1), got 1.5") and
+/// declares the field's registry entry from it (the same bounds, the doc,
+/// the choices), so a field's range is written once.
+struct FieldRule {
+  /// One line of documentation (the registry entry's doc of the field).
+  const char* doc = "";
+  /// Bounds of a number; a bounded number must also be finite.
+  double min = -std::numeric_limits<double>::infinity();
+  /// See `min`.
+  double max = std::numeric_limits<double>::infinity();
+  /// Whether `min` itself is excluded.
+  bool min_exclusive = false;
+  /// Whether `max` itself is excluded.
+  bool max_exclusive = false;
+  /// A number must be finite (implied by a bound).
+  bool finite = false;
+  /// A string's allowed values, "a|b|c" (nullptr: any string).
+  const char* choices = nullptr;
+  /// Why the rule is what it is, added to its error message (nullptr: nothing).
+  const char* why = nullptr;
+
+  /// This rule with `min` excluded.
+  constexpr FieldRule open_min() const {
+    FieldRule r = *this;
+    r.min_exclusive = true;
+    return r;
+  }
+  /// This rule with `max` excluded.
+  constexpr FieldRule open_max() const {
+    FieldRule r = *this;
+    r.max_exclusive = true;
+    return r;
+  }
+  /// This rule, its error message saying `reason`.
+  constexpr FieldRule because(const char* reason) const {
+    FieldRule r = *this;
+    r.why = reason;
+    return r;
+  }
+  /// Whether a number is bounded on either side.
+  constexpr bool bounded() const {
+    return min > -std::numeric_limits<double>::infinity() || max < std::numeric_limits<double>::infinity();
+  }
+};
+
+/// The makers of FieldRule, one per kind of range.
+namespace rule {
+/// Any value (a bool, an index, a number with no range).
+constexpr FieldRule any(const char* doc) { return FieldRule{doc}; }
+/// A finite number.
+constexpr FieldRule finite(const char* doc) {
+  FieldRule r{doc};
+  r.finite = true;
+  return r;
+}
+/// A finite number >= `lo`.
+constexpr FieldRule at_least(const char* doc, double lo) {
+  FieldRule r{doc};
+  r.min = lo;
+  return r;
+}
+/// A finite number >= 0.
+constexpr FieldRule non_negative(const char* doc) { return at_least(doc, 0); }
+/// A finite number > 0.
+constexpr FieldRule positive(const char* doc) { return at_least(doc, 0).open_min(); }
+/// A number in [lo, hi].
+constexpr FieldRule in(const char* doc, double lo, double hi) {
+  FieldRule r{doc};
+  r.min = lo;
+  r.max = hi;
+  return r;
+}
+/// An Adam-style denominator's eps, > 0: it keeps 0/0 out of a zero gradient element.
+constexpr FieldRule denominator_eps(const char* doc) {
+  return positive(doc).because("it keeps 0/0 out of a zero gradient element");
+}
+/// A decay or momentum, in [0, 1): at 1 it never forgets.
+constexpr FieldRule decay(const char* doc) { return in(doc, 0, 1).open_max(); }
+/// A string, one of `choices` ("a|b|c").
+constexpr FieldRule one_of(const char* doc, const char* choices) {
+  FieldRule r{doc};
+  r.choices = choices;
+  return r;
+}
+/// Emerging-Optimizers' weight decay methods (WeightDecayMixin): "decoupled"
+/// (p ← p − lr·wd·p), "independent" (p ← p − wd·p), "l2" (wd·p added to the gradient).
+constexpr FieldRule weight_decay_method() {
+  return one_of("how weight decay enters the step", "decoupled|independent|l2");
+}
+}  // namespace rule
 
 /// Options whose fields `Self` lists (see the top of this header).
 template <typename Self>

@@ -50,20 +50,21 @@ namespace muon {
 
 /// Options of `muon::Moso` (per parameter group), as chained setters, with
 /// Emerging-Optimizers' names and defaults.
-/// validate(): checks every field; raises c10::ValueError "[muon::Moso] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule; raises c10::ValueError "[muon::Moso] <arg> must be ..., got <value>".
 MUON_DEFINE_OPTIONS(MosoOptions, 3e-4,
                     /// Decay of Muon's momentum B, in [0, 1).
-                    (double, momentum, 0.95),
+                    (double, momentum, 0.95, rule::decay("decay of Muon's momentum")),
                     /// Decay of RMSprop's second moment in the eigenbasis, in [0, 1).
-                    (double, rms_beta, 0.95),
+                    (double, rms_beta, 0.95, rule::decay("decay of RMSprop's second moment")),
                     /// Decay of the covariance M (bias-corrected), in [0, 1).
-                    (double, shampoo_beta, 0.95),
+                    (double, shampoo_beta, 0.95, rule::decay("decay of the covariance (bias-corrected)")),
                     /// Added to √v, > 0.
-                    (double, eps, 1e-8),
+                    (double, eps, 1e-8, rule::positive("added to RMSprop's √v")),
                     /// Decoupled weight decay, >= 0.
-                    (double, weight_decay, 0.01),
+                    (double, weight_decay, 0.01, rule::non_negative("decoupled weight decay")),
                     /// The update's RMS is clipped to this; 0: no clipping. >= 0.
-                    (double, max_update_rms, 0.0));
+                    (double, max_update_rms, 0.0,
+                     rule::non_negative("clip the update's RMS to this (0: no clipping)")));
 
 /// Per-parameter state of `muon::Moso`, all of the whole matrix and held by
 /// the process that steps it (the owner in the sharded layout), made by the

@@ -43,19 +43,20 @@ namespace muon {
 /// Options of `muon::ObliqueSGD` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight decay
 /// (method "decoupled"), dim 0, eps 1e-8.
-/// validate(): checks every field; raises c10::ValueError "[muon::ObliqueSGD] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule; raises c10::ValueError "[muon::ObliqueSGD] <arg> must be ..., got
+/// <value>".
 MUON_DEFINE_OPTIONS(ObliqueSGDOptions, 1e-3,
                     /// Momentum μ, in [0, 1): u ← g + μ·u.
-                    (double, momentum, 0.9),
+                    (double, momentum, 0.9, rule::decay("momentum μ (u ← g + μ·u)")),
                     /// Weight decay, >= 0, applied as `weight_decay_method` says.
-                    (double, weight_decay, 0.0),
+                    (double, weight_decay, 0.0, rule::non_negative("weight decay")),
                     /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
                     /// (wd·p added to the projected gradient), Emerging-Optimizers' methods.
-                    (std::string, weight_decay_method, "decoupled"),
+                    (std::string, weight_decay_method, "decoupled", rule::weight_decay_method()),
                     /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
-                    (int64_t, dim, 0),
+                    (int64_t, dim, 0, rule::any("the dimension the norms are taken along")),
                     /// Lower bound of the norm the retraction divides by, > 0.
-                    (double, eps, 1e-8));
+                    (double, eps, 1e-8, rule::positive("lower bound of the retraction's norm")));
 
 /// Per-parameter state of `muon::ObliqueSGD`: `step` and the momentum buffer.
 MUON_DEFINE_STATE(ObliqueSGDParamState,
@@ -88,22 +89,23 @@ class ObliqueSGD : public ElementwiseOptimizer<ObliqueSGD, ObliqueSGDOptions, Ob
 /// Options of `muon::ObliqueAdam` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, betas (0.9, 0.99), no weight
 /// decay (method "decoupled"), dim 0, eps 1e-8, bias correction on.
-/// validate(): checks every field; raises c10::ValueError "[muon::ObliqueAdam] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule; raises c10::ValueError "[muon::ObliqueAdam] <arg> must be ..., got
+/// <value>".
 MUON_DEFINE_OPTIONS(ObliqueAdamOptions, 1e-3,
                     /// First-moment decay β1, in [0, 1).
-                    (double, beta1, 0.9),
+                    (double, beta1, 0.9, rule::decay("first-moment decay")),
                     /// Second-moment decay β2, in [0, 1).
-                    (double, beta2, 0.99),
+                    (double, beta2, 0.99, rule::decay("second-moment decay")),
                     /// Weight decay, >= 0, applied as `weight_decay_method` says.
-                    (double, weight_decay, 0.0),
+                    (double, weight_decay, 0.0, rule::non_negative("weight decay")),
                     /// "decoupled", "independent" or "l2", as ObliqueSGDOptions'.
-                    (std::string, weight_decay_method, "decoupled"),
+                    (std::string, weight_decay_method, "decoupled", rule::weight_decay_method()),
                     /// The dimension the norms are taken along; in [−ndim, ndim) of every parameter.
-                    (int64_t, dim, 0),
+                    (int64_t, dim, 0, rule::any("the dimension the norms are taken along")),
                     /// Added to √v / c2, and the lower bound of the retraction's norm; > 0.
-                    (double, eps, 1e-8),
+                    (double, eps, 1e-8, rule::positive("added to √v / c2; lower bound of the retraction's norm")),
                     /// c_i = 1 − β_i^t (else 1).
-                    (bool, correct_bias, true));
+                    (bool, correct_bias, true, rule::any("bias correction of both moments")));
 
 /// Per-parameter state of `muon::ObliqueAdam`: `step` (t) and both moments.
 MUON_DEFINE_STATE(ObliqueAdamParamState,

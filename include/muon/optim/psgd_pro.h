@@ -55,30 +55,33 @@ namespace muon {
 
 /// Options of `muon::PsgdPro` (per parameter group), as chained setters,
 /// with Emerging-Optimizers' names and defaults.
-/// validate(): checks every field; raises c10::ValueError "[muon::PsgdPro] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule, and min_precond_lr <= precond_lr; raises c10::ValueError
+/// "[muon::PsgdPro] <arg> must be ..., got <value>".
 MUON_DEFINE_OPTIONS(PsgdProOptions, 3e-3,
                     /// Weight decay, >= 0, applied as `weight_decay_method` says.
-                    (double, weight_decay, 0.01),
+                    (double, weight_decay, 0.01, rule::non_negative("weight decay")),
                     /// "decoupled", "independent" or "l2" (Emerging-Optimizers' WeightDecayMixin).
-                    (std::string, weight_decay_method, "decoupled"),
+                    (std::string, weight_decay_method, "decoupled", rule::weight_decay_method()),
                     /// Decay of the gradient's EMA, in [0, 1).
-                    (double, momentum, 0.9),
+                    (double, momentum, 0.9, rule::decay("decay of the gradient's EMA")),
                     /// EMA decay of the Lipschitz constants, in [0, 1).
-                    (double, beta_lip, 0.9),
+                    (double, beta_lip, 0.9, rule::decay("EMA decay of the Lipschitz constants")),
                     /// The preconditioner's learning rate at step 0, > 0.
-                    (double, precond_lr, 0.1),
+                    (double, precond_lr, 0.1, rule::positive("the preconditioner's lr at step 0")),
                     /// Scale of the initial factors (init_scale·I), > 0.
-                    (double, precond_init_scale, 1.0),
+                    (double, precond_init_scale, 1.0, rule::positive("scale of the initial factors")),
                     /// Scale of the noise added to the momentum to fit the factors, >= 0.
-                    (double, damping_noise_scale, 0.1),
+                    (double, damping_noise_scale, 0.1,
+                     rule::non_negative("scale of the noise the factors are fitted with")),
                     /// The floor of the preconditioner's learning rate, in [0, precond_lr].
-                    (double, min_precond_lr, 0.01),
+                    (double, min_precond_lr, 0.01, rule::non_negative("floor of the preconditioner's lr")),
                     /// Steps of the preconditioner's learning rate schedule, >= 1.
-                    (int64_t, warmup_steps, 10000),
+                    (int64_t, warmup_steps, 10000,
+                     rule::at_least("steps of the preconditioner lr's 1/sqrt schedule", 1)),
                     /// The update's RMS is clipped to this; 0: no clipping. >= 0.
-                    (double, max_update_rms, 0.0),
+                    (double, max_update_rms, 0.0, rule::non_negative("clip the update's RMS to this (0: no clipping)")),
                     /// Seed of the random draws, >= 0.
-                    (int64_t, seed, 0));
+                    (int64_t, seed, 0, rule::non_negative("seed of the random draws")));
 
 /// Per-parameter state of `muon::PsgdPro`, all of the whole matrix and held
 /// by the process that steps it (the owner in the sharded layout), made by

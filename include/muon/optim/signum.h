@@ -40,21 +40,21 @@ namespace muon {
 /// Options of `muon::Signum` (per parameter group), as chained setters.
 /// Defaults are Emerging-Optimizers': lr 1e-3, momentum 0.9, no weight
 /// decay (method "decoupled"), bias correction on, nesterov off.
-/// validate(): checks every field; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
+/// validate(): checks every field by its rule; raises c10::ValueError "[muon::Signum] <arg> must be ..., got <value>".
 MUON_DEFINE_OPTIONS(SignumOptions, 1e-3,
                     /// Momentum decay β, in [0, 1) (0: signSGD).
-                    (double, momentum, 0.9),
+                    (double, momentum, 0.9, rule::decay("momentum decay β (0: signSGD)")),
                     /// Weight decay, >= 0, applied as `weight_decay_method` says.
-                    (double, weight_decay, 0.0),
+                    (double, weight_decay, 0.0, rule::non_negative("weight decay")),
                     /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
                     /// (wd·p added to the gradient the step uses; `p.grad` itself is left
                     /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
-                    (std::string, weight_decay_method, "decoupled"),
+                    (std::string, weight_decay_method, "decoupled", rule::weight_decay_method()),
                     /// Divide the momentum by 1 − β^t (Adam's bias correction; it changes
                     /// only the Nesterov combination, never the sign of m alone).
-                    (bool, correct_bias, true),
+                    (bool, correct_bias, true, rule::any("Adam-style bias correction of the momentum")),
                     /// Nesterov look-ahead: the sign of β·m/(1 − β^(t+1)) + (1 − β)·g/(1 − β^t).
-                    (bool, nesterov, false));
+                    (bool, nesterov, false, rule::any("Nesterov look-ahead update")));
 
 /// Per-parameter state of `muon::Signum`: `step` (steps taken on this
 /// parameter, t of the bias correction) and the momentum.

@@ -45,30 +45,31 @@ namespace muon {
 /// Defaults are Emerging-Optimizers': lr 1e-3, β1 0.9999, β2 0.999, ε 1e-8,
 /// no weight decay (method "decoupled"), bias correction on, no β warmup
 /// (min_beta_fast 0.9 when one is set), α 2.
-/// validate(): archive keys of the fields, in `fields`' order. Checks every field; raises c10::ValueError
-/// "[muon::SimAdEMAMix] <arg> must be ...".
-MUON_DEFINE_OPTIONS(SimAdEMAMixOptions, 1e-3,
-                    /// Decay β of the momentum (Emerging-Optimizers' β_fast final value), in [0, 1).
-                    (double, beta1, 0.9999),
-                    /// Decay of the second moment, in [0, 1).
-                    (double, beta2, 0.999),
-                    /// Added to √v̂ in the denominator, > 0 (0 would divide 0 by 0 on a zero gradient element).
-                    (double, eps, 1e-8),
-                    /// Weight decay, >= 0, applied as `weight_decay_method` says.
-                    (double, weight_decay, 0.0),
-                    /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
-                    /// (wd·p added to the gradient the step uses; `p.grad` itself is left
-                    /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
-                    (std::string, weight_decay_method, "decoupled"),
-                    /// Divide m by (1 − β^t)/(1 − β) and v by 1 − β2^t.
-                    (bool, correct_bias, true),
-                    /// Steps N over which β rises from `min_beta_fast` to `beta1` (half-life
-                    /// linear warmup), >= 0; 0 disables the warmup (Emerging-Optimizers' None).
-                    (int64_t, num_beta_fast_warmup_steps, 0),
-                    /// β at the start of the warmup, in [0, 1).
-                    (double, min_beta_fast, 0.9),
-                    /// Weight α of the current gradient in the update, finite.
-                    (double, alpha, 2.0));
+/// validate(): checks every field by its rule; raises c10::ValueError "[muon::SimAdEMAMix] <arg> must be ...".
+MUON_DEFINE_OPTIONS(
+    SimAdEMAMixOptions, 1e-3,
+    /// Decay β of the momentum (Emerging-Optimizers' β_fast final value), in [0, 1).
+    (double, beta1, 0.9999, rule::decay("momentum decay (final value of the warmup)")),
+    /// Decay of the second moment, in [0, 1).
+    (double, beta2, 0.999, rule::decay("second-moment decay")),
+    /// Added to √v̂ in the denominator, > 0 (0 would divide 0 by 0 on a zero gradient element).
+    (double, eps, 1e-8, rule::denominator_eps("added to the square root of the second moment")),
+    /// Weight decay, >= 0, applied as `weight_decay_method` says.
+    (double, weight_decay, 0.0, rule::non_negative("weight decay")),
+    /// "decoupled" (p ← p − lr·wd·p), "independent" (p ← p − wd·p) or "l2"
+    /// (wd·p added to the gradient the step uses; `p.grad` itself is left
+    /// unchanged), Emerging-Optimizers' WeightDecayMixin methods.
+    (std::string, weight_decay_method, "decoupled", rule::weight_decay_method()),
+    /// Divide m by (1 − β^t)/(1 − β) and v by 1 − β2^t.
+    (bool, correct_bias, true, rule::any("bias correction of both moments")),
+    /// Steps N over which β rises from `min_beta_fast` to `beta1` (half-life
+    /// linear warmup), >= 0; 0 disables the warmup (Emerging-Optimizers' None).
+    (int64_t, num_beta_fast_warmup_steps, 0,
+     rule::non_negative("steps of the half-life warmup of beta1 from min_beta_fast (0: none)").because("0: no warmup")),
+    /// β at the start of the warmup, in [0, 1).
+    (double, min_beta_fast, 0.9, rule::decay("momentum decay at the start of the warmup")),
+    /// Weight α of the current gradient in the update, finite.
+    (double, alpha, 2.0, rule::finite("weight of the current gradient in the update")));
 
 /// β of step `step` (1-based) under `options`' warmup: `beta1` when
 /// num_beta_fast_warmup_steps is 0 or step >= it, else the half-life
