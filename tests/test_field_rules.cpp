@@ -186,7 +186,10 @@ TEST(FieldRules, MessagesSayTheRange) {
       {[] { IsoOptions().retraction("exp").validate(); },
        "[muon::Iso] unknown retraction 'exp'; valid names: qr, polar, cayley"},
       {[] { IsoOptions().weight_decay(0.5).validate(); }, "[muon::Iso] weight_decay must be 0"},
-      {[] { PsgdProOptions().min_precond_lr(0.5).validate(); }, "[muon::PsgdPro] min_precond_lr must be in [0, precond_lr"},
+      {[] { DionOptions().qr_method("rc").validate(); }, "[muon::Dion] unknown qr_method 'rc'"},
+      {[] { DionOptions().qr_method("qrx").validate(); }, "[muon::Dion] unknown qr_method 'qrx'"},
+      {[] { PsgdProOptions().min_precond_lr(0.5).validate(); },
+       "[muon::PsgdPro] min_precond_lr must be in [0, precond_lr"},
       {[] { KlSoapOptions().weight_decay_method("l2").validate(); },
        "[muon::KlSoap] weight_decay_method must be 'decoupled' for kl_soap"},
   };

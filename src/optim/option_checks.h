@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <tuple>
@@ -79,6 +80,19 @@ inline std::vector<std::string> rule_choices(const FieldRule& rule) {
   return out;
 }
 
+/// Whether `value` is one of `rule`'s choices (any string when it has
+/// none), read from "a|b|c" in place: validate() runs at every step.
+inline bool rule_allows(const FieldRule& rule, const std::string& value) {
+  if (rule.choices == nullptr) return true;
+  for (const char* choice = rule.choices;; ++choice) {
+    const char* bar = std::strchr(choice, '|');
+    const size_t n = bar != nullptr ? static_cast<size_t>(bar - choice) : std::strlen(choice);
+    if (value.size() == n && value.compare(0, n, choice, n) == 0) return true;
+    if (bar == nullptr) return false;
+    choice = bar;
+  }
+}
+
 /// What `rule` asks of a number, as its message says it: "in [0, 1)",
 /// ">= 0", "> 0", "<= 8" or "finite".
 inline std::string rule_range(const FieldRule& rule) {
@@ -107,7 +121,7 @@ void check_by_rule(const char* who, const char* name, const FieldRule& rule, con
     TORCH_CHECK_VALUE(ok, who, name, " must be ", rule_range(rule),
                       rule.why != nullptr ? std::string(" (") + rule.why + ")" : std::string(), ", got ", value);
   } else if constexpr (std::is_same_v<T, std::string>) {
-    if (rule.choices != nullptr) check_name(value, rule_choices(rule), who, name);
+    if (!rule_allows(rule, value)) check_name(value, rule_choices(rule), who, name);
   }
 }
 
