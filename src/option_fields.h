@@ -187,47 +187,37 @@ T setting_of(const OptimizerSettings& settings, const std::string& name) {
   if constexpr (std::is_same_v<T, std::string>) return settings.get_string(name);
 }
 
-/// Whether `name` is one of muon::common_fields() (lr, weight_decay, ...),
-/// which every entry reads and none declares.
-inline bool is_common_field(const std::string& name) {
-  for (const auto& f : common_fields()) {
-    if (f.name == name) return true;
-  }
-  return false;
-}
-
 /// Options' listed field I as an entry's field: spec_by_rule of its
-/// default (in Options()) and rule, set from the settings' value under its
-/// name; read, not declared, when it is a common field.
+/// default (in `defaults`) and rule, set from the settings' value under its name.
 template <class Options, size_t I>
-OptionField<Options> listed_field() {
-  const Options defaults;
+OptionField<Options> listed_field(const Options& defaults) {
   const auto& def = std::get<I>(Options::fields(defaults));
   using T = std::decay_t<decltype(def)>;
-  OptionField<Options> field{spec_by_rule<T>(Options::kFields[I], def, Options::kRules[I]),
-                             [](Options& o, const OptimizerSettings& s) {
-                               std::get<I>(Options::fields(o)) = setting_of<T>(s, Options::kFields[I]);
-                             }};
-  field.declared = !is_common_field(field.spec.name);
-  return field;
+  return {spec_by_rule<T>(Options::kFields[I], def, Options::kRules[I]), [](Options& o, const OptimizerSettings& s) {
+            std::get<I>(Options::fields(o)) = setting_of<T>(s, Options::kFields[I]);
+          }};
 }
 
 template <class Options, size_t... I>
 std::vector<OptionField<Options>> listed_fields_at(std::index_sequence<I...> /*fields*/) {
-  return {listed_field<Options, I>()...};
+  const Options defaults;
+  return {listed_field<Options, I>(defaults)...};
 }
 
 /// The entry's fields of options written with MUON_OPTIONS, from the
 /// options' own description: each listed field but lr (the constructor
 /// takes it) and those named in `except`, in the list's order, its spec
-/// from its default and rule.
+/// from its default and rule. A field of muon::common_fields() (weight_decay)
+/// is read, not declared: every entry reads it under its own name.
 template <class Options>
 std::vector<OptionField<Options>> listed_option_fields(std::initializer_list<std::string> except = {}) {
   auto all = listed_fields_at<Options>(std::make_index_sequence<Options::kFields.size()>());
+  const auto common = common_fields();
   std::vector<OptionField<Options>> out;
   for (auto& f : all) {
     bool keep = f.spec.name != "lr";
     for (const auto& name : except) keep = keep && f.spec.name != name;
+    for (const auto& c : common) f.declared = f.declared && c.name != f.spec.name;
     if (keep) out.push_back(std::move(f));
   }
   return out;

@@ -30,6 +30,11 @@ MUON_INSTANTIATE_LISTED(WholeMatrixOptimizer, KlSoap, KlSoapOptions, KlSoapParam
 namespace {
 
 constexpr const char* kWho = "[muon::KlSoap] ";
+
+// Whether `kind` takes a weight decay method other than "decoupled" (rekls'
+// kinds; Emerging-Optimizers fixes it for the others).
+bool takes_weight_decay_method(const std::string& kind) { return kind == "rekls" || kind == "tp_rekls"; }
+
 // MAdam's √s for scale_log2 16 (soap_v3.py KlMSoap): a power of two, exact.
 constexpr double kMadamScale = 256.0;
 
@@ -146,7 +151,7 @@ at::Tensor detail::kl_soap_update(const at::Tensor& grad, const at::Tensor& inne
 
 void KlSoapOptions::validate() const {
   detail::check_listed_fields(*this, kWho);
-  TORCH_CHECK_VALUE(weight_decay_method_ == "decoupled" || kind_ == "rekls" || kind_ == "tp_rekls", kWho,
+  TORCH_CHECK_VALUE(weight_decay_method_ == "decoupled" || takes_weight_decay_method(kind_), kWho,
                     "weight_decay_method must be 'decoupled' for ", kind_,
                     " (Emerging-Optimizers fixes it; rekls takes others), got '", weight_decay_method_, "'");
 }
@@ -209,9 +214,8 @@ void detail::register_kl_soap(OptimizerRegistry& registry) {
   }};
   for (const auto& [name, doc] : kinds) {
     // The entry's name is the kind; only rekls' kinds take another weight decay method.
-    const bool rekls = std::string(name) == "rekls" || std::string(name) == "tp_rekls";
-    auto fields = rekls ? detail::listed_option_fields<O>({"kind"})
-                        : detail::listed_option_fields<O>({"kind", "weight_decay_method"});
+    auto fields = takes_weight_decay_method(name) ? detail::listed_option_fields<O>({"kind"})
+                                                  : detail::listed_option_fields<O>({"kind", "weight_decay_method"});
     auto e = detail::options_entry<KlSoap, O>(name, detail::kl_soap_state(name), doc, std::move(fields),
                                               [kind = std::string(name)](O& o, const OptimizerSettings&) {
                                                 o.kind(kind);
